@@ -1,0 +1,99 @@
+"""The transaction contract of DESIGN.md, rule by rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from stream.errors import DecodeError, ValidationError
+from stream.transaction import decode_transaction
+
+VALID: dict[str, Any] = {
+    "transaction_id": "t-1",
+    "card_id": "c-1",
+    "merchant_id": "m-1",
+    "terminal_id": "term-9",
+    "amount": 42.5,
+    "currency": "EUR",
+    "mcc": 5411,
+    "country": "DE",
+    "channel": "pos",
+    "card_present": True,
+    "event_time": 1_767_571_200_000,
+}
+
+
+def test_valid_transaction_decodes() -> None:
+    t = decode_transaction(msgspec.json.encode(VALID))
+    assert (t.transaction_id, t.amount, t.mcc, t.channel, t.terminal_id) == (
+        "t-1",
+        42.5,
+        5411,
+        "pos",
+        "term-9",
+    )
+
+
+def test_terminal_is_optional_and_unknown_fields_are_ignored() -> None:
+    record = {k: v for k, v in VALID.items() if k != "terminal_id"} | {"loyalty_tier": "gold"}
+    assert decode_transaction(msgspec.json.encode(record)).terminal_id is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("transaction_id", ""),
+        ("transaction_id", "x" * 65),
+        ("card_id", 123),
+        ("merchant_id", None),
+        ("amount", 0),
+        ("amount", -1.0),
+        ("amount", 1_000_000.01),
+        ("amount", "12.00"),
+        ("currency", "eur"),
+        ("currency", "EURO"),
+        ("mcc", -1),
+        ("mcc", 10_000),
+        ("mcc", 54.5),
+        ("mcc", True),
+        ("country", "DEU"),
+        ("channel", "phone"),
+        ("card_present", "yes"),
+        ("card_present", 1),
+        ("event_time", -5),
+        ("event_time", 1.5),
+        ("terminal_id", "t" * 65),
+    ],
+)
+def test_rule_violations_are_validation_errors(field: str, value: object) -> None:
+    with pytest.raises(ValidationError):
+        decode_transaction(msgspec.json.encode({**VALID, field: value}))
+
+
+@pytest.mark.parametrize("missing", [k for k in VALID if k != "terminal_id"])
+def test_missing_required_field_is_a_validation_error(missing: str) -> None:
+    record = {k: v for k, v in VALID.items() if k != missing}
+    with pytest.raises(ValidationError, match=missing):
+        decode_transaction(msgspec.json.encode(record))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"\xff\xfe\x00", b'{"amount": NaN}', b'{"amount": Infinity}', b"[1, 2", None],
+)
+def test_malformed_values_are_decode_errors(raw: bytes | None) -> None:
+    with pytest.raises(DecodeError):
+        decode_transaction(raw)
+
+
+def test_overflowing_amount_is_rejected() -> None:
+    raw = msgspec.json.encode(VALID).replace(b"42.5", b"1e999")
+    with pytest.raises(ValidationError):
+        decode_transaction(raw)
+
+
+def test_not_an_object_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError):
+        decode_transaction(b"[1, 2, 3]")
