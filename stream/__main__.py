@@ -1,0 +1,7 @@
+"""`python -m stream` is `fraud-scorer`."""
+
+import sys
+
+from stream.cli import main
+
+sys.exit(main())

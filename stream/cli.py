@@ -1,0 +1,144 @@
+"""`fraud-scorer`: the service's command line (run the service, create its topics)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from types import FrameType
+
+from scorer.model import OnnxScorer
+from stream import metrics
+from stream.config import ServiceConfig, default_of, parse_kafka_options
+from stream.errors import ConfigurationError
+from stream.health import HealthServer, HealthState
+from stream.kafka_clients import create_consumer, create_producer
+from stream.logs import configure_logging
+from stream.service import ScoringService
+from stream.sink import KafkaSink
+from stream.topics import ensure_topics
+
+log = logging.getLogger("stream.cli")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    for f in fields(ServiceConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} [env {f.metadata['env']}; default: {default_of(f.name)}]"
+        if f.name == "kafka_options":
+            parser.add_argument(
+                "-X", "--kafka-option", dest="kafka_options", action="append",
+                metavar="KEY=VALUE", help=help_text.replace("%", "%%"),
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                flag, dest=f.name, metavar=f.name.upper(), help=help_text.replace("%", "%%")
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fraud-scorer",
+        description="Streaming fraud scoring: Kafka transactions in, one decision per "
+        "transaction out, failures to a dead-letter topic.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run one replica of the service",
+        description="Consume transactions, score them in micro-batches, produce decisions. "
+        "Every option can also be set by the environment variable named in its help; "
+        "a flag wins over the environment.",
+    )
+    _add_config_options(run)
+    topics = commands.add_parser(
+        "create-topics",
+        help="create the input, decision and dead-letter topics if missing",
+        description="Create the service's three topics (existing ones are left as they are).",
+    )
+    topics.add_argument(
+        "--partitions", type=int, default=3, help="partitions per topic (default: 3)"
+    )
+    topics.add_argument(
+        "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
+    )
+    _add_config_options(topics)
+    return parser
+
+
+def _load_config(args: argparse.Namespace) -> ServiceConfig:
+    flags = {f.name: getattr(args, f.name) for f in fields(ServiceConfig)}
+    if flags["kafka_options"] is not None:
+        try:
+            flags["kafka_options"] = parse_kafka_options(flags["kafka_options"])
+        except ValueError as exc:
+            raise ConfigurationError(f"--kafka-option: {exc}") from exc
+    return ServiceConfig.from_sources(flags)
+
+
+def run_service(config: ServiceConfig) -> int:
+    """Start one replica and block until it stops; return the process exit code."""
+    log.info(
+        "starting instance=%s bootstrap=%s kafka_options=%s",
+        config.instance_id, config.bootstrap_servers, config.redacted_kafka_options(),
+    )  # fmt: skip
+    scorer = OnnxScorer(config.model_path, config.device)
+    warm_up_s = scorer.warm_up((1, config.max_batch_size))
+    log.info("warmed up in %.3fs", warm_up_s)
+    metrics.set_model(scorer.model_version, scorer.provider)
+
+    health = HealthState()
+    server = None
+    if config.metrics_port:
+        try:
+            server = HealthServer(config.metrics_host, config.metrics_port, health)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
+                "choose another --metrics-port, or 0 to disable"
+            ) from exc
+        server.start()
+
+    service = ScoringService(
+        config, create_consumer(config), KafkaSink(create_producer(config)), scorer, health
+    )
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: draining", signal.Signals(signum).name)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        service.run()
+    finally:
+        if server is not None:
+            server.close()
+    return EXIT_FAILURE if service.failure is not None else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = _load_config(args)
+    except ConfigurationError as exc:
+        print(f"fraud-scorer: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(config.log_level, config.log_format)
+    try:
+        if args.command == "create-topics":
+            ensure_topics(config, args.partitions, args.replication_factor)
+            return EXIT_OK
+        return run_service(config)
+    except ConfigurationError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
