@@ -9,6 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 APPROVE, REVIEW, DECLINE = "approve", "review", "decline"
+#: Default cut-offs; the shipped model's training weighs fraud so that these fit (MODEL_CARD.md).
+DEFAULT_REVIEW_THRESHOLD = 0.5
+DEFAULT_DECLINE_THRESHOLD = 0.8
 _LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 
 

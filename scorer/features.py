@@ -38,8 +38,8 @@ NUM_FEATURES = len(FEATURE_NAMES)
 TINY_AMOUNT = 2.0
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 24 * _MS_PER_HOUR
-#: Local hours counted as night (the simulator's clock is UTC).
-_NIGHT_HOURS = (0.0, 5.0)
+#: Hours [start, end) counted as night; event_time is read as UTC.
+NIGHT_HOURS = (0, 5)
 
 #: Settlement currency of each country the features know. A card's `currency` is its billing
 #: currency, so a country whose currency differs marks a cross-border transaction.
@@ -153,7 +153,7 @@ def build_features(columns: TransactionColumns) -> npt.NDArray[np.float32]:
     angle = hour * (2.0 * np.pi / 24.0)
     out[:, 7] = np.sin(angle)
     out[:, 8] = np.cos(angle)
-    out[:, 9] = (hour >= _NIGHT_HOURS[0]) & (hour < _NIGHT_HOURS[1])
+    out[:, 9] = (hour >= NIGHT_HOURS[0]) & (hour < NIGHT_HOURS[1])
     out[:, 10:15] = _MCC_FAMILY[columns.mcc]
     country = _letters_index(columns.country, 2)
     out[:, 15] = _CURRENCY_OF_COUNTRY[country] != _letters_index(columns.currency, 3)

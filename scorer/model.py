@@ -125,5 +125,6 @@ def _check_signature(session: ort.InferenceSession, meta: dict[str, str], model_
     if len(inputs) != 1 or width != NUM_FEATURES or trained_on != FEATURE_NAMES:
         raise ConfigurationError(
             f"model {str(model_path)!r} expects features {list(trained_on)} ({width} wide) "
-            f"but this build computes {list(FEATURE_NAMES)}; retrain it with `python -m scorer.train`"
+            f"but this build computes {list(FEATURE_NAMES)}; "
+            "retrain it with `python -m scorer.train`"
         )

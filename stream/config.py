@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
 from stream.errors import ConfigurationError
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
@@ -78,10 +79,10 @@ class ServiceConfig:
         "auto", "FRAUD_DEVICE", "execution provider: auto (CUDA if it works, else CPU), cuda or cpu"
     )
     review_threshold: float = _setting(
-        0.5, "FRAUD_REVIEW_THRESHOLD", "scores at or above this are sent to review"
+        DEFAULT_REVIEW_THRESHOLD, "FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review"
     )
     decline_threshold: float = _setting(
-        0.8, "FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined"
+        DEFAULT_DECLINE_THRESHOLD, "FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined"
     )
     metrics_host: str = _setting(
         "0.0.0.0", "FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"
