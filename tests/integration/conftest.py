@@ -1,0 +1,203 @@
+"""Fixtures for integration tests against the real Kafka broker that `make test` starts.
+
+A missing broker fails the run (it is never a silent skip). Every test gets its own topics and
+consumer group, so tests never see each other's records.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pytest
+from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def admin() -> AdminClient:
+    client = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    try:
+        client.list_topics(timeout=15)
+    except Exception as exc:
+        pytest.fail(f"no Kafka broker at {BOOTSTRAP} ({exc}); start one with `make kafka-up`")
+    return client
+
+
+@dataclass(frozen=True)
+class Topics:
+    """One test's input, decision and dead-letter topics."""
+
+    input: str
+    output: str
+    dlq: str
+    partitions: int
+
+
+@pytest.fixture
+def topics_factory(admin: AdminClient) -> Iterator[Callable[..., Topics]]:
+    created: list[str] = []
+
+    def make(partitions: int = 3) -> Topics:
+        suffix = uuid.uuid4().hex[:10]
+        topics = Topics(f"tx-{suffix}", f"decisions-{suffix}", f"tx-{suffix}.dlq", partitions)
+        names = [topics.input, topics.output, topics.dlq]
+        for future in admin.create_topics([NewTopic(n, partitions, 1) for n in names]).values():
+            future.result(timeout=30)
+        created.extend(names)
+        return topics
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created).values():
+            future.result(timeout=30)
+
+
+def produce(topic: str, records: list[tuple[bytes | None, bytes | None]]) -> int:
+    """Produce (key, value) pairs and wait until all are acknowledged; return the send time (ms)."""
+    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+    sent_ms = time.time_ns() // 1_000_000
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(30) == 0
+    return sent_ms
+
+
+def encode(record: dict[str, object]) -> bytes:
+    return msgspec.json.encode(record)
+
+
+def read_topic(
+    topic: str, expected: int, timeout_s: float = 60.0, settle_s: float = 1.0
+) -> list[Message]:
+    """Read a topic from the start until `expected` records arrived (or the timeout), then
+    `settle_s` longer so that extra records (duplicates) would show too."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    messages: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    settle_until: float | None = None
+    try:
+        while time.monotonic() < (settle_until or deadline):
+            for message in consumer.consume(1000, 0.2):
+                assert message.error() is None, message.error()
+                messages.append(message)
+            if settle_until is None and len(messages) >= expected:
+                settle_until = time.monotonic() + settle_s
+    finally:
+        consumer.close()
+    return messages
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServiceProcess:
+    """A `fraud-scorer run` child process with its own log file and metrics port."""
+
+    args: list[str]
+    log_path: Path
+    metrics_port: int
+    process: subprocess.Popen[bytes] = field(init=False)
+
+    def start(self) -> ServiceProcess:
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "stream", "run", *self.args],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            return str(r.read().decode())
+
+    def metric(self, name: str) -> float:
+        """The value of one sample line (name with labels, exactly as exposed)."""
+        for line in self.metrics().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"metric {name} not exposed")
+
+    def wait_for_metric(self, name: str, at_least: float, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.metric(name) >= at_least:
+                    return
+            except (OSError, AssertionError):
+                pass
+            assert self.process.poll() is None, f"service exited early:\n{self.log()}"
+            time.sleep(0.1)
+        raise AssertionError(f"{name} did not reach {at_least} in {timeout_s}s:\n{self.log()}")
+
+    def signal(self, signum: signal.Signals) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float = 60.0) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+
+@pytest.fixture
+def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    started: list[ServiceProcess] = []
+    group = f"fraud-scorer-{uuid.uuid4().hex[:10]}"
+
+    def start(topics: Topics, *extra: str, instance: str = "a") -> ServiceProcess:
+        port = free_port()
+        args = [
+            "--bootstrap-servers", BOOTSTRAP,
+            "--input-topic", topics.input,
+            "--output-topic", topics.output,
+            "--dlq-topic", topics.dlq,
+            "--group-id", group,
+            "--instance-id", instance,
+            "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(port),
+            *extra,
+        ]  # fmt: skip
+        service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        if service.process.poll() is None:
+            service.process.kill()
+            service.process.wait(timeout=30)
