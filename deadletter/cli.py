@@ -22,6 +22,8 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from deadletter.record import FAILED_AT, ORIGINAL_TOPIC, REASON, decode_headers
 
 READ_TIMEOUT_S = 10.0
+#: consume() waits this long for a full batch; short, so the end of the topic is seen at once.
+CONSUME_WAIT_S = 0.2
 #: Characters of a value shown per record; dead letters can be large and binary.
 VALUE_PREVIEW_CHARS = 200
 
@@ -48,10 +50,14 @@ def read_dead_letters(bootstrap: str, topic: str, extra: dict[str, str]) -> Iter
                 ends[partition] = high
                 starts.append(TopicPartition(topic, partition, low))
         consumer.assign(starts)
+        last_progress = time.monotonic()
         while ends:
-            messages = consumer.consume(500, READ_TIMEOUT_S)
+            messages = consumer.consume(500, CONSUME_WAIT_S)
             if not messages:
-                raise TimeoutError(f"no records from {topic!r} for {READ_TIMEOUT_S}s")
+                if time.monotonic() - last_progress > READ_TIMEOUT_S:
+                    raise TimeoutError(f"no records from {topic!r} for {READ_TIMEOUT_S}s")
+                continue
+            last_progress = time.monotonic()
             for message in messages:
                 if message.error() is not None:
                     continue

@@ -10,6 +10,8 @@ Header contract (DESIGN.md), values are UTF-8 strings:
   dlq.service                consumer group and instance
   dlq.model_version          where a model was involved
   dlq.stacktrace             where code failed (scoring), at most MAX_STACKTRACE_CHARS
+  dlq.value.dropped          only when the broker refused the dead letter as too large: the
+                             original value's size in bytes (the dead letter then has no value)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ SERVICE = "dlq.service"
 MODEL_VERSION = "dlq.model_version"
 STACKTRACE = "dlq.stacktrace"
 REPLAYED_FROM = "dlq.replayed_from"
+VALUE_DROPPED = "dlq.value.dropped"
 
 #: Bounds keep one hostile record from producing a dead letter larger than the record itself.
 MAX_MESSAGE_CHARS = 1_000

@@ -14,6 +14,7 @@ block waiting for more records, and passes the clock reading in, so tests drive 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +28,8 @@ class Batch(NamedTuple, Generic[T]):
     opened_at_s: float
     #: Clock reading (seconds) when the batch closed.
     closed_at_s: float
+    #: True when it closed because it reached its cap, False when its deadline passed.
+    closed_full: bool
 
     @property
     def wait_s(self) -> float:
@@ -44,8 +47,9 @@ class MicroBatcher(Generic[T]):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
-        self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
+        self._cap = max_batch_size
+        self._next_cap = max_batch_size
         self._items: list[T] = []
         self._opened_at_s = 0.0
 
@@ -53,18 +57,39 @@ class MicroBatcher(Generic[T]):
         return len(self._items)
 
     @property
+    def cap(self) -> int:
+        """The size cap of the open (or next) batch."""
+        return self._cap if self._items else self._next_cap
+
+    @property
     def room(self) -> int:
         """How many more items the open batch can take before it closes."""
-        return self.max_batch_size - len(self._items)
+        return self.cap - len(self._items)
+
+    def set_cap(self, max_batch_size: int) -> None:
+        """Change the size cap from the next batch on; the open batch keeps the cap it opened
+        with, so no batch ever holds more than the cap in force when it opened."""
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._next_cap = max_batch_size
 
     def add(self, item: T, now_s: float) -> Batch[T] | None:
         """Add one item; return the batch if this item filled it, else None."""
         if not self._items:
             self._opened_at_s = now_s
+            self._cap = self._next_cap
         self._items.append(item)
-        if len(self._items) >= self.max_batch_size:
-            return self._close(now_s)
+        if len(self._items) >= self._cap:
+            return self._close(now_s, full=True)
         return None
+
+    def discard(self, drop: Callable[[T], bool]) -> int:
+        """Remove the open batch's items for which `drop` is true (partitions revoked or lost);
+        return how many were removed. The deadline stays that of the first item added."""
+        kept = [item for item in self._items if not drop(item)]
+        removed = len(self._items) - len(kept)
+        self._items = kept
+        return removed
 
     def seconds_until_due(self, now_s: float) -> float | None:
         """Seconds until the open batch's deadline (0 if past), or None when no batch is open."""
@@ -75,14 +100,14 @@ class MicroBatcher(Generic[T]):
     def take_due(self, now_s: float) -> Batch[T] | None:
         """Close and return the open batch if its deadline has passed."""
         if self._items and now_s >= self._opened_at_s + self.max_wait_s:
-            return self._close(now_s)
+            return self._close(now_s, full=False)
         return None
 
     def drain(self, now_s: float) -> Batch[T] | None:
         """Close and return the open batch whatever its age (shutdown, rebalance)."""
-        return self._close(now_s) if self._items else None
+        return self._close(now_s, full=False) if self._items else None
 
-    def _close(self, now_s: float) -> Batch[T]:
-        batch = Batch(self._items, self._opened_at_s, now_s)
+    def _close(self, now_s: float, full: bool) -> Batch[T]:
+        batch = Batch(self._items, self._opened_at_s, now_s, full)
         self._items = []
         return batch

@@ -15,10 +15,10 @@ from stream import metrics
 from stream.config import ServiceConfig, default_of, parse_kafka_options
 from stream.errors import ConfigurationError
 from stream.health import HealthServer, HealthState
-from stream.kafka_clients import create_consumer, create_producer
+from stream.kafka_clients import create_consumer, create_producer, delivery_timeout_s
+from stream.lag import LagMonitor
 from stream.logs import configure_logging
 from stream.service import ScoringService
-from stream.sink import KafkaSink
 from stream.topics import ensure_topics
 
 log = logging.getLogger("stream.cli")
@@ -88,7 +88,7 @@ def run_service(config: ServiceConfig) -> int:
         config.instance_id, config.bootstrap_servers, config.redacted_kafka_options(),
     )  # fmt: skip
     scorer = OnnxScorer(config.model_path, config.device)
-    warm_up_s = scorer.warm_up((1, config.max_batch_size))
+    warm_up_s = scorer.warm_up((1, config.min_batch_size, config.max_batch_size))
     log.info("warmed up in %.3fs", warm_up_s)
     metrics.set_model(scorer.model_version, scorer.provider)
 
@@ -104,8 +104,15 @@ def run_service(config: ServiceConfig) -> int:
             ) from exc
         server.start()
 
+    lag = LagMonitor(config.input_topic)
     service = ScoringService(
-        config, create_consumer(config), KafkaSink(create_producer(config)), scorer, health
+        config,
+        create_consumer(config, lag.on_statistics),
+        create_producer(config),
+        scorer,
+        health,
+        lag,
+        delivery_timeout_s(config),
     )
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

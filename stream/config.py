@@ -23,6 +23,7 @@ SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models
 Device = Literal["auto", "cuda", "cpu"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LatePolicy = Literal["score", "fallback"]
 
 #: librdkafka settings whose values must never be logged.
 _SECRET_MARKERS = ("password", "secret", "jaas", "token", "key")
@@ -71,6 +72,49 @@ class ServiceConfig:
         10.0,
         "FRAUD_MAX_WAIT_MS",
         "... or this many milliseconds after its first record arrived, whichever comes first",
+    )
+    max_in_flight_records: int = _setting(
+        10_000,
+        "FRAUD_MAX_IN_FLIGHT_RECORDS",
+        "bound on records consumed but not yet committed: the consumer pauses its partitions "
+        "there and resumes at half of it, so memory stays flat under any backlog",
+    )
+    handoff_batches: int = _setting(
+        2,
+        "FRAUD_HANDOFF_BATCHES",
+        "closed batches that may wait for the scoring thread; when full, fetching pauses",
+    )
+    slo_ms: float = _setting(
+        0.0,
+        "FRAUD_SLO_MS",
+        "latency target (first record in batch → decisions produced, p99 of recent batches) "
+        "for the adaptive batch cap; 0 turns adaptation off and max_batch_size is fixed",
+    )
+    min_batch_size: int = _setting(
+        16, "FRAUD_MIN_BATCH_SIZE", "lower bound of the adaptive batch cap (upper: max_batch_size)"
+    )
+    decision_deadline_ms: float = _setting(
+        1_000.0,
+        "FRAUD_DECISION_DEADLINE_MS",
+        "a transaction is late when its batch forms after event_time + this; 0 disables",
+    )
+    late_policy: LatePolicy = _setting(
+        "score",
+        "FRAUD_LATE_POLICY",
+        "late transactions: score (score anyway, count as late) or fallback (fast rules "
+        "decision, degraded=true)",
+    )
+    delivery_attempts: int = _setting(
+        5,
+        "FRAUD_DELIVERY_ATTEMPTS",
+        "tries of an output the broker did not acknowledge before the replica reports unready "
+        "and stops fetching (it keeps retrying at the longest backoff; nothing is dropped)",
+    )
+    retry_backoff_ms: float = _setting(
+        100.0, "FRAUD_RETRY_BACKOFF_MS", "first retry wait; it doubles per try, with jitter"
+    )
+    retry_backoff_max_ms: float = _setting(
+        5_000.0, "FRAUD_RETRY_BACKOFF_MAX_MS", "longest wait between retries"
     )
     model_path: Path = _setting(
         SHIPPED_MODEL_PATH, "FRAUD_MODEL_PATH", "ONNX model file to score with"
@@ -128,6 +172,29 @@ class ServiceConfig:
                 "thresholds must satisfy 0 <= review_threshold <= decline_threshold <= 1, got "
                 f"review_threshold={self.review_threshold}, "
                 f"decline_threshold={self.decline_threshold}"
+            )
+        if not self.max_batch_size <= self.max_in_flight_records <= 10_000_000:
+            raise ValueError(
+                "max_in_flight_records must be in max_batch_size..10000000, got "
+                f"{self.max_in_flight_records} (max_batch_size={self.max_batch_size})"
+            )
+        if not 1 <= self.handoff_batches <= 64:
+            raise ValueError(f"handoff_batches must be in 1..64, got {self.handoff_batches}")
+        if self.slo_ms < 0:
+            raise ValueError(f"slo_ms must be >= 0 (0 = off), got {self.slo_ms}")
+        if not 1 <= self.min_batch_size <= self.max_batch_size:
+            raise ValueError(
+                f"min_batch_size must be in 1..max_batch_size ({self.max_batch_size}), "
+                f"got {self.min_batch_size}"
+            )
+        if self.decision_deadline_ms < 0:
+            raise ValueError(f"decision_deadline_ms must be >= 0, got {self.decision_deadline_ms}")
+        if not 1 <= self.delivery_attempts <= 1_000:
+            raise ValueError(f"delivery_attempts must be in 1..1000, got {self.delivery_attempts}")
+        if not 0 < self.retry_backoff_ms <= self.retry_backoff_max_ms:
+            raise ValueError(
+                "retry backoffs must satisfy 0 < retry_backoff_ms <= retry_backoff_max_ms, got "
+                f"{self.retry_backoff_ms} and {self.retry_backoff_max_ms}"
             )
         if not 0 <= self.metrics_port <= 65_535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
@@ -225,7 +292,12 @@ def _kind(annotation: Any) -> Any:
         return "path"
     if text.startswith("Mapping"):
         return "mapping"
-    literal = {"Device": Device, "LogFormat": LogFormat, "LogLevel": LogLevel}.get(text)
+    literal = {
+        "Device": Device,
+        "LogFormat": LogFormat,
+        "LogLevel": LogLevel,
+        "LatePolicy": LatePolicy,
+    }.get(text)
     return get_args(literal) if literal is not None else "str"
 
 

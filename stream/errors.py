@@ -1,16 +1,19 @@
-"""The project's one exception tree.
+"""The project's one exception tree, grouped by cause.
 
     FraudScorerError
-    ├── ConfigurationError        bad settings; raised before any connection is made
-    ├── RecordError               permanent, caused by one record: it goes to the dead-letter topic
-    │   ├── DecodeError           not UTF-8 JSON                         dlq.reason = "decode"
-    │   ├── ValidationError       JSON that breaks the transaction contract dlq.reason = "validate"
-    │   └── ScoreError            the model failed on it                  dlq.reason = "score"
-    └── DeliveryError             the broker did not acknowledge an output record
-                                                                          dlq.reason = "produce"
+    ├── ConfigurationError         bad settings; raised before any connection is made
+    ├── RecordError                permanent, caused by one record: it is dead-lettered at once
+    │   ├── DecodeError            not UTF-8 JSON                           dlq.reason = "decode"
+    │   ├── ValidationError        JSON that breaks the transaction contract dlq.reason = "validate"
+    │   └── ScoreError             the model fails on this record           dlq.reason = "score"
+    ├── DeliveryError              the broker did not acknowledge an output  dlq.reason = "produce"
+    │   ├── RecordRejectedError    permanent for this record (too large, invalid): dead-lettered
+    │   └── TransientDeliveryError infrastructure (broker down, timeouts, missing or forbidden
+    │                              topic): retried with backoff, never dead-lettered
+    └── ModelUnavailableError      the model fails on every input: infrastructure, not the record
 
 Errors of librdkafka and ONNX Runtime are translated into this tree where they are caught
-(`raise ... from exc`), so callers handle causes, not libraries.
+(`raise ... from exc`; `deadletter.policy.translate_kafka_error`), so callers decide by cause.
 """
 
 from __future__ import annotations
@@ -53,3 +56,20 @@ class DeliveryError(FraudScorerError):
     """The broker did not acknowledge a produced decision or dead letter."""
 
     reason = "produce"
+
+    def __init__(self, message: str, code: str = "unknown") -> None:
+        super().__init__(message)
+        #: librdkafka's error name (e.g. `_MSG_TIMED_OUT`), the retry metric's `cause` label.
+        self.code = code
+
+
+class RecordRejectedError(DeliveryError):
+    """The broker will never accept this output as it is (too large, invalid)."""
+
+
+class TransientDeliveryError(DeliveryError):
+    """An infrastructure fault that may pass: retried with backoff."""
+
+
+class ModelUnavailableError(FraudScorerError):
+    """The model fails even on a known-good input: no record is to blame."""

@@ -7,11 +7,13 @@ Settings given in `ServiceConfig.kafka_options` override the defaults here (secu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from stream.config import ServiceConfig
+from stream.lag import STATISTICS_INTERVAL_MS
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "partition.assignment.strategy": "cooperative-sticky",
     # A crashed replica's partitions move after 10 s instead of the default 45 s.
     "session.timeout.ms": 10_000,
+    # Per-partition lag arrives through the statistics callback (stream/lag.py).
+    "statistics.interval.ms": STATISTICS_INTERVAL_MS,
 }
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -45,6 +49,10 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     # A batch's decisions are produced in one tight loop and batch by themselves; waiting
     # longer than 1 ms for more would only add latency.
     "linger.ms": 1,
+    # librdkafka retries on its own until this passes; then the failure reaches the service's
+    # policy (deadletter/policy.py), which retries visibly (metrics, readiness) instead of the
+    # default five silent minutes.
+    "message.timeout.ms": 30_000,
 }
 
 
@@ -64,11 +72,23 @@ def _settings(config: ServiceConfig, defaults: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def create_consumer(config: ServiceConfig) -> Consumer:
+def create_consumer(config: ServiceConfig, on_statistics: Callable[[str], None]) -> Consumer:
     """The consumer of the input topic, in the service's consumer group."""
-    return Consumer({**_settings(config, CONSUMER_DEFAULTS), "group.id": config.group_id})
+    return Consumer(
+        {
+            **_settings(config, CONSUMER_DEFAULTS),
+            "group.id": config.group_id,
+            "stats_cb": on_statistics,
+        }
+    )
 
 
 def create_producer(config: ServiceConfig) -> Producer:
     """The producer of decisions and dead letters."""
     return Producer(_settings(config, PRODUCER_DEFAULTS))
+
+
+def delivery_timeout_s(config: ServiceConfig) -> float:
+    """How long librdkafka tries one output before reporting it failed."""
+    settings = _settings(config, PRODUCER_DEFAULTS)
+    return float(settings["message.timeout.ms"]) / 1000.0

@@ -4,6 +4,8 @@ the rest of the code calls to update them (no other module touches prometheus_cl
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 #: Powers of two up to the largest useful batch, so "never over the cap" reads off one bucket.
@@ -43,6 +45,41 @@ EVENT_TO_DECISION = Histogram(
     buckets=LATENCY_SECONDS_BUCKETS,
 )
 IN_FLIGHT = Gauge("fraud_in_flight_records", "Records consumed whose outcome is not yet durable")
+PAUSED_PARTITIONS = Gauge("fraud_paused_partitions", "Assigned partitions paused by backpressure")
+CONSUMER_LAG = Gauge(
+    "fraud_consumer_lag_records",
+    "Log end offset minus committed offset, per partition (what KEDA's Kafka scaler uses)",
+    ["topic", "partition"],
+)
+TIME_LAG = Gauge(
+    "fraud_time_lag_seconds", "Age of the oldest event_time in the batch being scored now"
+)
+BATCH_CAP = Gauge("fraud_batch_size_cap_records", "Current cap on records per micro-batch")
+BATCH_CAP_CHANGES = Counter(
+    "fraud_batch_size_cap_changes_total", "Changes of the adaptive batch cap", ["direction"]
+)
+LATE_RECORDS = Counter(
+    "fraud_late_records_total", "Transactions whose decision deadline had passed at batch time"
+)
+DEGRADED_DECISIONS = Counter(
+    "fraud_degraded_decisions_total",
+    "Decisions made by the fallback rules instead of the model",
+    ["cause"],
+)
+DELIVERY_RETRIES = Counter(
+    "fraud_delivery_retries_total", "Retries of outputs the broker did not acknowledge", ["cause"]
+)
+DEAD_LETTER_PRODUCE_FAILURES = Counter(
+    "fraud_dead_letter_produce_failures_total",
+    "Dead letters the broker did not acknowledge (each is retried)",
+    ["cause"],
+)
+DELIVERY_STALLED = Gauge(
+    "fraud_delivery_stalled", "1 while retries are exhausted and fetching is stopped"
+)
+POISON_RECORDS = Counter(
+    "fraud_poison_records_total", "Records isolated by bisection as breaking the model"
+)
 MODEL_INFO = Gauge("fraud_model_info", "The model in use (value 1)", ["model_version"])
 PROVIDER_INFO = Gauge(
     "fraud_execution_provider_info",
@@ -59,8 +96,8 @@ def record_decisions_delivered(decision: str, count: int) -> None:
     DECISIONS_PRODUCED.labels(decision).inc(count)
 
 
-def record_dead_letter_delivered(reason: str) -> None:
-    DEAD_LETTERS.labels(reason).inc()
+def record_dead_letter_delivered(reason: str, count: int) -> None:
+    DEAD_LETTERS.labels(reason).inc(count)
 
 
 def record_batch(size: int, wait_s: float, inference_s: float) -> None:
@@ -81,3 +118,50 @@ def set_in_flight(count: int) -> None:
 def set_model(model_version: str, provider: str) -> None:
     MODEL_INFO.labels(model_version).set(1)
     PROVIDER_INFO.labels(provider).set(1)
+
+
+def set_paused_partitions(count: int) -> None:
+    PAUSED_PARTITIONS.set(count)
+
+
+def set_consumer_lag(topic: str, partition: int, lag: int) -> None:
+    CONSUMER_LAG.labels(topic, str(partition)).set(lag)
+
+
+def forget_consumer_lag(topic: str, partition: int) -> None:
+    with contextlib.suppress(KeyError):
+        CONSUMER_LAG.remove(topic, str(partition))
+
+
+def set_time_lag(seconds: float) -> None:
+    TIME_LAG.set(seconds)
+
+
+def set_batch_cap(cap: int, direction: str | None = None) -> None:
+    BATCH_CAP.set(cap)
+    if direction is not None:
+        BATCH_CAP_CHANGES.labels(direction).inc()
+
+
+def record_late(count: int) -> None:
+    LATE_RECORDS.inc(count)
+
+
+def record_degraded(cause: str, count: int) -> None:
+    DEGRADED_DECISIONS.labels(cause).inc(count)
+
+
+def record_delivery_retry(cause: str) -> None:
+    DELIVERY_RETRIES.labels(cause).inc()
+
+
+def record_dead_letter_produce_failure(cause: str) -> None:
+    DEAD_LETTER_PRODUCE_FAILURES.labels(cause).inc()
+
+
+def set_delivery_stalled(stalled: bool) -> None:
+    DELIVERY_STALLED.set(1 if stalled else 0)
+
+
+def record_poison(count: int) -> None:
+    POISON_RECORDS.inc(count)

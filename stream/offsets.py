@@ -2,24 +2,28 @@
 
 A consumed offset becomes committable only when it, and every offset consumed before it on the
 same partition, has its outcome (a decision or a dead letter) acknowledged by the broker. Outputs
-are acknowledged out of order (decisions and dead letters go to different topics), so each
-partition keeps its offsets in consumption order and advances past a prefix of finished ones.
+are acknowledged out of order (decisions and dead letters go to different topics, retries come
+late), so each partition keeps its offsets in consumption order and advances past a prefix of
+finished ones. Delivery reports arrive on whichever thread serves the producer, so every method
+takes the tracker's lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 PartitionKey = tuple[str, int]
+SourceOffset = tuple[PartitionKey, int]
 
 
 @dataclass
 class _PartitionOffsets:
     pending: deque[int] = field(default_factory=deque)
     finished: set[int] = field(default_factory=set)
-    #: Next offset to commit (last finished prefix offset + 1), or None if nothing advanced yet.
+    #: Next offset to commit (last offset of the finished prefix + 1), once one finished.
     commit_position: int | None = None
     advanced: bool = False
 
@@ -30,6 +34,7 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._partitions: dict[PartitionKey, _PartitionOffsets] = {}
         self._in_flight = 0
+        self._lock = threading.Lock()
 
     @property
     def in_flight(self) -> int:
@@ -38,40 +43,52 @@ class OffsetTracker:
 
     def track(self, partition: PartitionKey, offset: int) -> None:
         """Record that `offset` was consumed (call in consumption order per partition)."""
-        self._partitions.setdefault(partition, _PartitionOffsets()).pending.append(offset)
-        self._in_flight += 1
+        with self._lock:
+            self._partitions.setdefault(partition, _PartitionOffsets()).pending.append(offset)
+            self._in_flight += 1
 
     def finish(self, partition: PartitionKey, offset: int) -> None:
-        """Record that the outcome of `offset` is durable. Unknown partitions are ignored: they
-        were revoked or lost, and their records will be re-read by the new owner."""
-        state = self._partitions.get(partition)
-        if state is None:
-            return
-        state.finished.add(offset)
-        self._in_flight -= 1
-        pending, finished = state.pending, state.finished
-        while pending and pending[0] in finished:
-            done = pending.popleft()
-            finished.discard(done)
-            state.commit_position = done + 1
-            state.advanced = True
+        """Record that the outcome of `offset` is durable."""
+        self.finish_all([(partition, offset)])
+
+    def finish_all(self, sources: Iterable[SourceOffset]) -> None:
+        """Record that these outcomes are durable. Offsets of partitions no longer tracked are
+        ignored: they were revoked or lost, and the new owner re-reads them."""
+        with self._lock:
+            for partition, offset in sources:
+                state = self._partitions.get(partition)
+                if state is None:
+                    continue
+                state.finished.add(offset)
+                self._in_flight -= 1
+                pending, finished = state.pending, state.finished
+                while pending and pending[0] in finished:
+                    done = pending.popleft()
+                    finished.discard(done)
+                    state.commit_position = done + 1
+                    state.advanced = True
 
     def take_commit_positions(self) -> dict[PartitionKey, int]:
         """Positions (next offset to read) that advanced since the last call."""
         positions: dict[PartitionKey, int] = {}
-        for key, state in self._partitions.items():
-            if state.advanced and state.commit_position is not None:
-                positions[key] = state.commit_position
-                state.advanced = False
+        with self._lock:
+            for key, state in self._partitions.items():
+                if state.advanced and state.commit_position is not None:
+                    positions[key] = state.commit_position
+                    state.advanced = False
         return positions
 
     def pending_in(self, partitions: Iterable[PartitionKey]) -> int:
         """How many tracked records of these partitions still wait for their outcome."""
-        return sum(len(self._partitions[p].pending) for p in partitions if p in self._partitions)
+        with self._lock:
+            return sum(
+                len(self._partitions[p].pending) for p in partitions if p in self._partitions
+            )
 
     def forget(self, partitions: Iterable[PartitionKey]) -> None:
         """Drop all bookkeeping of partitions this consumer no longer owns."""
-        for key in partitions:
-            state = self._partitions.pop(key, None)
-            if state is not None:
-                self._in_flight -= len(state.pending) - len(state.finished)
+        with self._lock:
+            for key in partitions:
+                state = self._partitions.pop(key, None)
+                if state is not None:
+                    self._in_flight -= len(state.pending) - len(state.finished)

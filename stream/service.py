@@ -1,104 +1,120 @@
-"""One replica's stream loop: consume → decode + validate → micro-batch → score → produce or
-dead-letter → store offsets.
+"""One replica: consume → decode + validate → micro-batch → hand off → score → produce →
+commit, with backpressure, rebalance handling and a graceful stop.
 
-Offsets are stored only for records whose decisions or dead letters the broker acknowledged
-(`stream/offsets.py`); librdkafka commits what is stored. On SIGTERM the loop stops fetching,
-finishes the open batch, waits for every output to be acknowledged, commits and closes.
+Two threads share the work. The consuming thread (the caller of `run`) owns the consumer: it
+polls, decodes, dead-letters invalid records, forms batches and hands them to the scoring
+thread through a bounded queue (`stream/scoring.py`). Offsets are stored only for records
+whose outputs the broker acknowledged (`stream/offsets.py`); librdkafka commits what is stored.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections import Counter
-from typing import Any, NamedTuple, cast
+from collections import deque
+from collections.abc import Callable
 
-import numpy as np
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from deadletter.record import Headers, SourceRecord, dead_letter_headers
-from scorer.decisions import Decision, Thresholds, classify, encode_decision, valid_scores
-from scorer.features import TransactionColumns, build_features
+from deadletter.policy import RetryPolicy
+from deadletter.router import DeadLetterRouter, position_of
+from scorer.decisions import Thresholds
 from scorer.model import Scorer
 from stream import metrics
 from stream.batcher import Batch, MicroBatcher
 from stream.config import ServiceConfig
-from stream.errors import DeliveryError, RecordError, ScoreError
+from stream.controller import BatchSizeController
+from stream.errors import DeliveryError, RecordError
+from stream.flow import FlowControl
 from stream.health import HealthState
+from stream.lag import LagMonitor
 from stream.offsets import OffsetTracker, PartitionKey
-from stream.outcomes import OutcomeGroup, SourceOffset
-from stream.sink import OutputSink
-from stream.transaction import Transaction, decode_transaction
+from stream.outcomes import OutcomeGroup
+from stream.redelivery import Redelivery
+from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker, count_delivered
+from stream.sink import KafkaSink, Output
+from stream.transaction import decode_transaction
 
 log = logging.getLogger(__name__)
 
-#: How long one idle poll blocks: bounds how late a stop request or a delivery report is seen.
+#: How long one idle poll blocks: bounds how late a stop request is noticed.
 IDLE_POLL_S = 0.1
+#: Granularity of waits for the scoring thread (rebalance, shutdown).
+WAIT_STEP_S = 0.005
 
-
-class PendingRecord(NamedTuple):
-    """A consumed, valid transaction waiting in a micro-batch."""
-
-    message: Message
-    transaction: Transaction
-
-
-def _position(message: Message) -> SourceOffset:
-    """Partition and offset of a consumed record (librdkafka always sets them on one)."""
-    return (cast(str, message.topic()), cast(int, message.partition())), cast(int, message.offset())
-
-
-def _source_of(message: Message) -> SourceRecord:
-    (topic, partition), offset = _position(message)
-    return SourceRecord(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        timestamp_ms=message.timestamp()[1],
-        key=message.key(),
-        value=message.value(),
-        headers=cast(Headers, list(message.headers() or [])),
-    )
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+Handoff = queue.Queue[Batch[PendingRecord] | None]
 
 
 class ScoringService:
-    """Runs the stream loop of one replica until `stop()` or a delivery failure."""
+    """Runs one replica until `stop()`; then drains, commits and closes the consumer."""
 
     def __init__(
         self,
         config: ServiceConfig,
         consumer: Consumer,
-        sink: OutputSink,
+        producer: Producer,
         scorer: Scorer,
         health: HealthState,
+        lag: LagMonitor,
+        delivery_timeout_s: float,
     ) -> None:
         self._config = config
         self._consumer = consumer
-        self._sink = sink
-        self._scorer = scorer
+        self._sink = sink = KafkaSink(producer, self._on_delivery_failure)
         self._health = health
-        self._thresholds = Thresholds(config.review_threshold, config.decline_threshold)
-        self._batcher: MicroBatcher[PendingRecord] = MicroBatcher(
-            config.max_batch_size, config.max_wait_ms
-        )
+        self._lag = lag
         self._tracker = OffsetTracker()
+        self._router = DeadLetterRouter(config.dlq_topic, f"{config.group_id}/{config.instance_id}")
+        self._redelivery = Redelivery(
+            sink,
+            RetryPolicy(
+                config.delivery_attempts,
+                config.retry_backoff_ms / 1000.0,
+                config.retry_backoff_max_ms / 1000.0,
+            ),
+            self._router,
+            delivery_timeout_s,
+        )
+        self._controller = (
+            BatchSizeController(config.slo_ms, config.min_batch_size, config.max_batch_size)
+            if config.slo_ms
+            else None
+        )
+        initial_cap = self._controller.cap if self._controller else config.max_batch_size
+        self._batcher: MicroBatcher[PendingRecord] = MicroBatcher(initial_cap, config.max_wait_ms)
+        metrics.set_batch_cap(initial_cap)
+        self._flow = FlowControl(consumer, config.max_in_flight_records)
+        self._handoff: Handoff = queue.Queue(maxsize=config.handoff_batches)
+        self._parked: deque[Batch[PendingRecord]] = deque()
+        self._worker = ScoringWorker(
+            self._handoff,
+            BatchScorer(
+                scorer,
+                sink,
+                self._tracker,
+                self._router,
+                output_topic=config.output_topic,
+                thresholds=Thresholds(config.review_threshold, config.decline_threshold),
+                decision_deadline_ms=config.decision_deadline_ms,
+                late_policy=config.late_policy,
+            ),
+            sink,
+            self._redelivery,
+            config.retry_backoff_max_ms / 1000.0,
+            self._adapt,
+        )
         self._stopping = threading.Event()
-        self._failure: DeliveryError | None = None
-        self._service_name = f"{config.group_id}/{config.instance_id}"
 
     def stop(self) -> None:
-        """Ask the loop to drain and exit (safe from a signal handler)."""
+        """Ask the replica to drain and exit (safe from a signal handler)."""
         self._stopping.set()
 
     @property
-    def failure(self) -> DeliveryError | None:
-        """The delivery failure that stopped the loop, if any."""
-        return self._failure
+    def failure(self) -> BaseException | None:
+        """What stopped the replica abnormally, if anything."""
+        return self._worker.error
 
     def run(self) -> None:
         """Subscribe and process until stopped; then drain, commit and close the consumer."""
@@ -106,39 +122,49 @@ class ScoringService:
             [self._config.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )  # fmt: skip
-        self._health.set_ready(True)
+        self._worker.start()
         log.info(
-            "consuming topic=%s group=%s max_batch_size=%s max_wait_ms=%s",
-            self._config.input_topic,
-            self._config.group_id,
-            self._config.max_batch_size,
-            self._config.max_wait_ms,
-        )
+            "consuming topic=%s group=%s max_batch_size=%s max_wait_ms=%s max_in_flight=%s",
+            self._config.input_topic, self._config.group_id, self._batcher.cap,
+            self._config.max_wait_ms, self._config.max_in_flight_records,
+        )  # fmt: skip
         try:
-            while not self._stopping.is_set() and self._failure is None:
+            while not self._stopping.is_set() and self._worker.error is None:
                 self._health.beat()
                 self._step()
         finally:
             self._health.set_ready(False, "shutting down")
             self._shut_down()
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- the consuming thread -------------------------------------------------------------
 
     def _step(self) -> None:
+        stalled = self._redelivery.stalled
+        self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
+        self._flow.update(self._tracker.in_flight, "deliveries stalled" if stalled else None)
+        if self._parked and not stalled:
+            # The scoring thread is a batch behind: wait for room rather than fetch more.
+            # librdkafka's own pre-fetch queue is bounded, so waiting costs no memory; pausing
+            # would throw that queue away and fetch it again.
+            self._wait_for_handoff_room()
+            self._sink.poll()
+            self._store_offsets()
+            return
+        room = min(self._batcher.room, self._flow.high_water - self._tracker.in_flight)
         wait_s = self._batcher.seconds_until_due(time.monotonic())
-        if wait_s is None:
-            # No open batch: poll() hands over the first record the moment it arrives, which
-            # starts the batch's deadline clock on time.
-            message = self._consumer.poll(IDLE_POLL_S)
+        if self._flow.paused or room <= 0 or wait_s is None:
+            # poll() hands over a first record the moment it arrives, which starts the batch's
+            # deadline on time; paused partitions return nothing, but callbacks are served.
+            message = self._consumer.poll(IDLE_POLL_S if wait_s is None else wait_s)
             messages = [] if message is None else [message]
         else:
-            # An open batch: fill it, but never past its cap and never past its deadline.
-            messages = self._consumer.consume(self._batcher.room, wait_s)
+            # An open batch: fill it, never past its cap, its deadline or the in-flight bound.
+            messages = self._consumer.consume(room, wait_s)
         if messages:
             self._accept(messages, time.monotonic())
         due = self._batcher.take_due(time.monotonic())
         if due is not None:
-            self._process(due)
+            self._hand_off(due)
         self._sink.poll()
         self._store_offsets()
 
@@ -150,7 +176,7 @@ class ScoringService:
                 self._on_consume_error(error, message)
                 continue
             accepted += 1
-            self._tracker.track(*_position(message))
+            self._tracker.track(*position_of(message))
             try:
                 transaction = decode_transaction(message.value())
             except RecordError as exc:
@@ -158,9 +184,8 @@ class ScoringService:
                 continue
             full = self._batcher.add(PendingRecord(message, transaction), now_s)
             if full is not None:
-                self._process(full)
+                self._hand_off(full)
         metrics.record_consumed(accepted)
-        metrics.set_in_flight(self._tracker.in_flight)
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -170,96 +195,45 @@ class ScoringService:
             message.topic(), message.partition(), error.name(), error.str(),
         )  # fmt: skip
         if error.fatal():
-            self._fail(DeliveryError(f"fatal consumer error: {error.str()}"), [])
+            raise KafkaException(error)
 
-    # -- score and produce ------------------------------------------------------------------
-
-    def _process(self, batch: Batch[PendingRecord]) -> None:
-        records = batch.items
-        transactions = [r.transaction for r in records]
-        features = build_features(TransactionColumns.from_transactions(transactions))
-        started = time.perf_counter()
-        try:
-            scores = self._scorer.score(features)
-        except ScoreError as exc:
-            log.error("scoring failed for a batch of %s records: %s", len(records), exc)
-            for record in records:
-                self._dead_letter(record.message, exc)
-            return
-        inference_s = time.perf_counter() - started
-        metrics.record_batch(len(records), batch.wait_s, inference_s)
-
-        ok = valid_scores(scores) if len(scores) == len(records) else np.zeros(len(records), bool)
-        if not ok.all():
-            for record, score in zip(records, scores, strict=False):
-                self._dead_letter(record.message, ScoreError(f"model returned score {score!r}"))
-            return
-        decided_at = _now_ms()
-        labels = classify(scores, self._thresholds)
-        group = OutcomeGroup(
-            self._tracker,
-            [_position(r.message) for r in records],
-            len(records),
-            _count_decisions,
-            self._fail,
-        )
-        model_version = self._scorer.model_version
-        topic = self._config.output_topic
-        send = self._sink.send
-        for record, score, label in zip(records, scores.tolist(), labels, strict=True):
-            t = record.transaction
-            decision = Decision(
-                transaction_id=t.transaction_id,
-                card_id=t.card_id,
-                score=score,
-                decision=label,
-                model_version=model_version,
-                degraded=False,
-                event_time=t.event_time,
-                decided_at=decided_at,
-            )
-            send(topic, t.card_id.encode(), encode_decision(decision), group.expect(label))
-        metrics.record_latencies([(decided_at - t.event_time) / 1000.0 for t in transactions])
+    def _on_delivery_failure(self, output: Output, error: DeliveryError) -> None:
+        self._redelivery.failed(output, error)
 
     def _dead_letter(self, message: Message, error: RecordError) -> None:
-        source = _source_of(message)
-        reason = error.reason
+        (topic, partition), offset = position_of(message)
         log.warning(
             "dead-lettering topic=%s partition=%s offset=%s reason=%s: %s",
-            source.topic, source.partition, source.offset, reason, error,
+            topic, partition, offset, error.reason, error,
         )  # fmt: skip
-        # A decode or validation message says all there is; a trace helps where code failed.
-        scoring = isinstance(error, ScoreError)
-        headers = dead_letter_headers(
-            source,
-            error,
-            reason=reason,
-            attempts=1,
-            service=self._service_name,
-            failed_at_ms=_now_ms(),
-            model_version=self._scorer.model_version if scoring else None,
-            with_stacktrace=scoring,
-        )
-        group = OutcomeGroup(
-            self._tracker,
-            [_position(message)],
-            1,
-            lambda _labels: metrics.record_dead_letter_delivered(reason),
-            self._fail,
-        )
-        self._sink.send(
-            self._config.dlq_topic, source.key, source.value, group.expect(reason), headers
-        )
+        group = OutcomeGroup(self._tracker, [position_of(message)], 1, count_delivered)
+        self._sink.send(self._router.dead_letter(message, error, group))
 
-    def _fail(self, error: DeliveryError, sources: list[SourceOffset]) -> None:
-        """An output was not delivered: stop without committing the records it covered."""
-        where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sources[:5])
-        log.error("delivery failed, stopping without committing %s: %s", where or "-", error)
-        if self._failure is None:
-            self._failure = error
-        self._stopping.set()
+    def _hand_off(self, batch: Batch[PendingRecord]) -> None:
+        if not self._parked:
+            try:
+                self._handoff.put_nowait(batch)
+                return
+            except queue.Full:
+                pass
+        # The scoring thread is behind: keep the batch here and stop fetching until it catches up.
+        self._parked.append(batch)
 
-    # -- offsets, rebalance, shutdown -------------------------------------------------------
+    def _release_parked(self) -> None:
+        while self._parked:
+            try:
+                self._handoff.put_nowait(self._parked[0])
+            except queue.Full:
+                return
+            self._parked.popleft()
+
+    def _wait_for_handoff_room(self) -> None:
+        try:
+            self._handoff.put(self._parked[0], timeout=IDLE_POLL_S)
+        except queue.Full:
+            return
+        self._parked.popleft()
+        self._release_parked()
 
     def _store_offsets(self) -> None:
         positions = self._tracker.take_commit_positions()
@@ -269,53 +243,119 @@ class ScoringService:
             )
         metrics.set_in_flight(self._tracker.in_flight)
 
-    def _drain_outputs(self) -> None:
-        """Score the open batch and wait for every output to be acknowledged."""
-        batch = self._batcher.drain(time.monotonic())
-        if batch is not None and self._failure is None:
-            self._process(batch)
-        left = self._sink.flush(self._config.shutdown_timeout_s)
-        if left:
-            log.error(
-                "%s outputs not acknowledged after %ss", left, self._config.shutdown_timeout_s
-            )
-        self._store_offsets()
-
     def _commit(self) -> None:
+        self._store_offsets()
         try:
             self._consumer.commit(asynchronous=False)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing new stored: benign
                 log.warning("commit failed, the next commit will cover it: %s", exc)
 
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+    # -- adaptation (called on the scoring thread) ---------------------------------------
+
+    def _adapt(self, report: BatchReport) -> None:
+        if self._controller is None:
+            return
+        old = self._controller.cap
+        new = self._controller.observe(report.latency_s, report.closed_full, self._lag.total)
+        if new is not None:
+            self._batcher.set_cap(new)
+            metrics.set_batch_cap(new, "up" if new > old else "down")
+            log.info("batch cap %s -> %s (batch latency %.1f ms)", old, new, report.latency_s * 1e3)
+
+    # -- rebalance (called on the consuming thread, inside poll) -------------------------
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
+        self._flow.on_assign(partitions)
 
-    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        log.info("revoked %s: finishing their records before letting go", _describe(partitions))
-        self._drain_outputs()
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        released = self._release_records(keys)
+        log.info(
+            "revoked %s: releasing %s undecided records, committing what was decided",
+            _describe(partitions), released,
+        )  # fmt: skip
+        deadline = time.monotonic() + self._config.shutdown_timeout_s
+        self._wait_for_scoring(deadline)
+        self._sink.flush(max(0.0, deadline - time.monotonic()))
         self._commit()
-        self._tracker.forget(_keys(partitions))
+        self._forget(keys, partitions)
 
-    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        log.warning("lost %s: nothing of them will be committed", _describe(partitions))
-        self._tracker.forget(_keys(partitions))
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        released = self._release_records(keys)
+        log.warning(
+            "lost %s: %s undecided records released, nothing of them is committed",
+            _describe(partitions), released,
+        )  # fmt: skip
+        self._forget(keys, partitions)
+
+    def _release_records(self, keys: set[PartitionKey]) -> int:
+        """Drop not-yet-scored records of these partitions (their new owner re-reads them)."""
+
+        def revoked(record: PendingRecord) -> bool:
+            return position_of(record.message)[0] in keys
+
+        released = self._batcher.discard(revoked)
+        with self._handoff.mutex:
+            waiting = [b for b in self._handoff.queue if b is not None]
+        for batch in [*self._parked, *waiting]:
+            kept = [r for r in batch.items if not revoked(r)]
+            released += len(batch.items) - len(kept)
+            batch.items[:] = kept  # the scoring thread skips a batch left empty
+        while self._parked and not self._parked[0].items:
+            self._parked.popleft()
+        return released
+
+    def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
+        self._tracker.forget(keys)
+        self._flow.on_revoke(partitions)
+        self._lag.forget(sorted(keys))
+
+    def _wait_for_scoring(self, deadline: float) -> None:
+        """Wait until every handed-off batch is scored and sent (or the deadline passes)."""
+        while self._handoff.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(WAIT_STEP_S)
+
+    # -- shutdown ---------------------------------------------------------------------------
 
     def _shut_down(self) -> None:
-        self._drain_outputs()
-        # Only acknowledged records were stored, so committing is right even after a failure.
+        deadline = time.monotonic() + self._config.shutdown_timeout_s
+        if self._worker.error is None:
+            last = self._batcher.drain(time.monotonic())
+            if last is not None:
+                self._hand_off(last)
+            self._until(deadline, self._all_parked_handed_off)
+            self._until(deadline, self._put_end_marker)
+        self._worker.stop_retrying()
+        self._worker.join(max(0.0, deadline - time.monotonic()))
+        left = self._sink.flush(max(0.0, deadline - time.monotonic()))
+        if left or self._worker.is_alive():
+            log.error(
+                "stop grace period (%ss) over: %s outputs unacknowledged; their records stay "
+                "uncommitted and will be re-read", self._config.shutdown_timeout_s, left,
+            )  # fmt: skip
+        # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()
-        log.info("stopped; in-flight records left uncommitted: %s", self._tracker.in_flight)
+        log.info("stopped; records left uncommitted: %s", self._tracker.in_flight)
 
+    def _all_parked_handed_off(self) -> bool:
+        self._release_parked()
+        return not self._parked
 
-def _count_decisions(labels: Counter[str]) -> None:
-    for label, count in labels.items():
-        metrics.record_decisions_delivered(label, count)
+    def _put_end_marker(self) -> bool:
+        try:
+            self._handoff.put_nowait(None)
+            return True
+        except queue.Full:
+            return False
 
-
-def _keys(partitions: list[TopicPartition]) -> list[PartitionKey]:
-    return [(p.topic, p.partition) for p in partitions]
+    @staticmethod
+    def _until(deadline: float, done: Callable[[], bool]) -> None:
+        while not done() and time.monotonic() < deadline:
+            time.sleep(WAIT_STEP_S)
 
 
 def _describe(partitions: list[TopicPartition]) -> str:

@@ -1,40 +1,70 @@
-"""Where decisions and dead letters go: the `OutputSink` interface and its Kafka producer.
+"""Where decisions and dead letters go: the `Output` record, the `OutputSink` interface and its
+Kafka producer.
 
-The routing and batching logic talks to an `OutputSink`, so unit tests can use an in-memory one;
-integration tests use `KafkaSink` against the real broker.
+The scoring and routing logic talks to an `OutputSink`, so unit tests can use an in-memory one;
+integration tests use `KafkaSink` against the real broker. A sink reports every output exactly
+once: `output.delivered()` on success, or its failure handler with the translated error.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from deadletter.policy import translate_kafka_error
 from stream.errors import DeliveryError
+from stream.outcomes import OutcomeGroup
 
 log = logging.getLogger(__name__)
 
-#: Called once per output with None on success, or the reason it was not delivered.
-DeliveryCallback = Callable[[DeliveryError | None], None]
 Headers = list[tuple[str, bytes]]
+OutputKind = Literal["decision", "dead_letter"]
 
-#: When librdkafka's local queue is full, serve delivery reports this long before retrying.
+#: When librdkafka's local queue is full, serve delivery reports this long before trying again.
 QUEUE_FULL_BACKOFF_S = 0.05
 
 
-class OutputSink(Protocol):
-    """Accepts output records and reports each one's delivery exactly once."""
+class Output:
+    """One record to produce, the consumed record it answers, and the group it completes."""
 
-    def send(
+    __slots__ = ("group", "headers", "key", "kind", "label", "source", "topic", "value")
+
+    def __init__(
         self,
+        kind: OutputKind,
         topic: str,
         key: bytes | None,
         value: bytes | None,
-        on_delivery: DeliveryCallback,
-        headers: Headers | None = None,
-    ) -> None: ...
+        headers: Headers | None,
+        source: Message,
+        group: OutcomeGroup,
+        label: str,
+    ) -> None:
+        self.kind = kind
+        self.topic = topic
+        self.key = key
+        self.value = value
+        self.headers = headers
+        #: The consumed record this output is the outcome of.
+        self.source = source
+        self.group = group
+        #: Counted when the group completes: the decision, or the dead letter's reason.
+        self.label = label
+
+    def delivered(self) -> None:
+        self.group.delivered(self.kind, self.label)
+
+
+FailureHandler = Callable[[Output, DeliveryError], None]
+
+
+class OutputSink(Protocol):
+    """Accepts outputs and reports each one's delivery exactly once."""
+
+    def send(self, output: Output) -> None: ...
 
     def poll(self) -> None:
         """Serve pending delivery reports without blocking."""
@@ -47,32 +77,35 @@ class OutputSink(Protocol):
 class KafkaSink:
     """An `OutputSink` over one idempotent confluent-kafka producer."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, on_failure: FailureHandler) -> None:
         self._producer = producer
+        self._on_failure = on_failure
 
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        on_delivery: DeliveryCallback,
-        headers: Headers | None = None,
-    ) -> None:
+    def send(self, output: Output) -> None:
+        on_failure = self._on_failure
+
         def report(error: KafkaError | None, _message: object) -> None:
-            on_delivery(None if error is None else DeliveryError(f"{topic}: {error.str()}"))
+            if error is None:
+                output.delivered()
+            else:
+                on_failure(output, translate_kafka_error(error, output.topic))
 
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=key, headers=cast(Any, headers), on_delivery=report
+                    output.topic,
+                    value=output.value,
+                    key=output.key,
+                    headers=cast(Any, output.headers),
+                    on_delivery=report,
                 )
                 return
             except BufferError:
-                # The local queue is full: backpressure from the broker. Serving delivery
-                # reports frees room; the record is retried, never dropped.
+                # The local queue is full: the broker is slower than we are. Serving delivery
+                # reports frees room; the output is retried, never dropped.
                 self._producer.poll(QUEUE_FULL_BACKOFF_S)
             except KafkaException as exc:
-                on_delivery(DeliveryError(f"{topic}: {exc}"))
+                on_failure(output, translate_kafka_error(exc.args[0], output.topic))
                 return
 
     def poll(self) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from stream.errors import DeliveryError
+import pytest
+
 from stream.offsets import OffsetTracker
 from stream.outcomes import OutcomeGroup
 
@@ -51,29 +52,30 @@ def test_outcome_group_finishes_its_sources_after_the_last_delivery() -> None:
     tracker = OffsetTracker()
     for offset in range(3):
         tracker.track(P0, offset)
-    completed: list[Counter[str]] = []
-    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1), (P0, 2)], 3, completed.append, _never)
-    callbacks = [group.expect(label) for label in ("approve", "approve", "decline")]
-    callbacks[0](None)
-    callbacks[2](None)
+    completed: list[Counter[tuple[str, str]]] = []
+    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1), (P0, 2)], 3, completed.append)
+    group.delivered("decision", "approve")
+    group.delivered("dead_letter", "score")
     assert tracker.take_commit_positions() == {}
-    callbacks[1](None)
+    assert completed == []
+    group.delivered("decision", "approve")
     assert tracker.take_commit_positions() == {P0: 3}
-    assert completed == [Counter({"approve": 2, "decline": 1})]
+    assert completed == [Counter({("decision", "approve"): 2, ("dead_letter", "score"): 1})]
 
 
-def test_a_failed_delivery_keeps_the_group_uncommitted() -> None:
+def test_an_undelivered_output_keeps_the_group_uncommitted() -> None:
     tracker = OffsetTracker()
     tracker.track(P0, 0)
     tracker.track(P0, 1)
-    failures: list[DeliveryError] = []
-    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1)], 2, _never, lambda e, _s: failures.append(e))
-    ok, broken = group.expect("approve"), group.expect("approve")
-    broken(DeliveryError("broker said no"))
-    ok(None)
-    assert len(failures) == 1
+    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1)], 2, _never)
+    group.delivered("decision", "approve")  # the other output is being retried
     assert tracker.take_commit_positions() == {}
     assert tracker.in_flight == 2
+
+
+def test_outcome_group_needs_an_output() -> None:
+    with pytest.raises(ValueError, match="at least one output"):
+        OutcomeGroup(OffsetTracker(), [], 0, _never)
 
 
 def _never(*_args: object) -> None:

@@ -1,0 +1,82 @@
+"""The failure policy, in one place: what is retried, what is dead-lettered, and how long to try.
+
+- Permanent, record-level (decode, validation, a record that breaks the model, an output the
+  broker rejects as too large or invalid): dead-lettered at once, never retried.
+- Transient, infrastructure-level (broker unavailable, request time-outs, leader changes, a
+  full produce queue, a missing or forbidden topic): retried with exponential backoff and
+  jitter. While it lasts nothing is committed; good records are never dead-lettered for it.
+  Past `RetryPolicy.attempts` the replica reports unready, stops fetching, and keeps retrying
+  at the longest backoff, holding what it has uncommitted so that a restart re-reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tenacity
+from confluent_kafka import KafkaError
+
+from stream.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+
+log = logging.getLogger(__name__)
+
+#: Broker or client verdicts that are about the record itself: retrying cannot help.
+#: (librdkafka uses MSG_SIZE_TOO_LARGE both for the broker's refusal and for its own check
+#: against `message.max.bytes` before sending.)
+RECORD_REJECTIONS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+    }
+)
+
+
+def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:
+    """librdkafka's verdict on one output → the project's error, by cause."""
+    cls = RecordRejectedError if error.code() in RECORD_REJECTIONS else TransientDeliveryError
+    return cls(f"{topic}: {error.str()}", code=error.name())
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of transient faults: exponential backoff with jitter, a bounded number of tries."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
+            raise ValueError(
+                "backoffs must satisfy 0 < initial <= max, got "
+                f"{self.initial_backoff_s} and {self.max_backoff_s}"
+            )
+
+    def retrying(self, on_retry: Callable[[BaseException], None]) -> tenacity.Retrying:
+        """A tenacity loop that retries TransientDeliveryError only, then re-raises it."""
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            if error is not None:
+                on_retry(error)
+                log.warning(
+                    "retrying in %.2fs (attempt %s of %s): %s",
+                    state.upcoming_sleep, state.attempt_number, self.attempts, error,
+                )  # fmt: skip
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TransientDeliveryError),
+            wait=tenacity.wait_exponential_jitter(
+                initial=self.initial_backoff_s,
+                max=self.max_backoff_s,
+                jitter=self.initial_backoff_s,
+            ),
+            stop=tenacity.stop_after_attempt(self.attempts),
+            before_sleep=before_sleep,
+            reraise=True,
+        )

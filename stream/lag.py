@@ -1,0 +1,52 @@
+"""Consumer lag per partition, read from librdkafka's periodic statistics.
+
+librdkafka already tracks each assigned partition's log end and committed offsets; its
+statistics callback hands them over once per `statistics.interval.ms` on the consumer's own
+poll, so measuring lag costs the hot path nothing and no extra broker requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from stream import metrics
+from stream.offsets import PartitionKey
+
+log = logging.getLogger(__name__)
+
+#: How often librdkafka emits statistics (and so how fresh the lag gauges are).
+STATISTICS_INTERVAL_MS = 1_000
+
+
+class LagMonitor:
+    """Keeps `fraud_consumer_lag_records` per partition of the input topic up to date."""
+
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+        self._lags: dict[PartitionKey, int] = {}
+
+    @property
+    def total(self) -> int | None:
+        """Sum of the known partition lags (log end - committed), or None before any report."""
+        return sum(self._lags.values()) if self._lags else None
+
+    def on_statistics(self, stats_json: str) -> None:
+        """librdkafka's `stats_cb`."""
+        try:
+            partitions = json.loads(stats_json)["topics"][self._topic]["partitions"]
+        except (KeyError, ValueError):
+            return
+        for name, partition in partitions.items():
+            number = int(name)
+            lag = partition.get("consumer_lag", -1)
+            if number < 0 or lag < 0:  # -1: librdkafka's internal "unassigned" partition
+                continue
+            self._lags[self._topic, number] = lag
+            metrics.set_consumer_lag(self._topic, number, lag)
+
+    def forget(self, partitions: list[PartitionKey]) -> None:
+        """Stop reporting partitions this replica no longer owns."""
+        for key in partitions:
+            if self._lags.pop(key, None) is not None:
+                metrics.forget_consumer_lag(*key)

@@ -1,0 +1,121 @@
+"""Outputs the broker did not acknowledge, tried again under the failure policy.
+
+The producer's delivery reports hand failed outputs here (from any thread). The scoring thread
+calls `retry()` before it takes the next batch, so while the broker is in trouble no new work
+piles up behind it: the hand-off fills, fetching pauses, nothing is committed. A record the
+broker rejects for itself is dead-lettered instead (a decision: reason `produce`; a dead letter
+that is too large: sent again without its value).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+from deadletter.policy import RetryPolicy
+from deadletter.router import DeadLetterRouter, position_of
+from stream import metrics
+from stream.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+from stream.sink import Output, OutputSink
+
+log = logging.getLogger(__name__)
+
+
+class Redelivery:
+    """Collects failed outputs and retries them with backoff until delivered or given up on."""
+
+    def __init__(
+        self,
+        sink: OutputSink,
+        policy: RetryPolicy,
+        router: DeadLetterRouter,
+        delivery_timeout_s: float,
+    ) -> None:
+        self._sink = sink
+        self._policy = policy
+        self._router = router
+        self._delivery_timeout_s = delivery_timeout_s
+        self._failed: deque[tuple[Output, DeliveryError]] = deque()
+        self._stalled = threading.Event()
+        #: librdkafka's name for the latest failure, the retry metric's cause.
+        self._last_code = "unknown"
+
+    @property
+    def pending(self) -> bool:
+        """Whether some output waits for another try."""
+        return bool(self._failed)
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the last retry round gave up (fetching must stay stopped)."""
+        return self._stalled.is_set()
+
+    def failed(self, output: Output, error: DeliveryError) -> None:
+        """The sink's failure handler: note the output for the next retry round."""
+        (topic, partition), offset = position_of(output.source)
+        log.warning(
+            "output not delivered topic=%s partition=%s offset=%s output=%s code=%s: %s",
+            topic, partition, offset, output.kind, error.code, error,
+        )  # fmt: skip
+        if output.kind == "dead_letter":
+            metrics.record_dead_letter_produce_failure(error.code)
+        self._failed.append((output, error))
+
+    def retry(self) -> bool:
+        """Send the failed outputs again until all are acknowledged (True) or the policy's tries
+        are spent (False: the outputs stay queued for a later round)."""
+        pending = self._take()
+
+        def attempt() -> None:
+            nonlocal pending
+            for output in pending:
+                self._sink.send(output)
+            self._sink.flush(self._delivery_timeout_s)
+            pending = self._take()
+            if pending:
+                raise TransientDeliveryError(
+                    f"{len(pending)} outputs still not acknowledged", code=self._last_code
+                )
+
+        try:
+            for try_ in self._policy.retrying(_count_retry):
+                with try_:
+                    attempt()
+        except TransientDeliveryError:
+            self._failed.extendleft((o, TransientDeliveryError("retry pending")) for o in pending)
+            if not self._stalled.is_set():
+                log.error(
+                    "outputs still not delivered after %s tries: fetching stops, nothing is "
+                    "committed, retries go on every %.1fs",
+                    self._policy.attempts, self._policy.max_backoff_s,
+                )  # fmt: skip
+            self._stalled.set()
+            metrics.set_delivery_stalled(True)
+            return False
+        if self._stalled.is_set():
+            log.info("outputs delivered again: resuming")
+        self._stalled.clear()
+        metrics.set_delivery_stalled(False)
+        return True
+
+    def _take(self) -> list[Output]:
+        """Drain the failed outputs; rejected records become dead letters, retriable ones stay."""
+        outputs: list[Output] = []
+        while self._failed:
+            output, error = self._failed.popleft()
+            self._last_code = error.code
+            if isinstance(error, RecordRejectedError):
+                output = self._reroute(output, error)
+            outputs.append(output)
+        return outputs
+
+    def _reroute(self, output: Output, error: RecordRejectedError) -> Output:
+        if output.kind == "dead_letter":
+            log.warning("dead letter refused (%s): sending it without its value", error.code)
+            return self._router.without_value(output)
+        return self._router.dead_letter(output.source, error, output.group)
+
+
+def _count_retry(error: BaseException) -> None:
+    metrics.record_delivery_retry(getattr(error, "code", "unknown"))
