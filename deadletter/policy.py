@@ -72,7 +72,7 @@ class RetryPolicy:
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(TransientDeliveryError),
             wait=tenacity.wait_exponential_jitter(
-                initial=self.initial_backoff_s,
+                multiplier=self.initial_backoff_s,
                 max=self.max_backoff_s,
                 jitter=self.initial_backoff_s,
             ),

@@ -1,0 +1,105 @@
+"""One batch through the scoring stage, with an in-memory sink and a fake model."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import numpy as np
+import pytest
+
+from deadletter.router import DeadLetterRouter
+from loadgen.simulator import TransactionSimulator
+from scorer.decisions import Thresholds
+from stream import metrics
+from stream.batcher import Batch
+from stream.offsets import OffsetTracker
+from stream.scoring import BatchScorer, PendingRecord
+from stream.transaction import decode_transaction
+from tests.unit.fakes import FakeScorer, MemorySink, message
+
+HUGE_AMOUNT = 999_999.0
+
+
+def make_batch(n: int, *, event_time_ms: int | None = None, poison: set[int] = frozenset()):
+    records = TransactionSimulator(3).generate(n).records
+    items = []
+    for i, record in enumerate(records):
+        record = {**record, "event_time": event_time_ms or time.time_ns() // 1_000_000}
+        if i in poison:
+            record["amount"] = HUGE_AMOUNT
+        value = msgspec.json.encode(record)
+        items.append(PendingRecord(message(i, value), decode_transaction(value)))
+    return Batch(items, 0.0, 0.005, closed_full=True)
+
+
+def poison_amount(features: np.ndarray) -> np.ndarray:
+    return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
+
+
+def run(batch, scorer, late_policy="score", deadline_ms=1_000.0):
+    sink, tracker = MemorySink(), OffsetTracker()
+    for record in batch.items:
+        tracker.track(("tx", 0), record.message.offset())
+    stage = BatchScorer(
+        scorer, sink, tracker, DeadLetterRouter("tx.dlq", "g/i"), output_topic="decisions",
+        thresholds=Thresholds(0.5, 0.8), decision_deadline_ms=deadline_ms, late_policy=late_policy,
+    )  # fmt: skip
+    report = stage.process(batch)
+    return sink, tracker, report
+
+
+def decisions(sink):
+    return [msgspec.json.decode(o.value) for o in sink.sent if o.kind == "decision"]
+
+
+def test_every_record_gets_one_output_and_offsets_commit_after_delivery():
+    batch = make_batch(50)
+    sink, tracker, report = run(batch, FakeScorer())
+    assert len(sink.sent) == 50 and all(o.kind == "decision" for o in sink.sent)
+    assert [d["transaction_id"] for d in decisions(sink)] == [
+        r.transaction.transaction_id for r in batch.items
+    ]
+    assert tracker.take_commit_positions() == {}, "nothing commits before the broker acknowledges"
+    sink.deliver_all()
+    assert tracker.take_commit_positions() == {("tx", 0): 50}
+    assert report.size == 50 and report.closed_full
+
+
+def test_poison_records_are_dead_lettered_and_their_batch_mates_decided():
+    batch = make_batch(40, poison={4, 31})
+    sink, tracker, _ = run(batch, FakeScorer(raises_on=poison_amount))
+    dead = [o for o in sink.sent if o.kind == "dead_letter"]
+    assert sorted(o.source.offset() for o in dead) == [4, 31]
+    headers = dict(dead[0].headers)
+    assert headers["dlq.reason"] == b"score"
+    assert headers["dlq.model_version"] == b"fake-1"
+    assert b"Traceback" in headers["dlq.stacktrace"]
+    assert dead[0].value == batch.items[4].message.value(), "original bytes kept"
+    assert len(decisions(sink)) == 38
+    sink.deliver_all()
+    assert tracker.take_commit_positions() == {("tx", 0): 40}
+
+
+@pytest.mark.parametrize(("policy", "degraded"), [("score", False), ("fallback", True)])
+def test_late_records_follow_the_late_policy(policy, degraded):
+    late_before = metrics.LATE_RECORDS._value.get()
+    hour_ago = time.time_ns() // 1_000_000 - 3_600_000
+    scorer = FakeScorer()
+    sink, _, _ = run(make_batch(10, event_time_ms=hour_ago), scorer, late_policy=policy)
+    assert [d["degraded"] for d in decisions(sink)] == [degraded] * 10
+    assert metrics.LATE_RECORDS._value.get() - late_before == 10
+    assert scorer.calls == ([] if degraded else [10]), "fallback rows never reach the model"
+
+
+def test_a_zero_deadline_never_counts_records_late():
+    late_before = metrics.LATE_RECORDS._value.get()
+    run(make_batch(5, event_time_ms=1), FakeScorer(), deadline_ms=0)
+    assert metrics.LATE_RECORDS._value.get() == late_before
+
+
+def test_a_broken_model_degrades_to_rules_instead_of_dead_lettering():
+    sink, _, _ = run(make_batch(12), FakeScorer(broken=True))
+    assert len(decisions(sink)) == 12
+    assert all(d["degraded"] for d in decisions(sink))
+    assert all(0.0 <= d["score"] <= 1.0 for d in decisions(sink))

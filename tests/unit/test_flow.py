@@ -1,0 +1,64 @@
+"""Backpressure state: pause at the high-water mark, resume at the low one, across rebalances."""
+
+from __future__ import annotations
+
+from confluent_kafka import TopicPartition
+
+from stream.flow import FlowControl
+
+
+class RecordingConsumer:
+    """Records pause/resume calls; FlowControl calls nothing else on a consumer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[tuple[str, int]]]] = []
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.calls.append(("pause", [(p.topic, p.partition) for p in partitions]))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.calls.append(("resume", [(p.topic, p.partition) for p in partitions]))
+
+
+def tps(*numbers: int) -> list[TopicPartition]:
+    return [TopicPartition("tx", n) for n in numbers]
+
+
+def test_pauses_at_high_water_and_resumes_at_low_water() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, max_in_flight_records=100)  # type: ignore[arg-type]
+    flow.on_assign(tps(0, 1))
+    consumer.calls.clear()
+    flow.update(99, None)
+    assert not flow.paused and consumer.calls == []
+    flow.update(100, None)
+    assert flow.paused and consumer.calls == [("pause", [("tx", 0), ("tx", 1)])]
+    flow.update(51, None)
+    assert flow.paused, "hysteresis: no resume above the low-water mark"
+    flow.update(50, None)
+    assert not flow.paused and consumer.calls[-1] == ("resume", [("tx", 0), ("tx", 1)])
+
+
+def test_a_blocking_condition_pauses_until_it_clears() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, max_in_flight_records=100)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    flow.update(0, "deliveries stalled")
+    assert flow.paused
+    flow.update(0, "deliveries stalled")
+    assert flow.paused
+    flow.update(0, None)
+    assert not flow.paused
+
+
+def test_new_partitions_get_the_current_state_explicitly() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, max_in_flight_records=10)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    assert consumer.calls[-1] == ("resume", [("tx", 0)]), "resumed explicitly, not left as found"
+    flow.update(10, None)
+    flow.on_assign(tps(2))
+    assert consumer.calls[-1] == ("pause", [("tx", 2)])
+    flow.on_revoke(tps(0))
+    flow.update(0, None)
+    assert consumer.calls[-1] == ("resume", [("tx", 2)]), "revoked partitions are forgotten"

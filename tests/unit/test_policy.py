@@ -1,0 +1,94 @@
+"""The failure policy: every librdkafka verdict is translated, and only transient ones retry."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+from deadletter.policy import RECORD_REJECTIONS, RetryPolicy, translate_kafka_error
+from stream.errors import (
+    DeliveryError,
+    RecordRejectedError,
+    TransientDeliveryError,
+    ValidationError,
+)
+from stream.offsets import OffsetTracker
+from stream.outcomes import OutcomeGroup
+from stream.sink import KafkaSink, Output
+from tests.unit.fakes import message
+
+
+def _codes() -> list[int]:
+    return [
+        v for k, v in vars(KafkaError).items() if isinstance(v, int) and k.lstrip("_").isupper()
+    ]
+
+
+@pytest.mark.parametrize("code", _codes())
+def test_no_librdkafka_error_slips_through_untranslated(code: int) -> None:
+    error = translate_kafka_error(KafkaError(code), "decisions")
+    assert isinstance(error, DeliveryError)
+    assert isinstance(error, RecordRejectedError) == (code in RECORD_REJECTIONS)
+    assert error.code == KafkaError(code).name()
+    assert str(error).startswith("decisions: ")
+
+
+def test_infrastructure_faults_are_transient() -> None:
+    for code in (
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._QUEUE_FULL,
+        KafkaError.REQUEST_TIMED_OUT,
+    ):
+        assert isinstance(translate_kafka_error(KafkaError(code), "t"), TransientDeliveryError)
+
+
+def test_a_locally_refused_record_is_translated_at_the_sink() -> None:
+    # A real producer, no broker needed: librdkafka refuses the size before sending.
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": 1_000})
+    failures: list[DeliveryError] = []
+    sink = KafkaSink(producer, lambda _output, error: failures.append(error))
+    group = OutcomeGroup(OffsetTracker(), [], 1, lambda _labels: None)
+    sink.send(Output("decision", "d", b"k", b"x" * 5_000, None, message(0), group, "approve"))
+    assert len(failures) == 1 and isinstance(failures[0], RecordRejectedError)
+
+
+def test_retry_policy_retries_transient_errors_then_gives_up() -> None:
+    retried: list[BaseException] = []
+    calls = 0
+
+    def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        raise TransientDeliveryError("broker down", code="_TRANSPORT")
+
+    policy = RetryPolicy(attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
+    with pytest.raises(TransientDeliveryError):
+        for attempt in policy.retrying(retried.append):
+            with attempt:
+                flaky()
+    assert calls == 3 and len(retried) == 2
+
+
+def test_retry_policy_never_retries_permanent_errors() -> None:
+    calls = 0
+    policy = RetryPolicy(attempts=5, initial_backoff_s=0.001, max_backoff_s=0.002)
+    with pytest.raises(ValidationError):
+        for attempt in policy.retrying(lambda _e: None):
+            with attempt:
+                calls += 1
+                raise ValidationError("amount must be > 0")
+    assert calls == 1
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"attempts": 0}, "attempts"),
+    ({"initial_backoff_s": 0.0}, "backoffs"),
+    ({"initial_backoff_s": 2.0, "max_backoff_s": 1.0}, "backoffs"),
+])  # fmt: skip
+def test_retry_policy_validates_its_bounds(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,102 @@
+"""Retries of outputs the broker did not acknowledge, with an in-memory sink."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from deadletter.policy import RetryPolicy
+from deadletter.router import DeadLetterRouter
+from stream.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+from stream.offsets import OffsetTracker
+from stream.outcomes import OutcomeGroup
+from stream.redelivery import Redelivery
+from stream.sink import Output
+from tests.unit.fakes import message
+
+FAST = RetryPolicy(attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
+
+
+class FlakySink:
+    """Fails every output through the redelivery until `failures` is used up."""
+
+    def __init__(self, failures: int, error: DeliveryError) -> None:
+        self.failures = failures
+        self.error = error
+        self.redelivery: Redelivery | None = None
+        self.delivered: list[Output] = []
+
+    def send(self, output: Output) -> None:
+        assert self.redelivery is not None
+        if self.failures > 0:
+            self.failures -= 1
+            self.redelivery.failed(output, self.error)
+        else:
+            self.delivered.append(output)
+            output.delivered()
+
+    def poll(self) -> None:
+        """Deliveries are reported inside send."""
+
+    def flush(self, timeout_s: float) -> int:
+        return 0
+
+
+def setup(
+    failures: int, error: DeliveryError
+) -> tuple[FlakySink, Redelivery, OffsetTracker, Output]:
+    sink = FlakySink(failures, error)
+    redelivery = Redelivery(sink, FAST, DeadLetterRouter("tx.dlq", "g/i"), delivery_timeout_s=1.0)
+    sink.redelivery = redelivery
+    tracker = OffsetTracker()
+    tracker.track(("tx", 0), 7)
+    completed: list[Counter[tuple[str, str]]] = []
+    group = OutcomeGroup(tracker, [(("tx", 0), 7)], 1, completed.append)
+    output = Output("decision", "decisions", b"card", b"{}", None, message(7), group, "approve")
+    return sink, redelivery, tracker, output
+
+
+def test_a_transient_failure_is_retried_until_delivered() -> None:
+    sink, redelivery, tracker, output = setup(2, TransientDeliveryError("down", "_TRANSPORT"))
+    sink.send(output)  # first try fails
+    assert redelivery.pending and tracker.take_commit_positions() == {}
+    assert redelivery.retry() is True
+    assert not redelivery.pending and not redelivery.stalled
+    assert [o.kind for o in sink.delivered] == ["decision"]
+    assert tracker.take_commit_positions() == {("tx", 0): 8}
+
+
+def test_exhausted_retries_stall_and_keep_the_output() -> None:
+    sink, redelivery, tracker, output = setup(100, TransientDeliveryError("no topic", "UNKNOWN"))
+    sink.send(output)
+    assert redelivery.retry() is False
+    assert redelivery.stalled and redelivery.pending
+    assert tracker.take_commit_positions() == {}, "nothing is committed while it lasts"
+    sink.failures = 0  # the broker is back
+    assert redelivery.retry() is True
+    assert not redelivery.stalled
+    assert tracker.take_commit_positions() == {("tx", 0): 8}
+
+
+def test_a_decision_the_broker_rejects_becomes_a_produce_dead_letter() -> None:
+    sink, redelivery, tracker, output = setup(
+        1, RecordRejectedError("too large", "MSG_SIZE_TOO_LARGE")
+    )
+    sink.send(output)
+    assert redelivery.retry() is True
+    (letter,) = sink.delivered
+    assert letter.kind == "dead_letter" and letter.topic == "tx.dlq"
+    headers = dict(letter.headers or [])
+    assert headers["dlq.reason"] == b"produce" and headers["dlq.error"] == b"RecordRejectedError"
+    assert tracker.take_commit_positions() == {("tx", 0): 8}
+
+
+def test_a_dead_letter_too_large_for_the_broker_goes_without_its_value() -> None:
+    sink, redelivery, _, decision = setup(1, RecordRejectedError("too large", "MSG_SIZE_TOO_LARGE"))
+    letter = DeadLetterRouter("tx.dlq", "g/i").dead_letter(
+        message(7, value=b"x" * 5000), RecordRejectedError("x"), decision.group
+    )
+    sink.send(letter)
+    assert redelivery.retry() is True
+    (sent,) = sink.delivered
+    assert sent.value is None
+    assert dict(sent.headers or [])["dlq.value.dropped"] == b"5000"
