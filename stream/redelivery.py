@@ -21,6 +21,9 @@ from stream.sink import Output, OutputSink
 
 log = logging.getLogger(__name__)
 
+#: Time beyond the producer's message timeout for a failure report to arrive.
+REPORT_GRACE_S = 5.0
+
 
 class Redelivery:
     """Collects failed outputs and retries them with backoff until delivered or given up on."""
@@ -71,7 +74,8 @@ class Redelivery:
             nonlocal pending
             for output in pending:
                 self._sink.send(output)
-            self._sink.flush(self._delivery_timeout_s)
+            # librdkafka reports a failure only once message.timeout.ms has passed: wait longer.
+            self._sink.flush(self._delivery_timeout_s + REPORT_GRACE_S)
             pending = self._take()
             if pending:
                 raise TransientDeliveryError(

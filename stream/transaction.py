@@ -55,6 +55,8 @@ def decode_transaction(value: bytes | None) -> Transaction:
         # `[1, 2`; an untyped pass (on this failure path only) tells the two causes apart.
         try:
             msgspec.json.decode(value)
+        except RecursionError:
+            raise DecodeError("JSON nested too deeply") from exc
         except msgspec.ValidationError:
             pass  # well-formed, but a number beyond what any type holds (1e999)
         except msgspec.DecodeError as malformed:
@@ -62,3 +64,5 @@ def decode_transaction(value: bytes | None) -> Transaction:
         raise ValidationError(str(exc)) from exc
     except msgspec.DecodeError as exc:
         raise DecodeError(str(exc)) from exc
+    except RecursionError as exc:  # nesting deeper than any transaction has, e.g. [[[[…]]]]
+        raise DecodeError("JSON nested too deeply") from exc

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -79,6 +79,53 @@ def produce(topic: str, records: list[tuple[bytes | None, bytes | None]]) -> int
                 producer.poll(0.1)
     assert producer.flush(30) == 0
     return sent_ms
+
+
+#: One record to produce: key, value and headers.
+RecordWithHeaders = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
+
+
+def produce_to_partition(topic: str, partition: int, records: list[RecordWithHeaders]) -> None:
+    """Produce records with headers to one partition, in order, and wait until all are
+    acknowledged (so their offsets are 0, 1, 2, … in a new topic)."""
+    producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def committed_offsets(group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The committed position of `group` in each partition of `topic` (negative: none)."""
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group})
+    try:
+        wanted = [TopicPartition(topic, p) for p in range(partitions)]
+        return {tp.partition: tp.offset for tp in consumer.committed(wanted, timeout=30)}
+    finally:
+        consumer.close()
+
+
+def end_offsets(topic: str, partitions: int) -> dict[int, int]:
+    """The high watermark (offset of the next record) of each partition of `topic`."""
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"reader-{uuid.uuid4().hex}"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def run_tool(module: str, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run `python -m module args…` from the repository root; capture its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def encode(record: dict[str, object]) -> bytes:
@@ -151,6 +198,14 @@ class ServiceProcess:
             if line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"metric {name} not exposed")
+
+    def metric_total(self, name: str) -> float:
+        """The sum of a metric's samples over all label values."""
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith((name + " ", name + "{"))
+        )
 
     def wait_for_metric(self, name: str, at_least: float, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

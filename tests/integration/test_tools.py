@@ -3,21 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.integration.conftest import BOOTSTRAP, REPO, produce
-
-
-def _tool(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+from tests.integration.conftest import BOOTSTRAP, produce, run_tool
 
 
 def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_factory):
@@ -25,7 +12,7 @@ def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_
     service = service_factory(topics)
     service.wait_for_metric("fraud_records_consumed_total", 0)
 
-    result = _tool(
+    result = run_tool(
         "loadgen.cli",
         "--bootstrap-servers", BOOTSTRAP,
         "--input-topic", topics.input,
@@ -53,7 +40,7 @@ def test_dlq_inspect_counts_dead_letters_by_reason(topics_factory, service_facto
     service = service_factory(topics)
     service.wait_for_metric('fraud_dead_letters_total{reason="decode"}', 2)
 
-    result = _tool(
+    result = run_tool(
         "deadletter.cli", "--bootstrap-servers", BOOTSTRAP, "--dlq-topic", topics.dlq,
         "inspect", "--json", "--show", "5",
     )  # fmt: skip

@@ -97,3 +97,11 @@ def test_overflowing_amount_is_rejected() -> None:
 def test_not_an_object_is_a_validation_error() -> None:
     with pytest.raises(ValidationError):
         decode_transaction(b"[1, 2, 3]")
+
+
+@pytest.mark.parametrize(
+    "raw", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000]
+)
+def test_deeply_nested_json_is_a_decode_error_not_a_crash(raw: bytes) -> None:
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode_transaction(raw)

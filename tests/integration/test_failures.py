@@ -1,0 +1,181 @@
+"""Failure handling against the real broker: poison records, a broken dead-letter topic, dead
+letters too large for the broker."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka.admin import AdminClient, NewTopic
+from onnx import TensorProto, helper, numpy_helper
+
+from loadgen.simulator import TransactionSimulator
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from tests.integration.conftest import Topics, committed_offsets, encode, produce, read_topic
+
+#: The crafted model breaks (ONNX Runtime raises) on transactions above this amount.
+POISON_AMOUNT = 500_000.0
+
+
+def poison_model(path: Path) -> Path:
+    """A model that scores like a tiny logistic regression but whose Gather index runs out of
+    bounds (an ONNX Runtime error for the whole call) for any row above POISON_AMOUNT."""
+    rng = np.random.default_rng(1)
+    init = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([-2.0], np.float32), "b"),
+        numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+        numpy_helper.from_array(np.array(0, np.int64), "amount_column"),
+        numpy_helper.from_array(np.array(np.log1p(POISON_AMOUNT), np.float32), "limit"),
+        numpy_helper.from_array(np.array(7, np.int64), "out_of_bounds"),
+        numpy_helper.from_array(np.zeros(1, np.float32), "table"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["features", "w", "b"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Reshape", ["p", "flat"], ["p_flat"]),
+        helper.make_node("Gather", ["features", "amount_column"], ["log_amount"], axis=1),
+        helper.make_node("Greater", ["log_amount", "limit"], ["too_big"]),
+        helper.make_node("Cast", ["too_big"], ["too_big_i"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["too_big_i", "out_of_bounds"], ["index"]),
+        helper.make_node("Gather", ["table", "index"], ["zero_or_crash"], axis=0),
+        helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "poison",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", NUM_FEATURES])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(
+        model, {"model_version": "poison-test-1", "feature_names": ",".join(FEATURE_NAMES)}
+    )
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def http_status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except urllib.error.URLError:
+        return 0  # not listening yet
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def test_poison_records_are_isolated_and_their_batch_mates_decided(
+    topics_factory, service_factory, tmp_path
+):
+    topics = topics_factory(partitions=2)
+    records = TransactionSimulator(21, id_prefix="poison").generate(300).records
+    poison_ids = set()
+    for i in (7, 150, 151, 299):
+        records[i] = {**records[i], "amount": 900_000.0}
+        poison_ids.add(records[i]["transaction_id"])
+    produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in records])
+    model = poison_model(tmp_path / "poison.onnx")
+    service = service_factory(topics, "--model-path", str(model), "--max-batch-size", "64")
+
+    decisions = [json.loads(m.value()) for m in read_topic(topics.output, 296)]
+    letters = read_topic(topics.dlq, 4)
+
+    assert len(decisions) == 296
+    assert {d["transaction_id"] for d in decisions} == {
+        r["transaction_id"] for r in records
+    } - poison_ids
+    assert {json.loads(m.value())["transaction_id"] for m in letters} == poison_ids
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers()}
+        assert headers["dlq.reason"] == "score"
+        assert headers["dlq.model_version"] == "poison-test-1"
+        assert "Gather" in headers["dlq.message"] or "index" in headers["dlq.message"].lower()
+    service.wait_for_metric("fraud_poison_records_total", 4)
+    assert service.metric("fraud_poison_records_total") == 4
+
+
+def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recovers(
+    topics_factory, service_factory, admin: AdminClient
+):
+    topics = topics_factory(partitions=1)
+    missing = Topics(topics.input, topics.output, f"missing-{uuid.uuid4().hex[:8]}.dlq", 1)
+    group = f"dlq-down-{uuid.uuid4().hex[:8]}"
+    valid = TransactionSimulator(5, id_prefix="down").generate(40).records
+    batch = (
+        [(b"k", encode(r)) for r in valid[:10]]
+        + [(b"bad", b"{broken")]
+        + [(b"k", encode(r)) for r in valid[10:]]
+    )
+    produce(topics.input, batch)
+    service = service_factory(
+        missing, "--group-id", group, "--delivery-attempts", "2", "--retry-backoff-ms", "100",
+        "--retry-backoff-max-ms", "300", "-X", "message.timeout.ms=1500",
+    )  # fmt: skip
+
+    wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
+    assert service.metric("fraud_delivery_stalled") == 1
+    assert service.metric("fraud_paused_partitions") == 1
+    assert service.metric_total("fraud_delivery_retries_total") >= 1
+    assert service.metric_total("fraud_dead_letter_produce_failures_total") >= 2
+    # The invalid record is offset 10: nothing at or after it may be committed.
+    assert committed_offsets(group, topics.input, 1)[0] in (-1001, 10)
+    assert http_status(service.metrics_port, "/healthz") == 200, "alive, just not ready"
+
+    for future in admin.create_topics([NewTopic(missing.dlq, 1, 1)]).values():
+        future.result(timeout=30)
+    try:
+        wait_until(lambda: http_status(service.metrics_port, "/readyz") == 200, 90, "recovery")
+        letters = read_topic(missing.dlq, 1)
+        assert [m.value() for m in letters] == [b"{broken"]
+        wait_until(
+            lambda: committed_offsets(group, topics.input, 1)[0] == 41, 30, "commit to the end"
+        )
+        decided = read_topic(topics.output, 40)
+        assert len({json.loads(m.value())["transaction_id"] for m in decided}) == 40
+    finally:
+        for future in admin.delete_topics([missing.dlq]).values():
+            future.result(timeout=30)
+
+
+def test_a_dead_letter_too_large_for_the_broker_is_kept_without_its_value(
+    topics_factory, service_factory, admin: AdminClient
+):
+    created = topics_factory(partitions=1)
+    small = f"small-{uuid.uuid4().hex[:8]}.dlq"
+    config = {"max.message.bytes": "2000"}
+    for future in admin.create_topics([NewTopic(small, 1, 1, config=config)]).values():
+        future.result(timeout=30)
+    topics = Topics(created.input, created.output, small, 1)
+    huge_invalid = b'{"transaction_id": "' + b"x" * 5_000 + b'"}'
+    produce(topics.input, [(b"big", huge_invalid)])
+    service_factory(topics)
+
+    try:
+        (letter,) = read_topic(topics.dlq, 1)
+    finally:
+        for future in admin.delete_topics([small]).values():
+            future.result(timeout=30)
+
+    headers = {k: v.decode() for k, v in letter.headers()}
+    assert letter.value() is None
+    assert letter.key() == b"big"
+    assert headers["dlq.value.dropped"] == str(len(huge_invalid))
+    assert headers["dlq.reason"] == "validate"
+    assert headers["dlq.original.offset"] == "0"

@@ -1,0 +1,213 @@
+"""Hostile input through the real broker: every record ends as exactly one decision or one dead
+letter, and the service stays up.
+
+Hypothesis generates the records: invalid UTF-8, truncated and deeply nested JSON, huge strings,
+NaN and Infinity, wrong types, out-of-range numbers, missing and duplicated fields, empty and
+null values, unknown extra fields, mixed with valid transactions. One service runs for all
+examples. Set FRAUD_HOSTILE_EXAMPLES to run more examples (the default keeps `make test` short).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import msgspec
+import pytest
+from confluent_kafka import Message, Producer
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from loadgen.simulator import TransactionSimulator
+from tests.integration.conftest import BOOTSTRAP, ServiceProcess, read_topic
+
+EXAMPLES = int(os.environ.get("FRAUD_HOSTILE_EXAMPLES", "6"))
+BASE = TransactionSimulator(99, id_prefix="base").generate(50).records
+_ids = itertools.count()
+# Summary over all examples of this run, printed at the end (`pytest -s` shows it).
+OUTCOMES: Counter[str] = Counter()
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+)  # fmt: skip
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+#: "valid" three times: hostile records are mixed into mostly valid traffic.
+KINDS = (
+    "valid", "valid", "valid", "extra_fields", "wrong_type", "out_of_range", "missing",
+    "duplicated", "huge_string", "nan", "truncated", "nested", "invalid_utf8", "empty", "null",
+    "tombstone", "random_bytes",
+)  # fmt: skip
+
+
+@st.composite
+def hostile_record(draw: st.DrawFn) -> tuple[str, bytes | None, str]:
+    """(kind, value bytes, transaction_id it would be decided under)."""
+    tx_id = f"hostile-{next(_ids)}"
+    base: dict[str, Any] = {**draw(st.sampled_from(BASE)), "transaction_id": tx_id}
+    kind = draw(st.sampled_from(KINDS))
+    raw: bytes | None
+    if kind == "valid":
+        raw = msgspec.json.encode(base)
+    elif kind == "extra_fields":
+        extra = draw(
+            st.dictionaries(
+                st.text(min_size=1, max_size=10).filter(lambda k: k not in base),
+                json_values,
+                min_size=1,
+                max_size=3,
+            )
+        )
+        raw = msgspec.json.encode({**base, **extra})
+    elif kind == "wrong_type":
+        field = draw(st.sampled_from([k for k in base if k != "transaction_id"]))
+        raw = msgspec.json.encode(
+            {**base, field: draw(json_values.filter(lambda v: type(v) is not type(base[field])))}
+        )
+    elif kind == "out_of_range":
+        field, value = draw(st.sampled_from([
+            ("amount", 0), ("amount", -3.5), ("amount", 1e7), ("mcc", 10_000), ("mcc", -1),
+            ("event_time", -1), ("currency", "usd"), ("country", "USA"), ("channel", "fax"),
+        ]))  # fmt: skip
+        raw = msgspec.json.encode({**base, field: value})
+    elif kind == "missing":
+        dropped = draw(
+            st.sets(
+                st.sampled_from([k for k in base if k not in ("transaction_id", "terminal_id")]),
+                min_size=1,
+            )
+        )
+        raw = msgspec.json.encode({k: v for k, v in base.items() if k not in dropped})
+    elif kind == "duplicated":
+        raw = (
+            msgspec.json.encode(base)[:-1]
+            + b',"amount":'
+            + draw(st.sampled_from([b"12.5", b'"x"', b"-1"]))
+            + b"}"
+        )
+    elif kind == "huge_string":
+        field = draw(st.sampled_from(["card_id", "merchant_id", "terminal_id", "currency"]))
+        raw = msgspec.json.encode({**base, field: "A" * draw(st.integers(65, 200_000))})
+    elif kind == "nan":
+        raw = msgspec.json.encode({**base, "amount": 1.0}).replace(
+            b'"amount":1.0',
+            b'"amount":' + draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e999"])),
+        )
+    elif kind == "truncated":
+        full = msgspec.json.encode(base)
+        raw = full[: draw(st.integers(0, len(full) - 1))]
+    elif kind == "nested":
+        depth = draw(st.integers(100, 100_000))
+        raw = (
+            b"[" * depth + b"]" * depth
+            if draw(st.booleans())
+            else b'{"a":' * depth + b"1" + b"}" * depth
+        )
+    elif kind == "invalid_utf8":
+        raw = msgspec.json.encode(base).replace(
+            b'"card_id":"',
+            b'"card_id":"' + draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80"])),
+        )
+    elif kind == "empty":
+        raw = draw(st.sampled_from([b"", b"{}", b"[]", b'""', b" "]))
+    elif kind == "null":
+        raw = b"null"
+    elif kind == "tombstone":
+        raw = None
+    else:
+        raw = draw(st.binary(max_size=300))
+    return kind, raw, tx_id
+
+
+def produce_indexed(topic: str, values: list[bytes | None]) -> dict[tuple[int, int], int]:
+    """Produce values; return (partition, offset) → index of each acknowledged record."""
+    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+    positions: dict[tuple[int, int], int] = {}
+    for index, value in enumerate(values):
+
+        def report(error: object, message: Message, index: int = index) -> None:
+            assert error is None, error
+            positions[(message.partition(), message.offset())] = index
+
+        producer.produce(topic, key=f"card-{index % 7}".encode(), value=value, on_delivery=report)
+    assert producer.flush(60) == 0
+    return positions
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # big reprs, on purpose
+def test_every_hostile_record_ends_as_exactly_one_outcome(topics_factory, service_factory):
+    topics = topics_factory(partitions=2)
+    service = service_factory(topics, "--max-batch-size", "64")
+    produced = [0]
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        # Each example costs a broker round trip: report the failing one, don't shrink it.
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.lists(hostile_record(), min_size=20, max_size=200))
+    def check(batch: list[tuple[str, bytes | None, str]]) -> None:
+        positions = produce_indexed(topics.input, [raw for _, raw, _ in batch])
+        produced[0] += len(batch)
+        service.wait_for_metric("fraud_records_consumed_total", produced[0])
+        wait_for_outcomes(service, produced[0])
+        decided_total = service.metric_total("fraud_decisions_produced_total")
+        decisions = read_topic(topics.output, int(decided_total), settle_s=0.2)
+        letters = read_topic(topics.dlq, produced[0] - int(decided_total), settle_s=0.2)
+
+        ids = {tx_id: i for i, (_, _, tx_id) in enumerate(batch)}
+        outcomes: Counter[int] = Counter()
+        for message in decisions:
+            index = ids.get(json.loads(message.value())["transaction_id"])
+            if index is not None:
+                outcomes[index] += 1
+                OUTCOMES["decided:" + batch[index][0]] += 1
+        for message in letters:
+            headers = {k: v.decode() for k, v in message.headers()}
+            origin = (int(headers["dlq.original.partition"]), int(headers["dlq.original.offset"]))
+            index = positions.get(origin)
+            if index is not None:
+                outcomes[index] += 1
+                OUTCOMES[f"dead_letter:{headers['dlq.reason']}:{batch[index][0]}"] += 1
+        wrong = {i: (batch[i][0], outcomes[i]) for i in range(len(batch)) if outcomes[i] != 1}
+        assert not wrong, f"records without exactly one outcome (index: kind, count): {wrong}"
+        decided = decided_ids(decisions)
+        for kind, _, tx_id in batch:
+            if kind in ("valid", "extra_fields"):
+                assert tx_id in decided, f"a {kind} record was not decided"
+        assert service.process.poll() is None, "the service must stay up"
+
+    check()
+    print(f"\nhostile run: {sum(OUTCOMES.values())} records; {dict(sorted(OUTCOMES.items()))}")
+
+
+def decided_ids(decisions: list[Message]) -> set[str]:
+    return {json.loads(m.value())["transaction_id"] for m in decisions}
+
+
+def wait_for_outcomes(service: ServiceProcess, count: int, timeout_s: float = 60.0) -> None:
+    """Wait until the service counts `count` delivered decisions and dead letters in all."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = service.metric_total("fraud_decisions_produced_total") + service.metric_total(
+            "fraud_dead_letters_total"
+        )
+        if done >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} outcomes after {timeout_s}s:\n{service.log()}")
