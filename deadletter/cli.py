@@ -1,173 +1,306 @@
-"""`fraud-dlq`: look at the dead-letter topic.
+"""`fraud-dlq`: look at the dead-letter topic (`inspect`) and re-inject its records (`replay`).
 
-`inspect` reads the topic from its start to its current end (it joins no group and commits
-nothing), counts dead letters by reason, error class and original topic, gives their time range,
-and can show the records with their decoded headers.
+This module only parses and checks arguments, wires the pieces together and turns their
+outcome into output and an exit status: 0 done, 1 the broker or a topic failed us (one line
+naming the topic), 2 bad arguments (one line), 128 + N a replay stopped by signal N.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
 import sys
-import time
-import uuid
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import cast
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, NoReturn
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from deadletter.inspect import inspect, render_text
+from deadletter.reader import DeadLetterFilter, DeadLetterReader, parse_time
+from deadletter.replay import DEFAULT_GROUP, Replayer, ReplayOptions, create_producer
+from stream.config import parse_kafka_options
+from stream.errors import FraudScorerError
 
-from deadletter.record import FAILED_AT, ORIGINAL_TOPIC, REASON, decode_headers
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: A run stopped by signal N exits 128 + N, as a shell reports a process killed by it.
+EXIT_SIGNAL_BASE = 128
+DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+DEFAULT_DLQ_TOPIC = "transactions.dlq"
+#: The service's environment variables, so that one environment serves both.
+BOOTSTRAP_SERVERS_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+DLQ_TOPIC_ENV = "FRAUD_DLQ_TOPIC"
+KAFKA_OPTIONS_ENV = "FRAUD_KAFKA_OPTIONS"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-READ_TIMEOUT_S = 10.0
-#: consume() waits this long for a full batch; short, so the end of the topic is seen at once.
-CONSUME_WAIT_S = 0.2
-#: Characters of a value shown per record; dead letters can be large and binary.
-VALUE_PREVIEW_CHARS = 200
+
+class _OncePerMessage(logging.Filter):
+    """Lets each distinct log message through once: librdkafka repeats a complaint (broker
+    unreachable) on every retry, and the command's own error message follows anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self._seen:
+            return False
+        self._seen.add(message)
+        return True
 
 
-def read_dead_letters(bootstrap: str, topic: str, extra: dict[str, str]) -> Iterator[Message]:
-    """Every record of `topic` from the start of each partition to its end at call time."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"fraud-dlq-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        **extra,
-    })  # fmt: skip
+def _configure_logging() -> logging.Logger:
+    """Warnings on stderr; librdkafka's own lines among them, each once. Returns its logger."""
+    logging.basicConfig(level=logging.WARNING, format="fraud-dlq: %(name)s: %(message)s")
+    librdkafka = logging.getLogger("librdkafka")
+    librdkafka.addFilter(_OncePerMessage())
+    return librdkafka
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that reports a bad argument in one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _time(text: str) -> int:
     try:
-        metadata = consumer.list_topics(topic, timeout=READ_TIMEOUT_S).topics[topic]
-        if metadata.error is not None:
-            raise KafkaException(metadata.error)
-        ends: dict[int, int] = {}
-        starts = []
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=READ_TIMEOUT_S
-            )
-            if high > low:
-                ends[partition] = high
-                starts.append(TopicPartition(topic, partition, low))
-        consumer.assign(starts)
-        last_progress = time.monotonic()
-        while ends:
-            messages = consumer.consume(500, CONSUME_WAIT_S)
-            if not messages:
-                if time.monotonic() - last_progress > READ_TIMEOUT_S:
-                    raise TimeoutError(f"no records from {topic!r} for {READ_TIMEOUT_S}s")
-                continue
-            last_progress = time.monotonic()
-            for message in messages:
-                if message.error() is not None:
-                    continue
-                partition, offset = cast(int, message.partition()), cast(int, message.offset())
-                if partition in ends and offset < ends[partition]:
-                    yield message
-                if partition in ends and offset >= ends[partition] - 1:
-                    del ends[partition]
-    finally:
-        consumer.close()
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def inspect(args: argparse.Namespace) -> int:
-    by_reason: Counter[str] = Counter()
-    by_error: Counter[str] = Counter()
-    by_topic: Counter[str] = Counter()
-    first_ms: int | None = None
-    last_ms: int | None = None
-    shown: list[dict[str, object]] = []
-    total = 0
-    for message in read_dead_letters(args.bootstrap_servers, args.dlq_topic, {}):
-        total += 1
-        headers = decode_headers(cast(list[tuple[str, bytes]], message.headers()))
-        by_reason[headers.get(REASON, "?")] += 1
-        by_error[headers.get("dlq.error", "?")] += 1
-        by_topic[headers.get(ORIGINAL_TOPIC, "?")] += 1
-        failed_at = int(headers.get(FAILED_AT, "0") or 0)
-        first_ms = failed_at if first_ms is None else min(first_ms, failed_at)
-        last_ms = failed_at if last_ms is None else max(last_ms, failed_at)
-        if len(shown) < args.show:
-            value = message.value() or b""
-            shown.append({
-                "partition": message.partition(),
-                "offset": message.offset(),
-                "key": (message.key() or b"").decode("utf-8", "replace"),
-                "value": value[:VALUE_PREVIEW_CHARS].decode("utf-8", "replace"),
-                "headers": headers,
-            })  # fmt: skip
-    summary = {
-        "topic": args.dlq_topic,
-        "total": total,
-        "by_reason": dict(by_reason),
-        "by_error": dict(by_error),
-        "by_original_topic": dict(by_topic),
-        "first_failed_at": first_ms,
-        "last_failed_at": last_ms,
-        "records": shown,
-    }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"{total} dead letters in {args.dlq_topic}")
-    if total:
-        print(f"  from {_when(first_ms)} to {_when(last_ms)}")
-        for title, counts in (("reason", by_reason), ("error", by_error), ("topic", by_topic)):
-            print(f"  by {title}: " + ", ".join(f"{k}={v}" for k, v in counts.most_common()))
-    for record in shown:
-        print(f"\n{args.dlq_topic}[{record['partition']}]@{record['offset']} key={record['key']!r}")
-        print(f"  value: {record['value']!r}")
-        for key, text in cast(dict[str, str], record["headers"]).items():
-            print(f"  {key}: {text if len(text) < 300 else text[:300] + '…'}")
-    return 0
-
-
-def _when(epoch_ms: int | None) -> str:
-    if epoch_ms is None:
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch_ms / 1000)) + " UTC"
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    filters = parser.add_argument_group(
+        "filters (a dead letter is selected when it passes every filter given)"
+    )
+    filters.add_argument(
+        "--reason", action="append", metavar="R",
+        help="only this dlq.reason: decode, validate, score or produce; repeat for several "
+        "(default: every reason)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--error", action="append", metavar="CLASS",
+        help="only this dlq.error exception class, e.g. DecodeError; repeat for several "
+        "(default: every class)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--original-topic", metavar="T",
+        help="only dead letters of this dlq.original.topic (default: every topic)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--since", type=_time, metavar="TIME",
+        help="only dead letters with dlq.failed_at at or after TIME: epoch milliseconds or "
+        "ISO-8601 such as 2026-11-30T10:00:00Z (UTC unless it has an offset) "
+        "(default: no lower bound)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--until", type=_time, metavar="TIME",
+        help="only dead letters with dlq.failed_at before TIME, same formats as --since "
+        "(default: no upper bound)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--partition", type=_count(0), metavar="P",
+        help="only this partition of the dead-letter topic (default: every partition)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--from-offset", type=_count(0), metavar="O",
+        help="only offsets >= O in --partition, which it needs (default: its first offset)",
+    )  # fmt: skip
+    filters.add_argument(
+        "--to-offset", type=_count(0), metavar="O",
+        help="only offsets <= O in --partition, which it needs (default: its last offset)",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `fraud-dlq` command line."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="fraud-dlq", description="Look at dead letters.")
+    parser = _Parser(
+        prog="fraud-dlq",
+        description="Look at dead letters and replay them to their original topic.",
+        epilog=f"exit status: {EXIT_OK} done, {EXIT_FAILURE} the broker or a topic failed "
+        f"(one line naming the topic), {EXIT_USAGE} bad arguments, {EXIT_SIGNAL_BASE}+N a "
+        "replay stopped by signal N (it resumes when run again)",
+    )
     parser.add_argument(
         "--bootstrap-servers",
-        default=env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        help="Kafka bootstrap servers [env KAFKA_BOOTSTRAP_SERVERS; default: %(default)s]",
+        default=env(BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS),
+        help=f"Kafka bootstrap servers [env {BOOTSTRAP_SERVERS_ENV}; default: %(default)s]",
     )
     parser.add_argument(
         "--dlq-topic",
-        default=env("FRAUD_DLQ_TOPIC", "transactions.dlq"),
-        help="dead-letter topic [env FRAUD_DLQ_TOPIC; default: %(default)s]",
+        default=env(DLQ_TOPIC_ENV, DEFAULT_DLQ_TOPIC),
+        help=f"dead-letter topic [env {DLQ_TOPIC_ENV}; default: %(default)s]",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "-X", "--kafka-option", dest="kafka_options", action="append", metavar="KEY=VALUE",
+        help="extra librdkafka setting for every client, e.g. security.protocol=SASL_SSL; "
+        f"repeat for several [env {KAFKA_OPTIONS_ENV}, comma-separated; default: none]",
+    )  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     inspect_parser = commands.add_parser(
         "inspect",
-        help="count dead letters by reason, error, original topic and time",
-        description="Read the dead-letter topic to its current end and summarise it.",
+        help="count dead letters by reason, error, original topic and time; show some",
+        description="Read the dead-letter topic from its beginning to its current end and "
+        "summarise the selected dead letters. Joins no group, commits nothing.",
     )
+    _add_filters(inspect_parser)
     inspect_parser.add_argument(
-        "--show",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also print the first N records with their headers (default: 0)",
+        "--show", type=_count(0), default=0, metavar="N",
+        help="also print the first N selected records with their decoded headers "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    inspect_parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (default: text)"
     )
-    inspect_parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser  # fmt: skip
+
+    replay = commands.add_parser(
+        "replay",
+        help="re-produce selected dead letters to their original topic",
+        description="Re-produce the selected dead letters: original key, value and headers, "
+        "without the dlq.* headers, plus dlq.replayed_from=<dlq topic>/<partition>/<offset>. "
+        "The replay reads as a consumer group from its committed position (the beginning for "
+        "a new group) to the topic's end at the start of the run, and commits its position "
+        "only past records the broker acknowledged: run it again after an interruption and it "
+        "resumes without duplicating. Records the group has read are not replayed again, "
+        "whatever the filters: use a new --group to start over or to replay another selection. "
+        "Dead letters without a value (dlq.value.dropped) are skipped and counted.",
+    )
+    _add_filters(replay)
+    replay.add_argument(
+        "--to", metavar="TOPIC",
+        help="replay every record to TOPIC (default: each one's dlq.original.topic)",
+    )  # fmt: skip
+    replay.add_argument(
+        "--group", default=DEFAULT_GROUP,
+        help="consumer group whose committed position in the dead-letter topic the replay "
+        "resumes from and advances (default: %(default)s)",
+    )  # fmt: skip
+    replay.add_argument(
+        "--dry-run", action="store_true",
+        help="report what would be replayed; produce and commit nothing (default: off)",
+    )  # fmt: skip
+    replay.add_argument(
+        "--max-records", type=_count(1), metavar="N",
+        help="stop after N records replayed and commit; the next run continues "
+        "(default: no limit)",
+    )  # fmt: skip
+    replay.add_argument(
+        "--quiet", action="store_true", help="no progress line on stderr (default: off)"
+    )
+    replay.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON line (default: text)"
+    )
+    return parser
+
+
+def _filter_of(args: argparse.Namespace) -> DeadLetterFilter:
+    return DeadLetterFilter(
+        reasons=frozenset(args.reason or ()),
+        errors=frozenset(args.error or ()),
+        original_topic=args.original_topic,
+        since_ms=args.since,
+        until_ms=args.until,
+        partition=args.partition,
+        from_offset=args.from_offset,
+        to_offset=args.to_offset,
+    )
+
+
+def _kafka_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """librdkafka settings every client of this run shares; a flag wins over the environment."""
+    items = args.kafka_options
+    if items is None:
+        raw = os.environ.get(KAFKA_OPTIONS_ENV, "")
+        items = raw.split(",") if raw else []
+    return {**parse_kafka_options(items), "bootstrap.servers": args.bootstrap_servers}
+
+
+@contextmanager
+def _stopping_on_signals(stop: Callable[[str], None], received: list[int]) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM ask for a clean stop (recorded in `received`)."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _inspect(args: argparse.Namespace, kafka: dict[str, Any], where: DeadLetterFilter) -> int:
+    with DeadLetterReader(kafka, args.dlq_topic) as reader:
+        report = inspect(reader, where, args.show)
+    print(json.dumps(report) if args.json else render_text(report))
+    return EXIT_OK
+
+
+def _replay(
+    args: argparse.Namespace,
+    kafka: dict[str, Any],
+    where: DeadLetterFilter,
+    options: ReplayOptions,
+) -> int:
+    received: list[int] = []
+    with DeadLetterReader(kafka, args.dlq_topic, options.group) as reader:
+        producer = None if options.dry_run else create_producer(kafka)
+        replayer = Replayer(reader, producer, where, options, progress=not args.quiet)
+        with _stopping_on_signals(replayer.stop, received):
+            summary = replayer.run()
+    print(json.dumps(summary.as_dict()) if args.json else summary.render_text())
+    if summary.error is not None:
+        print(f"fraud-dlq: {summary.error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_SIGNAL_BASE + received[0] if received else EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "inspect" and args.show < 0:
-        print(f"fraud-dlq: --show must be >= 0, got {args.show}", file=sys.stderr)
-        return 2
+    """Run `fraud-dlq` with `argv` (default: the process's arguments); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return inspect(args)
-    except (KafkaException, TimeoutError) as exc:
-        print(f"fraud-dlq: cannot read {args.dlq_topic!r}: {exc}", file=sys.stderr)
-        return 1
+        kafka = _kafka_settings(args)
+        where = _filter_of(args)
+        options = (
+            ReplayOptions(args.group, args.to, args.dry_run, args.max_records)
+            if args.command == "replay"
+            else None
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    kafka["logger"] = _configure_logging()
+    try:
+        if options is not None:
+            return _replay(args, kafka, where, options)
+        return _inspect(args, kafka, where)
+    except FraudScorerError as exc:
+        print(f"fraud-dlq: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:  # Ctrl-C before a replay runs, or during inspect: nothing to save
+        return EXIT_SIGNAL_BASE + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ Header contract (DESIGN.md), values are UTF-8 strings:
   dlq.stacktrace             where code failed (scoring), at most MAX_STACKTRACE_CHARS
   dlq.value.dropped          only when the broker refused the dead letter as too large: the
                              original value's size in bytes (the dead letter then has no value)
+
+A replayed record carries the original key, value and headers without any `dlq.*` header, plus
+  dlq.replayed_from          "<dead-letter topic>/<partition>/<offset>" of the dead letter
+so that a record that fails again is recognisable in its new dead letter.
 """
 
 from __future__ import annotations
@@ -98,3 +102,19 @@ def dead_letter_headers(
 def decode_headers(headers: Headers | None) -> dict[str, str]:
     """Headers as text, for display (the last value wins when a key repeats)."""
     return {k: (v or b"").decode("utf-8", "replace") for k, v in headers or []}
+
+
+def replay_headers(headers: Headers | None, dlq_topic: str, partition: int, offset: int) -> Headers:
+    """The headers of the replay of the dead letter at `dlq_topic`/`partition`/`offset`.
+
+    Every `dlq.*` header is removed (a replayed record is an original record again, and an
+    earlier `dlq.replayed_from` would name the wrong dead letter); the others are kept in order.
+    """
+    kept = [(k, v) for k, v in headers or [] if not k.startswith(HEADER_PREFIX)]
+    return [*kept, (REPLAYED_FROM, f"{dlq_topic}/{partition}/{offset}".encode())]
+
+
+def failed_at_ms(headers: dict[str, str]) -> int | None:
+    """The `dlq.failed_at` of decoded headers, or None when it is missing or not epoch ms."""
+    text = headers.get(FAILED_AT, "")
+    return int(text) if text.isdecimal() else None
