@@ -1,43 +1,44 @@
-"""The model runtime: an ONNX Runtime session behind the small `Scorer` interface.
+"""The model runtime: the fraud model behind the small `Scorer` interface.
 
-It chooses the execution provider (CUDA when it really works, CPU otherwise), checks that the
-model was trained on the features this build computes, warms the session up before the first
-record, and turns ONNX Runtime's errors into the project's `ScoreError`.
+`OnnxScorer` opens the model on the configured device (scorer/runtime.py: provider choice,
+fallback, node placement), checks that it was trained on the features this build computes,
+warms every batch shape up before the first record, and turns ONNX Runtime's errors into the
+project's `ScoreError`. On a GPU it scores through pre-bound buffers of a few bucket sizes, with
+CUDA graphs where every node runs on CUDA (scorer/binding.py); on the CPU one plain run of the
+exact batch is faster, as padding only adds work there (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from scorer.binding import BucketRunner, bucket_sizes
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.runtime import (
+    CUDA,
+    GPU_PROVIDERS,
+    ORT_ERRORS,
+    Device,
+    cuda_graph_session,
+    open_session,
+)
 from stream.errors import ConfigurationError, ScoreError
 
 log = logging.getLogger(__name__)
 
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
-#: ONNX Runtime's logger severities: 2 = warning, 4 = fatal only.
-_ORT_WARNING, _ORT_FATAL = 2, 4
-#: A small MLP gains nothing from intra-op threads; one thread leaves the other core to Kafka.
-CPU_THREADS = 1
-#: Every exception type ONNX Runtime's bindings raise, plus what numpy input checks raise.
-_ORT_ERRORS: tuple[type[BaseException], ...] = (
-    *(
-        obj
-        for obj in vars(ort_state).values()
-        if isinstance(obj, type) and issubclass(obj, Exception)
-    ),
-    RuntimeError,
-    ValueError,
-)
+#: The service's default batch cap (`FRAUD_MAX_BATCH_SIZE`).
+DEFAULT_MAX_BATCH_SIZE = 256
+#: Warm-up runs per bucket with CUDA graphs on: ONNX Runtime captures a graph only after
+#: regular runs have sized its memory arena (two in current releases, one in older ones).
+_GRAPH_CAPTURE_RUNS = 3
 
 
 class Scorer(Protocol):
@@ -52,70 +53,103 @@ class Scorer(Protocol):
 
 
 class OnnxScorer:
-    """One ONNX Runtime inference session for the fraud model."""
+    """The fraud model in one ONNX Runtime session on the best usable device.
 
-    def __init__(self, model_path: Path, device: Literal["auto", "cuda", "cpu"] = "auto") -> None:
+    One caller at a time: the bound buffers are shared between calls. ONNX Runtime keeps CUDA
+    graphs per thread, so the first call from a thread that has not warmed up captures its own.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        device: Device = "auto",
+        *,
+        device_id: int = 0,
+        cpu_threads: int = 1,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        io_binding: bool | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
+        """`io_binding=None` binds on a GPU and runs plainly on the CPU; `cuda_graphs` applies
+        to a bound CUDA session whose every node runs on CUDA."""
         try:
-            model_bytes = model_path.read_bytes()
+            model = model_path.read_bytes()
         except OSError as exc:
             raise ConfigurationError(f"cannot read model {str(model_path)!r}: {exc}") from exc
-        self._session = _create_session(model_bytes, device)
-        self.provider: str = self._session.get_providers()[0]
-        meta = self._session.get_modelmeta().custom_metadata_map
+        opened = open_session(model, device, device_id=device_id, cpu_threads=cpu_threads)
+        self.placement = opened.placement
+        self.provider: str = self.placement.provider
+        meta = opened.session.get_modelmeta().custom_metadata_map
         self._model_version = str(meta.get("model_version", model_path.stem))
-        _check_signature(self._session, meta, model_path)
-        self._input_name = self._session.get_inputs()[0].name
-        log.info(
-            "model loaded model_version=%s provider=%s path=%s",
-            self._model_version,
-            self.provider,
-            model_path,
+        _check_signature(opened.session, meta, model_path)
+        on_gpu = self.provider in GPU_PROVIDERS
+        if on_gpu and not self.placement.complete:
+            log.error(
+                "not every node runs on the GPU, CUDA graphs are off: %s",
+                self.placement.fallback_nodes or "the profile names no nodes",
+            )
+        self.buckets = bucket_sizes(max_batch_size)
+        self.io_binding = on_gpu if io_binding is None else io_binding
+        self.cuda_graphs = (
+            cuda_graphs and self.io_binding and self.provider == CUDA and self.placement.complete
         )
+        self._session: ort.InferenceSession = (
+            cuda_graph_session(model, device_id, cpu_threads)
+            if self.cuda_graphs
+            else opened.session
+        )
+        self._input_name = self._session.get_inputs()[0].name
+        self._runner: BucketRunner | None = None
+        if self.io_binding:
+            try:
+                self._runner = BucketRunner(
+                    self._session, self.buckets, device_id=device_id, cuda_graphs=self.cuda_graphs
+                )
+            except ORT_ERRORS as exc:
+                raise ConfigurationError(f"cannot allocate the model's buffers: {exc}") from exc
+        self._graph_threads: set[int] = set()
+        log.info(
+            "model loaded model_version=%s provider=%s nodes_on_device=%s/%s io_binding=%s "
+            "cuda_graphs=%s buckets=%s cpu_threads=%s path=%s",
+            self._model_version, self.provider,
+            len(self.placement.nodes) - len(self.placement.fallback_nodes),
+            len(self.placement.nodes), self.io_binding, self.cuda_graphs,
+            ",".join(map(str, self.buckets)), cpu_threads, model_path,
+        )  # fmt: skip
 
     @property
     def model_version(self) -> str:
         return self._model_version
 
-    def warm_up(self, batch_sizes: tuple[int, ...]) -> float:
-        """Run the model once per batch size so the first real batch pays no set-up cost;
-        returns the seconds it took."""
+    def warm_up(self) -> float:
+        """Score every bucket size (with CUDA graphs, often enough to capture each bucket's graph
+        on this thread) so that the first real batches pay no set-up cost; returns the seconds
+        it took."""
         started = time.perf_counter()
-        for size in batch_sizes:
-            self.score(np.zeros((size, NUM_FEATURES), np.float32))
+        runs = _GRAPH_CAPTURE_RUNS if self.cuda_graphs else 1
+        for size in self.buckets:
+            for _ in range(runs):
+                self._score(np.zeros((size, NUM_FEATURES), np.float32))
+        self._graph_threads.add(threading.get_ident())
         return time.perf_counter() - started
 
     def score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if self.cuda_graphs and threading.get_ident() not in self._graph_threads:
+            log.info(
+                "captured CUDA graphs for thread %s in %.3fs",
+                threading.current_thread().name,
+                self.warm_up(),
+            )
+        return self._score(features)
+
+    def _score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         try:
+            if self._runner is not None:
+                return self._runner.run(features)
             (scores,) = self._session.run(None, {self._input_name: features})
-        except _ORT_ERRORS as exc:
+        except ORT_ERRORS as exc:
             raise ScoreError(f"{type(exc).__name__}: {exc}") from exc
         return np.asarray(scores, np.float32).reshape(-1)
-
-
-def _create_session(model_bytes: bytes, device: str) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = CPU_THREADS
-    options.inter_op_num_threads = CPU_THREADS
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    want_cuda = device in ("auto", "cuda") and CUDA in ort.get_available_providers()
-    providers = [CUDA, CPU] if want_cuda else [CPU]
-    # With CUDA asked for but its libraries missing, ONNX Runtime prints an error and quietly
-    # builds a CPU session. We judge by the providers the session really got and say it once.
-    ort.set_default_logger_severity(_ORT_FATAL if want_cuda else _ORT_WARNING)
-    try:
-        session = ort.InferenceSession(model_bytes, options, providers=providers)
-    except _ORT_ERRORS as exc:
-        raise ConfigurationError(f"ONNX Runtime cannot load the model: {exc}") from exc
-    finally:
-        ort.set_default_logger_severity(_ORT_WARNING)
-    got = session.get_providers()[0]
-    if device == "cuda" and got != CUDA:
-        log.warning(
-            "device=cuda asked for, but CUDA is not usable here (no GPU or no CUDA/cuDNN "
-            "libraries); scoring on %s instead",
-            got,
-        )
-    return session
 
 
 def _check_signature(session: ort.InferenceSession, meta: dict[str, str], model_path: Path) -> None:
@@ -127,4 +161,10 @@ def _check_signature(session: ort.InferenceSession, meta: dict[str, str], model_
             f"model {str(model_path)!r} expects features {list(trained_on)} ({width} wide) "
             f"but this build computes {list(FEATURE_NAMES)}; "
             "retrain it with `python -m scorer.train`"
+        )
+    outputs = session.get_outputs()
+    if len(outputs) != 1 or list(outputs[0].shape[1:]) not in ([], [1]):
+        raise ConfigurationError(
+            f"model {str(model_path)!r} must have one output of one score per row "
+            f"([batch] or [batch, 1]), got shapes {[output.shape for output in outputs]}"
         )

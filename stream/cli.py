@@ -87,9 +87,15 @@ def run_service(config: ServiceConfig) -> int:
         "starting instance=%s bootstrap=%s kafka_options=%s",
         config.instance_id, config.bootstrap_servers, config.redacted_kafka_options(),
     )  # fmt: skip
-    scorer = OnnxScorer(config.model_path, config.device)
-    warm_up_s = scorer.warm_up((1, config.min_batch_size, config.max_batch_size))
-    log.info("warmed up in %.3fs", warm_up_s)
+    scorer = OnnxScorer(
+        config.model_path,
+        config.device,
+        device_id=config.device_id,
+        cpu_threads=config.cpu_threads,
+        max_batch_size=config.max_batch_size,
+    )
+    warm_up_s = scorer.warm_up()
+    log.info("warmed up %s batch shapes in %.3fs", len(scorer.buckets), warm_up_s)
     metrics.set_model(scorer.model_version, scorer.provider)
 
     health = HealthState()

@@ -20,7 +20,7 @@ from stream.errors import ConfigurationError
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
 
-Device = Literal["auto", "cuda", "cpu"]
+Device = Literal["auto", "cuda", "cpu", "tensorrt"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LatePolicy = Literal["score", "fallback"]
@@ -120,7 +120,19 @@ class ServiceConfig:
         SHIPPED_MODEL_PATH, "FRAUD_MODEL_PATH", "ONNX model file to score with"
     )
     device: Device = _setting(
-        "auto", "FRAUD_DEVICE", "execution provider: auto (CUDA if it works, else CPU), cuda or cpu"
+        "auto",
+        "FRAUD_DEVICE",
+        "execution provider: auto (CUDA if it works, else CPU), cuda, cpu or tensorrt (TensorRT, "
+        "else CUDA, else CPU); a GPU that cannot run falls back to CPU with one warning",
+    )
+    device_id: int = _setting(
+        0, "FRAUD_DEVICE_ID", "CUDA device ordinal the cuda and tensorrt devices run on"
+    )
+    cpu_threads: int = _setting(
+        1,
+        "FRAUD_CPU_THREADS",
+        "ONNX Runtime intra-op threads on the CPU; 1 leaves the other cores to Kafka's threads, "
+        "0 = ONNX Runtime's default (one per physical core)",
     )
     review_threshold: float = _setting(
         DEFAULT_REVIEW_THRESHOLD, "FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review"
@@ -196,6 +208,10 @@ class ServiceConfig:
                 "retry backoffs must satisfy 0 < retry_backoff_ms <= retry_backoff_max_ms, got "
                 f"{self.retry_backoff_ms} and {self.retry_backoff_max_ms}"
             )
+        if self.device_id < 0:
+            raise ValueError(f"device_id must be >= 0, got {self.device_id}")
+        if self.cpu_threads < 0:
+            raise ValueError(f"cpu_threads must be >= 0 (0 = default), got {self.cpu_threads}")
         if not 0 <= self.metrics_port <= 65_535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if self.shutdown_timeout_s <= 0:

@@ -1,0 +1,201 @@
+"""The GPU path, on this machine's CPU: provider choice and fallback, bucket padding, the I/O
+binding code path on the CPU provider, the node-placement check, warm-up of every bucket.
+
+CI has no GPU, so a request for CUDA or TensorRT must fall back; the tests fail loudly if they
+ever find a working GPU, rather than pass without testing the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from scorer.binding import bucket_sizes
+from scorer.features import NUM_FEATURES
+from scorer.model import OnnxScorer
+from scorer.pinned import pinned_zeros
+from scorer.runtime import (
+    CPU,
+    CUDA,
+    GPU_PROVIDERS,
+    Device,
+    NodePlacement,
+    Placement,
+    node_placement,
+    open_session,
+)
+from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.errors import ConfigurationError, ScoreError
+from tests.unit.test_model import POISON, poison_model
+
+
+def features(rows: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    return np.random.default_rng(seed).normal(size=(rows, NUM_FEATURES)).astype(np.float32)
+
+
+def record_model_calls(scorer: OnnxScorer, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch sizes `scorer` runs the model on from now on, in order."""
+    sizes: list[int] = []
+    score = scorer._score
+
+    def recording(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        sizes.append(len(rows))
+        return score(rows)
+
+    monkeypatch.setattr(scorer, "_score", recording)
+    return sizes
+
+
+@pytest.mark.parametrize("device", ["cuda", "tensorrt"])
+def test_a_gpu_request_without_a_usable_gpu_falls_back_to_cpu_with_one_warning(
+    caplog: pytest.LogCaptureFixture, device: Device
+) -> None:
+    with caplog.at_level(logging.INFO):
+        scorer = OnnxScorer(SHIPPED_MODEL_PATH, device)
+    if scorer.provider in GPU_PROVIDERS:
+        pytest.fail("this test expects a machine without a usable GPU (CI has none)")
+    assert scorer.provider == CPU
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert f"device={device} asked for" in warnings[0].getMessage()
+    assert "scoring on CPUExecutionProvider instead" in warnings[0].getMessage()
+    assert scorer.score(features(2)).shape == (2,)
+
+
+def test_auto_picks_cpu_here_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        scorer = OnnxScorer(SHIPPED_MODEL_PATH, "auto")
+    assert scorer.provider == CPU
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("CUDA is not usable here" in r.getMessage() for r in caplog.records)
+
+
+def test_cpu_device_asks_for_no_gpu(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="scorer.runtime"):
+        scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu")
+    assert scorer.provider == CPU
+    assert not caplog.records
+    assert not scorer.io_binding and not scorer.cuda_graphs, "the CPU runs the exact batch"
+
+
+def test_node_placement_names_every_node_and_its_provider() -> None:
+    placement = node_placement(SHIPPED_MODEL_PATH.read_bytes(), "cpu")
+    assert placement.provider == CPU
+    assert placement.nodes, "the profile must name the model's nodes"
+    assert {node.provider for node in placement.nodes} == {CPU}
+    assert {"FusedGemm", "Reshape"} <= {node.op_type for node in placement.nodes}
+    assert placement.complete and not placement.fallback_nodes
+
+
+def test_a_cpu_node_in_a_gpu_session_is_a_fallback() -> None:
+    gemm = NodePlacement("layer0", "Gemm", CUDA)
+    reshape = NodePlacement("Reshape_6", "Reshape", CPU)
+    mixed = Placement(CUDA, (gemm, reshape))
+    assert mixed.fallback_nodes == (reshape,) and not mixed.complete
+    assert Placement(CUDA, (gemm,)).complete
+    assert not Placement(CUDA, ()).complete, "a profile without nodes proves nothing"
+
+
+def test_placement_profiles_leave_no_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    devices: tuple[Device, ...] = ("cpu", "cuda", "tensorrt")
+    for device in devices:
+        OnnxScorer(SHIPPED_MODEL_PATH, device)
+    assert not list(tmp_path.iterdir())
+
+
+def test_cpu_sessions_get_the_configured_threads() -> None:
+    opened = open_session(SHIPPED_MODEL_PATH.read_bytes(), "cpu", cpu_threads=2)
+    assert opened.session.get_session_options().intra_op_num_threads == 2
+
+
+@pytest.mark.parametrize(
+    ("max_batch_size", "expected"),
+    [
+        (1, (1,)),
+        (2, (1, 2)),
+        (100, (1, 2, 4, 8, 16, 32, 64, 100)),
+        (256, (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+        (4096, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
+    ],
+)
+def test_buckets_are_powers_of_two_up_to_the_batch_cap(
+    max_batch_size: int, expected: tuple[int, ...]
+) -> None:
+    assert bucket_sizes(max_batch_size) == expected
+
+
+def test_padded_scores_are_identical_to_unpadded_scores_for_every_size() -> None:
+    bound = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=True, max_batch_size=64)
+    plain = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=False)
+    assert bound.io_binding and not plain.io_binding
+    rows = features(200)
+    # 0 … 200 covers every bucket, sizes just above and below each, and chunks of the largest.
+    for size in range(201):
+        assert np.array_equal(bound.score(rows[:size]), plain.score(rows[:size])), size
+
+
+def test_rows_of_an_earlier_batch_never_reach_the_model(tmp_path: Path) -> None:
+    model = tmp_path / "poison.onnx"
+    model.write_bytes(poison_model())
+    scorer = OnnxScorer(model, "cpu", io_binding=True, max_batch_size=8)
+    poisoned = np.full((8, NUM_FEATURES), POISON, np.float32)
+    with pytest.raises(ScoreError):
+        scorer.score(poisoned)
+    # Three rows run in the bucket of 4, whose padding row held poison a moment ago.
+    assert scorer.score(np.zeros((3, NUM_FEATURES), np.float32)).tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
+def test_warm_up_scores_every_bucket(io_binding: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=io_binding, max_batch_size=100)
+    sizes = record_model_calls(scorer, monkeypatch)
+    assert scorer.warm_up() >= 0.0
+    assert sorted(set(sizes)) == [1, 2, 4, 8, 16, 32, 64, 100] == list(scorer.buckets)
+
+
+def test_a_thread_that_did_not_warm_up_captures_its_graphs_on_its_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=True, max_batch_size=4)
+    scorer.cuda_graphs = True  # as on a CUDA session; the CPU provider has no graphs to capture
+    scorer.warm_up()
+    sizes = record_model_calls(scorer, monkeypatch)
+    scorer.score(features(3))
+    assert sizes == [3], "the thread that warmed up has its graphs"
+    other = threading.Thread(target=scorer.score, args=(features(3),))
+    other.start()
+    other.join()
+    assert sizes == [3, 1, 1, 1, 2, 2, 2, 4, 4, 4, 3], "three runs per bucket, then the batch"
+
+
+def test_pinned_memory_is_zeroed_or_unavailable() -> None:
+    array = pinned_zeros((4, NUM_FEATURES), device_id=0)
+    if array is not None:  # a machine with the CUDA runtime
+        assert array.shape == (4, NUM_FEATURES) and not array.any()
+        array[:] = 1.0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cuda, cpu, tensorrt"),
+        ({"FRAUD_DEVICE_ID": "-1"}, "device_id must be >= 0"),
+        ({"FRAUD_CPU_THREADS": "-2"}, "cpu_threads must be >= 0"),
+    ],
+)
+def test_bad_gpu_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        ServiceConfig.from_sources({}, env)
+
+
+def test_gpu_settings_come_from_the_environment() -> None:
+    env = {"FRAUD_DEVICE": "tensorrt", "FRAUD_DEVICE_ID": "1", "FRAUD_CPU_THREADS": "0"}
+    config = ServiceConfig.from_sources({}, env)
+    assert (config.device, config.device_id, config.cpu_threads) == ("tensorrt", 1, 0)
