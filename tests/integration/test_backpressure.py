@@ -1,0 +1,212 @@
+"""Backpressure, rebalances and restarts under a backlog, against the real broker."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Message
+from onnx import TensorProto, helper, numpy_helper
+
+from loadgen.simulator import TransactionSimulator
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
+
+#: Hidden width of the deliberately slow model.
+SLOW_WIDTH = 2048
+
+
+def backlog(topic: str, n: int, seed: int) -> set[str]:
+    records = TransactionSimulator(seed, id_prefix=f"bp{seed}").generate(n).records
+    for start in range(0, n, 50_000):
+        chunk = records[start : start + 50_000]
+        produce(topic, [(str(r["card_id"]).encode(), encode(r)) for r in chunk])
+    return {str(r["transaction_id"]) for r in records}
+
+
+def rss_mb(service: ServiceProcess) -> float:
+    with open(f"/proc/{service.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class Sampler(threading.Thread):
+    """Samples a service's in-flight gauge and RSS every 50 ms."""
+
+    def __init__(self, service: ServiceProcess) -> None:
+        super().__init__(daemon=True)
+        self.service = service
+        self.in_flight: list[float] = []
+        self.rss: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and self.service.process.poll() is None:
+            try:
+                self.in_flight.append(self.service.metric("fraud_in_flight_records"))
+                self.rss.append(rss_mb(self.service))
+            except (OSError, AssertionError):
+                pass
+            time.sleep(0.05)
+
+
+def slow_model(path: Path) -> Path:
+    """A valid fraud model made deliberately slow (two wide layers, tens of ms per 100 rows), so a
+    backlog arrives faster than it is scored."""
+    rng = np.random.default_rng(2)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.05, shape).astype(np.float32), name)
+        for name, shape in (("w1", (NUM_FEATURES, SLOW_WIDTH)), ("w2", (SLOW_WIDTH, SLOW_WIDTH)),
+                            ("w3", (SLOW_WIDTH, 1)))
+    ]  # fmt: skip
+    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    nodes = [
+        helper.make_node("MatMul", ["features", "w1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w3"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Reshape", ["p", "flat"], ["score"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", NUM_FEATURES])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])],
+        [*weights, flat],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(
+        model, {"model_version": "slow-1", "feature_names": ",".join(FEATURE_NAMES)}
+    )
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat(
+    topics_factory, service_factory, tmp_path
+):
+    topics = topics_factory(partitions=3)
+    sent = backlog(topics.input, 10_000, seed=41)
+    service = service_factory(
+        topics, "--model-path", str(slow_model(tmp_path / "slow.onnx")),
+        # A hand-off deeper than the bound: the bound, not the hand-off, must stop fetching.
+        "--max-in-flight-records", "1500", "--max-batch-size", "250", "--handoff-batches", "10",
+    )  # fmt: skip
+    sampler = Sampler(service)
+    sampler.start()
+
+    decisions = read_topic(topics.output, len(sent), timeout_s=180)
+    sampler.stop.set()
+    sampler.join()
+
+    assert {json.loads(m.value())["transaction_id"] for m in decisions} == sent
+    assert max(sampler.in_flight) <= 1500, "the in-flight bound is never exceeded"
+    log = service.log()
+    assert "pausing 3 partitions: 1500 records in flight" in log
+    assert "resuming 3 partitions" in log
+    service.wait_for_metric("fraud_records_consumed_total", len(sent))
+    assert service.metric("fraud_paused_partitions") == 0, "drained: nothing stays paused"
+    assert max(sampler.rss) < 300, f"peak RSS {max(sampler.rss):.0f} MB"
+    assert "lost" not in log
+
+
+def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
+    topics_factory, service_factory, tmp_path
+):
+    topics = topics_factory(partitions=4)
+    sent = backlog(topics.input, 20_000, seed=43)
+    model = str(slow_model(tmp_path / "slow.onnx"))
+    tight = (
+        "--model-path", model, "--max-in-flight-records", "600", "--max-batch-size", "100",
+        "--handoff-batches", "10",
+    )  # fmt: skip
+    first = service_factory(topics, *tight, instance="first")
+    first.wait_for_metric("fraud_paused_partitions", 4)  # paused when the other one joins
+    second = service_factory(topics, *tight, instance="second")
+    second.wait_for_metric("fraud_records_consumed_total", 500, timeout_s=60)
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0, second.log()
+
+    decisions = read_topic(topics.output, len(sent), timeout_s=120)
+
+    counts = Counter(json.loads(m.value())["transaction_id"] for m in decisions)
+    assert set(counts) == sent
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lags = [
+            float(line.rsplit(" ", 1)[1])
+            for line in first.metrics().splitlines()
+            if line.startswith("fraud_consumer_lag_records{")
+        ]
+        if len(lags) == 4 and max(lags) == 0 and first.metric("fraud_paused_partitions") == 0:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"lag did not return to zero on all partitions: {lags}\n{first.log()}")
+    assert "assigned" in second.log() and "revoked" in first.log()
+    assert "pausing" in second.log(), "the joining replica was paused at its bound too"
+
+
+def test_kill_at_30_and_stop_at_60_percent_decides_every_transaction(
+    topics_factory, service_factory
+):
+    topics = topics_factory(partitions=3)
+    n = 60_000
+    sent = backlog(topics.input, n, seed=47)
+    slow = ("--max-batch-size", "64", "--max-in-flight-records", "1000")
+    killed = service_factory(topics, *slow, instance="killed")
+    killed.wait_for_metric('fraud_decisions_produced_total{decision="approve"}', 0.3 * n * 0.95)
+    killed.signal(signal.SIGKILL)
+    killed.wait()
+    by_killed = read_topic(topics.output, n, timeout_s=3, settle_s=0)
+
+    stopped = service_factory(topics, *slow, instance="stopped")
+    deadline = time.monotonic() + 120
+    while len(read_topic(topics.output, n, timeout_s=2, settle_s=0)) < 0.6 * n:
+        assert time.monotonic() < deadline, stopped.log()
+    stopped.signal(signal.SIGTERM)
+    assert stopped.wait() == 0, stopped.log()
+    until_stop = read_topic(topics.output, n, timeout_s=3, settle_s=1)
+
+    service_factory(topics, instance="last")
+    everything = read_topic(topics.output, n, timeout_s=120)
+
+    def ids(messages: list[Message]) -> Counter[str]:
+        return Counter(json.loads(m.value())["transaction_id"] for m in messages)
+
+    phase_1, phase_1_2, total = ids(by_killed), ids(until_stop), ids(everything)
+    phase_2, phase_3 = phase_1_2 - phase_1, total - phase_1_2
+    assert set(total) == sent, "every transaction decided"
+    assert 0.2 * n < phase_1.total() < n, "the kill landed mid-stream"
+    assert not set(phase_2) & set(phase_3), "a clean stop leaves nothing to decide twice"
+    duplicated = {tx for tx, count in total.items() if count > 1}
+    assert duplicated <= set(phase_1), "only the killed replica's uncommitted tail repeats"
+    assert max(total.values()) == 2
+    first: dict[str, dict[str, object]] = {}
+    for d in (json.loads(m.value()) for m in everything):
+        earlier = first.setdefault(d["transaction_id"], d)
+        assert (earlier["score"], earlier["decision"]) == (d["score"], d["decision"])
+
+
+def test_late_transactions_get_a_degraded_fallback_decision(topics_factory, service_factory):
+    topics = topics_factory(partitions=1)
+    records = TransactionSimulator(53, id_prefix="late").generate(200).records
+    an_hour_ago = time.time_ns() // 1_000_000 - 3_600_000
+    produce(topics.input, [(b"k", encode({**r, "event_time": an_hour_ago})) for r in records])
+    service = service_factory(topics, "--decision-deadline-ms", "1000", "--late-policy", "fallback")
+
+    decisions = [json.loads(m.value()) for m in read_topic(topics.output, 200)]
+
+    assert len(decisions) == 200 and all(d["degraded"] for d in decisions)
+    assert service.metric("fraud_late_records_total") == 200
+    assert service.metric('fraud_degraded_decisions_total{cause="late"}') == 200
