@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model clean
+.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -16,6 +16,7 @@ help:
 	@echo "make kafka-up    start a single-node Kafka (KRaft) on 127.0.0.1:9092"
 	@echo "make kafka-down  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
+	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -56,6 +57,22 @@ demo: venv
 
 model: venv
 	$(PY) -m scorer.train
+
+# BENCH_ARGS, e.g. --quick, --profile, --strict, --price-per-hour 0.2 (python -m bench.pipeline_bench -h).
+BENCH_ARGS ?=
+BENCH_INSTALLED := $(VENV)/.bench-installed
+
+$(BENCH_INSTALLED): $(INSTALLED)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $@
+
+# Starts the broker unless one of ours already runs, and stops it again only if it started it.
+bench: $(BENCH_INSTALLED)
+	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then started=0; else started=1; fi; \
+	ops/kafka/kafka.sh up || exit 1; \
+	status=0; $(PY) -m bench.pipeline_bench $(BENCH_ARGS) || status=$$?; \
+	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
+	exit $$status
 
 clean:
 	-ops/kafka/kafka.sh down

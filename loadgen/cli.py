@@ -1,35 +1,44 @@
-"""`fraud-loadgen`: produce simulated transactions at a fixed rate, read the decisions back and
-report what happened (sent, decided, lost, duplicates, dead letters, latency, fraud caught).
+"""`fraud-loadgen`: produce simulated transactions on a traffic shape, read the decisions back
+and report what happened (sent, decided, lost, duplicates, dead letters, latency overall and
+second by second, fraud caught), optionally as an offline HTML page with plots.
 
-The load is open-loop: record i is due at start + i / rate whatever the service does, so a slow
-service shows up as latency, not as a politely slower sender.
+The load is open-loop: record i is due when the shape's schedule says so (`loadgen/shapes.py`)
+whatever the service does, so a slow service shows up as latency, not as a politely slower
+sender.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import cast
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NamedTuple, cast
 
 import msgspec
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer
 
+from loadgen.html_report import write_report
 from loadgen.malformed import malform
-from loadgen.report import (
-    ReceivedLog,
-    SentLog,
-    batch_size_distribution,
-    render_text,
-    scrape_batch_sizes,
-    summarize,
+from loadgen.reader import OutcomeReader
+from loadgen.report import SentLog, render_text, summarize
+from loadgen.scrape import MetricsScraper, batch_size_distribution, metrics_over_time
+from loadgen.shapes import (
+    DEFAULT_BURST_EVERY_S,
+    DEFAULT_BURST_FACTOR,
+    DEFAULT_BURST_LENGTH_S,
+    DEFAULT_RATES,
+    SHAPES,
+    Schedule,
+    make_shape,
 )
 from loadgen.simulator import TransactionSimulator
 
@@ -41,10 +50,19 @@ CHUNK = 1_000
 TICK_S = 0.002
 PROGRESS_EVERY_S = 1.0
 SETTLE_S = 1.0
+#: How long the final flush waits for the broker to acknowledge what was sent.
+FLUSH_TIMEOUT_S = 30.0
+#: When librdkafka's local queue is full, serve delivery reports this long before retrying.
+QUEUE_FULL_BACKOFF_S = 0.01
+DRAIN_CHECK_S = 0.1
+READER_JOIN_TIMEOUT_S = 10.0
+#: 1: a record went unanswered, or the run could not be done or reported.
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
+    rates = ", ".join(f"{name} {rate:g}" for name, rate in DEFAULT_RATES.items())
     parser = argparse.ArgumentParser(
         prog="fraud-loadgen",
         description="Open-loop load generator for fraud-scorer: simulated transactions in, "
@@ -71,10 +89,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="dead-letter topic to read [env FRAUD_DLQ_TOPIC; default: %(default)s]",
     )
     parser.add_argument(
-        "--rate", type=float, default=2000.0, help="transactions per second (default: %(default)s)"
+        "--shape",
+        choices=SHAPES,
+        default="constant",
+        help="traffic shape: constant (--rate throughout), ramp (0 to --rate), diurnal (a day "
+        "compressed into --duration, starting at midnight: --rate at lunch, 1%% of it at 3 AM), "
+        "burst (--rate with periodic bursts; see --burst-*) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help=f"transactions per second: the rate of constant and burst, the end of ramp, the "
+        f"peak of diurnal (default by shape: {rates})",
     )
     parser.add_argument(
         "--duration", type=float, default=30.0, help="seconds to send for (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--burst-every",
+        type=float,
+        default=DEFAULT_BURST_EVERY_S,
+        help="burst shape: seconds from one burst to the next; each burst closes its period "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--burst-seconds",
+        type=float,
+        default=DEFAULT_BURST_LENGTH_S,
+        help="burst shape: length of a burst in seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--burst-factor",
+        type=float,
+        default=DEFAULT_BURST_FACTOR,
+        help="burst shape: rate during a burst as a multiple of --rate (default: %(default)s)",
     )
     parser.add_argument(
         "--bad-ratio",
@@ -98,17 +147,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-url",
         default="http://127.0.0.1:9102/metrics",
-        help="scorer /metrics to read the batch-size distribution from; "
-        "empty to skip (default: %(default)s)",
+        help="scorer /metrics to scrape every second during the run (batch sizes, batch cap, "
+        "consumer lag); empty to skip (default: %(default)s)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON line last on stdout"
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write an HTML page with plots (viewable offline) and the summary JSON into DIR",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser  # fmt: skip
 
 
-def _validate(args: argparse.Namespace) -> None:
+def _validate(args: argparse.Namespace) -> Schedule:
+    """Check the arguments and build the run's schedule; ValueError naming the flag."""
+    if args.rate is None:
+        args.rate = DEFAULT_RATES[args.shape]
     if not args.rate > 0:
         raise ValueError(f"--rate must be > 0, got {args.rate}")
     if not args.duration > 0:
@@ -119,76 +177,43 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 < args.burst_seconds <= args.burst_every:
+        raise ValueError(
+            f"--burst-seconds must be in (0, --burst-every={args.burst_every}], "
+            f"got {args.burst_seconds}"
+        )
+    if not args.burst_factor > 0:
+        raise ValueError(f"--burst-factor must be > 0, got {args.burst_factor}")
+    shape = make_shape(
+        args.shape,
+        args.rate,
+        args.duration,
+        burst_every_s=args.burst_every,
+        burst_length_s=args.burst_seconds,
+        burst_factor=args.burst_factor,
+    )
+    schedule = Schedule(shape, args.duration)
+    if schedule.total < 1:
+        raise ValueError(
+            f"--rate {args.rate} over --duration {args.duration} s schedules no record at all"
+        )
+    return schedule
 
 
-class OutcomeReader(threading.Thread):
-    """Reads decisions and dead letters produced after the run started."""
+class SendResult(NamedTuple):
+    """How the sending went."""
 
-    def __init__(self, bootstrap: str, topics: list[str], decision_topic: str) -> None:
-        super().__init__(name="outcome-reader", daemon=True)
-        self.received = ReceivedLog()
-        self._decision_topic = decision_topic
-        self._stop_event = threading.Event()
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fraud-loadgen-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        })  # fmt: skip
-        # Start at today's end of every partition: earlier runs' outcomes are not ours.
-        assignment = []
-        for topic in topics:
-            metadata = self._consumer.list_topics(topic, timeout=10).topics[topic]
-            if metadata.error is not None:
-                raise RuntimeError(f"topic {topic!r}: {metadata.error.str()}")
-            for partition in metadata.partitions:
-                _low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )
-                assignment.append(TopicPartition(topic, partition, high))
-        self._consumer.assign(assignment)
-
-    @property
-    def count(self) -> int:
-        return len(self.received.decisions) + len(self.received.dead_letters)
-
-    def run(self) -> None:
-        decode = msgspec.json.decode
-        try:
-            while not self._stop_event.is_set():
-                for message in self._consumer.consume(1000, 0.1):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("reader: %s", error.str())
-                        continue
-                    if message.topic() == self._decision_topic:
-                        d = decode(message.value() or b"null")
-                        self.received.decisions.append(
-                            (d["transaction_id"], d["decision"], d["event_time"], d["decided_at"])
-                        )
-                    else:
-                        self._dead_letter(message)
-        finally:
-            self._consumer.close()
-
-    def _dead_letter(self, message: Message) -> None:
-        headers = dict(cast(list[tuple[str, bytes]], message.headers() or []))
-        try:
-            position = (
-                int(headers["dlq.original.partition"]),
-                int(headers["dlq.original.offset"]),
-            )
-        except (KeyError, ValueError):
-            position = (-1, -1)
-        self.received.dead_letters.append(position)
-
-    def stop(self) -> None:
-        self._stop_event.set()
+    #: time.monotonic() when the schedule started.
+    started_s: float
+    send_seconds: float
+    #: The most the sender ever was behind its schedule (its own slowness, not the service's).
+    worst_lag_s: float
 
 
-def send(args: argparse.Namespace, sent: SentLog, reader: OutcomeReader) -> float:
-    """Produce the schedule; return the seconds sending took."""
+def send(
+    args: argparse.Namespace, schedule: Schedule, sent: SentLog, reader: OutcomeReader
+) -> SendResult:
+    """Produce the schedule's records when they are due, recording each in `sent`."""
     producer = Producer({
         "bootstrap.servers": args.bootstrap_servers,
         "linger.ms": 1,
@@ -202,22 +227,26 @@ def send(args: argparse.Namespace, sent: SentLog, reader: OutcomeReader) -> floa
         id_prefix=f"lg{uuid.uuid4().hex[:8]}",
     )
     rng = np.random.default_rng(args.seed + 1)
-    total = int(args.rate * args.duration)
     buffer: list[tuple[dict[str, object], bool, str]] = []
 
     started = time.monotonic()
-    next_progress = started + PROGRESS_EVERY_S
+    sent.started_ms = time.time_ns() // 1_000_000
+    worst_lag_s = 0.0
+    next_tick = started + PROGRESS_EVERY_S
+    sent_at_progress = 0
     i = 0
-    while i < total:
+    while i < schedule.total:
         now = time.monotonic()
-        due = min(total, int((now - started) * args.rate) + 1)
+        elapsed = now - started
+        due = schedule.due_by(elapsed)
         if i >= due:
-            producer.poll(min(TICK_S, (i + 1) / args.rate - (now - started)))
+            producer.poll(min(TICK_S, max(0.0, schedule.due_at(i) - elapsed)))
             continue
+        worst_lag_s = max(worst_lag_s, elapsed - schedule.due_at(i))
         now_ms = time.time_ns() // 1_000_000
         while i < due:
             if not buffer:
-                batch = simulator.generate(CHUNK, rate_per_s=args.rate)
+                batch = simulator.generate(CHUNK, rate_per_s=schedule.mean_rate)
                 buffer = list(
                     zip(
                         batch.records, batch.is_fraud.tolist(), batch.scenario.tolist(), strict=True
@@ -230,6 +259,7 @@ def send(args: argparse.Namespace, sent: SentLog, reader: OutcomeReader) -> floa
             value = malform(record, rng) if bad else msgspec.json.encode(record)
             index = len(sent.transaction_ids)
             sent.transaction_ids.append(str(record["transaction_id"]))
+            sent.sent_ms.append(now_ms)
             sent.is_fraud.append(is_fraud)
             sent.scenario.append(scenario)
             sent.malformed.append(bad)
@@ -238,12 +268,20 @@ def send(args: argparse.Namespace, sent: SentLog, reader: OutcomeReader) -> floa
             )
             i += 1
         producer.poll(0)
-        if not args.quiet and now >= next_progress:
-            next_progress += PROGRESS_EVERY_S
-            _progress(i, now - started, reader.count)
+        if now >= next_tick:
+            next_tick += PROGRESS_EVERY_S
+            # What is alive now (mostly the run's own logs) stays alive to the end. Keeping it
+            # out of the collector's full passes stops their pauses, which would stall the
+            # schedule and show up as latency, from growing with the run (tens of ms at 5,000
+            # tx/s after 15 s otherwise).
+            gc.freeze()
+            if not args.quiet:
+                target = float(schedule.shape.rate_at(np.array([elapsed]))[0])
+                _progress(i, i - sent_at_progress, target, elapsed, reader.count)
+            sent_at_progress = i
     send_seconds = time.monotonic() - started
-    producer.flush(30)
-    return send_seconds
+    producer.flush(FLUSH_TIMEOUT_S)
+    return SendResult(started, send_seconds, worst_lag_s)
 
 
 def _produce(
@@ -260,13 +298,13 @@ def _produce(
             producer.produce(topic, key=key, value=value, on_delivery=delivered)
             return
         except BufferError:
-            producer.poll(0.01)
+            producer.poll(QUEUE_FULL_BACKOFF_S)
 
 
-def _progress(sent: int, elapsed_s: float, outcomes: int) -> None:
+def _progress(sent: int, last_second: int, target: float, elapsed_s: float, outcomes: int) -> None:
     print(
-        f"[{elapsed_s:6.1f}s] sent {sent:>9} ({sent / elapsed_s:8.0f}/s)  outcomes {outcomes:>9}  "
-        f"outstanding {sent - outcomes:>7}",
+        f"[{elapsed_s:6.1f}s] sent {sent:>9} ({last_second:>6}/s, due {target:6.0f}/s)  "
+        f"outcomes {outcomes:>9}  outstanding {sent - outcomes:>7}",
         file=sys.stderr,
         flush=True,
     )
@@ -275,43 +313,70 @@ def _progress(sent: int, elapsed_s: float, outcomes: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _validate(args)
+        schedule = _validate(args)
     except ValueError as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    batch_before = scrape_batch_sizes(args.metrics_url) if args.metrics_url else None
+    scraper = MetricsScraper(args.metrics_url) if args.metrics_url else None
+    if scraper is not None:
+        scraper.scrape_now()
+        scraper.start()
     try:
         reader = OutcomeReader(
             args.bootstrap_servers, [args.output_topic, args.dlq_topic], args.output_topic
         )
     except Exception as exc:
         print(f"fraud-loadgen: cannot read the outcome topics: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     reader.start()
     sent = SentLog()
-    run_started = time.monotonic()
-    send_seconds = send(args, sent, reader)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    result = send(args, schedule, sent, reader)
 
     deadline = time.monotonic() + args.drain_timeout
     while reader.count < len(sent.transaction_ids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(DRAIN_CHECK_S)
     time.sleep(SETTLE_S)  # late duplicates would show now
     reader.stop()
-    reader.join(timeout=10)
-    run_seconds = time.monotonic() - run_started - SETTLE_S
+    reader.join(timeout=READER_JOIN_TIMEOUT_S)
+    run_seconds = time.monotonic() - result.started_s - SETTLE_S
 
-    summary = summarize(sent, reader.received, send_seconds, run_seconds)
-    if args.metrics_url:
+    summary = summarize(
+        sent, reader.received, result.send_seconds, run_seconds, schedule.per_second()
+    )
+    summary.update(
+        shape=args.shape,
+        rate=args.rate,
+        duration_s=args.duration,
+        bad_ratio=args.bad_ratio,
+        started_at=started_at,
+        target_rate=round(schedule.mean_rate, 1),
+        schedule_lag_max_ms=round(result.worst_lag_s * 1000.0, 1),
+    )
+    if scraper is not None:
+        scraper.stop()
+        scraper.scrape_now()
+        snapshots = scraper.snapshots
+        summary["metrics_url"] = args.metrics_url
         summary["batch_sizes"] = batch_size_distribution(
-            batch_before, scrape_batch_sizes(args.metrics_url)
+            snapshots[0].batch_buckets if snapshots else None,
+            snapshots[-1].batch_buckets if len(snapshots) > 1 else None,
         )
+        summary["scraped"] = metrics_over_time(snapshots, result.started_s)
     print(render_text(summary), file=sys.stderr)
+    written = True
+    if args.report is not None:
+        try:
+            print(f"report: {write_report(args.report, summary)}", file=sys.stderr)
+        except OSError as exc:
+            print(f"fraud-loadgen: cannot write the report: {exc}", file=sys.stderr)
+            written = False
     if args.json:
         print(json.dumps(summary), flush=True)
-    return 0 if summary["lost"] == 0 else 1
+    return EXIT_OK if written and summary["lost"] == 0 else EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
-"""The load run's outcome: match what was sent with what came back, and summarise it."""
+"""The load run's outcome: match what was sent with what came back, and summarise it, overall
+and second by second."""
 
 from __future__ import annotations
 
-import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+import numpy.typing as npt
 
-BATCH_SIZE_METRIC = "fraud_batch_size_records"
-SCRAPE_TIMEOUT_S = 5.0
+_MS_PER_S = 1000
+#: The text summary prints the per-second table only up to this many rows (the JSON line and
+#: the HTML report always hold all of them).
+MAX_TEXT_ROWS = 60
 
 
 @dataclass
 class SentLog:
     """What the load generator sent, one entry per record, in send order."""
 
+    #: Epoch ms when sending started: second 0 of the over-time figures.
+    started_ms: int = 0
     transaction_ids: list[str] = field(default_factory=list)
+    #: Epoch ms when each record was handed to the producer (also its event_time).
+    sent_ms: list[int] = field(default_factory=list)
     is_fraud: list[bool] = field(default_factory=list)
     scenario: list[str] = field(default_factory=list)
     malformed: list[bool] = field(default_factory=list)
@@ -36,18 +43,68 @@ class ReceivedLog:
     dead_letters: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _percentile(values: np.ndarray, q: float) -> float | None:
+def _percentile(values: npt.NDArray[np.float64], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
+def _seconds_since(started_ms: int, epoch_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    # A decision stamped a hair before the run start (clock steps) counts in second 0.
+    return np.maximum((epoch_ms - started_ms) // _MS_PER_S, 0)
+
+
+def over_time(
+    started_ms: int,
+    sent_ms: npt.NDArray[np.int64],
+    event_ms: npt.NDArray[np.int64],
+    decided_ms: npt.NDArray[np.int64],
+    target_per_s: Sequence[float] = (),
+) -> list[dict[str, float | None]]:
+    """Per second of the run: records due (`target`), sent and decided in it, and the
+    event→decision latency percentiles of the records sent in it.
+
+    `event_ms` and `decided_ms` belong to the decided records (one entry each); rows run from
+    second 0 to the last second in which anything was sent or decided.
+    """
+    sent_s = _seconds_since(started_ms, sent_ms)
+    event_s = _seconds_since(started_ms, event_ms)
+    decided_s = _seconds_since(started_ms, decided_ms)
+    seconds = max([len(target_per_s), *(int(a.max()) + 1 for a in (sent_s, decided_s) if len(a))])
+    sent_counts = np.bincount(sent_s, minlength=seconds)
+    decided_counts = np.bincount(decided_s, minlength=seconds)
+    order = np.argsort(event_s, kind="stable")
+    latency = (decided_ms - event_ms)[order].astype(np.float64)
+    bounds = np.searchsorted(event_s[order], np.arange(seconds + 1))
+    rows: list[dict[str, float | None]] = []
+    for second in range(seconds):
+        values = latency[bounds[second] : bounds[second + 1]]
+        rows.append(
+            {
+                "t_s": second,
+                "target": round(target_per_s[second], 1) if second < len(target_per_s) else 0.0,
+                "sent": int(sent_counts[second]),
+                "decided": int(decided_counts[second]),
+                "p50_ms": _percentile(values, 50),
+                "p95_ms": _percentile(values, 95),
+                "p99_ms": _percentile(values, 99),
+                "max_ms": float(values.max()) if len(values) else None,
+            }
+        )
+    return rows
+
+
 def summarize(
-    sent: SentLog, received: ReceivedLog, send_seconds: float, run_seconds: float
+    sent: SentLog,
+    received: ReceivedLog,
+    send_seconds: float,
+    run_seconds: float,
+    target_per_s: Sequence[float] = (),
 ) -> dict[str, object]:
     """The run's figures; keys are stable (scripts read `--json`)."""
     index_of = {tx: i for i, tx in enumerate(sent.transaction_ids)}
     outcomes = np.zeros(len(sent.transaction_ids), np.int64)
     decision_of: dict[int, str] = {}
-    latencies_ms: list[int] = []
+    event_ms: list[int] = []
+    decided_ms: list[int] = []
     unknown = 0
     for tx, decision, event_time, decided_at in received.decisions:
         i = index_of.get(tx)
@@ -57,7 +114,8 @@ def summarize(
         outcomes[i] += 1
         if outcomes[i] == 1:
             decision_of[i] = decision
-            latencies_ms.append(decided_at - event_time)
+            event_ms.append(event_time)
+            decided_ms.append(decided_at)
     dead_lettered = 0
     for position in received.dead_letters:
         i = sent.positions.get(position)
@@ -66,7 +124,9 @@ def summarize(
             continue
         outcomes[i] += 1
         dead_lettered += outcomes[i] == 1
-    latency = np.array(latencies_ms, np.float64)
+    events = np.array(event_ms, np.int64)
+    decideds = np.array(decided_ms, np.int64)
+    latency = (decideds - events).astype(np.float64)
     sent_count = len(sent.transaction_ids)
     malformed = np.array(sent.malformed, bool)
     is_fraud = np.array(sent.is_fraud, bool) & ~malformed
@@ -102,51 +162,31 @@ def summarize(
         "fraud_recall": round(float(caught[is_fraud].mean()), 4) if is_fraud.any() else None,
         "false_positive_rate": round(float(caught[legit].mean()), 4) if legit.any() else None,
         "recall_by_scenario": by_scenario,
+        "over_time": over_time(
+            sent.started_ms, np.array(sent.sent_ms, np.int64), events, decideds, target_per_s
+        ),
     }
 
 
-def scrape_batch_sizes(metrics_url: str) -> dict[str, float] | None:
-    """Cumulative batch-size histogram buckets (le → count) from a scorer's /metrics, or None
-    when it cannot be reached."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=SCRAPE_TIMEOUT_S) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    buckets: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name == BATCH_SIZE_METRIC:
-            for sample in family.samples:
-                if sample.name == BATCH_SIZE_METRIC + "_bucket":
-                    buckets[sample.labels["le"]] = sample.value
-    return buckets
+def _ms(value: object) -> str:
+    return "n/a" if value is None else f"{float(str(value)):.0f} ms"
 
 
-def batch_size_distribution(
-    before: dict[str, float] | None, after: dict[str, float] | None
-) -> dict[str, int] | None:
-    """Batches per size range during the run ("≤N" → count), from two scrapes."""
-    if not after:
-        return None
-    before = before or {}
-    distribution: dict[str, int] = {}
-    previous_total = 0.0
-    for le in sorted(after, key=lambda b: float(b)):
-        total = after[le] - before.get(le, 0.0)
-        count = int(total - previous_total)
-        previous_total = total
-        if count:
-            distribution["+Inf" if le == "+Inf" else f"<={int(float(le))}"] = count
-    return distribution
+def _over_time_table(rows: list[dict[str, float | None]]) -> list[str]:
+    if len(rows) > MAX_TEXT_ROWS:
+        return [f"over time       {len(rows)} one-second rows: see --json or --report"]
+    lines = ["   t  target/s    sent/s decided/s     p50     p95     p99     max"]
+    for row in rows:
+        cells = [f"{_ms(row[key]):>7}" for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
+        lines.append(
+            f"{row['t_s']:>4.0f}  {row['target']:>8.0f}  {row['sent']:>8.0f}  "
+            f"{row['decided']:>8.0f} " + " ".join(cells)
+        )
+    return lines
 
 
 def render_text(summary: dict[str, object]) -> str:
     """A human-readable summary block."""
-
-    def ms(key: str) -> str:
-        value = summary[key]
-        return "n/a" if value is None else f"{float(str(value)):.0f} ms"
-
     lines = [
         "── load run summary " + "─" * 44,
         f"sent            {summary['sent']:>10}"
@@ -157,8 +197,8 @@ def render_text(summary: dict[str, object]) -> str:
         f"duplicates      {summary['duplicates']:>10}",
         f"send rate       {summary['achieved_rate']:>10} tx/s over {summary['send_seconds']} s",
         f"throughput      {summary['decided_per_s']:>10} decisions/s",
-        f"event→decision  p50 {ms('p50_ms')}, p95 {ms('p95_ms')}, p99 {ms('p99_ms')}, "
-        f"max {ms('max_ms')}",
+        f"event→decision  p50 {_ms(summary['p50_ms'])}, p95 {_ms(summary['p95_ms'])}, "
+        f"p99 {_ms(summary['p99_ms'])}, max {_ms(summary['max_ms'])}",
         f"decisions       {summary['decisions']}",
         f"fraud caught    {summary['fraud_caught']} of {summary['fraud_labelled']} labelled "
         f"(review or decline; recall {summary['fraud_recall']}, "
@@ -166,6 +206,14 @@ def render_text(summary: dict[str, object]) -> str:
         f"legit flagged   false-positive rate {summary['false_positive_rate']}",
         f"recall by scenario {summary['recall_by_scenario']}",
     ]
+    if "shape" in summary:
+        lines.append(
+            f"schedule        {summary['shape']}, {summary['target_rate']} tx/s on average; "
+            f"sender at most {summary['schedule_lag_max_ms']} ms behind it"
+        )
     if summary.get("batch_sizes"):
         lines.append(f"batch sizes     {summary['batch_sizes']}")
+    rows = summary.get("over_time")
+    if isinstance(rows, list) and rows:
+        lines.extend(_over_time_table(rows))
     return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""fraud-loadgen's traffic shapes and HTML report against the real broker and a running service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from loadgen.html_report import REPORT_FILE
+from tests.integration.conftest import BOOTSTRAP, REPO
+
+RATE = 200
+DURATION_S = 4
+BURST_EVERY_S = 2
+BURST_FACTOR = 4
+
+
+def test_burst_run_writes_a_report_and_loses_nothing(topics_factory, service_factory, tmp_path):
+    topics = topics_factory(partitions=2)
+    service = service_factory(topics)
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+    report_dir = tmp_path / "report"
+
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "loadgen.cli",
+            "--bootstrap-servers", BOOTSTRAP,
+            "--input-topic", topics.input,
+            "--output-topic", topics.output,
+            "--dlq-topic", topics.dlq,
+            "--shape", "burst", "--rate", str(RATE), "--duration", str(DURATION_S),
+            "--burst-every", str(BURST_EVERY_S), "--burst-seconds", "0.5",
+            "--burst-factor", str(BURST_FACTOR),
+            "--metrics-url", f"http://127.0.0.1:{service.metrics_port}/metrics",
+            "--report", str(report_dir), "--json", "--quiet",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr + service.log()
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    # 4 s at 200/s, plus 2 bursts of 0.5 s at 600/s more.
+    assert summary["sent"] == RATE * DURATION_S + 2 * 0.5 * RATE * (BURST_FACTOR - 1)
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["decided"] == summary["sent"]
+    for key in ("dead_letters", "achieved_rate", "p50_ms", "p95_ms", "p99_ms"):
+        assert summary[key] is not None
+    rows = summary["over_time"]
+    assert sum(row["sent"] for row in rows) == summary["sent"]
+    # Each burst closes its period: seconds 1 and 3 carry the bursts.
+    assert rows[1]["sent"] > rows[0]["sent"] and rows[3]["sent"] > rows[2]["sent"]
+    assert summary["scraped"] and sum(summary["batch_sizes"].values()) >= 1
+    page = report_dir / REPORT_FILE
+    assert page.is_file()
+    assert page.read_text().count("<svg") == 5
