@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -96,6 +97,9 @@ def run_service(config: ServiceConfig) -> int:
     )
     warm_up_s = scorer.warm_up()
     log.info("warmed up %s batch shapes in %.3fs", len(scorer.buckets), warm_up_s)
+    # Everything loaded so far lives as long as the process: keep it out of the collector's
+    # full passes, whose pauses otherwise show up in the latency tail (measured 58-63 ms).
+    gc.freeze()
     metrics.set_model(scorer.model_version, scorer.provider)
 
     health = HealthState()

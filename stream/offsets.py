@@ -43,9 +43,18 @@ class OffsetTracker:
 
     def track(self, partition: PartitionKey, offset: int) -> None:
         """Record that `offset` was consumed (call in consumption order per partition)."""
+        self.track_all([(partition, offset)])
+
+    def track_all(self, sources: list[SourceOffset]) -> None:
+        """Record that these offsets were consumed, in consumption order per partition."""
         with self._lock:
-            self._partitions.setdefault(partition, _PartitionOffsets()).pending.append(offset)
-            self._in_flight += 1
+            partitions = self._partitions
+            for partition, offset in sources:
+                state = partitions.get(partition)
+                if state is None:
+                    state = partitions[partition] = _PartitionOffsets()
+                state.pending.append(offset)
+            self._in_flight += len(sources)
 
     def finish(self, partition: PartitionKey, offset: int) -> None:
         """Record that the outcome of `offset` is durable."""

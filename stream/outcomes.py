@@ -1,9 +1,10 @@
 """Outcome groups: a set of outputs whose acknowledgement finishes a set of consumed records.
 
-A scored batch is one group (its decisions finish its records); each dead letter is a group of
-one. Only when every output of a group is acknowledged are its records handed to the
-`OffsetTracker` as finished. An output that fails is retried (`stream/redelivery.py`) and the
-group simply waits: its records stay uncommitted until then.
+A scored batch is one group (its decisions, and dead letters for poison records, finish its
+records); each dead letter of an invalid record is a group of one. Only when every output of a
+group is acknowledged are its records handed to the `OffsetTracker` as finished. An output that
+fails is retried (`stream/redelivery.py`) and the group simply waits: its records stay
+uncommitted until then.
 """
 
 from __future__ import annotations
@@ -13,32 +14,41 @@ from collections.abc import Callable
 
 from stream.offsets import OffsetTracker, SourceOffset
 
+#: What an output is, for the metrics: ("decision", label) or ("dead_letter", reason).
+OutputLabel = tuple[str, str]
+
 
 class OutcomeGroup:
     """Counts down the deliveries of some outputs, then finishes their source offsets."""
 
-    __slots__ = ("_labels", "_on_complete", "_remaining", "_sources", "_tracker")
+    __slots__ = ("_on_complete", "_remaining", "_sources", "_tracker", "labels")
 
     def __init__(
         self,
         tracker: OffsetTracker,
         sources: list[SourceOffset],
-        expected_outputs: int,
-        on_complete: Callable[[Counter[tuple[str, str]]], None],
+        labels: Counter[OutputLabel],
+        on_complete: Callable[[Counter[OutputLabel]], None],
     ) -> None:
-        if expected_outputs < 1:
-            raise ValueError(f"an outcome group needs at least one output, got {expected_outputs}")
+        """`labels` counts the group's outputs by kind and label; their total is how many
+        deliveries complete the group."""
+        expected = labels.total()
+        if expected < 1:
+            raise ValueError(f"an outcome group needs at least one output, got {expected}")
         self._tracker = tracker
         self._sources = sources
-        self._remaining = expected_outputs
-        self._labels: Counter[tuple[str, str]] = Counter()
+        self._remaining = expected
+        self.labels = labels
         self._on_complete = on_complete
 
-    def delivered(self, kind: str, label: str) -> None:
-        """One output of the group is acknowledged (called once per output): its kind
-        ("decision" or "dead_letter") and label (the decision, or the dead letter's reason)."""
-        self._labels[kind, label] += 1
+    def delivered(self) -> None:
+        """One output of the group is acknowledged (called once per output)."""
         self._remaining -= 1
         if self._remaining == 0:
             self._tracker.finish_all(self._sources)
-            self._on_complete(self._labels)
+            self._on_complete(self.labels)
+
+    def relabel(self, old: OutputLabel, new: OutputLabel) -> None:
+        """One output changed what it is (a refused decision became a dead letter)."""
+        self.labels[old] -= 1
+        self.labels[new] += 1

@@ -118,6 +118,7 @@ class Redelivery:
         if output.kind == "dead_letter":
             log.warning("dead letter refused (%s): sending it without its value", error.code)
             return self._router.without_value(output)
+        output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
         return self._router.dead_letter(output.source, error, output.group)
 
 

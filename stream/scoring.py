@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from deadletter.router import DeadLetterRouter, position_of
+from deadletter.router import DeadLetterRouter
 from scorer.decisions import Decision, Thresholds, classify, encode_decision
 from scorer.fallback import fallback_scores
 from scorer.features import TransactionColumns, build_features
@@ -30,8 +30,8 @@ from scorer.model import Scorer
 from stream import metrics
 from stream.batcher import Batch
 from stream.errors import ModelUnavailableError, ScoreError
-from stream.offsets import OffsetTracker
-from stream.outcomes import OutcomeGroup
+from stream.offsets import OffsetTracker, SourceOffset
+from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.sink import Output, OutputSink
 from stream.transaction import Transaction
@@ -47,6 +47,8 @@ class PendingRecord(NamedTuple):
 
     message: Message
     transaction: Transaction
+    #: Where it came from, as the offset tracker knows it.
+    position: SourceOffset
 
 
 class BatchReport(NamedTuple):
@@ -58,7 +60,7 @@ class BatchReport(NamedTuple):
     closed_full: bool
 
 
-def count_delivered(labels: Counter[tuple[str, str]]) -> None:
+def count_delivered(labels: Counter[OutputLabel]) -> None:
     """Count a completed group's outputs in the metrics."""
     for (kind, label), count in labels.items():
         if kind == "decision":
@@ -112,11 +114,13 @@ class BatchScorer:
         decided_at = time.time_ns() // 1_000_000
         labels = classify(np.nan_to_num(scores), self._thresholds)
         group = OutcomeGroup(
-            self._tracker, [position_of(r.message) for r in records], len(records), count_delivered
-        )
+            self._tracker, [r.position for r in records], _outcome_labels(labels, poison),
+            count_delivered,
+        )  # fmt: skip
         self._send(records, scores.tolist(), labels, degraded.tolist(), poison, group, decided_at)
-        decided = [t.event_time for i, (_, t) in enumerate(records) if i not in poison]
-        metrics.record_latencies([(decided_at - event_time) / 1000.0 for event_time in decided])
+        decided = np.ones(len(records), bool)
+        decided[list(poison)] = False
+        metrics.observe_event_to_decision((decided_at - columns.event_time[decided]) / 1000.0)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
 
@@ -164,47 +168,61 @@ class BatchScorer:
         group: OutcomeGroup,
         decided_at: int,
     ) -> None:
-        send = self._sink.send
-        topic = self._output_topic
         model_version = self._scorer.model_version
-        for i, record in enumerate(records):
-            if i in poison:
-                (topic_in, partition), offset = position_of(record.message)
-                log.warning(
-                    "poison record topic=%s partition=%s offset=%s: %s",
-                    topic_in, partition, offset, poison[i],
-                )  # fmt: skip
-                send(
-                    self._router.dead_letter(
-                        record.message, poison[i], group, model_version=model_version
+        for i, error in poison.items():
+            (topic_in, partition), offset = records[i].position
+            log.warning(
+                "poison record topic=%s partition=%s offset=%s: %s",
+                topic_in, partition, offset, error,
+            )  # fmt: skip
+            self._sink.send(
+                self._router.dead_letter(
+                    records[i].message, error, group, model_version=model_version
+                )
+            )
+        rows = (
+            [i for i in range(len(records)) if i not in poison] if poison else range(len(records))
+        )
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for i in rows:
+            t = records[i].transaction
+            keys.append(t.card_id.encode())
+            values.append(
+                encode_decision(
+                    Decision(
+                        transaction_id=t.transaction_id,
+                        card_id=t.card_id,
+                        score=scores[i],
+                        decision=labels[i],
+                        model_version=model_version,
+                        degraded=degraded[i],
+                        event_time=t.event_time,
+                        decided_at=decided_at,
                     )
                 )
-                continue
-            t = record.transaction
-            value = encode_decision(
-                Decision(
-                    transaction_id=t.transaction_id,
-                    card_id=t.card_id,
-                    score=scores[i],
-                    decision=labels[i],
-                    model_version=model_version,
-                    degraded=degraded[i],
-                    event_time=t.event_time,
-                    decided_at=decided_at,
-                )
             )
-            send(
-                Output(
-                    "decision",
-                    topic,
-                    t.card_id.encode(),
-                    value,
-                    None,
-                    record.message,
-                    group,
-                    labels[i],
-                )
+        topic = self._output_topic
+
+        def output_of(j: int) -> Output:
+            i = rows[j]
+            return Output(
+                "decision", topic, keys[j], values[j], None, records[i].message, group, labels[i]
             )
+
+        if values:
+            self._sink.send_decisions(topic, keys, values, group, output_of)
+
+
+def _outcome_labels(labels: list[str], poison: dict[int, ScoreError]) -> Counter[OutputLabel]:
+    """The outputs of a batch by kind and label: a decision per record, a dead letter per poison."""
+    decided = Counter(labels)
+    for i in poison:
+        decided[labels[i]] -= 1
+    outputs: Counter[OutputLabel] = Counter({("decision", k): n for k, n in decided.items() if n})
+    if poison:
+        outputs["dead_letter", ScoreError.reason] = len(poison)
+    return outputs
 
 
 class ScoringWorker(threading.Thread):

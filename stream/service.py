@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -30,7 +30,7 @@ from stream.errors import DeliveryError, RecordError
 from stream.flow import FlowControl
 from stream.health import HealthState
 from stream.lag import LagMonitor
-from stream.offsets import OffsetTracker, PartitionKey
+from stream.offsets import OffsetTracker, PartitionKey, SourceOffset
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
 from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker, count_delivered
@@ -169,23 +169,26 @@ class ScoringService:
         self._store_offsets()
 
     def _accept(self, messages: list[Message], now_s: float) -> None:
-        accepted = 0
+        records: list[tuple[Message, SourceOffset]] = []
         for message in messages:
             error = message.error()
             if error is not None:
                 self._on_consume_error(error, message)
                 continue
-            accepted += 1
-            self._tracker.track(*position_of(message))
+            records.append((message, position_of(message)))
+        # Every record is tracked before any of its outputs exists: the scoring thread may
+        # deliver a batch's outputs while this loop is still going.
+        self._tracker.track_all([position for _, position in records])
+        for message, position in records:
             try:
                 transaction = decode_transaction(message.value())
             except RecordError as exc:
-                self._dead_letter(message, exc)
+                self._dead_letter(message, position, exc)
                 continue
-            full = self._batcher.add(PendingRecord(message, transaction), now_s)
+            full = self._batcher.add(PendingRecord(message, transaction, position), now_s)
             if full is not None:
                 self._hand_off(full)
-        metrics.record_consumed(accepted)
+        metrics.record_consumed(len(records))
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -200,13 +203,16 @@ class ScoringService:
     def _on_delivery_failure(self, output: Output, error: DeliveryError) -> None:
         self._redelivery.failed(output, error)
 
-    def _dead_letter(self, message: Message, error: RecordError) -> None:
-        (topic, partition), offset = position_of(message)
+    def _dead_letter(self, message: Message, position: SourceOffset, error: RecordError) -> None:
+        (topic, partition), offset = position
         log.warning(
             "dead-lettering topic=%s partition=%s offset=%s reason=%s: %s",
             topic, partition, offset, error.reason, error,
         )  # fmt: skip
-        group = OutcomeGroup(self._tracker, [position_of(message)], 1, count_delivered)
+        group = OutcomeGroup(
+            self._tracker, [position], Counter({("dead_letter", error.reason): 1}),
+            count_delivered,
+        )  # fmt: skip
         self._sink.send(self._router.dead_letter(message, error, group))
 
     def _hand_off(self, batch: Batch[PendingRecord]) -> None:
@@ -295,7 +301,7 @@ class ScoringService:
         """Drop not-yet-scored records of these partitions (their new owner re-reads them)."""
 
         def revoked(record: PendingRecord) -> bool:
-            return position_of(record.message)[0] in keys
+            return record.position[0] in keys
 
         released = self._batcher.discard(revoked)
         with self._handoff.mutex:

@@ -55,7 +55,7 @@ class Output:
         self.label = label
 
     def delivered(self) -> None:
-        self.group.delivered(self.kind, self.label)
+        self.group.delivered()
 
 
 FailureHandler = Callable[[Output, DeliveryError], None]
@@ -65,6 +65,17 @@ class OutputSink(Protocol):
     """Accepts outputs and reports each one's delivery exactly once."""
 
     def send(self, output: Output) -> None: ...
+
+    def send_decisions(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+    ) -> None:
+        """Send a batch's decisions, all completing `group`; `output_of(i)` rebuilds the i-th
+        as an `Output` should it fail."""
 
     def poll(self) -> None:
         """Serve pending delivery reports without blocking."""
@@ -107,6 +118,38 @@ class KafkaSink:
             except KafkaException as exc:
                 on_failure(output, translate_kafka_error(exc.args[0], output.topic))
                 return
+
+    def send_decisions(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+    ) -> None:
+        # The hot path: one delivery callback shared by the whole batch, no object per record.
+        # A failure (rare) finds its decision again by value, which names the transaction.
+        on_failure = self._on_failure
+        delivered = group.delivered
+
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is None:
+                delivered()
+            else:
+                failed = output_of(values.index(cast(bytes, message.value())))
+                on_failure(failed, translate_kafka_error(error, topic))
+
+        produce = self._producer.produce
+        for index, (key, value) in enumerate(zip(keys, values, strict=True)):
+            while True:
+                try:
+                    produce(topic, value, key, on_delivery=report)
+                    break
+                except BufferError:
+                    self._producer.poll(QUEUE_FULL_BACKOFF_S)
+                except KafkaException as exc:
+                    on_failure(output_of(index), translate_kafka_error(exc.args[0], topic))
+                    break
 
     def poll(self) -> None:
         self._producer.poll(0)

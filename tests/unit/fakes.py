@@ -9,6 +9,7 @@ import numpy.typing as npt
 from confluent_kafka import Message
 
 from stream.errors import ScoreError
+from stream.outcomes import OutcomeGroup
 from stream.sink import Output
 
 
@@ -45,6 +46,16 @@ class MemorySink:
 
     def send(self, output: Output) -> None:
         self.sent.append(output)
+
+    def send_decisions(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+    ) -> None:
+        self.sent.extend(output_of(i) for i in range(len(values)))
 
     def deliver_all(self) -> None:
         for output in self.sent:

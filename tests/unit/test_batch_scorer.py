@@ -29,7 +29,7 @@ def make_batch(n: int, *, event_time_ms: int | None = None, poison: set[int] = f
         if i in poison:
             record["amount"] = HUGE_AMOUNT
         value = msgspec.json.encode(record)
-        items.append(PendingRecord(message(i, value), decode_transaction(value)))
+        items.append(PendingRecord(message(i, value), decode_transaction(value), (("tx", 0), i)))
     return Batch(items, 0.0, 0.005, closed_full=True)
 
 

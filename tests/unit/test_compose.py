@@ -257,6 +257,9 @@ def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
         if isinstance(value, MetricWrapperBase):
             (described,) = value.describe()
             families[described.name] = (described.type, tuple(value._labelnames))
+        elif isinstance(value, stream.metrics.BatchHistogram):
+            for family in value.collect():
+                families[family.name] = (family.type, ())
     assert families, "stream/metrics.py defines no metrics?"
     return families
 

@@ -53,29 +53,40 @@ def test_outcome_group_finishes_its_sources_after_the_last_delivery() -> None:
     for offset in range(3):
         tracker.track(P0, offset)
     completed: list[Counter[tuple[str, str]]] = []
-    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1), (P0, 2)], 3, completed.append)
-    group.delivered("decision", "approve")
-    group.delivered("dead_letter", "score")
+    labels = Counter({("decision", "approve"): 2, ("dead_letter", "score"): 1})
+    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1), (P0, 2)], labels, completed.append)
+    group.delivered()
+    group.delivered()
     assert tracker.take_commit_positions() == {}
     assert completed == []
-    group.delivered("decision", "approve")
+    group.delivered()
     assert tracker.take_commit_positions() == {P0: 3}
-    assert completed == [Counter({("decision", "approve"): 2, ("dead_letter", "score"): 1})]
+    assert completed == [labels]
+
+
+def test_a_relabelled_output_is_counted_as_what_it_became() -> None:
+    tracker = OffsetTracker()
+    tracker.track(P0, 0)
+    completed: list[Counter[tuple[str, str]]] = []
+    group = OutcomeGroup(tracker, [(P0, 0)], Counter({("decision", "review"): 1}), completed.append)
+    group.relabel(("decision", "review"), ("dead_letter", "produce"))
+    group.delivered()
+    assert +completed[0] == Counter({("dead_letter", "produce"): 1})
 
 
 def test_an_undelivered_output_keeps_the_group_uncommitted() -> None:
     tracker = OffsetTracker()
     tracker.track(P0, 0)
     tracker.track(P0, 1)
-    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1)], 2, _never)
-    group.delivered("decision", "approve")  # the other output is being retried
+    group = OutcomeGroup(tracker, [(P0, 0), (P0, 1)], Counter({("decision", "approve"): 2}), _never)
+    group.delivered()  # the other output is being retried
     assert tracker.take_commit_positions() == {}
     assert tracker.in_flight == 2
 
 
 def test_outcome_group_needs_an_output() -> None:
     with pytest.raises(ValueError, match="at least one output"):
-        OutcomeGroup(OffsetTracker(), [], 0, _never)
+        OutcomeGroup(OffsetTracker(), [], Counter(), _never)
 
 
 def _never(*_args: object) -> None:

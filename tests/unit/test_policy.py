@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from confluent_kafka import KafkaError, Producer
 
@@ -51,7 +53,7 @@ def test_a_locally_refused_record_is_translated_at_the_sink() -> None:
     producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": 1_000})
     failures: list[DeliveryError] = []
     sink = KafkaSink(producer, lambda _output, error: failures.append(error))
-    group = OutcomeGroup(OffsetTracker(), [], 1, lambda _labels: None)
+    group = OutcomeGroup(OffsetTracker(), [], Counter({("decision", "approve"): 1}), lambda _: None)
     sink.send(Output("decision", "d", b"k", b"x" * 5_000, None, message(0), group, "approve"))
     assert len(failures) == 1 and isinstance(failures[0], RecordRejectedError)
 

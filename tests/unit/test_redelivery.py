@@ -50,7 +50,9 @@ def setup(
     tracker = OffsetTracker()
     tracker.track(("tx", 0), 7)
     completed: list[Counter[tuple[str, str]]] = []
-    group = OutcomeGroup(tracker, [(("tx", 0), 7)], 1, completed.append)
+    group = OutcomeGroup(
+        tracker, [(("tx", 0), 7)], Counter({("decision", "approve"): 1}), completed.append
+    )
     output = Output("decision", "decisions", b"card", b"{}", None, message(7), group, "approve")
     return sink, redelivery, tracker, output
 
