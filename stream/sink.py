@@ -101,23 +101,9 @@ class KafkaSink:
             else:
                 on_failure(output, translate_kafka_error(error, output.topic))
 
-        while True:
-            try:
-                self._producer.produce(
-                    output.topic,
-                    value=output.value,
-                    key=output.key,
-                    headers=cast(Any, output.headers),
-                    on_delivery=report,
-                )
-                return
-            except BufferError:
-                # The local queue is full: the broker is slower than we are. Serving delivery
-                # reports frees room; the output is retried, never dropped.
-                self._producer.poll(QUEUE_FULL_BACKOFF_S)
-            except KafkaException as exc:
-                on_failure(output, translate_kafka_error(exc.args[0], output.topic))
-                return
+        refused = self._produce(output.topic, output.key, output.value, output.headers, report)
+        if refused is not None:
+            on_failure(output, translate_kafka_error(refused, output.topic))
 
     def send_decisions(
         self,
@@ -139,17 +125,33 @@ class KafkaSink:
                 failed = output_of(values.index(cast(bytes, message.value())))
                 on_failure(failed, translate_kafka_error(error, topic))
 
-        produce = self._producer.produce
+        produce = self._produce
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
-            while True:
-                try:
-                    produce(topic, value, key, on_delivery=report)
-                    break
-                except BufferError:
-                    self._producer.poll(QUEUE_FULL_BACKOFF_S)
-                except KafkaException as exc:
-                    on_failure(output_of(index), translate_kafka_error(exc.args[0], topic))
-                    break
+            refused = produce(topic, key, value, None, report)
+            if refused is not None:
+                on_failure(output_of(index), translate_kafka_error(refused, topic))
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        report: Callable[[KafkaError | None, Message], None],
+    ) -> KafkaError | None:
+        """Hand one record to librdkafka; return its error if librdkafka refuses it at once."""
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, key, headers=cast(Any, headers), on_delivery=report
+                )
+                return None
+            except BufferError:
+                # The local queue is full: the broker is slower than we are. Serving delivery
+                # reports frees room; the record is tried again, never dropped.
+                self._producer.poll(QUEUE_FULL_BACKOFF_S)
+            except KafkaException as exc:
+                return cast(KafkaError, exc.args[0])
 
     def poll(self) -> None:
         self._producer.poll(0)
