@@ -55,7 +55,8 @@ KINDS = (
 @st.composite
 def hostile_record(draw: st.DrawFn) -> tuple[str, bytes | None, str]:
     """(kind, value bytes, transaction_id it would be decided under)."""
-    tx_id = f"hostile-{next(_ids)}"
+    # Fixed width: draws that depend on the record's length stay the same from run to run.
+    tx_id = f"hostile-{next(_ids):012d}"
     base: dict[str, Any] = {**draw(st.sampled_from(BASE)), "transaction_id": tx_id}
     kind = draw(st.sampled_from(KINDS))
     raw: bytes | None
