@@ -47,6 +47,10 @@ class Scorer(Protocol):
     @property
     def model_version(self) -> str: ...
 
+    def warm_up(self) -> float:
+        """Run every batch shape once on the calling thread; return the seconds it took."""
+        ...
+
     def score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Fraud probabilities, one per row of `features` [B, F]."""
         ...

@@ -95,8 +95,6 @@ def run_service(config: ServiceConfig) -> int:
         cpu_threads=config.cpu_threads,
         max_batch_size=config.max_batch_size,
     )
-    warm_up_s = scorer.warm_up()
-    log.info("warmed up %s batch shapes in %.3fs", len(scorer.buckets), warm_up_s)
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, whose pauses otherwise show up in the latency tail (measured 58-63 ms).
     gc.freeze()

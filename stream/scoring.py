@@ -236,8 +236,13 @@ class ScoringWorker(threading.Thread):
         redelivery: Redelivery,
         retry_pause_s: float,
         on_report: Callable[[BatchReport], None],
+        warm_up: Callable[[], float],
     ) -> None:
         super().__init__(name="scoring", daemon=True)
+        self._warm_up = warm_up
+        #: Set once the model is warmed up on this thread (ONNX Runtime keeps CUDA graphs per
+        #: thread), so consuming starts only then.
+        self.warmed_up = threading.Event()
         self._handoff = handoff
         self._batch_scorer = batch_scorer
         self._sink = sink
@@ -254,10 +259,13 @@ class ScoringWorker(threading.Thread):
 
     def run(self) -> None:
         try:
+            log.info("warmed up every batch shape in %.3fs", self._warm_up())
+            self.warmed_up.set()
             self._run()
         except BaseException as exc:
             log.exception("scoring thread failed; stopping without committing its records")
             self.error = exc
+            self.warmed_up.set()  # nobody waits for a thread that will never be ready
 
     def _run(self) -> None:
         while True:

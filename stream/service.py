@@ -104,6 +104,7 @@ class ScoringService:
             self._redelivery,
             config.retry_backoff_max_ms / 1000.0,
             self._adapt,
+            scorer.warm_up,
         )
         self._stopping = threading.Event()
 
@@ -117,12 +118,14 @@ class ScoringService:
         return self._worker.error
 
     def run(self) -> None:
-        """Subscribe and process until stopped; then drain, commit and close the consumer."""
+        """Warm the model up, subscribe and process until stopped; then drain, commit and close
+        the consumer."""
+        self._worker.start()
+        self._worker.warmed_up.wait()
         self._consumer.subscribe(
             [self._config.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )  # fmt: skip
-        self._worker.start()
         log.info(
             "consuming topic=%s group=%s max_batch_size=%s max_wait_ms=%s max_in_flight=%s",
             self._config.input_topic, self._config.group_id, self._batcher.cap,

@@ -42,4 +42,4 @@ def test_a_gpu_request_without_a_gpu_decides_every_record_on_the_cpu(
     assert len(fallbacks) == 1 and "WARNING" in fallbacks[0], log
     assert "scoring on CPUExecutionProvider instead" in fallbacks[0]
     assert "provider=CPUExecutionProvider" in log, "the startup log names the provider in use"
-    assert "warmed up 8 batch shapes" in log, "every bucket up to 128 is warmed up"
+    assert "warmed up every batch shape" in log

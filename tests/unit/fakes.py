@@ -29,6 +29,9 @@ class FakeScorer:
         self.broken = broken
         self.calls: list[int] = []
 
+    def warm_up(self) -> float:
+        return 0.0
+
     def score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         self.calls.append(len(features))
         if self.broken:
