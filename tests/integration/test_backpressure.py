@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Message
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from loadgen.simulator import TransactionSimulator
-from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.features import NUM_FEATURES
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
+from tests.models import onnx_model
 
 #: Hidden width of the deliberately slow model.
 SLOW_WIDTH = 2048
@@ -61,12 +62,13 @@ def slow_model(path: Path) -> Path:
     """A valid fraud model made deliberately slow (two wide layers, tens of ms per 100 rows), so a
     backlog arrives faster than it is scored."""
     rng = np.random.default_rng(2)
-    weights = [
-        numpy_helper.from_array(rng.normal(0, 0.05, shape).astype(np.float32), name)
-        for name, shape in (("w1", (NUM_FEATURES, SLOW_WIDTH)), ("w2", (SLOW_WIDTH, SLOW_WIDTH)),
-                            ("w3", (SLOW_WIDTH, 1)))
-    ]  # fmt: skip
-    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    shapes = {
+        "w1": (NUM_FEATURES, SLOW_WIDTH),
+        "w2": (SLOW_WIDTH, SLOW_WIDTH),
+        "w3": (SLOW_WIDTH, 1),
+    }
+    initializers = {n: rng.normal(0, 0.05, shape).astype(np.float32) for n, shape in shapes.items()}
+    initializers["flat"] = np.array([-1], np.int64)
     nodes = [
         helper.make_node("MatMul", ["features", "w1"], ["h1"]),
         helper.make_node("Relu", ["h1"], ["r1"]),
@@ -76,19 +78,7 @@ def slow_model(path: Path) -> Path:
         helper.make_node("Sigmoid", ["z"], ["p"]),
         helper.make_node("Reshape", ["p", "flat"], ["score"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "slow",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", NUM_FEATURES])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])],
-        [*weights, flat],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    helper.set_model_props(
-        model, {"model_version": "slow-1", "feature_names": ",".join(FEATURE_NAMES)}
-    )
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(onnx_model(nodes, initializers, ["batch"], model_version="slow-1"))
     return path
 
 

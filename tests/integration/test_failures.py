@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka.admin import AdminClient, NewTopic
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from loadgen.simulator import TransactionSimulator
-from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.features import NUM_FEATURES
 from tests.integration.conftest import Topics, committed_offsets, encode, produce, read_topic
+from tests.models import onnx_model
 
 #: The crafted model breaks (ONNX Runtime raises) on transactions above this amount.
 POISON_AMOUNT = 500_000.0
@@ -26,15 +27,15 @@ def poison_model(path: Path) -> Path:
     """A model that scores like a tiny logistic regression but whose Gather index runs out of
     bounds (an ONNX Runtime error for the whole call) for any row above POISON_AMOUNT."""
     rng = np.random.default_rng(1)
-    init = [
-        numpy_helper.from_array(rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32), "w"),
-        numpy_helper.from_array(np.array([-2.0], np.float32), "b"),
-        numpy_helper.from_array(np.array([-1], np.int64), "flat"),
-        numpy_helper.from_array(np.array(0, np.int64), "amount_column"),
-        numpy_helper.from_array(np.array(np.log1p(POISON_AMOUNT), np.float32), "limit"),
-        numpy_helper.from_array(np.array(7, np.int64), "out_of_bounds"),
-        numpy_helper.from_array(np.zeros(1, np.float32), "table"),
-    ]
+    initializers = {
+        "w": rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32),
+        "b": np.array([-2.0], np.float32),
+        "flat": np.array([-1], np.int64),
+        "amount_column": np.array(0, np.int64),
+        "limit": np.array(np.log1p(POISON_AMOUNT), np.float32),
+        "out_of_bounds": np.array(7, np.int64),
+        "table": np.zeros(1, np.float32),
+    }
     nodes = [
         helper.make_node("Gemm", ["features", "w", "b"], ["z"]),
         helper.make_node("Sigmoid", ["z"], ["p"]),
@@ -46,19 +47,7 @@ def poison_model(path: Path) -> Path:
         helper.make_node("Gather", ["table", "index"], ["zero_or_crash"], axis=0),
         helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "poison",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", NUM_FEATURES])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])],
-        init,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    helper.set_model_props(
-        model, {"model_version": "poison-test-1", "feature_names": ",".join(FEATURE_NAMES)}
-    )
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(onnx_model(nodes, initializers, ["batch"], model_version="poison-test-1"))
     return path
 
 

@@ -32,7 +32,7 @@ from scorer.runtime import (
 )
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 from stream.errors import ConfigurationError, ScoreError
-from tests.unit.test_model import POISON, poison_model
+from tests.models import POISON, poison_model
 
 
 def features(rows: int, seed: int = 0) -> npt.NDArray[np.float32]:

@@ -7,56 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import helper
 
-from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.runtime import CPU
 from stream.config import SHIPPED_MODEL_PATH
 from stream.errors import ConfigurationError, ScoreError
-
-#: A feature value at which `poison_model` fails inside ONNX Runtime.
-POISON = 7.0
-
-
-def onnx_model(
-    nodes: list[NodeProto],
-    initializers: dict[str, np.ndarray],
-    output_shape: list[str | int],
-    feature_names: tuple[str, ...] = FEATURE_NAMES,
-) -> bytes:
-    """A model from input `features` [batch, len(feature_names)] to output `score`."""
-    graph = helper.make_graph(
-        nodes,
-        "test",
-        [
-            helper.make_tensor_value_info(
-                "features", TensorProto.FLOAT, ["batch", len(feature_names)]
-            )
-        ],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, output_shape)],
-        [numpy_helper.from_array(value, name) for name, value in initializers.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    helper.set_model_props(
-        model, {"feature_names": ",".join(feature_names), "model_version": "test"}
-    )
-    return bytes(model.SerializeToString())
-
-
-def poison_model() -> bytes:
-    """Scores 1.0 for rows of zeros and ones; ONNX Runtime fails on a row holding POISON (an
-    index out of bounds), like a model that breaks on one record."""
-    return onnx_model(
-        [
-            helper.make_node("Cast", ["features"], ["index"], to=TensorProto.INT64),
-            helper.make_node("Gather", ["table", "index"], ["looked_up"]),
-            helper.make_node("ReduceMax", ["looked_up"], ["score"], axes=[1], keepdims=0),
-        ],
-        {"table": np.ones(2, np.float32)},
-        ["batch"],
-    )
+from tests.models import POISON, onnx_model, poison_model
 
 
 def test_only_the_gpu_build_of_onnxruntime_is_installed() -> None:
