@@ -41,6 +41,7 @@ from loadgen.shapes import (
     make_shape,
 )
 from loadgen.simulator import TransactionSimulator
+from stream.logs import configure_logging
 
 log = logging.getLogger("loadgen")
 
@@ -317,9 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("WARNING", "text")
     scraper = MetricsScraper(args.metrics_url) if args.metrics_url else None
     if scraper is not None:
         scraper.scrape_now()

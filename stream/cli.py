@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import fields
 from types import FrameType
 
+from confluent_kafka import KafkaException
+
 from scorer.model import OnnxScorer
 from stream import metrics
 from stream.config import ServiceConfig, default_of, parse_kafka_options
@@ -153,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    except KafkaException as exc:
+        # A fatal client error (e.g. an idempotent producer fenced): what was delivered is
+        # committed, the rest is re-read after a restart.
+        log.error("stopping on a fatal Kafka error, restart the replica: %s", exc)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":
