@@ -34,6 +34,8 @@ RUN python3 -m venv /opt/venv
 # README.md is the package's `readme` (pyproject.toml); scorer/models/*.onnx ships as
 # package-data of `scorer`.
 COPY pyproject.toml README.md /src/
+COPY contracts /src/contracts
+COPY simulator /src/simulator
 COPY stream /src/stream
 COPY scorer /src/scorer
 COPY deadletter /src/deadletter

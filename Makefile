@@ -56,7 +56,7 @@ demo: venv
 	ops/demo.sh
 
 model: venv
-	$(PY) -m scorer.train
+	$(PY) -m training.train
 
 # BENCH_ARGS, e.g. --quick, --profile, --strict, --price-per-hour 0.2 (python -m bench.pipeline_bench -h).
 BENCH_ARGS ?=

@@ -33,7 +33,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from loadgen.simulator import TransactionSimulator
+from simulator.transactions import TransactionSimulator
 
 REPO = Path(__file__).resolve().parents[1]
 #: Outputs at the start of a run left out of the rate: the first fetches and batches of a

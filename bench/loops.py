@@ -22,7 +22,8 @@ from types import FrameType
 from confluent_kafka import Message
 
 from bench.decide import MAX_BATCH_SIZE, Decider
-from stream.config import ServiceConfig, parse_kafka_options
+from contracts.kafka_settings import parse_kafka_options
+from stream.config import ServiceConfig
 from stream.kafka_clients import create_consumer, create_producer
 
 #: How long one consume() blocks at most: bounds how late a stop request is noticed.
@@ -75,7 +76,7 @@ def run(config: ServiceConfig, transform: Transform, stop: threading.Event) -> N
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loops", description=__doc__)
     parser.add_argument("mode", choices=sorted(MODES))
-    parser.add_argument("--bootstrap-servers", default=ServiceConfig.bootstrap_servers)
+    parser.add_argument("--bootstrap-servers", default=ServiceConfig().bootstrap_servers)
     parser.add_argument("--input-topic", required=True)
     parser.add_argument("--output-topic", required=True)
     parser.add_argument("--group-id", required=True)

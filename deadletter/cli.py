@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, NoReturn
 
+from contracts.errors import ConfigurationError, FraudScorerError
+from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV, tool_kafka_settings
 from deadletter.inspect import inspect, render_text
 from deadletter.reader import DeadLetterFilter, DeadLetterReader, parse_time
 from deadletter.replay import DEFAULT_GROUP, Replayer, ReplayOptions, create_producer
-from stream.config import parse_kafka_options
-from stream.errors import FraudScorerError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: A run stopped by signal N exits 128 + N, as a shell reports a process killed by it.
@@ -32,7 +32,7 @@ DEFAULT_DLQ_TOPIC = "transactions.dlq"
 #: The service's environment variables, so that one environment serves both.
 BOOTSTRAP_SERVERS_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DLQ_TOPIC_ENV = "FRAUD_DLQ_TOPIC"
-KAFKA_OPTIONS_ENV = "FRAUD_KAFKA_OPTIONS"
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-X", "--kafka-option", dest="kafka_options", action="append", metavar="KEY=VALUE",
         help="extra librdkafka setting for every client, e.g. security.protocol=SASL_SSL; "
-        f"repeat for several [env {KAFKA_OPTIONS_ENV}, comma-separated; default: none]",
+        f"repeat for several [env {OPTIONS_ENV}, comma-separated; default: none]; secrets "
+        f"belong in the properties file named by {CONFIG_FILE_ENV}, which these override",
     )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -228,11 +229,8 @@ def _filter_of(args: argparse.Namespace) -> DeadLetterFilter:
 
 def _kafka_settings(args: argparse.Namespace) -> dict[str, Any]:
     """librdkafka settings every client of this run shares; a flag wins over the environment."""
-    items = args.kafka_options
-    if items is None:
-        raw = os.environ.get(KAFKA_OPTIONS_ENV, "")
-        items = raw.split(",") if raw else []
-    return {**parse_kafka_options(items), "bootstrap.servers": args.bootstrap_servers}
+    extra = tool_kafka_settings(args.kafka_options, os.environ)
+    return {**extra, "bootstrap.servers": args.bootstrap_servers}
 
 
 @contextmanager
@@ -289,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "replay"
             else None
         )
-    except ValueError as exc:
+    except (ValueError, ConfigurationError) as exc:
         parser.error(str(exc))
     kafka["logger"] = _configure_logging()
     try:

@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from contracts.dead_letter import ERROR, ORIGINAL_TOPIC, REASON, failed_at_ms
 from deadletter.reader import DeadLetter, DeadLetterFilter, DeadLetterReader
-from deadletter.record import ERROR, ORIGINAL_TOPIC, REASON, failed_at_ms
 
 #: Characters of a value shown per record: dead letters can be large and binary.
 VALUE_PREVIEW_CHARS = 200

@@ -16,28 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import tenacity
-from confluent_kafka import KafkaError
 
-from stream.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+from contracts.errors import TransientDeliveryError
 
 log = logging.getLogger(__name__)
-
-#: Broker or client verdicts that are about the record itself: retrying cannot help.
-#: (librdkafka uses MSG_SIZE_TOO_LARGE both for the broker's refusal and for its own check
-#: against `message.max.bytes` before sending.)
-RECORD_REJECTIONS = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.INVALID_MSG_SIZE,
-        KafkaError.INVALID_RECORD,
-    }
-)
-
-
-def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:
-    """librdkafka's verdict on one output → the project's error, by cause."""
-    cls = RecordRejectedError if error.code() in RECORD_REJECTIONS else TransientDeliveryError
-    return cls(f"{topic}: {error.str()}", code=error.name())
 
 
 @dataclass(frozen=True)

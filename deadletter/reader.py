@@ -28,7 +28,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from deadletter.record import (
+from contracts.dead_letter import (
     ERROR,
     ORIGINAL_TOPIC,
     REASON,
@@ -36,7 +36,7 @@ from deadletter.record import (
     decode_headers,
     failed_at_ms,
 )
-from stream.errors import FraudScorerError
+from contracts.errors import FraudScorerError
 
 #: How long one metadata, watermark or commit request, and a read that makes no progress, may
 #: take before the broker is declared unreachable.

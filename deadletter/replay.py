@@ -1,7 +1,7 @@
 """`fraud-dlq replay`: re-produce selected dead letters to their original topic, resumably.
 
 Each replayed record carries the dead letter's original key and value bytes and its original
-headers, without any `dlq.*` header and with `dlq.replayed_from` (`deadletter.record`). The
+headers, without any `dlq.*` header and with `dlq.replayed_from` (`contracts.dead_letter`). The
 replay reads as a consumer group and commits its own position in the dead-letter topic, and only
 past records whose outcome is settled: replayed and acknowledged by the broker, skipped by the
 filters, or skipped because their value was dropped. So a replay that is interrupted (signal,
@@ -24,6 +24,8 @@ from typing import Any, TextIO
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from contracts.dead_letter import ORIGINAL_TOPIC, VALUE_DROPPED, replay_headers
+from contracts.offsets import OffsetTracker
 from deadletter.reader import (
     DeadLetter,
     DeadLetterFilter,
@@ -32,9 +34,6 @@ from deadletter.reader import (
     PartitionRange,
     kafka_error_text,
 )
-from deadletter.record import ORIGINAL_TOPIC, VALUE_DROPPED, replay_headers
-from stream.kafka_clients import PRODUCER_DEFAULTS
-from stream.offsets import OffsetTracker
 
 DEFAULT_GROUP = "fraud-dlq-replay"
 #: Commit the acknowledged position this often, so that a crash repeats at most this much work.
@@ -182,10 +181,14 @@ class Progress:
         )
 
 
+#: Idempotence and acks=all: a replayed record is written once and durably, in order per key.
+PRODUCER_SETTINGS: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
+
+
 def create_producer(kafka: Mapping[str, Any]) -> Producer:
-    """An idempotent producer (the service's producer settings, plus `kafka`)."""
+    """An idempotent producer (`PRODUCER_SETTINGS`, plus `kafka`)."""
     try:
-        return Producer({**PRODUCER_DEFAULTS, **kafka})
+        return Producer({**PRODUCER_SETTINGS, **kafka})
     except KafkaException as exc:
         raise DeadLetterToolError(f"cannot create a producer: {kafka_error_text(exc)}") from exc
 

@@ -40,7 +40,7 @@ from loadgen.shapes import (
     Schedule,
     make_shape,
 )
-from loadgen.simulator import TransactionSimulator
+from simulator.transactions import TransactionSimulator
 from stream.logs import configure_logging
 
 log = logging.getLogger("loadgen")

@@ -1,81 +1,86 @@
-"""Poison isolation: when a batch breaks the model, find the records to blame by bisection.
+"""Poison isolation: when deciding a batch raises, find the records to blame by bisection.
 
-A batch whose model call raises is split in halves, recursively, until the failing records are
-single rows; their batch-mates keep their scores. A row whose score is not a probability (NaN,
-infinite, outside [0, 1]) is to blame by itself. Before a lone row is blamed, a known-good
-canary row is scored: if the canary fails too, the model is broken for every input and no
-record is at fault (`ModelUnavailableError`). Cost: about 2·k·log2(B) extra calls for k poison
-rows in a batch of B, and nothing at all while the model behaves.
+A batch whose work raises (building its columns or features, the model call, anything on the
+way to a decision) is split in halves, recursively, until the failing records stand alone;
+their batch-mates are decided as usual. Before a lone record is blamed, a known-good canary row
+is scored: if the canary fails too, the model is broken for every input and no record is at
+fault (`ModelUnavailableError`). Cost: about 2·k·log2(B) extra attempts for k poison records
+in a batch of B, and nothing at all while every record behaves.
+
+The scoring thread never dies because of what a record contains: every `Exception` a record
+can provoke ends here as that record's `ScoreError`, with the original exception as its cause.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
+import numpy as np
+
+from contracts.errors import ModelUnavailableError, ScoreError
 from scorer.decisions import valid_scores
 from scorer.features import NUM_FEATURES
 from scorer.model import Scorer
-from stream.errors import ModelUnavailableError, ScoreError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: An all-zero row: every feature at a value the training data contains.
-_CANARY = np.zeros((1, NUM_FEATURES), np.float32)
+CANARY = np.zeros((1, NUM_FEATURES), np.float32)
 
 
-def score_isolating_poison(
-    scorer: Scorer, features: npt.NDArray[np.float32]
-) -> tuple[npt.NDArray[np.float32], dict[int, ScoreError]]:
-    """Score every row; return the scores and, per poison row index, why it failed.
+def bisect_failures(
+    items: Sequence[T],
+    attempt: Callable[[Sequence[T]], R],
+    check_model: Callable[[], None],
+) -> tuple[list[tuple[int, R]], dict[int, ScoreError]]:
+    """Run `attempt` over `items`, bisecting on failure.
 
-    Scores of poison rows are NaN. Raises ModelUnavailableError when even the canary fails.
+    Returns the results of the parts that succeeded, each with the index of its first item (in
+    order, covering every item not blamed), and the blamed items' errors by index.
+    `ModelUnavailableError`, from `attempt` or from `check_model`, is not any record's fault:
+    it propagates.
     """
-    scores = np.full(len(features), np.nan, np.float32)
-    poison: dict[int, ScoreError] = {}
-    _score_range(scorer, features, 0, len(features), scores, poison)
-    return scores, poison
+    parts: list[tuple[int, R]] = []
+    failed: dict[int, ScoreError] = {}
+
+    def run(start: int, stop: int) -> None:
+        try:
+            parts.append((start, attempt(items[start:stop])))
+        except ModelUnavailableError:
+            raise
+        except Exception as exc:
+            if stop - start > 1:
+                middle = (start + stop) // 2
+                run(start, middle)
+                run(middle, stop)
+                return
+            check_model()
+            failed[start] = as_score_error(exc)
+
+    if items:
+        run(0, len(items))
+    return parts, failed
 
 
-def _score_range(
-    scorer: Scorer,
-    features: npt.NDArray[np.float32],
-    start: int,
-    stop: int,
-    scores: npt.NDArray[np.float32],
-    poison: dict[int, ScoreError],
-) -> None:
-    try:
-        part = scorer.score(features[start:stop])
-        if len(part) != stop - start:
-            raise ScoreError(f"model returned {len(part)} scores for {stop - start} rows")
-    except ScoreError as exc:
-        if stop - start == 1:
-            _blame(scorer, start, exc, poison)
-            return
-        middle = (start + stop) // 2
-        _score_range(scorer, features, start, middle, scores, poison)
-        _score_range(scorer, features, middle, stop, scores, poison)
-        return
-    scores[start:stop] = part
-    invalid = np.flatnonzero(~valid_scores(part))
-    if len(invalid):
-        _check_canary(scorer, ScoreError(f"model returned score {float(part[invalid[0]])!r}"))
-    for row in invalid:
-        poison[start + int(row)] = ScoreError(f"model returned score {float(part[row])!r}")
-        scores[start + row] = np.nan
+def as_score_error(exc: Exception) -> ScoreError:
+    """`exc` as the error a dead letter carries: a ScoreError, the original as its cause."""
+    if isinstance(exc, ScoreError):
+        return exc
+    error = ScoreError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    error.__traceback__ = exc.__traceback__
+    return error
 
 
-def _blame(scorer: Scorer, row: int, error: ScoreError, poison: dict[int, ScoreError]) -> None:
-    _check_canary(scorer, error)
-    poison[row] = error
-
-
-def _check_canary(scorer: Scorer, error: ScoreError) -> None:
+def check_canary(scorer: Scorer, error: BaseException | None = None) -> None:
     """Raise ModelUnavailableError unless the model scores the canary row properly."""
     try:
-        canary = scorer.score(_CANARY)
-    except ScoreError as canary_error:
-        raise ModelUnavailableError(
-            f"the model fails on a known-good row: {canary_error}"
-        ) from error
-    if not valid_scores(canary).all():
+        canary = scorer.score(CANARY)
+    except Exception as canary_error:
+        raise ModelUnavailableError(f"the model fails on a known-good row: {canary_error}") from (
+            error or canary_error
+        )
+    if len(canary) != 1 or not valid_scores(canary).all():
         raise ModelUnavailableError(f"the model scores a known-good row {canary!r}") from error

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from contracts.errors import ConfigurationError, ScoreError
 from scorer.binding import BucketRunner, bucket_sizes
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.runtime import (
@@ -30,7 +31,6 @@ from scorer.runtime import (
     cuda_graph_session,
     open_session,
 )
-from stream.errors import ConfigurationError, ScoreError
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _check_signature(session: ort.InferenceSession, meta: dict[str, str], model_
         raise ConfigurationError(
             f"model {str(model_path)!r} expects features {list(trained_on)} ({width} wide) "
             f"but this build computes {list(FEATURE_NAMES)}; "
-            "retrain it with `python -m scorer.train`"
+            "retrain it with `python -m training.train`"
         )
     outputs = session.get_outputs()
     if len(outputs) != 1 or list(outputs[0].shape[1:]) not in ([], [1]):

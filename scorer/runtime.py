@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from stream.errors import ConfigurationError
+from contracts.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -8,21 +8,27 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 from types import FrameType
 
 from confluent_kafka import KafkaException
 
+from contracts.errors import ConfigurationError
+from contracts.kafka_settings import parse_kafka_options
 from scorer.model import OnnxScorer
 from stream import metrics
-from stream.config import ServiceConfig, default_of, parse_kafka_options
-from stream.errors import ConfigurationError
+from stream.config import ServiceConfig, settings
 from stream.health import HealthServer, HealthState
-from stream.kafka_clients import create_consumer, create_producer, delivery_timeout_s
+from stream.kafka_clients import (
+    create_consumer,
+    create_producer,
+    delivery_timeout_s,
+    max_message_bytes,
+)
 from stream.lag import LagMonitor
 from stream.logs import configure_logging
 from stream.service import ScoringService
 from stream.topics import ensure_topics
+from stream.wiring import build_collaborators
 
 log = logging.getLogger("stream.cli")
 
@@ -30,17 +36,22 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    for f in fields(ServiceConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} [env {f.metadata['env']}; default: {default_of(f.name)}]"
-        if f.name == "kafka_options":
+    for setting in settings():
+        help_text = f"{setting.help} [env {setting.env}; default: {setting.default}]"
+        help_text = help_text.replace("%", "%%")
+        if setting.name == "kafka_options":
             parser.add_argument(
-                "-X", "--kafka-option", dest="kafka_options", action="append",
-                metavar="KEY=VALUE", help=help_text.replace("%", "%%"),
-            )  # fmt: skip
+                "-X",
+                "--kafka-option",
+                dest="kafka_options",
+                action="append",
+                metavar="KEY=VALUE",
+                help=help_text,
+            )
         else:
+            flag = "--" + setting.name.replace("_", "-")
             parser.add_argument(
-                flag, dest=f.name, metavar=f.name.upper(), help=help_text.replace("%", "%%")
+                flag, dest=setting.name, metavar=setting.name.upper(), help=help_text
             )
 
 
@@ -75,21 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_config(args: argparse.Namespace) -> ServiceConfig:
-    flags = {f.name: getattr(args, f.name) for f in fields(ServiceConfig)}
+    flags = {s.name: getattr(args, s.name) for s in settings()}
     if flags["kafka_options"] is not None:
-        try:
-            flags["kafka_options"] = parse_kafka_options(flags["kafka_options"])
-        except ValueError as exc:
-            raise ConfigurationError(f"--kafka-option: {exc}") from exc
-    return ServiceConfig.from_sources(flags)
+        flags["kafka_options"] = parse_kafka_options(flags["kafka_options"])
+    config = ServiceConfig.from_sources(flags)
+    config.kafka_settings()  # a missing or malformed config file stops us here, exit 2
+    return config
 
 
 def run_service(config: ServiceConfig) -> int:
     """Start one replica and block until it stops; return the process exit code."""
     log.info(
         "starting instance=%s bootstrap=%s kafka_options=%s",
-        config.instance_id, config.bootstrap_servers, config.redacted_kafka_options(),
-    )  # fmt: skip
+        config.instance_id,
+        config.bootstrap_servers,
+        config.redacted_kafka_options(),
+    )
     scorer = OnnxScorer(
         config.model_path,
         config.device,
@@ -115,14 +127,19 @@ def run_service(config: ServiceConfig) -> int:
         server.start()
 
     lag = LagMonitor(config.input_topic)
+    producer = create_producer(config)
     service = ScoringService(
         config,
-        create_consumer(config, lag.on_statistics),
-        create_producer(config),
-        scorer,
-        health,
-        lag,
-        delivery_timeout_s(config),
+        build_collaborators(
+            config,
+            create_consumer(config, lag.on_statistics),
+            producer,
+            scorer,
+            health,
+            lag,
+            delivery_timeout_s=delivery_timeout_s(config),
+            max_message_bytes=max_message_bytes(config),
+        ),
     )
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

@@ -1,7 +1,11 @@
 """Backpressure: pause fetching while the replica holds too much, resume once it has drained.
 
-The bound is on records held (consumed, not yet committed). At the high-water mark every
-assigned partition is paused; at the low-water mark they resume. The loop keeps polling while
+Two bounds on what is held (consumed, outcome not yet acknowledged): records, and their key and
+value bytes (valid records may carry unknown fields up to the broker's size limit, so a record
+count alone does not bound memory). At either high-water mark every assigned partition is
+paused; once both are at their low-water marks they resume. The bounds are checked before each
+fetch, so one fetch may overshoot them by at most what librdkafka has already queued
+(`queued.max.messages.kbytes`). The loop keeps polling while
 paused, so the group never evicts the replica for silence (`max.poll.interval.ms`). Pausing
 also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat.
 
@@ -15,8 +19,8 @@ import logging
 
 from confluent_kafka import Consumer, TopicPartition
 
+from contracts.offsets import PartitionKey
 from stream import metrics
-from stream.offsets import PartitionKey
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +32,48 @@ RESUME_FRACTION = 0.5
 class FlowControl:
     """Owns the pause state of the consumer's partitions."""
 
-    def __init__(self, consumer: Consumer, max_in_flight_records: int) -> None:
+    def __init__(
+        self, consumer: Consumer, max_in_flight_records: int, max_in_flight_bytes: int
+    ) -> None:
         self._consumer = consumer
         self.high_water = max_in_flight_records
         self.low_water = int(max_in_flight_records * RESUME_FRACTION)
+        self.high_water_bytes = max_in_flight_bytes
+        self.low_water_bytes = int(max_in_flight_bytes * RESUME_FRACTION)
         self._assigned: set[PartitionKey] = set()
         self._paused = False
-        self._reason = ""
+        self._paused_at_bound = False
 
     @property
     def paused(self) -> bool:
         return self._paused
 
-    def update(self, in_flight: int, blocked_by: str | None) -> None:
-        """Re-evaluate: `blocked_by` names a condition that forbids fetching (hand-off full,
-        deliveries stalled), or is None."""
-        if not self._paused and (blocked_by is not None or in_flight >= self.high_water):
-            self._set(True, blocked_by or f"{in_flight} records in flight")
-        elif self._paused and blocked_by is None and in_flight <= self.low_water:
+    def room(self, in_flight: int) -> int:
+        """How many more records may be fetched now."""
+        return self.high_water - in_flight
+
+    def update(self, in_flight: int, in_flight_bytes: int, blocked_by: str | None) -> None:
+        """Re-evaluate: `blocked_by` names a condition that forbids fetching (outputs failing,
+        the scoring thread stuck), or is None.
+
+        Paused at a bound, fetching resumes once records and bytes are both down to their
+        low-water marks (hysteresis); paused only for a block, it resumes as soon as the block
+        clears while both are under their bounds.
+        """
+        over = in_flight >= self.high_water or in_flight_bytes >= self.high_water_bytes
+        if blocked_by is not None:
+            if not self._paused:
+                self._set(True, blocked_by)
+            self._paused_at_bound = False
+        elif not self._paused:
+            if over:
+                self._set(True, f"{in_flight} records, {in_flight_bytes} bytes in flight")
+                self._paused_at_bound = True
+        elif self._paused_at_bound or over:
+            self._paused_at_bound = True
+            if in_flight <= self.low_water and in_flight_bytes <= self.low_water_bytes:
+                self._set(False, "")
+        else:
             self._set(False, "")
 
     def on_assign(self, partitions: list[TopicPartition]) -> None:

@@ -47,6 +47,9 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "statistics.interval.ms": STATISTICS_INTERVAL_MS,
 }
 
+#: librdkafka's default `message.max.bytes`.
+LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
+
 PRODUCER_DEFAULTS: dict[str, Any] = {
     # Idempotence: broker retries never duplicate or reorder a partition's records, so the
     # decisions of one card (one key) stay in transaction order.
@@ -74,7 +77,7 @@ def _settings(config: ServiceConfig, defaults: dict[str, Any]) -> dict[str, Any]
         "error_cb": _log_client_error,
         # librdkafka's own log lines go through Python logging, not straight to stderr.
         "logger": logging.getLogger("librdkafka"),
-        **config.kafka_options,
+        **config.kafka_settings(),
     }
 
 
@@ -98,3 +101,9 @@ def delivery_timeout_s(config: ServiceConfig) -> float:
     """How long librdkafka tries one output before reporting it failed."""
     settings = _settings(config, PRODUCER_DEFAULTS)
     return float(settings["message.timeout.ms"]) / 1000.0
+
+
+def max_message_bytes(config: ServiceConfig) -> int:
+    """The largest record the producer sends (librdkafka's `message.max.bytes`)."""
+    settings = _settings(config, PRODUCER_DEFAULTS)
+    return int(settings.get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 
+from contracts.offsets import PartitionKey
 from stream import metrics
-from stream.offsets import PartitionKey
 
 log = logging.getLogger(__name__)
 

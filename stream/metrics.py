@@ -90,6 +90,9 @@ EVENT_TO_DECISION = BatchHistogram(
     LATENCY_SECONDS_BUCKETS,
 )
 IN_FLIGHT = Gauge("fraud_in_flight_records", "Records consumed whose outcome is not yet durable")
+IN_FLIGHT_BYTES = Gauge(
+    "fraud_in_flight_bytes", "Key and value bytes of the records counted in fraud_in_flight_records"
+)
 PAUSED_PARTITIONS = Gauge("fraud_paused_partitions", "Assigned partitions paused by backpressure")
 CONSUMER_LAG = Gauge(
     "fraud_consumer_lag_records",
@@ -155,8 +158,9 @@ def observe_event_to_decision(latencies_s: npt.NDArray[np.floating[Any]]) -> Non
     EVENT_TO_DECISION.observe_many(latencies_s)
 
 
-def set_in_flight(count: int) -> None:
+def set_in_flight(count: int, size_bytes: int) -> None:
     IN_FLIGHT.set(count)
+    IN_FLIGHT_BYTES.set(size_bytes)
 
 
 def set_model(model_version: str, provider: str) -> None:

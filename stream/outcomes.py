@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from stream.offsets import OffsetTracker, SourceOffset
+from contracts.offsets import OffsetTracker, SourceOffset
 
 #: What an output is, for the metrics: ("decision", label) or ("dead_letter", reason).
 OutputLabel = tuple[str, str]

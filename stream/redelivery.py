@@ -4,7 +4,9 @@ The producer's delivery reports hand failed outputs here (from any thread). The 
 calls `retry()` before it takes the next batch, so while the broker is in trouble no new work
 piles up behind it: the hand-off fills, fetching pauses, nothing is committed. A record the
 broker rejects for itself is dead-lettered instead (a decision: reason `produce`; a dead letter
-that is too large: sent again without its value).
+that is too large: sent again in a smaller form, `deadletter.router.shrink`). A dead letter
+refused in its smallest form is a problem of the dead-letter topic (its `max.message.bytes`),
+not of the record: it is retried like any infrastructure fault, unchanged.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import logging
 import threading
 from collections import deque
 
+from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
-from deadletter.router import DeadLetterRouter, position_of
+from deadletter.router import DeadLetterRouter, shrink
 from stream import metrics
-from stream.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from stream.sink import Output, OutputSink
 
 log = logging.getLogger(__name__)
@@ -30,16 +33,18 @@ class Redelivery:
 
     def __init__(
         self,
-        sink: OutputSink,
         policy: RetryPolicy,
         router: DeadLetterRouter,
+        *,
         delivery_timeout_s: float,
+        max_message_bytes: int,
     ) -> None:
-        self._sink = sink
         self._policy = policy
         self._router = router
         self._delivery_timeout_s = delivery_timeout_s
+        self._max_message_bytes = max_message_bytes
         self._failed: deque[tuple[Output, DeliveryError]] = deque()
+        self._retrying = threading.Event()
         self._stalled = threading.Event()
         #: librdkafka's name for the latest failure, the retry metric's cause.
         self._last_code = "unknown"
@@ -48,6 +53,12 @@ class Redelivery:
     def pending(self) -> bool:
         """Whether some output waits for another try."""
         return bool(self._failed)
+
+    @property
+    def busy(self) -> bool:
+        """Whether outputs are failing: some wait for a retry, or a retry round is under way.
+        Fetching more would only pile work up behind them."""
+        return bool(self._failed) or self._retrying.is_set()
 
     @property
     def stalled(self) -> bool:
@@ -65,17 +76,24 @@ class Redelivery:
             metrics.record_dead_letter_produce_failure(error.code)
         self._failed.append((output, error))
 
-    def retry(self) -> bool:
+    def retry(self, sink: OutputSink) -> bool:
         """Send the failed outputs again until all are acknowledged (True) or the policy's tries
         are spent (False: the outputs stay queued for a later round)."""
+        self._retrying.set()
+        try:
+            return self._retry(sink)
+        finally:
+            self._retrying.clear()
+
+    def _retry(self, sink: OutputSink) -> bool:
         pending = self._take()
 
         def attempt() -> None:
             nonlocal pending
             for output in pending:
-                self._sink.send(output)
+                sink.send(output)
             # librdkafka reports a failure only once message.timeout.ms has passed: wait longer.
-            self._sink.flush(self._delivery_timeout_s + REPORT_GRACE_S)
+            sink.flush(self._delivery_timeout_s + REPORT_GRACE_S)
             pending = self._take()
             if pending:
                 raise TransientDeliveryError(
@@ -115,11 +133,20 @@ class Redelivery:
         return outputs
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:
-        if output.kind == "dead_letter":
-            log.warning("dead letter refused (%s): sending it without its value", error.code)
-            return self._router.without_value(output)
-        output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
-        return self._router.dead_letter(output.source, error, output.group)
+        if output.kind == "decision":
+            output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
+            letter = self._router.dead_letter(output.source, error)
+            return Output.dead_letter(letter, output.source, output.group)
+        smaller = shrink(output.as_dead_letter(), self._max_message_bytes)
+        if smaller is None:
+            log.error(
+                "dead letter refused (%s) even without its value, key and original headers: "
+                "raise the dead-letter topic's max.message.bytes; retrying it as it is",
+                error.code,
+            )
+            return output
+        log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
+        return Output.dead_letter(smaller, output.source, output.group)
 
 
 def _count_retry(error: BaseException) -> None:

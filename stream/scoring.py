@@ -1,16 +1,15 @@
-"""The scoring stage: a closed micro-batch → features → one model call → decisions (and dead
-letters for poison records) handed to the sink.
+"""The scoring stage: a closed micro-batch → one decision path (`scorer.decide`) → decisions,
+and dead letters for records that failed, handed to the sink.
 
 `BatchScorer` decides one batch and is plain logic over the `Scorer` and `OutputSink`
 interfaces, so it is unit-tested with fakes. `ScoringWorker` runs it on its own thread, fed by
-a bounded hand-off queue from the consuming thread: ONNX Runtime releases the GIL, so decoding
-and batching of the next batch overlap the scoring of this one.
+the hand-off (`stream/handoff.py`): ONNX Runtime releases the GIL, so decoding and batching of
+the next batch overlap the scoring of this one.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -18,23 +17,22 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 from confluent_kafka import Message
 
+from contracts.decision import Decision, encode_decision
+from contracts.errors import ScoreError
+from contracts.offsets import OffsetTracker, SourceOffset
+from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
-from scorer.decisions import Decision, Thresholds, classify, encode_decision
-from scorer.fallback import fallback_scores
-from scorer.features import TransactionColumns, build_features
-from scorer.isolation import score_isolating_poison
+from scorer.decide import DecisionPolicy, Verdicts, decide_batch
+from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from stream import metrics
 from stream.batcher import Batch
-from stream.errors import ModelUnavailableError, ScoreError
-from stream.offsets import OffsetTracker, SourceOffset
+from stream.handoff import Handoff
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.sink import Output, OutputSink
-from stream.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +67,14 @@ def count_delivered(labels: Counter[OutputLabel]) -> None:
             metrics.record_dead_letter_delivered(label, count)
 
 
+class _Encoded(NamedTuple):
+    rows: list[int]
+    keys: list[bytes]
+    values: list[bytes]
+
+
 class BatchScorer:
-    """Decides every record of a batch: a decision, or a dead letter for a poison record."""
+    """Decides every record of a batch: a decision, or a dead letter for a record that failed."""
 
     def __init__(
         self,
@@ -80,157 +84,147 @@ class BatchScorer:
         router: DeadLetterRouter,
         *,
         output_topic: str,
-        thresholds: Thresholds,
-        decision_deadline_ms: float,
-        late_policy: str,
+        policy: DecisionPolicy,
     ) -> None:
         self._scorer = scorer
         self._sink = sink
         self._tracker = tracker
         self._router = router
         self._output_topic = output_topic
-        self._thresholds = thresholds
-        self._deadline_ms = decision_deadline_ms
-        self._fallback_late = late_policy == "fallback"
+        self._policy = policy
 
     def process(self, batch: Batch[PendingRecord]) -> BatchReport:
         """Score the batch and send one output per record; return what the controller needs."""
         started = time.perf_counter()
         records = batch.items
-        columns = TransactionColumns.from_transactions([r.transaction for r in records])
-        features = build_features(columns)
         now_ms = time.time_ns() // 1_000_000
-        metrics.set_time_lag(max(0.0, (now_ms - int(columns.event_time.min())) / 1000.0))
-
-        late = self._late(columns.event_time, now_ms)
-        by_rules = late if self._fallback_late else np.zeros(len(records), bool)
-        scores, poison, inference_s, model_down = self._score(features, ~by_rules)
-        if by_rules.any():
-            scores[by_rules] = fallback_scores(features[by_rules])
-            metrics.record_degraded("late", int(by_rules.sum()))
-        degraded = by_rules | model_down
-        metrics.record_batch(len(records), batch.wait_s, inference_s)
-
+        verdicts = decide_batch(
+            [r.transaction for r in records], self._scorer, self._policy, now_ms
+        )
         decided_at = time.time_ns() // 1_000_000
-        labels = classify(np.nan_to_num(scores), self._thresholds)
-        group = OutcomeGroup(
-            self._tracker, [r.position for r in records], _outcome_labels(labels, poison),
-            count_delivered,
-        )  # fmt: skip
-        self._send(records, scores.tolist(), labels, degraded.tolist(), poison, group, decided_at)
-        decided = np.ones(len(records), bool)
-        decided[list(poison)] = False
-        metrics.observe_event_to_decision((decided_at - columns.event_time[decided]) / 1000.0)
+        encoded = self._encode(records, verdicts, decided_at)
+        self._count(verdicts, len(records), batch.wait_s, now_ms)
+
+        failed = verdicts.failed
+        outputs: Counter[OutputLabel] = Counter(
+            ("decision", verdicts.labels[i]) for i in encoded.rows
+        )
+        if failed:
+            outputs["dead_letter", ScoreError.reason] = len(failed)
+        group = OutcomeGroup(self._tracker, [r.position for r in records], outputs, count_delivered)
+        self._dead_letter(records, failed, group)
+        self._send_decisions(records, verdicts, encoded, group)
+        if encoded.rows:
+            decided = np.asarray(encoded.rows)
+            event_time = verdicts.event_time[decided]
+            metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
 
-    def _late(self, event_time: npt.NDArray[np.int64], now_ms: int) -> npt.NDArray[np.bool_]:
-        if not self._deadline_ms:
-            return np.zeros(len(event_time), bool)
-        late = event_time + self._deadline_ms < now_ms
-        if late.any():
-            metrics.record_late(int(late.sum()))
-        return late
-
-    def _score(
-        self, features: npt.NDArray[np.float32], use_model: npt.NDArray[np.bool_]
-    ) -> tuple[npt.NDArray[np.float32], dict[int, ScoreError], float, npt.NDArray[np.bool_]]:
-        """Model scores of the rows in `use_model`; poison rows by batch index; inference time;
-        rows the fallback decided because the model is unavailable."""
-        scores = np.zeros(len(features), np.float32)
-        model_down = np.zeros(len(features), bool)
-        rows = np.flatnonzero(use_model)
-        if not len(rows):
-            return scores, {}, 0.0, model_down
-        started = time.perf_counter()
-        try:
-            model_scores, poison_rows = score_isolating_poison(self._scorer, features[rows])
-        except ModelUnavailableError as exc:
-            log.error("model unavailable, deciding %s records by rules: %s", len(rows), exc)
-            scores[rows] = fallback_scores(features[rows])
-            model_down[rows] = True
-            metrics.record_degraded("model_unavailable", len(rows))
-            return scores, {}, time.perf_counter() - started, model_down
-        inference_s = time.perf_counter() - started
-        scores[rows] = model_scores
-        poison = {int(rows[i]): error for i, error in poison_rows.items()}
-        if poison:
-            metrics.record_poison(len(poison))
-        return scores, poison, inference_s, model_down
-
-    def _send(
-        self,
-        records: list[PendingRecord],
-        scores: list[float],
-        labels: list[str],
-        degraded: list[bool],
-        poison: dict[int, ScoreError],
-        group: OutcomeGroup,
-        decided_at: int,
-    ) -> None:
+    def _encode(
+        self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int
+    ) -> _Encoded:
+        """Keys and values of the decisions; a record whose decision cannot be encoded joins
+        the failed ones (it is dead-lettered like a record the model fails on)."""
+        encoded = _Encoded([], [], [])
         model_version = self._scorer.model_version
-        for i, error in poison.items():
-            (topic_in, partition), offset = records[i].position
-            log.warning(
-                "poison record topic=%s partition=%s offset=%s: %s",
-                topic_in, partition, offset, error,
-            )  # fmt: skip
-            self._sink.send(
-                self._router.dead_letter(
-                    records[i].message, error, group, model_version=model_version
-                )
-            )
-        rows = (
-            [i for i in range(len(records)) if i not in poison] if poison else range(len(records))
-        )
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for i in rows:
-            t = records[i].transaction
-            keys.append(t.card_id.encode())
-            values.append(
-                encode_decision(
+        scores = verdicts.scores.tolist()
+        degraded = verdicts.degraded.tolist()
+        failed = verdicts.failed
+        for i, record in enumerate(records):
+            if i in failed:
+                continue
+            t = record.transaction
+            try:
+                value = encode_decision(
                     Decision(
                         transaction_id=t.transaction_id,
                         card_id=t.card_id,
                         score=scores[i],
-                        decision=labels[i],
+                        decision=verdicts.labels[i],
                         model_version=model_version,
                         degraded=degraded[i],
                         event_time=t.event_time,
                         decided_at=decided_at,
                     )
                 )
+                key = t.card_id.encode()
+            except Exception as exc:
+                failed[i] = as_score_error(exc)
+                continue
+            encoded.rows.append(i)
+            encoded.keys.append(key)
+            encoded.values.append(value)
+        return encoded
+
+    @staticmethod
+    def _count(verdicts: Verdicts, size: int, wait_s: float, now_ms: int) -> None:
+        decided = np.ones(size, bool)
+        decided[list(verdicts.failed)] = False
+        if decided.any():
+            oldest = int(verdicts.event_time[decided].min())
+            metrics.set_time_lag(max(0.0, (now_ms - oldest) / 1000.0))
+        if verdicts.late:
+            metrics.record_late(verdicts.late)
+        if verdicts.by_rules_late:
+            metrics.record_degraded("late", verdicts.by_rules_late)
+        if verdicts.by_rules_model_unavailable:
+            metrics.record_degraded("model_unavailable", verdicts.by_rules_model_unavailable)
+        if verdicts.failed:
+            metrics.record_poison(len(verdicts.failed))
+        metrics.record_batch(size, wait_s, verdicts.inference_s)
+
+    def _dead_letter(
+        self, records: list[PendingRecord], failed: dict[int, ScoreError], group: OutcomeGroup
+    ) -> None:
+        model_version = self._scorer.model_version
+        for i, error in failed.items():
+            (topic, partition), offset = records[i].position
+            log.warning(
+                "poison record topic=%s partition=%s offset=%s: %s", topic, partition, offset, error
             )
+            letter = self._router.dead_letter(
+                records[i].message, error, model_version=model_version
+            )
+            self._sink.send(Output.dead_letter(letter, records[i].message, group))
+
+    def _send_decisions(
+        self,
+        records: list[PendingRecord],
+        verdicts: Verdicts,
+        encoded: _Encoded,
+        group: OutcomeGroup,
+    ) -> None:
+        if not encoded.rows:
+            return
         topic = self._output_topic
 
         def output_of(j: int) -> Output:
-            i = rows[j]
+            i = encoded.rows[j]
             return Output(
-                "decision", topic, keys[j], values[j], None, records[i].message, group, labels[i]
+                kind="decision",
+                topic=topic,
+                key=encoded.keys[j],
+                value=encoded.values[j],
+                headers=None,
+                source=records[i].message,
+                group=group,
+                label=verdicts.labels[i],
             )
 
-        if values:
-            self._sink.send_decisions(topic, keys, values, group, output_of)
-
-
-def _outcome_labels(labels: list[str], poison: dict[int, ScoreError]) -> Counter[OutputLabel]:
-    """The outputs of a batch by kind and label: a decision per record, a dead letter per poison."""
-    decided = Counter(labels)
-    for i in poison:
-        decided[labels[i]] -= 1
-    outputs: Counter[OutputLabel] = Counter({("decision", k): n for k, n in decided.items() if n})
-    if poison:
-        outputs["dead_letter", ScoreError.reason] = len(poison)
-    return outputs
+        self._sink.send_decisions(topic, encoded.keys, encoded.values, group, output_of)
 
 
 class ScoringWorker(threading.Thread):
-    """Scores batches from the hand-off queue in order, one at a time, until it gets None."""
+    """Scores batches from the hand-off in order, one at a time, until it is closed and drained.
+
+    Failed outputs are retried before the next batch is taken, so while the broker is in
+    trouble no new work piles up behind them.
+    """
 
     def __init__(
         self,
-        handoff: queue.Queue[Batch[PendingRecord] | None],
+        handoff: Handoff[PendingRecord],
         batch_scorer: BatchScorer,
         sink: OutputSink,
         redelivery: Redelivery,
@@ -270,19 +264,17 @@ class ScoringWorker(threading.Thread):
     def _run(self) -> None:
         while True:
             if self._redelivery.pending and not self._stop_retrying.is_set():
-                if not self._redelivery.retry():
+                if not self._redelivery.retry(self._sink):
                     self._stop_retrying.wait(self._retry_pause_s)
                 continue
-            try:
-                batch = self._handoff.get(timeout=IDLE_WAIT_S)
-            except queue.Empty:
+            batch = self._handoff.take(IDLE_WAIT_S)
+            if batch is None:
+                if self._handoff.drained:
+                    return
                 self._sink.poll()
                 continue
             try:
-                if batch is None:
-                    return
-                if batch.items:  # a rebalance may have emptied it
-                    self._on_report(self._batch_scorer.process(batch))
+                self._on_report(self._batch_scorer.process(batch))
                 self._sink.poll()
             finally:
-                self._handoff.task_done()
+                self._handoff.done(batch)

@@ -2,81 +2,65 @@
 commit, with backpressure, rebalance handling and a graceful stop.
 
 Two threads share the work. The consuming thread (the caller of `run`) owns the consumer: it
-polls, decodes, dead-letters invalid records, forms batches and hands them to the scoring
-thread through a bounded queue (`stream/scoring.py`). Offsets are stored only for records
-whose outputs the broker acknowledged (`stream/offsets.py`); librdkafka commits what is stored.
+polls, decodes, dead-letters invalid records, forms batches and offers them to the scoring
+thread through the hand-off (`stream/handoff.py`). Offsets are stored only for records whose
+outputs the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
+
+The consumer is polled on every pass of the loop, whatever else happens: while fetching must
+stop (outputs failing, the scoring thread stuck, the in-flight bound reached) its partitions are
+paused, so a poll only serves rebalances and keeps the replica in its group.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import Counter
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from deadletter.policy import RetryPolicy
-from deadletter.router import DeadLetterRouter, position_of
-from scorer.decisions import Thresholds
-from scorer.model import Scorer
+from contracts.errors import DecodeError, RecordError
+from contracts.offsets import PartitionKey, SourceOffset, position_of
+from contracts.transaction import decode_transaction
 from stream import metrics
-from stream.batcher import Batch, MicroBatcher
+from stream.batcher import MicroBatcher
 from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
-from stream.errors import DeliveryError, RecordError
 from stream.flow import FlowControl
-from stream.health import HealthState
-from stream.lag import LagMonitor
-from stream.offsets import OffsetTracker, PartitionKey, SourceOffset
+from stream.handoff import Handoff
 from stream.outcomes import OutcomeGroup
-from stream.redelivery import Redelivery
 from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker, count_delivered
-from stream.sink import KafkaSink, Output
-from stream.transaction import decode_transaction
+from stream.sink import Output
+from stream.wiring import Collaborators
 
 log = logging.getLogger(__name__)
 
 #: How long one idle poll blocks: bounds how late a stop request is noticed.
 IDLE_POLL_S = 0.1
-#: Granularity of waits for the scoring thread (rebalance, shutdown).
-WAIT_STEP_S = 0.005
-
-Handoff = queue.Queue[Batch[PendingRecord] | None]
+#: How long the consuming thread waits for a scoring thread that is a batch behind before it
+#: pauses its partitions and goes back to polling. Short waits are the normal rhythm of a
+#: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
+#: scoring thread is stuck, and the group must not evict this replica for silence.
+HANDOFF_WAIT_MAX_S = 1.0
 
 
 class ScoringService:
-    """Runs one replica until `stop()`; then drains, commits and closes the consumer."""
+    """Runs one replica until `stop()`; then drains, commits and closes the consumer.
 
-    def __init__(
-        self,
-        config: ServiceConfig,
-        consumer: Consumer,
-        producer: Producer,
-        scorer: Scorer,
-        health: HealthState,
-        lag: LagMonitor,
-        delivery_timeout_s: float,
-    ) -> None:
+    The outside world (consumer, sink, scorer, health, lag) comes in `Collaborators`; the rest
+    is built here from the configuration.
+    """
+
+    def __init__(self, config: ServiceConfig, parts: Collaborators) -> None:
         self._config = config
-        self._consumer = consumer
-        self._sink = sink = KafkaSink(producer, self._on_delivery_failure)
-        self._health = health
-        self._lag = lag
-        self._tracker = OffsetTracker()
-        self._router = DeadLetterRouter(config.dlq_topic, f"{config.group_id}/{config.instance_id}")
-        self._redelivery = Redelivery(
-            sink,
-            RetryPolicy(
-                config.delivery_attempts,
-                config.retry_backoff_ms / 1000.0,
-                config.retry_backoff_max_ms / 1000.0,
-            ),
-            self._router,
-            delivery_timeout_s,
-        )
+        self._consumer = parts.consumer
+        self._sink = parts.sink
+        self._health = parts.health
+        self._lag = parts.lag
+        self._redelivery = parts.redelivery
+        self._router = parts.router
+        self._tracker = parts.tracker
         self._controller = (
             BatchSizeController(config.slo_ms, config.min_batch_size, config.max_batch_size)
             if config.slo_ms
@@ -85,28 +69,33 @@ class ScoringService:
         initial_cap = self._controller.cap if self._controller else config.max_batch_size
         self._batcher: MicroBatcher[PendingRecord] = MicroBatcher(initial_cap, config.max_wait_ms)
         metrics.set_batch_cap(initial_cap)
-        self._flow = FlowControl(consumer, config.max_in_flight_records)
-        self._handoff: Handoff = queue.Queue(maxsize=config.handoff_batches)
-        self._parked: deque[Batch[PendingRecord]] = deque()
+        self._flow = FlowControl(
+            parts.consumer, config.max_in_flight_records, config.max_in_flight_bytes
+        )
+        self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
         self._worker = ScoringWorker(
             self._handoff,
             BatchScorer(
-                scorer,
-                sink,
-                self._tracker,
-                self._router,
+                parts.scorer,
+                parts.sink,
+                parts.tracker,
+                parts.router,
                 output_topic=config.output_topic,
-                thresholds=Thresholds(config.review_threshold, config.decline_threshold),
-                decision_deadline_ms=config.decision_deadline_ms,
-                late_policy=config.late_policy,
+                policy=config.decision_policy,
             ),
-            sink,
-            self._redelivery,
+            parts.sink,
+            parts.redelivery,
             config.retry_backoff_max_ms / 1000.0,
             self._adapt,
-            scorer.warm_up,
+            parts.scorer.warm_up,
         )
         self._stopping = threading.Event()
+        self._handoff_full_since: float | None = None
+        #: Set when shutdown starts: the one deadline of everything that follows, rebalance
+        #: callbacks run by `close()` included.
+        self._shutdown_deadline: float | None = None
+        #: Records given up on during shutdown (their outputs never acknowledged).
+        self._abandoned = 0
 
     def stop(self) -> None:
         """Ask the replica to drain and exit (safe from a signal handler)."""
@@ -123,17 +112,21 @@ class ScoringService:
         self._worker.start()
         self._worker.warmed_up.wait()
         self._consumer.subscribe(
-            [self._config.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            [self._config.input_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
             on_lost=self._on_lost,
-        )  # fmt: skip
+        )
         log.info(
             "consuming topic=%s group=%s max_batch_size=%s max_wait_ms=%s max_in_flight=%s",
-            self._config.input_topic, self._config.group_id, self._batcher.cap,
-            self._config.max_wait_ms, self._config.max_in_flight_records,
-        )  # fmt: skip
+            self._config.input_topic,
+            self._config.group_id,
+            self._batcher.cap,
+            self._config.max_wait_ms,
+            self._config.max_in_flight_records,
+        )
         try:
             while not self._stopping.is_set() and self._worker.error is None:
-                self._health.beat()
                 self._step()
         finally:
             self._health.set_ready(False, "shutting down")
@@ -142,107 +135,115 @@ class ScoringService:
     # -- the consuming thread -------------------------------------------------------------
 
     def _step(self) -> None:
+        """One pass: apply backpressure, fetch, decode and batch, hand off, commit."""
+        self._health.beat()
+        self._apply_backpressure()
+        if not self._flow.paused and self._handoff.full:
+            self._wait_for_scoring_thread()
+        else:
+            self._accept(self._fetch())
+            self._hand_off_due_batch()
+        self._sink.poll()
+        self._store_offsets()
+
+    def _apply_backpressure(self) -> None:
         stalled = self._redelivery.stalled
         self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
-        self._flow.update(self._tracker.in_flight, "deliveries stalled" if stalled else None)
-        if self._parked and not stalled:
-            # The scoring thread is a batch behind: wait for room rather than fetch more.
-            # librdkafka's own pre-fetch queue is bounded, so waiting costs no memory; pausing
-            # would throw that queue away and fetch it again.
-            self._wait_for_handoff_room()
-            self._sink.poll()
-            self._store_offsets()
-            return
-        room = min(self._batcher.room, self._flow.high_water - self._tracker.in_flight)
+        blocked_by = None
+        if self._redelivery.busy or stalled:
+            blocked_by = "outputs not acknowledged, retrying"
+        elif (
+            self._handoff_full_since is not None
+            and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S
+        ):
+            blocked_by = "scoring thread busy"
+        tracker = self._tracker
+        self._flow.update(tracker.in_flight, tracker.in_flight_bytes, blocked_by)
+
+    def _wait_for_scoring_thread(self) -> None:
+        """The scoring thread is a batch behind: wait a moment for room rather than fetch more."""
+        now = time.monotonic()
+        since = self._handoff_full_since = self._handoff_full_since or now
+        wait_s = min(IDLE_POLL_S, since + HANDOFF_WAIT_MAX_S - now)
+        if self._handoff.wait_for_room(wait_s):
+            self._handoff_full_since = None
+
+    def _fetch(self) -> list[Message]:
+        if not self._handoff.full:
+            self._handoff_full_since = None
+        room = min(self._batcher.room, self._flow.room(self._tracker.in_flight))
         wait_s = self._batcher.seconds_until_due(time.monotonic())
         if self._flow.paused or room <= 0 or wait_s is None:
             # poll() hands over a first record the moment it arrives, which starts the batch's
             # deadline on time; paused partitions return nothing, but callbacks are served.
             message = self._consumer.poll(IDLE_POLL_S if wait_s is None else wait_s)
-            messages = [] if message is None else [message]
-        else:
-            # An open batch: fill it, never past its cap, its deadline or the in-flight bound.
-            messages = self._consumer.consume(room, wait_s)
-        if messages:
-            self._accept(messages, time.monotonic())
-        due = self._batcher.take_due(time.monotonic())
-        if due is not None:
-            self._hand_off(due)
-        self._sink.poll()
-        self._store_offsets()
+            return [] if message is None else [message]
+        # An open batch: fill it, never past its cap, its deadline or the in-flight bound.
+        return self._consumer.consume(room, wait_s)
 
-    def _accept(self, messages: list[Message], now_s: float) -> None:
-        records: list[tuple[Message, SourceOffset]] = []
+    def _accept(self, messages: list[Message]) -> None:
+        if not messages:
+            return
+        now_s = time.monotonic()
+        records: list[Message] = []
         for message in messages:
             error = message.error()
-            if error is not None:
+            if error is None:
+                records.append(message)
+            else:
                 self._on_consume_error(error, message)
-                continue
-            records.append((message, position_of(message)))
+        positions = [position_of(m) for m in records]
         # Every record is tracked before any of its outputs exists: the scoring thread may
         # deliver a batch's outputs while this loop is still going.
-        self._tracker.track_all([position for _, position in records])
-        for message, position in records:
+        self._tracker.track_all(
+            positions, [len(m.value() or b"") + len(m.key() or b"") for m in records]
+        )
+        for message, position in zip(records, positions, strict=True):
             try:
                 transaction = decode_transaction(message.value())
             except RecordError as exc:
                 self._dead_letter(message, position, exc)
                 continue
+            except Exception as exc:  # whatever a record provokes, it never stops the loop
+                self._dead_letter(message, position, DecodeError(f"{type(exc).__name__}: {exc}"))
+                continue
             full = self._batcher.add(PendingRecord(message, transaction, position), now_s)
             if full is not None:
-                self._hand_off(full)
+                self._handoff.offer(full)
         metrics.record_consumed(len(records))
+
+    def _hand_off_due_batch(self) -> None:
+        due = self._batcher.take_due(time.monotonic())
+        if due is not None:
+            self._handoff.offer(due)
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
         log.error(
             "consume error topic=%s partition=%s code=%s: %s",
-            message.topic(), message.partition(), error.name(), error.str(),
-        )  # fmt: skip
+            message.topic(),
+            message.partition(),
+            error.name(),
+            error.str(),
+        )
         if error.fatal():
             raise KafkaException(error)
-
-    def _on_delivery_failure(self, output: Output, error: DeliveryError) -> None:
-        self._redelivery.failed(output, error)
 
     def _dead_letter(self, message: Message, position: SourceOffset, error: RecordError) -> None:
         (topic, partition), offset = position
         log.warning(
             "dead-lettering topic=%s partition=%s offset=%s reason=%s: %s",
-            topic, partition, offset, error.reason, error,
-        )  # fmt: skip
-        group = OutcomeGroup(
-            self._tracker, [position], Counter({("dead_letter", error.reason): 1}),
-            count_delivered,
-        )  # fmt: skip
-        self._sink.send(self._router.dead_letter(message, error, group))
-
-    def _hand_off(self, batch: Batch[PendingRecord]) -> None:
-        if not self._parked:
-            try:
-                self._handoff.put_nowait(batch)
-                return
-            except queue.Full:
-                pass
-        # The scoring thread is behind: keep the batch here and stop fetching until it catches up.
-        self._parked.append(batch)
-
-    def _release_parked(self) -> None:
-        while self._parked:
-            try:
-                self._handoff.put_nowait(self._parked[0])
-            except queue.Full:
-                return
-            self._parked.popleft()
-
-    def _wait_for_handoff_room(self) -> None:
-        try:
-            self._handoff.put(self._parked[0], timeout=IDLE_POLL_S)
-        except queue.Full:
-            return
-        self._parked.popleft()
-        self._release_parked()
+            topic,
+            partition,
+            offset,
+            error.reason,
+            error,
+        )
+        labels = Counter({("dead_letter", error.reason): 1})
+        group = OutcomeGroup(self._tracker, [position], labels, count_delivered)
+        letter = self._router.dead_letter(message, error)
+        self._sink.send(Output.dead_letter(letter, message, group))
 
     def _store_offsets(self) -> None:
         positions = self._tracker.take_commit_positions()
@@ -250,7 +251,7 @@ class ScoringService:
             self._consumer.store_offsets(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()]
             )
-        metrics.set_in_flight(self._tracker.in_flight)
+        metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
 
     def _commit(self) -> None:
         self._store_offsets()
@@ -272,32 +273,34 @@ class ScoringService:
             metrics.set_batch_cap(new, "up" if new > old else "down")
             log.info("batch cap %s -> %s (batch latency %.1f ms)", old, new, report.latency_s * 1e3)
 
-    # -- rebalance (called on the consuming thread, inside poll) -------------------------
+    # -- rebalance (called on the consuming thread, inside poll or close) ----------------
 
-    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
         self._flow.on_assign(partitions)
 
-    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
         released = self._release_records(keys)
         log.info(
             "revoked %s: releasing %s undecided records, committing what was decided",
-            _describe(partitions), released,
-        )  # fmt: skip
-        deadline = time.monotonic() + self._config.shutdown_timeout_s
-        self._wait_for_scoring(deadline)
+            _describe(partitions),
+            released,
+        )
+        deadline = self._shutdown_deadline or time.monotonic() + self._config.shutdown_timeout_s
+        self._handoff.wait_until_done(deadline)
         self._sink.flush(max(0.0, deadline - time.monotonic()))
         self._commit()
         self._forget(keys, partitions)
 
-    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
         released = self._release_records(keys)
         log.warning(
             "lost %s: %s undecided records released, nothing of them is committed",
-            _describe(partitions), released,
-        )  # fmt: skip
+            _describe(partitions),
+            released,
+        )
         self._forget(keys, partitions)
 
     def _release_records(self, keys: set[PartitionKey]) -> int:
@@ -306,65 +309,46 @@ class ScoringService:
         def revoked(record: PendingRecord) -> bool:
             return record.position[0] in keys
 
-        released = self._batcher.discard(revoked)
-        with self._handoff.mutex:
-            waiting = [b for b in self._handoff.queue if b is not None]
-        for batch in [*self._parked, *waiting]:
-            kept = [r for r in batch.items if not revoked(r)]
-            released += len(batch.items) - len(kept)
-            batch.items[:] = kept  # the scoring thread skips a batch left empty
-        while self._parked and not self._parked[0].items:
-            self._parked.popleft()
-        return released
+        return self._batcher.discard(revoked) + self._handoff.discard(revoked)
 
     def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
-        self._tracker.forget(keys)
+        unfinished = self._tracker.forget(keys)
+        if unfinished:
+            log.warning(
+                "%s records of %s have no acknowledged outcome yet: the next owner re-reads them",
+                unfinished,
+                _describe(partitions),
+            )
+        if self._shutdown_deadline is not None:
+            self._abandoned += unfinished
         self._flow.on_revoke(partitions)
         self._lag.forget(sorted(keys))
-
-    def _wait_for_scoring(self, deadline: float) -> None:
-        """Wait until every handed-off batch is scored and sent (or the deadline passes)."""
-        while self._handoff.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(WAIT_STEP_S)
 
     # -- shutdown ---------------------------------------------------------------------------
 
     def _shut_down(self) -> None:
-        deadline = time.monotonic() + self._config.shutdown_timeout_s
+        """Score what is held, wait for its outputs, commit and close, all within one
+        `shutdown_timeout_s`."""
+        deadline = self._shutdown_deadline = time.monotonic() + self._config.shutdown_timeout_s
         if self._worker.error is None:
             last = self._batcher.drain(time.monotonic())
             if last is not None:
-                self._hand_off(last)
-            self._until(deadline, self._all_parked_handed_off)
-            self._until(deadline, self._put_end_marker)
+                self._handoff.offer(last)
+        self._handoff.close()
         self._worker.stop_retrying()
         self._worker.join(max(0.0, deadline - time.monotonic()))
         left = self._sink.flush(max(0.0, deadline - time.monotonic()))
         if left or self._worker.is_alive():
             log.error(
                 "stop grace period (%ss) over: %s outputs unacknowledged; their records stay "
-                "uncommitted and will be re-read", self._config.shutdown_timeout_s, left,
-            )  # fmt: skip
+                "uncommitted and will be re-read",
+                self._config.shutdown_timeout_s,
+                left,
+            )
         # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()
-        log.info("stopped; records left uncommitted: %s", self._tracker.in_flight)
-
-    def _all_parked_handed_off(self) -> bool:
-        self._release_parked()
-        return not self._parked
-
-    def _put_end_marker(self) -> bool:
-        try:
-            self._handoff.put_nowait(None)
-            return True
-        except queue.Full:
-            return False
-
-    @staticmethod
-    def _until(deadline: float, done: Callable[[], bool]) -> None:
-        while not done() and time.monotonic() < deadline:
-            time.sleep(WAIT_STEP_S)
+        log.info("stopped; records left uncommitted: %s", self._abandoned + self._tracker.in_flight)
 
 
 def _describe(partitions: list[TopicPartition]) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from deadletter.policy import translate_kafka_error
-from stream.errors import DeliveryError
+from contracts.errors import DeliveryError
+from contracts.kafka_errors import translate_kafka_error
+from deadletter.router import DeadLetterRecord
 from stream.outcomes import OutcomeGroup
 
 log = logging.getLogger(__name__)
@@ -27,32 +29,38 @@ OutputKind = Literal["decision", "dead_letter"]
 QUEUE_FULL_BACKOFF_S = 0.05
 
 
+@dataclass(slots=True)
 class Output:
     """One record to produce, the consumed record it answers, and the group it completes."""
 
-    __slots__ = ("group", "headers", "key", "kind", "label", "source", "topic", "value")
+    kind: OutputKind
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+    #: The consumed record this output is the outcome of.
+    source: Message
+    group: OutcomeGroup
+    #: Counted when the group completes: the decision, or the dead letter's reason.
+    label: str
 
-    def __init__(
-        self,
-        kind: OutputKind,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers | None,
-        source: Message,
-        group: OutcomeGroup,
-        label: str,
-    ) -> None:
-        self.kind = kind
-        self.topic = topic
-        self.key = key
-        self.value = value
-        self.headers = headers
-        #: The consumed record this output is the outcome of.
-        self.source = source
-        self.group = group
-        #: Counted when the group completes: the decision, or the dead letter's reason.
-        self.label = label
+    @classmethod
+    def dead_letter(cls, letter: DeadLetterRecord, source: Message, group: OutcomeGroup) -> Output:
+        """The output that delivers `letter`, the dead letter of `source`."""
+        return cls(
+            kind="dead_letter",
+            topic=letter.topic,
+            key=letter.key,
+            value=letter.value,
+            headers=letter.headers,
+            source=source,
+            group=group,
+            label=letter.reason,
+        )
+
+    def as_dead_letter(self) -> DeadLetterRecord:
+        """This dead-letter output as the router knows it."""
+        return DeadLetterRecord(self.topic, self.key, self.value, self.headers or [], self.label)
 
     def delivered(self) -> None:
         self.group.delivered()

@@ -7,8 +7,8 @@ import logging
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from contracts.errors import ConfigurationError
 from stream.config import ServiceConfig
-from stream.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

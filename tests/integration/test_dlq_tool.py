@@ -18,14 +18,14 @@ import pytest
 from confluent_kafka import OFFSET_INVALID
 from confluent_kafka.admin import NewTopic
 
-from deadletter.record import (
+from contracts.dead_letter import (
     HEADER_PREFIX,
     REPLAYED_FROM,
     VALUE_DROPPED,
     SourceRecord,
     dead_letter_headers,
 )
-from stream.errors import DecodeError, RecordError, ScoreError, ValidationError
+from contracts.errors import DecodeError, RecordError, ScoreError, ValidationError
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,

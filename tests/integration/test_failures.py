@@ -14,8 +14,8 @@ import numpy as np
 from confluent_kafka.admin import AdminClient, NewTopic
 from onnx import TensorProto, helper
 
-from loadgen.simulator import TransactionSimulator
 from scorer.features import NUM_FEATURES
+from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, committed_offsets, encode, produce, read_topic
 from tests.models import onnx_model
 

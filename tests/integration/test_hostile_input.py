@@ -22,7 +22,7 @@ from confluent_kafka import Message, Producer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from loadgen.simulator import TransactionSimulator
+from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import BOOTSTRAP, ServiceProcess, read_topic
 
 EXAMPLES = int(os.environ.get("FRAUD_HOSTILE_EXAMPLES", "6"))

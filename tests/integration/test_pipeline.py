@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 import msgspec
 import pytest
 
-from loadgen.simulator import TransactionSimulator
+from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, encode, produce, read_topic
 
 Records = list[tuple[bytes | None, bytes | None]]

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from stream.errors import ScoreError
+from contracts.errors import ScoreError
 from stream.outcomes import OutcomeGroup
 from stream.sink import Output
 
@@ -72,8 +72,20 @@ class MemorySink:
         return len(self.sent)
 
 
-def message(offset: int, value: bytes = b"{}", partition: int = 0, topic: str = "tx") -> Message:
+def message(
+    offset: int,
+    value: bytes = b"{}",
+    partition: int = 0,
+    topic: str = "tx",
+    key: bytes = b"card",
+    headers: list[tuple[str, bytes]] | None = None,
+) -> Message:
     return Message(
-        topic=topic, partition=partition, offset=offset, key=b"card", value=value,
-        headers=[("trace", b"t-1")], timestamp=(1, 1_000),
-    )  # fmt: skip
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=[("trace", b"t-1")] if headers is None else headers,
+        timestamp=(1, 1_000),
+    )

@@ -8,14 +8,15 @@ import msgspec
 import numpy as np
 import pytest
 
+from contracts.offsets import OffsetTracker
+from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
-from loadgen.simulator import TransactionSimulator
+from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
+from simulator.transactions import TransactionSimulator
 from stream import metrics
 from stream.batcher import Batch
-from stream.offsets import OffsetTracker
 from stream.scoring import BatchScorer, PendingRecord
-from stream.transaction import decode_transaction
 from tests.unit.fakes import FakeScorer, MemorySink, message
 
 HUGE_AMOUNT = 999_999.0
@@ -41,10 +42,15 @@ def run(batch, scorer, late_policy="score", deadline_ms=1_000.0):
     sink, tracker = MemorySink(), OffsetTracker()
     for record in batch.items:
         tracker.track(("tx", 0), record.message.offset())
+    policy = DecisionPolicy(Thresholds(0.5, 0.8), deadline_ms, late_policy)
     stage = BatchScorer(
-        scorer, sink, tracker, DeadLetterRouter("tx.dlq", "g/i"), output_topic="decisions",
-        thresholds=Thresholds(0.5, 0.8), decision_deadline_ms=deadline_ms, late_policy=late_policy,
-    )  # fmt: skip
+        scorer,
+        sink,
+        tracker,
+        DeadLetterRouter("tx.dlq", "g/i"),
+        output_topic="decisions",
+        policy=policy,
+    )
     report = stage.process(batch)
     return sink, tracker, report
 
@@ -90,12 +96,6 @@ def test_late_records_follow_the_late_policy(policy, degraded):
     assert [d["degraded"] for d in decisions(sink)] == [degraded] * 10
     assert metrics.LATE_RECORDS._value.get() - late_before == 10
     assert scorer.calls == ([] if degraded else [10]), "fallback rows never reach the model"
-
-
-def test_a_zero_deadline_never_counts_records_late():
-    late_before = metrics.LATE_RECORDS._value.get()
-    run(make_batch(5, event_time_ms=1), FakeScorer(), deadline_ms=0)
-    assert metrics.LATE_RECORDS._value.get() == late_before
 
 
 def test_a_broken_model_degrades_to_rules_instead_of_dead_lettering():

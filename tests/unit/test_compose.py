@@ -15,7 +15,6 @@ import shlex
 import socket
 import tomllib
 from collections.abc import Iterator
-from dataclasses import fields
 from fnmatch import fnmatchcase
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -29,7 +28,7 @@ from prometheus_client.metrics import MetricWrapperBase
 import stream.metrics
 from loadgen import cli as loadgen_cli
 from stream import cli as scorer_cli
-from stream.config import ServiceConfig
+from stream.config import ServiceConfig, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -122,11 +121,11 @@ def environment(svc: dict[str, Any]) -> dict[str, str]:
 
 
 def config_envs() -> set[str]:
-    return {f.metadata["env"] for f in fields(ServiceConfig)}
+    return {s.env for s in settings()}
 
 
 def config_default(name: str) -> Any:
-    return next(f.default for f in fields(ServiceConfig) if f.name == name)
+    return getattr(ServiceConfig(), name)
 
 
 def metrics_port() -> int:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import ConfigurationError
 from stream.cli import main
 from stream.config import ServiceConfig
-from stream.errors import ConfigurationError
 
 
 def test_defaults_match_the_documented_contract() -> None:
@@ -49,11 +49,11 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
     [
         (
             {"FRAUD_MAX_BATCH_SIZE": "many"},
-            "FRAUD_MAX_BATCH_SIZE: max_batch_size must be an integer",
+            "FRAUD_MAX_BATCH_SIZE: max_batch_size must be an integer in 1..65536, got 'many'",
         ),
-        ({"FRAUD_MAX_BATCH_SIZE": "0"}, "max_batch_size must be in 1..65536, got 0"),
+        ({"FRAUD_MAX_BATCH_SIZE": "0"}, "max_batch_size must be an integer in 1..65536, got '0'"),
         ({"FRAUD_MAX_WAIT_MS": "-1"}, "max_wait_ms"),
-        ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cuda, cpu"),
+        ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cpu, cuda, tensorrt, got 'tpu'"),
         ({"FRAUD_REVIEW_THRESHOLD": "0.9", "FRAUD_DECLINE_THRESHOLD": "0.5"}, "review_threshold"),
         ({"FRAUD_OUTPUT_TOPIC": "transactions"}, "three different topics"),
         ({"FRAUD_MODEL_PATH": "/nonexistent/model.onnx"}, "is not a file"),
@@ -79,7 +79,7 @@ def test_cli_rejects_bad_configuration_before_connecting(
     # An unreachable broker would hang a client; the bad value must stop us first.
     code = main(["run", "--bootstrap-servers", "127.0.0.1:1", "--max-batch-size", "0"])
     assert code == 2
-    assert "max_batch_size must be in 1..65536, got 0" in capsys.readouterr().err
+    assert "max_batch_size must be an integer in 1..65536, got '0'" in capsys.readouterr().err
 
 
 def test_cli_help_documents_every_option_with_env_and_default(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from deadletter.record import MAX_MESSAGE_CHARS, SourceRecord, dead_letter_headers
-from scorer.decisions import Decision, Thresholds, classify, encode_decision, valid_scores
-from stream.errors import ScoreError, ValidationError
+from contracts.dead_letter import MAX_MESSAGE_CHARS, SourceRecord, dead_letter_headers
+from contracts.decision import Decision, encode_decision
+from contracts.errors import ScoreError, ValidationError
+from scorer.decisions import Thresholds, classify, valid_scores
 
 
 def test_thresholds_split_scores_into_three_classes() -> None:

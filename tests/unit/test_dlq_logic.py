@@ -10,9 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deadletter import cli
-from deadletter.reader import DeadLetter, DeadLetterFilter, PartitionRange, parse_time
-from deadletter.record import (
+from contracts.dead_letter import (
     ERROR,
     FAILED_AT,
     HEADER_PREFIX,
@@ -22,6 +20,8 @@ from deadletter.record import (
     failed_at_ms,
     replay_headers,
 )
+from deadletter import cli
+from deadletter.reader import DeadLetter, DeadLetterFilter, PartitionRange, parse_time
 from deadletter.replay import Progress, ReplayOptions, ReplaySummary
 
 
@@ -250,7 +250,7 @@ def test_a_disabled_progress_writes_nothing():
         (["replay", "--partition", "x"], "argument --partition: expected an integer, got 'x'"),
         (["replay", "--to-offset", "4"], "an offset range needs a partition"),
         (["inspect", "--since", "2026-12-01", "--until", "2026-11-30"], "since must be before"),
-        (["-X", "acks", "inspect"], "kafka option must look like KEY=VALUE"),
+        (["-X", "acks", "inspect"], "kafka option #1 must look like KEY=VALUE"),
         (["replay", "--group", ""], "group must not be empty"),
         (["purge"], "invalid choice: 'purge'"),
     ],

@@ -26,39 +26,65 @@ def tps(*numbers: int) -> list[TopicPartition]:
 
 def test_pauses_at_high_water_and_resumes_at_low_water() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
     flow.on_assign(tps(0, 1))
     consumer.calls.clear()
-    flow.update(99, None)
+    flow.update(99, 0, None)
     assert not flow.paused and consumer.calls == []
-    flow.update(100, None)
+    flow.update(100, 0, None)
     assert flow.paused and consumer.calls == [("pause", [("tx", 0), ("tx", 1)])]
-    flow.update(51, None)
+    flow.update(51, 0, None)
     assert flow.paused, "hysteresis: no resume above the low-water mark"
-    flow.update(50, None)
+    flow.update(50, 0, None)
     assert not flow.paused and consumer.calls[-1] == ("resume", [("tx", 0), ("tx", 1)])
 
 
 def test_a_blocking_condition_pauses_until_it_clears() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
-    flow.update(0, "deliveries stalled")
+    flow.update(0, 0, "deliveries stalled")
     assert flow.paused
-    flow.update(0, "deliveries stalled")
+    flow.update(0, 0, "deliveries stalled")
     assert flow.paused
-    flow.update(0, None)
+    flow.update(0, 0, None)
     assert not flow.paused
 
 
 def test_new_partitions_get_the_current_state_explicitly() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=10)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, max_in_flight_records=10, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
     assert consumer.calls[-1] == ("resume", [("tx", 0)]), "resumed explicitly, not left as found"
-    flow.update(10, None)
+    flow.update(10, 0, None)
     flow.on_assign(tps(2))
     assert consumer.calls[-1] == ("pause", [("tx", 2)])
     flow.on_revoke(tps(0))
-    flow.update(0, None)
+    flow.update(0, 0, None)
     assert consumer.calls[-1] == ("resume", [("tx", 2)]), "revoked partitions are forgotten"
+
+
+def test_bytes_in_flight_pause_like_records_and_both_must_drain_to_resume() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1_000)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    flow.update(3, 999, None)
+    assert not flow.paused
+    flow.update(3, 1_000, None)
+    assert flow.paused, "three records of 1 kB reach the byte bound long before the record bound"
+    flow.update(3, 501, None)
+    assert flow.paused
+    flow.update(60, 400, None)
+    assert flow.paused, "records above their low-water mark keep it paused"
+    flow.update(50, 500, None)
+    assert not flow.paused
+
+
+def test_a_block_that_clears_resumes_at_once_below_the_bounds() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    flow.update(80, 0, "scoring thread busy")
+    assert flow.paused
+    flow.update(80, 0, None)
+    assert not flow.paused, "paused for a block, not for the bound: no need to drain to half"

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from contracts.errors import ConfigurationError, ScoreError
 from scorer.binding import bucket_sizes
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
@@ -31,7 +32,6 @@ from scorer.runtime import (
     open_session,
 )
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
-from stream.errors import ConfigurationError, ScoreError
 from tests.models import POISON, poison_model
 
 
@@ -185,9 +185,9 @@ def test_pinned_memory_is_zeroed_or_unavailable() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cuda, cpu, tensorrt"),
-        ({"FRAUD_DEVICE_ID": "-1"}, "device_id must be >= 0"),
-        ({"FRAUD_CPU_THREADS": "-2"}, "cpu_threads must be >= 0"),
+        ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cpu, cuda, tensorrt"),
+        ({"FRAUD_DEVICE_ID": "-1"}, "device_id must be an integer >= 0"),
+        ({"FRAUD_CPU_THREADS": "-2"}, "cpu_threads must be an integer in 0..1024"),
     ],
 )
 def test_bad_gpu_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:

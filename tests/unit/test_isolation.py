@@ -1,68 +1,78 @@
-"""Poison isolation by bisection, with a scorer that breaks on marked rows."""
+"""Poison isolation by bisection: only the items that fail are blamed, at a logarithmic cost."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from scorer.features import NUM_FEATURES
-from scorer.isolation import score_isolating_poison
-from stream.errors import ModelUnavailableError
+from contracts.errors import ModelUnavailableError, ScoreError
+from scorer.isolation import as_score_error, bisect_failures, check_canary
 from tests.unit.fakes import FakeScorer
 
-POISON = 666.0
+POISON = -1
 
 
-def batch(size: int, poison_rows: list[int]) -> np.ndarray:
-    features = np.tile(np.arange(size, dtype=np.float32)[:, None], (1, NUM_FEATURES)) / size
-    features[poison_rows, 1] = POISON
-    return features
+def doubles(items: Sequence[int]) -> list[int]:
+    """The attempt: fails on any part holding the poison value."""
+    if POISON in items:
+        raise OverflowError("Python int too large to convert to C long")
+    return [2 * i for i in items]
 
 
-def breaks_on_marker(features: np.ndarray) -> np.ndarray:
-    return features[:, 1] == POISON
+def model_ok() -> None:
+    """A canary check that passes."""
 
 
-@pytest.mark.parametrize("poison_rows", [[0], [63], [5, 6], [1, 17, 40, 62], []])
-def test_only_the_poison_rows_are_blamed_and_their_mates_keep_their_scores(poison_rows):
-    scorer = FakeScorer(raises_on=breaks_on_marker)
-    features = batch(64, poison_rows)
+@pytest.mark.parametrize("poison_at", [[0], [63], [5, 6], [1, 17, 40, 62], []])
+def test_only_the_failing_items_are_blamed_and_the_rest_are_done(poison_at: list[int]) -> None:
+    items = [POISON if i in poison_at else i for i in range(64)]
 
-    scores, poison = score_isolating_poison(scorer, features)
+    parts, failed = bisect_failures(items, doubles, model_ok)
 
-    assert sorted(poison) == poison_rows
-    clean = np.setdiff1d(np.arange(64), poison_rows)
-    expected = FakeScorer().score(features[clean])
-    assert np.array_equal(scores[clean], expected)
-    assert np.isnan(scores[poison_rows]).all()
+    assert sorted(failed) == poison_at
+    done = {start + j: value for start, result in parts for j, value in enumerate(result)}
+    assert done == {i: 2 * i for i in range(64) if i not in poison_at}
+    assert all(isinstance(e, ScoreError) for e in failed.values())
 
 
-def test_bisection_cost_grows_with_log_of_the_batch():
-    scorer = FakeScorer(raises_on=breaks_on_marker)
-    score_isolating_poison(scorer, batch(1024, [700]))
-    # one failed full call, two halves per level (10 levels), one canary
-    assert len(scorer.calls) <= 2 * 10 + 2
+def test_bisection_cost_grows_with_log_of_the_batch() -> None:
+    calls: list[int] = []
+
+    def counting(items: Sequence[int]) -> list[int]:
+        calls.append(len(items))
+        return doubles(items)
+
+    bisect_failures([POISON if i == 700 else i for i in range(1024)], counting, model_ok)
+    # one failed full call, then two halves per level (10 levels)
+    assert len(calls) <= 1 + 2 * 10
 
 
-def test_scores_that_are_not_probabilities_are_poison_without_bisection():
-    scorer = FakeScorer(rule=lambda f: np.where(f[:, 1] == POISON, np.nan, 0.5).astype(np.float32))
-    scores, poison = score_isolating_poison(scorer, batch(16, [3]))
-    assert list(poison) == [3] and "nan" in str(poison[3])
-    assert (scores[np.arange(16) != 3] == 0.5).all()
+def test_the_blamed_item_keeps_its_original_error_and_traceback() -> None:
+    _, failed = bisect_failures([1, POISON, 3], doubles, model_ok)
+    error = failed[1]
+    assert "OverflowError" in str(error)
+    assert isinstance(error.__cause__, OverflowError)
+    assert error.__traceback__ is not None
 
 
-def test_out_of_range_scores_are_poison():
-    scorer = FakeScorer(rule=lambda f: np.where(f[:, 1] == POISON, 1.5, 0.1).astype(np.float32))
-    _, poison = score_isolating_poison(scorer, batch(8, [7]))
-    assert list(poison) == [7]
+def test_a_score_error_is_kept_as_it_is() -> None:
+    original = ScoreError("Gather: index out of bounds")
+    assert as_score_error(original) is original
 
 
-def test_a_model_broken_for_every_input_blames_no_record():
+def test_a_broken_model_blames_no_item() -> None:
+    def broken_model() -> None:
+        raise ModelUnavailableError("the model fails on a known-good row")
+
     with pytest.raises(ModelUnavailableError):
-        score_isolating_poison(FakeScorer(broken=True), batch(8, []))
+        bisect_failures([1, POISON, 3], doubles, broken_model)
 
 
-def test_nan_everywhere_is_a_broken_model_not_poison():
-    scorer = FakeScorer(rule=lambda f: np.full(len(f), np.nan, np.float32))
+def test_the_canary_tells_a_broken_model_from_a_bad_record() -> None:
+    check_canary(FakeScorer())
     with pytest.raises(ModelUnavailableError):
-        score_isolating_poison(scorer, batch(8, []))
+        check_canary(FakeScorer(broken=True))
+    with pytest.raises(ModelUnavailableError):
+        check_canary(FakeScorer(rule=lambda f: np.full(len(f), np.nan, np.float32)))

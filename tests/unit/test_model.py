@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from contracts.errors import ConfigurationError, ScoreError
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.runtime import CPU
 from stream.config import SHIPPED_MODEL_PATH
-from stream.errors import ConfigurationError, ScoreError
 from tests.models import POISON, onnx_model, poison_model
 
 
@@ -56,7 +56,7 @@ def test_a_model_trained_on_other_features_is_rejected_with_the_fix(tmp_path: Pa
     names = ("amount", "velocity_1h")
     matmul = helper.make_node("MatMul", ["features", "w"], ["score"])
     other.write_bytes(onnx_model([matmul], {"w": np.ones((2, 1), np.float32)}, ["batch", 1], names))
-    with pytest.raises(ConfigurationError, match=r"retrain it with `python -m scorer\.train`"):
+    with pytest.raises(ConfigurationError, match=r"retrain it with `python -m training\.train`"):
         OnnxScorer(other, "cpu")
 
 

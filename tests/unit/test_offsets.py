@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from stream.offsets import OffsetTracker
+from contracts.offsets import OffsetTracker
 from stream.outcomes import OutcomeGroup
 
 P0, P1 = ("tx", 0), ("tx", 1)

@@ -7,14 +7,15 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-from deadletter.policy import RECORD_REJECTIONS, RetryPolicy, translate_kafka_error
-from stream.errors import (
+from contracts.errors import (
     DeliveryError,
     RecordRejectedError,
     TransientDeliveryError,
     ValidationError,
 )
-from stream.offsets import OffsetTracker
+from contracts.kafka_errors import RECORD_REJECTIONS, translate_kafka_error
+from contracts.offsets import OffsetTracker
+from deadletter.policy import RetryPolicy
 from stream.outcomes import OutcomeGroup
 from stream.sink import KafkaSink, Output
 from tests.unit.fakes import message

@@ -1,4 +1,4 @@
-"""Unit tests of the transaction simulator (loadgen/simulator.py)."""
+"""Unit tests of the transaction simulator (simulator/transactions.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from loadgen.simulator import (
+from contracts.transaction import decode_transaction
+from scorer.features import COUNTRY_CURRENCY, FEATURE_NAMES, TINY_AMOUNT, build_features
+from simulator.transactions import (
     DEFAULT_START_TIME_MS,
     SCENARIOS,
     SimulatedBatch,
     TransactionSimulator,
 )
-from scorer.features import COUNTRY_CURRENCY, FEATURE_NAMES, TINY_AMOUNT, build_features
-from stream.transaction import decode_transaction
 
 CONTRACT_FIELDS = {
     "transaction_id",

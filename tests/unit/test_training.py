@@ -1,4 +1,4 @@
-"""Unit tests of the training command and the shipped model (scorer/train.py, scorer/models/)."""
+"""Unit tests of the training command and the shipped model (training/train.py, scorer/models/)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from loadgen.simulator import TransactionSimulator
 from scorer.features import FEATURE_NAMES, NUM_FEATURES, build_features
-from scorer.train import (
+from simulator.transactions import TransactionSimulator
+from training.train import (
     DEFAULT_CARD_PATH,
     DEFAULT_MODEL_PATH,
     FEATURE_DESCRIPTIONS,
@@ -132,7 +132,7 @@ def test_main_writes_model_and_card(tmp_path: Path) -> None:
     version = {p.key: p.value for p in model.metadata_props}["model_version"]
     text = card.read_text(encoding="utf-8")
     assert version in text
-    assert "python -m scorer.train --seed 9 --samples 5000" in text
+    assert "python -m training.train --seed 9 --samples 5000" in text
 
 
 def test_shipped_model_matches_features_and_ranks_fresh_traffic() -> None:

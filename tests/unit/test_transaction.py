@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream.errors import DecodeError, ValidationError
-from stream.transaction import decode_transaction
+from contracts.errors import DecodeError, ValidationError
+from contracts.transaction import decode_transaction
 
 VALID: dict[str, Any] = {
     "transaction_id": "t-1",

@@ -10,10 +10,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from stream.errors import DecodeError, ValidationError
+from contracts.errors import DecodeError, ValidationError
 
 MAX_ID_CHARS = 64
 MAX_AMOUNT = 1_000_000.0
+#: 9999-12-31T23:59:59.999Z. Event times are epoch milliseconds in [0, this]: they fit int64
+#: columns, float64 exactly (< 2**53) and every calendar library; anything else is invalid.
+MAX_EVENT_TIME_MS = 253_402_300_799_999
 
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 
@@ -27,12 +30,13 @@ class Transaction(msgspec.Struct, frozen=True, gc=False):
     # gt=0 and le=MAX_AMOUNT also reject NaN and infinities (JSON cannot carry them, and
     # an overflowing literal such as 1e999 fails the bound).
     amount: Annotated[float, msgspec.Meta(gt=0, le=MAX_AMOUNT)]
-    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$")]
+    # `$` also matches before a final newline ("EUR\n"): the length bound closes that gap.
+    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$", max_length=3)]
     mcc: Annotated[int, msgspec.Meta(ge=0, le=9999)]
-    country: Annotated[str, msgspec.Meta(pattern="^[A-Z]{2}$")]
+    country: Annotated[str, msgspec.Meta(pattern="^[A-Z]{2}$", max_length=2)]
     channel: Literal["pos", "ecom", "atm"]
     card_present: bool
-    event_time: Annotated[int, msgspec.Meta(ge=0)]
+    event_time: Annotated[int, msgspec.Meta(ge=0, le=MAX_EVENT_TIME_MS)]
     terminal_id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] | None = None
 
 

@@ -1,6 +1,6 @@
 """Train the shipped fraud model on simulated traffic and export it to ONNX with its model card.
 
-    python -m scorer.train [--seed 7] [--samples 300000] [--out PATH] [--card PATH]
+    python -m training.train [--seed 7] [--samples 300000] [--out PATH] [--card PATH]
 
 The model is a small multi-layer perceptron over `build_features` output, trained in plain numpy
 and exported with the input standardisation folded into its first layer, so the service feeds it
@@ -26,9 +26,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from loadgen.simulator import FRAUD_SCENARIO_SHARES, SCENARIOS, TransactionSimulator
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
 from scorer.features import FEATURE_NAMES, NUM_FEATURES, TINY_AMOUNT, build_features
+from simulator.transactions import FRAUD_SCENARIO_SHARES, SCENARIOS, TransactionSimulator
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ MODEL_NAME = "fraud-mlp"
 MODEL_RELEASE = "1.0.0"
 DEFAULT_SEED = 7
 DEFAULT_SAMPLES = 300_000
-_MODELS_DIR = Path(__file__).resolve().parent / "models"
+_MODELS_DIR = Path(__file__).resolve().parent.parent / "scorer" / "models"
 DEFAULT_MODEL_PATH = _MODELS_DIR / f"{MODEL_NAME}.onnx"
 DEFAULT_CARD_PATH = _MODELS_DIR / "MODEL_CARD.md"
 #: Fewer samples leave too few frauds per scenario for the held-out metrics to mean anything.
@@ -307,7 +307,7 @@ def export_onnx(layers: Sequence[Layer], metadata: dict[str, str]) -> bytes:
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="scorer.train",
+        producer_name="training.train",
         producer_version=MODEL_RELEASE,
         doc_string="Fraud probability of a card transaction from its build_features row.",
     )
@@ -424,7 +424,7 @@ def metrics_table(evaluation: Evaluation) -> str:
 
 
 def _retrain_command(seed: int, samples: int) -> str:
-    return f"python -m scorer.train --seed {seed} --samples {samples}"
+    return f"python -m training.train --seed {seed} --samples {samples}"
 
 
 def render_model_card(result: TrainingResult) -> str:
@@ -473,7 +473,7 @@ The model reads the {NUM_FEATURES} columns of `scorer.features.build_features`, 
 
 ## Training data
 
-- Source: `loadgen.simulator.TransactionSimulator`, seed {result.seed}, configured fraud rate
+- Source: `simulator.transactions.TransactionSimulator`, seed {result.seed}, configured fraud rate
   {TRAINING_FRAUD_RATE:.0%}: {result.samples} transactions spread over one simulated week,
   {result.fraud_rate:.2%} of them fraud.
 - Fraud scenarios and their shares of the fraud:
@@ -532,7 +532,7 @@ byte for byte on the same platform.
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m scorer.train",
+        prog="python -m training.train",
         description="Train the fraud model on simulated traffic; write the ONNX model and card.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -561,7 +561,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m scorer.train`."""
+    """Entry point of `python -m training.train`."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     result = train_model(args.seed, args.samples)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from contracts.transaction import MAX_AMOUNT, MAX_ID_CHARS
 from scorer.features import (
     COUNTRY_CURRENCY,
     HIGH_RISK_COUNTRIES,
@@ -34,7 +35,6 @@ from scorer.features import (
     TINY_AMOUNT,
     TransactionColumns,
 )
-from stream.transaction import MAX_AMOUNT, MAX_ID_CHARS
 
 _Ints = npt.NDArray[np.int64]
 _Floats = npt.NDArray[np.float64]

@@ -13,7 +13,7 @@
     └── ModelUnavailableError      the model fails on every input: infrastructure, not the record
 
 Errors of librdkafka and ONNX Runtime are translated into this tree where they are caught
-(`raise ... from exc`; `deadletter.policy.translate_kafka_error`), so callers decide by cause.
+(`raise ... from exc`; `contracts.kafka_errors.translate_kafka_error`), so callers decide by cause.
 """
 
 from __future__ import annotations

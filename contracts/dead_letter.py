@@ -1,6 +1,6 @@
 """The dead-letter record: the original key, value and headers, plus `dlq.*` headers that say why.
 
-Header contract (DESIGN.md), values are UTF-8 strings:
+Header contract (docs/contracts.md), values are UTF-8 strings:
   dlq.reason                 decode | validate | score | produce
   dlq.error                  exception class
   dlq.message                human-readable cause, at most MAX_MESSAGE_CHARS
@@ -10,18 +10,27 @@ Header contract (DESIGN.md), values are UTF-8 strings:
   dlq.service                consumer group and instance
   dlq.model_version          where a model was involved
   dlq.stacktrace             where code failed (scoring), at most MAX_STACKTRACE_CHARS
-  dlq.value.dropped          only when the broker refused the dead letter as too large: the
-                             original value's size in bytes (the dead letter then has no value)
+  dlq.value.dropped          the broker refused the dead letter as too large: the original
+                             value's size in bytes (the dead letter then has no value)
+  dlq.key.dropped            the same for the key, when the key alone made it too large
+  dlq.headers.dropped        the original headers are missing: why ("N headers, B bytes" when
+                             they made it too large, "unreadable" when a header key is not UTF-8)
+  dlq.original.header.<name> an original header named `dlq.*`, kept under this prefix: incoming
+                             `dlq.*` headers are never trusted as the service's own
 
-A replayed record carries the original key, value and headers without any `dlq.*` header, plus
+A replayed record carries the original key, value and headers (`dlq.original.header.<name>`
+back under `<name>`), without any other `dlq.*` header, plus
   dlq.replayed_from          "<dead-letter topic>/<partition>/<offset>" of the dead letter
-so that a record that fails again is recognisable in its new dead letter.
+so that a record that fails again is recognisable in its new dead letter (informational only:
+it is the one incoming `dlq.*` header kept as it is).
 """
 
 from __future__ import annotations
 
 import traceback
 from typing import NamedTuple
+
+from contracts.transaction import MAX_EVENT_TIME_MS
 
 HEADER_PREFIX = "dlq."
 REASON = "dlq.reason"
@@ -38,6 +47,11 @@ MODEL_VERSION = "dlq.model_version"
 STACKTRACE = "dlq.stacktrace"
 REPLAYED_FROM = "dlq.replayed_from"
 VALUE_DROPPED = "dlq.value.dropped"
+KEY_DROPPED = "dlq.key.dropped"
+HEADERS_DROPPED = "dlq.headers.dropped"
+ORIGINAL_HEADER_PREFIX = "dlq.original.header."
+#: Dead letters carrying one of these lack part of the original record: replay skips them.
+INCOMPLETE_MARKERS = (VALUE_DROPPED, KEY_DROPPED, HEADERS_DROPPED)
 
 #: Bounds keep one hostile record from producing a dead letter larger than the record itself.
 MAX_MESSAGE_CHARS = 1_000
@@ -55,7 +69,8 @@ class SourceRecord(NamedTuple):
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
-    headers: Headers
+    #: None when the client could not read them (a header key that is not UTF-8).
+    headers: Headers | None
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -75,8 +90,9 @@ def dead_letter_headers(
 ) -> Headers:
     """The headers of the dead letter for `source`: its own headers, then the `dlq.*` ones.
 
-    Headers of the source that collide with a `dlq.*` name set here are dropped, so a dead
-    letter never carries two different reasons.
+    The source's headers come first, in order; one named `dlq.*` is renamed
+    `dlq.original.header.<name>` (only `dlq.replayed_from` keeps its name), so no producer can
+    forge the service's metadata.
     """
     added: dict[str, str] = {
         REASON: reason,
@@ -95,8 +111,16 @@ def dead_letter_headers(
     if with_stacktrace and error.__traceback__ is not None:
         trace = "".join(traceback.format_exception(error))
         added[STACKTRACE] = _bounded(trace, MAX_STACKTRACE_CHARS)
-    kept = [(k, v) for k, v in source.headers if k not in added]
+    if source.headers is None:
+        added[HEADERS_DROPPED] = "unreadable: a header key is not UTF-8"
+    kept = [(_quarantined(k), v) for k, v in source.headers or []]
     return kept + [(k, v.encode("utf-8")) for k, v in added.items()]
+
+
+def _quarantined(name: str) -> str:
+    if name.startswith(HEADER_PREFIX) and name != REPLAYED_FROM:
+        return ORIGINAL_HEADER_PREFIX + name
+    return name
 
 
 def decode_headers(headers: Headers | None) -> dict[str, str]:
@@ -107,14 +131,28 @@ def decode_headers(headers: Headers | None) -> dict[str, str]:
 def replay_headers(headers: Headers | None, dlq_topic: str, partition: int, offset: int) -> Headers:
     """The headers of the replay of the dead letter at `dlq_topic`/`partition`/`offset`.
 
-    Every `dlq.*` header is removed (a replayed record is an original record again, and an
-    earlier `dlq.replayed_from` would name the wrong dead letter); the others are kept in order.
+    The original headers come back in order, a quarantined `dlq.original.header.<name>` under
+    its own name again; every other `dlq.*` header is removed (a replayed record is an original
+    record again, and an earlier `dlq.replayed_from` would name the wrong dead letter).
     """
-    kept = [(k, v) for k, v in headers or [] if not k.startswith(HEADER_PREFIX)]
+    kept: Headers = []
+    for name, value in headers or []:
+        if name.startswith(ORIGINAL_HEADER_PREFIX):
+            kept.append((name[len(ORIGINAL_HEADER_PREFIX) :], value))
+        elif not name.startswith(HEADER_PREFIX):
+            kept.append((name, value))
     return [*kept, (REPLAYED_FROM, f"{dlq_topic}/{partition}/{offset}".encode())]
+
+
+def headers_size(headers: Headers | None) -> int:
+    """Bytes that headers add to a record, as librdkafka counts them against message.max.bytes."""
+    return sum(len(name.encode()) + len(value or b"") for name, value in headers or [])
 
 
 def failed_at_ms(headers: dict[str, str]) -> int | None:
     """The `dlq.failed_at` of decoded headers, or None when it is missing or not epoch ms."""
     text = headers.get(FAILED_AT, "")
-    return int(text) if text.isdecimal() else None
+    if not (text.isascii() and text.isdecimal()) or len(text) > len(str(MAX_EVENT_TIME_MS)):
+        return None
+    when = int(text)
+    return when if when <= MAX_EVENT_TIME_MS else None

@@ -1,0 +1,29 @@
+"""librdkafka's verdicts translated into the project's errors, at the boundary, by cause.
+
+A delivery failure is either about the record itself (too large, invalid: retrying cannot
+help, so it is dead-lettered) or about the infrastructure (broker down, time-outs, a missing or
+forbidden topic: retried with backoff). Callers decide by the class of the translated error.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError
+
+from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+
+#: Broker or client verdicts that are about the record itself: retrying cannot help.
+#: (librdkafka uses MSG_SIZE_TOO_LARGE both for the broker's refusal and for its own check
+#: against `message.max.bytes` before sending.)
+RECORD_REJECTIONS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_RECORD,
+    }
+)
+
+
+def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:
+    """librdkafka's verdict on one output → the project's error, by cause."""
+    cls = RecordRejectedError if error.code() in RECORD_REJECTIONS else TransientDeliveryError
+    return cls(f"{topic}: {error.str()}", code=error.name())

@@ -1,0 +1,141 @@
+"""librdkafka settings as users give them: `-X KEY=VALUE`, `FRAUD_KAFKA_OPTIONS`, and a
+properties file (`FRAUD_KAFKA_CONFIG_FILE`), the place for secrets.
+
+Every command (the service, `fraud-dlq`, `fraud-loadgen`) reads them the same way, and logs
+them only through `redact`: a value is shown only for keys known to hold no secret, so a new or
+misspelt secret setting is hidden rather than leaked. No error message here repeats a value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from contracts.errors import ConfigurationError
+
+#: Keys whose values are safe to log: names, paths, protocols and tuning. Anything else
+#: (passwords, tokens, OAuth configurations, keys, JAAS configs, future secrets) is masked.
+SAFE_KEYS = frozenset(
+    {
+        "acks",
+        "auto.commit.interval.ms",
+        "auto.offset.reset",
+        "batch.num.messages",
+        "batch.size",
+        "client.dns.lookup",
+        "client.id",
+        "client.rack",
+        "compression.type",
+        "debug",
+        "enable.idempotence",
+        "enable.ssl.certificate.verification",
+        "fetch.max.bytes",
+        "fetch.min.bytes",
+        "fetch.queue.backoff.ms",
+        "fetch.wait.max.ms",
+        "isolation.level",
+        "linger.ms",
+        "max.in.flight.requests.per.connection",
+        "max.partition.fetch.bytes",
+        "max.poll.interval.ms",
+        "message.max.bytes",
+        "message.timeout.ms",
+        "partition.assignment.strategy",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.messages",
+        "queued.max.messages.kbytes",
+        "queued.min.messages",
+        "reconnect.backoff.max.ms",
+        "reconnect.backoff.ms",
+        "request.timeout.ms",
+        "retry.backoff.ms",
+        "sasl.kerberos.service.name",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.oauthbearer.method",
+        "sasl.oauthbearer.scope",
+        "sasl.oauthbearer.token.endpoint.url",
+        "security.protocol",
+        "session.timeout.ms",
+        "socket.keepalive.enable",
+        "socket.timeout.ms",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.endpoint.identification.algorithm",
+        "ssl.key.location",
+        "statistics.interval.ms",
+        "topic.metadata.refresh.interval.ms",
+        "transaction.timeout.ms",
+        "transactional.id",
+    }
+)
+MASK = "***"
+
+#: A comma in FRAUD_KAFKA_OPTIONS separates settings only where a new `key=` follows, so a
+#: value (a password) may itself contain commas.
+_SETTING_START = re.compile(r",(?=\s*[A-Za-z0-9_.\-]+\s*=)")
+
+
+def parse_kafka_options(items: Iterable[str]) -> dict[str, str]:
+    """Parse KEY=VALUE items (`-X`, repeatable) into librdkafka settings.
+
+    Raises ConfigurationError for an item without `=`; the message names the item's position,
+    never its text (which may be a secret).
+    """
+    options: dict[str, str] = {}
+    for number, item in enumerate(items, start=1):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(
+                f"kafka option #{number} must look like KEY=VALUE (its text is not shown: "
+                "it may hold a secret)"
+            )
+        options[key.strip()] = value.strip()
+    return options
+
+
+def split_kafka_options(text: str) -> list[str]:
+    """The KEY=VALUE items of FRAUD_KAFKA_OPTIONS (`k=v,k=v`)."""
+    return _SETTING_START.split(text) if text.strip() else []
+
+
+def read_kafka_config_file(path: Path) -> dict[str, str]:
+    """librdkafka settings from a properties file: one `key=value` per line, blank lines and
+    lines starting with `#` or `!` ignored, whitespace around key and value stripped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read kafka config file {str(path)!r}: {exc}") from exc
+    settings: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(
+                f"kafka config file {str(path)!r}, line {number}: expected key=value"
+            )
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def redact(settings: Mapping[str, object]) -> dict[str, object]:
+    """Settings as they may be logged: values of keys not known to be safe are masked."""
+    return {k: (v if k in SAFE_KEYS else MASK) for k, v in settings.items()}
+
+
+#: Environment variables every command reads its extra librdkafka settings from.
+OPTIONS_ENV = "FRAUD_KAFKA_OPTIONS"
+CONFIG_FILE_ENV = "FRAUD_KAFKA_CONFIG_FILE"
+
+
+def tool_kafka_settings(items: list[str] | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The extra librdkafka settings of a command-line tool: the `FRAUD_KAFKA_CONFIG_FILE`
+    file, overridden by the `-X` items given, or else by `FRAUD_KAFKA_OPTIONS`."""
+    path = environ.get(CONFIG_FILE_ENV, "")
+    from_file = read_kafka_config_file(Path(path)) if path else {}
+    if items is None:
+        items = split_kafka_options(environ.get(OPTIONS_ENV, ""))
+    return {**from_file, **parse_kafka_options(items)}

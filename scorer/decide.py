@@ -1,0 +1,183 @@
+"""The one decision path: transactions → columns → features → scores → decision labels.
+
+The service, the benchmark and training all call `decide_batch`, so there is a single place
+where a score becomes a decision. It handles, for one micro-batch:
+
+- lateness: with the `fallback` late policy, a transaction already past its decision deadline
+  is decided by the rules (`scorer/fallback.py`), `degraded`;
+- poison: a record that makes any step raise, or gets a score that is not a probability, is
+  isolated by bisection (`scorer/isolation.py`) and returned as failed, to be dead-lettered;
+  its batch-mates are decided;
+- a broken model (it fails even on a known-good row): every record is decided by the rules,
+  `degraded`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from contracts.errors import ModelUnavailableError, ScoreError
+from scorer.decisions import Thresholds, classify, valid_scores
+from scorer.fallback import fallback_scores
+from scorer.features import TransactionColumns, TransactionFields, build_features
+from scorer.isolation import bisect_failures, check_canary
+from scorer.model import Scorer
+
+log = logging.getLogger(__name__)
+
+LatePolicy = Literal["score", "fallback"]
+
+
+class DecisionPolicy(NamedTuple):
+    """How scores become decisions."""
+
+    thresholds: Thresholds
+    #: A transaction is late when decided more than this after its event_time; 0 disables.
+    decision_deadline_ms: float = 1_000.0
+    #: Late transactions: `score` them anyway (counted), or decide them by the `fallback` rules.
+    late_policy: LatePolicy = "score"
+
+
+class Verdicts(NamedTuple):
+    """The outcome of each record of a batch, by index."""
+
+    #: Fraud probability; NaN where the record failed.
+    scores: npt.NDArray[np.float32]
+    #: approve / review / decline; "" where the record failed.
+    labels: list[str]
+    #: Decided by the rules instead of the model.
+    degraded: npt.NDArray[np.bool_]
+    #: Each transaction's event_time (0 where the record failed).
+    event_time: npt.NDArray[np.int64]
+    #: Records to dead-letter, with why.
+    failed: dict[int, ScoreError]
+    #: Records found past their decision deadline.
+    late: int
+    #: Records the rules decided: late (`fallback` policy) and with the model unavailable.
+    by_rules_late: int
+    by_rules_model_unavailable: int
+    #: Seconds spent in the model.
+    inference_s: float
+
+
+class _Part(NamedTuple):
+    scores: npt.NDArray[np.float32]
+    by_rules: npt.NDArray[np.bool_]
+    event_time: npt.NDArray[np.int64]
+    invalid: dict[int, ScoreError]
+    late: int
+    inference_s: float
+
+
+class _Rules:
+    """The fallback rules behind the `Scorer` interface, for when the model is unavailable."""
+
+    model_version = "rules"
+
+    def warm_up(self) -> float:
+        return 0.0
+
+    def score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        return fallback_scores(features)
+
+
+def decide_batch(
+    transactions: Sequence[TransactionFields],
+    scorer: Scorer,
+    policy: DecisionPolicy,
+    now_ms: int,
+) -> Verdicts:
+    """Decide every transaction of a batch: a label, or a failure to dead-letter."""
+    try:
+        verdicts = _decide_isolating(transactions, scorer, policy, now_ms, model_down=False)
+    except ModelUnavailableError as exc:
+        log.error("model unavailable, deciding %s records by rules: %s", len(transactions), exc)
+        verdicts = _decide_isolating(transactions, _Rules(), policy, now_ms, model_down=True)
+    return verdicts
+
+
+def _decide_isolating(
+    transactions: Sequence[TransactionFields],
+    scorer: Scorer,
+    policy: DecisionPolicy,
+    now_ms: int,
+    model_down: bool,
+) -> Verdicts:
+    n = len(transactions)
+    parts, failed = bisect_failures(
+        transactions,
+        lambda part: _decide(part, scorer, policy, now_ms),
+        lambda: check_canary(scorer),
+    )
+    scores = np.full(n, np.nan, np.float32)
+    by_rules = np.zeros(n, bool)
+    event_time = np.zeros(n, np.int64)
+    late = 0
+    inference_s = 0.0
+    for start, part in parts:
+        stop = start + len(part.scores)
+        scores[start:stop] = part.scores
+        by_rules[start:stop] = part.by_rules
+        event_time[start:stop] = part.event_time
+        failed.update({start + i: error for i, error in part.invalid.items()})
+        late += part.late
+        inference_s += part.inference_s
+    labels = classify(np.nan_to_num(scores), policy.thresholds)
+    for i in failed:
+        scores[i], labels[i], by_rules[i] = np.nan, "", False
+    decided = n - len(failed)
+    degraded = np.ones(n, bool) if model_down else by_rules
+    if model_down:
+        degraded[list(failed)] = False
+    return Verdicts(
+        scores=scores,
+        labels=labels,
+        degraded=degraded,
+        event_time=event_time,
+        failed=failed,
+        late=late,
+        by_rules_late=0 if model_down else int(by_rules.sum()),
+        by_rules_model_unavailable=decided if model_down else 0,
+        inference_s=inference_s,
+    )
+
+
+def _decide(
+    transactions: Sequence[TransactionFields],
+    scorer: Scorer,
+    policy: DecisionPolicy,
+    now_ms: int,
+) -> _Part:
+    """Scores of one batch or part of it; raises whatever a record provokes."""
+    columns = TransactionColumns.from_transactions(transactions)
+    features = build_features(columns)
+    late = np.zeros(len(features), bool)
+    if policy.decision_deadline_ms:
+        late = columns.event_time + policy.decision_deadline_ms < now_ms
+    by_rules = late if policy.late_policy == "fallback" else np.zeros(len(features), bool)
+    scores = np.empty(len(features), np.float32)
+    model_rows = np.flatnonzero(~by_rules)
+    started = time.perf_counter()
+    if len(model_rows):
+        model_scores = scorer.score(features[model_rows])
+        if len(model_scores) != len(model_rows):
+            raise ScoreError(
+                f"model returned {len(model_scores)} scores for {len(model_rows)} rows"
+            )
+        scores[model_rows] = model_scores
+    inference_s = time.perf_counter() - started
+    if by_rules.any():
+        scores[by_rules] = fallback_scores(features[by_rules])
+    invalid: dict[int, ScoreError] = {}
+    bad = np.flatnonzero(~valid_scores(scores))
+    if len(bad):
+        error = ScoreError(f"model returned score {float(scores[bad[0]])!r}")
+        check_canary(scorer, error)
+        invalid = {int(i): ScoreError(f"model returned score {float(scores[i])!r}") for i in bad}
+    return _Part(scores, by_rules, columns.event_time, invalid, int(late.sum()), inference_s)

@@ -1,0 +1,1 @@
+"""Seeded, repeatable transaction simulator, shared by training, the load generator and tests."""

@@ -1,0 +1,84 @@
+"""Wiring of one replica: what the service loop talks to, built once from the configuration.
+
+`ScoringService` takes its collaborators ready-made (as httpx's `Client(transport=…)` takes its
+transport), so the loop is unit-tested with an in-memory consumer, sink and scorer, and run
+for real with the objects `build_collaborators` makes here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, Producer
+
+from contracts.offsets import OffsetTracker
+from deadletter.policy import RetryPolicy
+from deadletter.router import DeadLetterRouter
+from scorer.model import Scorer
+from stream.config import ServiceConfig
+from stream.health import HealthState
+from stream.lag import LagMonitor
+from stream.redelivery import Redelivery
+from stream.sink import KafkaSink, OutputSink
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """Everything the service loop reads from or writes to, besides its own state.
+
+    `sink` reports failed outputs to `redelivery.failed`; `tracker` is shared by the loop, the
+    outcome groups and the sink's delivery reports.
+    """
+
+    consumer: Consumer
+    sink: OutputSink
+    scorer: Scorer
+    redelivery: Redelivery
+    router: DeadLetterRouter
+    health: HealthState
+    lag: LagMonitor
+    tracker: OffsetTracker = field(default_factory=OffsetTracker)
+
+
+def retry_policy(config: ServiceConfig) -> RetryPolicy:
+    """The failure policy's retries, from the configuration."""
+    return RetryPolicy(
+        config.delivery_attempts,
+        config.retry_backoff_ms / 1000.0,
+        config.retry_backoff_max_ms / 1000.0,
+    )
+
+
+def dead_letter_router(config: ServiceConfig) -> DeadLetterRouter:
+    """The router that names this replica in its dead letters."""
+    return DeadLetterRouter(config.dlq_topic, f"{config.group_id}/{config.instance_id}")
+
+
+def build_collaborators(
+    config: ServiceConfig,
+    consumer: Consumer,
+    producer: Producer,
+    scorer: Scorer,
+    health: HealthState,
+    lag: LagMonitor,
+    *,
+    delivery_timeout_s: float,
+    max_message_bytes: int,
+) -> Collaborators:
+    """The collaborators of a replica on real Kafka clients."""
+    router = dead_letter_router(config)
+    redelivery = Redelivery(
+        retry_policy(config),
+        router,
+        delivery_timeout_s=delivery_timeout_s,
+        max_message_bytes=max_message_bytes,
+    )
+    return Collaborators(
+        consumer=consumer,
+        sink=KafkaSink(producer, redelivery.failed),
+        scorer=scorer,
+        redelivery=redelivery,
+        router=router,
+        health=health,
+        lag=lag,
+    )
