@@ -28,7 +28,9 @@ it is the one incoming `dlq.*` header kept as it is).
 from __future__ import annotations
 
 import traceback
-from typing import NamedTuple
+from typing import NamedTuple, cast
+
+from confluent_kafka import Message
 
 from contracts.transaction import MAX_EVENT_TIME_MS
 
@@ -50,6 +52,8 @@ VALUE_DROPPED = "dlq.value.dropped"
 KEY_DROPPED = "dlq.key.dropped"
 HEADERS_DROPPED = "dlq.headers.dropped"
 ORIGINAL_HEADER_PREFIX = "dlq.original.header."
+#: The value of HEADERS_DROPPED when the client could not read the headers at all.
+UNREADABLE_HEADERS = "unreadable: a header key is not UTF-8"
 #: Dead letters carrying one of these lack part of the original record: replay skips them.
 INCOMPLETE_MARKERS = (VALUE_DROPPED, KEY_DROPPED, HEADERS_DROPPED)
 
@@ -112,7 +116,7 @@ def dead_letter_headers(
         trace = "".join(traceback.format_exception(error))
         added[STACKTRACE] = _bounded(trace, MAX_STACKTRACE_CHARS)
     if source.headers is None:
-        added[HEADERS_DROPPED] = "unreadable: a header key is not UTF-8"
+        added[HEADERS_DROPPED] = UNREADABLE_HEADERS
     kept = [(_quarantined(k), v) for k, v in source.headers or []]
     return kept + [(k, v.encode("utf-8")) for k, v in added.items()]
 
@@ -121,6 +125,19 @@ def _quarantined(name: str) -> str:
     if name.startswith(HEADER_PREFIX) and name != REPLAYED_FROM:
         return ORIGINAL_HEADER_PREFIX + name
     return name
+
+
+def read_headers(message: Message) -> Headers | None:
+    """The record's headers, or None when the client cannot decode them.
+
+    librdkafka hands header keys to Python as text; a key that is not UTF-8 makes
+    `Message.headers()` raise (a SystemError wrapping the UnicodeDecodeError), and the raw bytes
+    cannot be had any other way.
+    """
+    try:
+        return cast(Headers, list(message.headers() or []))
+    except (SystemError, UnicodeDecodeError):
+        return None
 
 
 def decode_headers(headers: Headers | None) -> dict[str, str]:

@@ -72,9 +72,13 @@ SAFE_KEYS = frozenset(
 )
 MASK = "***"
 
-#: A comma in FRAUD_KAFKA_OPTIONS separates settings only where a new `key=` follows, so a
-#: value (a password) may itself contain commas.
-_SETTING_START = re.compile(r",(?=\s*[A-Za-z0-9_.\-]+\s*=)")
+#: A comma in FRAUD_KAFKA_OPTIONS separates settings only where a librdkafka setting name and
+#: `=` follow (names are dotted, but for these few), so a value such as a password may itself
+#: hold commas, and even `,word=`.
+_DOTLESS_NAMES = ("acks", "debug", "partitioner")
+_SETTING_START = re.compile(
+    r",(?=\s*(?:[a-z0-9_]+(?:\.[a-z0-9_]+)+|" + "|".join(_DOTLESS_NAMES) + r")\s*=)"
+)
 
 
 def parse_kafka_options(items: Iterable[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The transaction contract (DESIGN.md): decoding and validation of one input record.
+"""The transaction contract (docs/contracts.md): decoding and validation of one input record.
 
 msgspec decodes and checks every rule in a single pass in C, so an invalid record costs no more
 than a valid one. Unknown fields are ignored for forward compatibility.

@@ -98,11 +98,20 @@ def render_text(report: dict[str, Any]) -> str:
             preview = (
                 text if len(text) <= HEADER_PREVIEW_CHARS else text[:HEADER_PREVIEW_CHARS] + "…"
             )
-            lines.append(f"  {key}: {preview}")
+            lines.append(f"  {printable(key)}: {printable(preview)}")
     return "\n".join(lines)
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control and formatting characters (escape sequences,
+    right-to-left overrides) shown as escapes, everything else as it is."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _when(epoch_ms: int | None) -> str:
     if epoch_ms is None:
         return UNKNOWN
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch_ms / 1000)) + " UTC"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch_ms / 1000)) + " UTC"
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch_ms} (epoch ms)"

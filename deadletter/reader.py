@@ -30,11 +30,14 @@ from confluent_kafka import (
 
 from contracts.dead_letter import (
     ERROR,
+    HEADERS_DROPPED,
     ORIGINAL_TOPIC,
     REASON,
+    UNREADABLE_HEADERS,
     Headers,
     decode_headers,
     failed_at_ms,
+    read_headers,
 )
 from contracts.errors import FraudScorerError
 
@@ -107,14 +110,17 @@ class DeadLetter(NamedTuple):
     @classmethod
     def of(cls, message: Message) -> DeadLetter:
         """The dead letter a consumed record holds (librdkafka sets partition and offset)."""
-        headers = cast(Headers, list(message.headers() or []))
+        headers = read_headers(message)
+        decoded = decode_headers(headers)
+        if headers is None:
+            decoded[HEADERS_DROPPED] = UNREADABLE_HEADERS
         return cls(
             cast(int, message.partition()),
             cast(int, message.offset()),
             message.key(),
             message.value(),
-            headers,
-            decode_headers(headers),
+            headers or [],
+            decoded,
         )
 
 

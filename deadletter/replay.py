@@ -1,13 +1,14 @@
 """`fraud-dlq replay`: re-produce selected dead letters to their original topic, resumably.
 
 Each replayed record carries the dead letter's original key and value bytes and its original
-headers, without any `dlq.*` header and with `dlq.replayed_from` (`contracts.dead_letter`). The
-replay reads as a consumer group and commits its own position in the dead-letter topic, and only
-past records whose outcome is settled: replayed and acknowledged by the broker, skipped by the
-filters, or skipped because their value was dropped. So a replay that is interrupted (signal,
-crash, `max_records`) resumes at the first unsettled record; what was acknowledged and committed
-is never produced again. Records acknowledged after the last commit of a run that crashed are
-produced again by the next run: delivery is at-least-once, like the service's.
+headers, without the service's `dlq.*` headers and with `dlq.replayed_from`
+(`contracts.dead_letter`). The replay reads as a consumer group and commits its own position in
+the dead-letter topic, and only past records whose outcome is settled: replayed and acknowledged
+by the broker, skipped by the filters, or skipped as incomplete (value, key or headers dropped).
+So a replay that is interrupted (signal, crash, `max_records`) resumes at the first unsettled
+record; what was acknowledged and committed is never produced again. Records acknowledged after
+the last commit of a run that crashed are produced again by the next run: delivery is
+at-least-once, like the service's.
 
 A failed delivery stops the run: the position cannot pass a record that was not replayed, and
 replaying what follows it would only be repeated by the next run.
@@ -24,7 +25,7 @@ from typing import Any, TextIO
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from contracts.dead_letter import ORIGINAL_TOPIC, VALUE_DROPPED, replay_headers
+from contracts.dead_letter import INCOMPLETE_MARKERS, ORIGINAL_TOPIC, replay_headers
 from contracts.offsets import OffsetTracker
 from deadletter.reader import (
     DeadLetter,
@@ -81,7 +82,7 @@ class ReplaySummary:
     #: Read records that the filters selected.
     selected: int = 0
     skipped_by_filter: int = 0
-    skipped_value_dropped: int = 0
+    skipped_incomplete: int = 0
     failed: int = 0
     #: Records acknowledged by the broker (in a dry run: to be replayed), per destination topic.
     to_topics: Counter[str] = field(default_factory=Counter)
@@ -105,7 +106,7 @@ class ReplaySummary:
             "selected": self.selected,
             "replayed": self.replayed,
             "skipped_by_filter": self.skipped_by_filter,
-            "skipped_value_dropped": self.skipped_value_dropped,
+            "skipped_incomplete": self.skipped_incomplete,
             "failed": self.failed,
             "to_topics": dict(self.to_topics),
             "stopped_by": self.stopped_by,
@@ -120,7 +121,7 @@ class ReplaySummary:
             f"{self.topic} (group {self.group}): read {self.read}, selected {self.selected}, "
             f"{verb} {self.to_topics.total()} ({targets})",
             f"  skipped: {self.skipped_by_filter} by the filters, "
-            f"{self.skipped_value_dropped} without value (dlq.value.dropped); "
+            f"{self.skipped_incomplete} incomplete (value, key or headers dropped); "
             f"failed: {self.failed}",
         ]
         if self.dry_run:
@@ -276,8 +277,8 @@ class Replayer:
             self._tracker.finish(position, letter.offset)
             return
         summary.selected += 1
-        if VALUE_DROPPED in letter.decoded:
-            summary.skipped_value_dropped += 1
+        if any(marker in letter.decoded for marker in INCOMPLETE_MARKERS):
+            summary.skipped_incomplete += 1
             self._tracker.finish(position, letter.offset)
             return
         try:

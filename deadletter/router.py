@@ -11,7 +11,7 @@ a loop of ever-growing headers.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from confluent_kafka import Message
 
@@ -25,6 +25,7 @@ from contracts.dead_letter import (
     SourceRecord,
     dead_letter_headers,
     headers_size,
+    read_headers,
 )
 from contracts.errors import DeliveryError, RecordError, ScoreError
 from contracts.offsets import position_of
@@ -42,19 +43,6 @@ class DeadLetterRecord(NamedTuple):
     value: bytes | None
     headers: Headers
     reason: str
-
-
-def read_headers(message: Message) -> Headers | None:
-    """The record's headers, or None when the client cannot decode them.
-
-    librdkafka hands header keys to Python as text; a key that is not UTF-8 makes
-    `Message.headers()` raise (a SystemError wrapping the UnicodeDecodeError), and the raw bytes
-    cannot be had any other way.
-    """
-    try:
-        return cast(Headers, list(message.headers() or []))
-    except (SystemError, UnicodeDecodeError):
-        return None
 
 
 def source_of(message: Message) -> SourceRecord:

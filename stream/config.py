@@ -288,10 +288,10 @@ class ServiceConfig(_Settings, frozen=True, kw_only=True):
                 f"max_in_flight_records must be >= max_batch_size ({self.max_batch_size}), "
                 f"got {self.max_in_flight_records}"
             )
-        if self.min_batch_size > self.max_batch_size:
+        if self.slo_ms and self.min_batch_size > self.max_batch_size:
             raise ValueError(
-                f"min_batch_size must be <= max_batch_size ({self.max_batch_size}), "
-                f"got {self.min_batch_size}"
+                f"min_batch_size must be <= max_batch_size ({self.max_batch_size}) when the "
+                f"adaptive cap is on (slo_ms > 0), got {self.min_batch_size}"
             )
         if self.retry_backoff_ms > self.retry_backoff_max_ms:
             raise ValueError(

@@ -3,9 +3,10 @@
 Two bounds on what is held (consumed, outcome not yet acknowledged): records, and their key and
 value bytes (valid records may carry unknown fields up to the broker's size limit, so a record
 count alone does not bound memory). At either high-water mark every assigned partition is
-paused; once both are at their low-water marks they resume. The bounds are checked before each
-fetch, so one fetch may overshoot them by at most what librdkafka has already queued
-(`queued.max.messages.kbytes`). The loop keeps polling while
+paused; once both are at their low-water marks they resume. Each fetch asks for no more
+records than fit under both bounds (bytes at the running average record size), so a fetch
+overshoots the byte bound by a record or so when sizes change. librdkafka's own pre-fetch queue
+is bounded apart from this (`queued.max.messages.kbytes`). The loop keeps polling while
 paused, so the group never evicts the replica for silence (`max.poll.interval.ms`). Pausing
 also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat.
 
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 #: Resume when held records fall to this share of the bound: hysteresis, so one record more or
 #: less does not flip the state on every poll.
 RESUME_FRACTION = 0.5
+#: A first guess at a record's size (a transaction's JSON is a few hundred bytes), and how fast
+#: the running estimate comes down after larger records (exponential smoothing, per fetch).
+INITIAL_AVERAGE_SIZE_BYTES = 512.0
+SIZE_SMOOTHING = 0.2
 
 
 class FlowControl:
@@ -43,14 +48,28 @@ class FlowControl:
         self._assigned: set[PartitionKey] = set()
         self._paused = False
         self._paused_at_bound = False
+        self._average_size = INITIAL_AVERAGE_SIZE_BYTES
 
     @property
     def paused(self) -> bool:
         return self._paused
 
-    def room(self, in_flight: int) -> int:
-        """How many more records may be fetched now."""
-        return self.high_water - in_flight
+    def room(self, in_flight: int, in_flight_bytes: int) -> int:
+        """How many more records may be fetched now: under the record bound, and under the
+        byte bound at the average size of the records seen so far."""
+        records = self.high_water - in_flight
+        room_bytes = self.high_water_bytes - in_flight_bytes
+        if room_bytes <= 0:
+            return 0
+        return min(records, max(1, int(room_bytes / self._average_size)))
+
+    def observe(self, records: int, size_bytes: int) -> None:
+        """Sizes of records just fetched, for the average that `room` estimates with."""
+        if records:
+            # Up at once, down slowly: a bound must not trust small records to stay small.
+            mean = size_bytes / records
+            smoothed = self._average_size + SIZE_SMOOTHING * (mean - self._average_size)
+            self._average_size = max(mean, smoothed)
 
     def update(self, in_flight: int, in_flight_bytes: int, blocked_by: str | None) -> None:
         """Re-evaluate: `blocked_by` names a condition that forbids fetching (outputs failing,

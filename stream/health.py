@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -14,6 +16,11 @@ log = logging.getLogger(__name__)
 
 #: The stream loop runs at least every poll timeout; silence this long means it is stuck.
 STALL_AFTER_S = 30.0
+#: Connections served at once. Prometheus and two probes need three; more are refused with a
+#: 503 at once, so a flood of connections cannot start a thread each.
+MAX_CONNECTIONS = 8
+#: A client that sends nothing for this long is dropped (a slow reader holds no thread long).
+CONNECTION_TIMEOUT_S = 10.0
 
 
 class HealthState:
@@ -44,13 +51,46 @@ class HealthState:
         return self._ready, ("ok" if self._ready else self._reason)
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most `MAX_CONNECTIONS` connections at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 5\r\nConnection: close\r\n\r\nbusy\n"
+)
+
+
 class HealthServer:
     """Serves the endpoints on host:port until `close()`."""
 
     def __init__(self, host: str, port: int, state: HealthState) -> None:
         handler = _handler_for(state)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = _BoundedServer((host, port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="health-http", daemon=True
         )
@@ -70,6 +110,8 @@ class HealthServer:
 
 def _handler_for(state: HealthState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = CONNECTION_TIMEOUT_S
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":

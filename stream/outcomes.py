@@ -9,6 +9,7 @@ uncommitted until then.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ OutputLabel = tuple[str, str]
 class OutcomeGroup:
     """Counts down the deliveries of some outputs, then finishes their source offsets."""
 
-    __slots__ = ("_on_complete", "_remaining", "_sources", "_tracker", "labels")
+    __slots__ = ("_count", "_expected", "_on_complete", "_sources", "_tracker", "labels")
 
     def __init__(
         self,
@@ -37,14 +38,16 @@ class OutcomeGroup:
             raise ValueError(f"an outcome group needs at least one output, got {expected}")
         self._tracker = tracker
         self._sources = sources
-        self._remaining = expected
+        self._expected = expected
+        # Delivery reports of one group may be served by both threads' polls: `next()` on a
+        # counter is one C call under the GIL, where `remaining -= 1` could lose an update.
+        self._count = itertools.count(1)
         self.labels = labels
         self._on_complete = on_complete
 
     def delivered(self) -> None:
-        """One output of the group is acknowledged (called once per output)."""
-        self._remaining -= 1
-        if self._remaining == 0:
+        """One output of the group is acknowledged (called once per output, any thread)."""
+        if next(self._count) == self._expected:
             self._tracker.finish_all(self._sources)
             self._on_complete(self.labels)
 

@@ -171,7 +171,8 @@ class ScoringService:
     def _fetch(self) -> list[Message]:
         if not self._handoff.full:
             self._handoff_full_since = None
-        room = min(self._batcher.room, self._flow.room(self._tracker.in_flight))
+        tracker = self._tracker
+        room = min(self._batcher.room, self._flow.room(tracker.in_flight, tracker.in_flight_bytes))
         wait_s = self._batcher.seconds_until_due(time.monotonic())
         if self._flow.paused or room <= 0 or wait_s is None:
             # poll() hands over a first record the moment it arrives, which starts the batch's
@@ -193,11 +194,11 @@ class ScoringService:
             else:
                 self._on_consume_error(error, message)
         positions = [position_of(m) for m in records]
+        sizes = [len(m.value() or b"") + len(m.key() or b"") for m in records]
         # Every record is tracked before any of its outputs exists: the scoring thread may
         # deliver a batch's outputs while this loop is still going.
-        self._tracker.track_all(
-            positions, [len(m.value() or b"") + len(m.key() or b"") for m in records]
-        )
+        self._tracker.track_all(positions, sizes)
+        self._flow.observe(len(sizes), sum(sizes))
         for message, position in zip(records, positions, strict=True):
             try:
                 transaction = decode_transaction(message.value())

@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     read_topic,
     run_tool,
 )
+from tests.integration.raw_produce import produce_raw
 
 ERRORS: dict[str, type[RecordError]] = {
     "decode": DecodeError,
@@ -254,7 +255,7 @@ def test_value_dropped_dead_letter_is_skipped_and_counted(topics_factory):
     summary = dlq_json(topics.dlq, "replay", "--group", group, "--quiet")
 
     assert summary["selected"] == 3
-    assert (summary["replayed"], summary["skipped_value_dropped"]) == (2, 1)
+    assert (summary["replayed"], summary["skipped_incomplete"]) == (2, 1)
     assert set(replayed_from(read_topic(topics.input, 2))) == {
         f"{topics.dlq}/0/0", f"{topics.dlq}/0/2"
     }  # fmt: skip
@@ -328,3 +329,47 @@ def test_a_refused_delivery_stops_the_replay_before_that_record(topics_factory, 
         assert committed_offsets(group, topics.dlq, 1)[0] <= 1  # never past the refused one
     finally:
         admin.delete_topics([small])[small].result(timeout=30)
+
+
+def test_a_forged_dlq_header_neither_fools_replay_nor_is_lost(topics_factory, service_factory):
+    # Finding 9 of the review: a source header dlq.value.dropped made replay skip (and commit
+    # past) a dead letter that still had its value.
+    topics = topics_factory(partitions=1)
+    forged = [("trace-id", b"t-9"), (VALUE_DROPPED, b"1"), ("dlq.reason", b"none")]
+    produce_to_partition(topics.input, 0, [(b"card", b"{oops", forged)])
+    service = service_factory(topics)
+    service.wait_for_metric('fraud_dead_letters_total{reason="decode"}', 1)
+    service.signal(signal.SIGTERM)
+    assert service.wait() == 0
+
+    (letter,) = read_topic(topics.dlq, 1)
+    names = [k for k, _ in letter.headers()]
+    assert VALUE_DROPPED not in names and names.count("dlq.reason") == 1
+    assert "dlq.original.header.dlq.value.dropped" in names
+    summary = dlq_json(topics.dlq, "replay", "--group", f"g-{topics.dlq}", "--quiet")
+
+    assert (summary["replayed"], summary["skipped_incomplete"]) == (1, 0)
+    replayed = [m for m in read_topic(topics.input, 2) if m.offset() == 1]
+    assert replayed[0].headers() == [*forged, (REPLAYED_FROM, f"{topics.dlq}/0/0".encode())]
+
+
+def test_inspect_survives_hostile_dead_letters_and_shows_them_safely(topics_factory):
+    # Finding 12 of the review: header values reached the terminal raw, a huge dlq.failed_at
+    # raised OSError, and a header key that is not UTF-8 could not be read at all.
+    topics = topics_factory(partitions=1)
+    key, value, headers = dead_letter(topics.input, 0)
+    escapes = [(k, b"\x1b]0;owned\x07" if k == "dlq.message" else v) for k, v in headers]
+    huge_time = [(k, b"9" * 40 if k == "dlq.failed_at" else v) for k, v in headers]
+    produce_to_partition(topics.dlq, 0, [(key, value, escapes), (key, value, huge_time)])
+    unreadable = [(k.encode(), v) for k, v in headers] + [(b"\xff\xfe", b"x")]
+    produce_raw(BOOTSTRAP, topics.dlq, 0, [(key, value, unreadable)])
+
+    result = dlq(topics.dlq, "inspect", "--show", "3")
+    as_json = dlq_json(topics.dlq, "inspect", "--show", "3")
+
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert as_json["total"] == 3
+    assert as_json["records"][2]["headers"]["dlq.headers.dropped"].startswith("unreadable")
+    summary = dlq_json(topics.dlq, "replay", "--group", f"g-{topics.dlq}", "--quiet")
+    assert summary["skipped_incomplete"] == 1, "a dead letter without its headers is not replayed"

@@ -11,14 +11,23 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from onnx import TensorProto, helper
 
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
-from tests.integration.conftest import Topics, committed_offsets, encode, produce, read_topic
+from tests.integration.conftest import (
+    BOOTSTRAP,
+    Topics,
+    committed_offsets,
+    encode,
+    produce,
+    read_topic,
+)
 from tests.models import onnx_model
 
+VALID = TransactionSimulator(3, id_prefix="failures").generate(1).records[0]
 #: The crafted model breaks (ONNX Runtime raises) on transactions above this amount.
 POISON_AMOUNT = 500_000.0
 
@@ -168,3 +177,68 @@ def test_a_dead_letter_too_large_for_the_broker_is_kept_without_its_value(
     assert headers["dlq.value.dropped"] == str(len(huge_invalid))
     assert headers["dlq.reason"] == "validate"
     assert headers["dlq.original.offset"] == "0"
+
+
+def test_a_dead_letter_too_large_even_without_its_value_goes_without_its_key(
+    topics_factory, service_factory
+):
+    # Finding 2 of the review: a 1,000,100-byte key with a value of `x` was refused again and
+    # again without its value, with a new header each round, and the offset never committed.
+    topics = topics_factory(partitions=1)
+    group = f"big-key-{uuid.uuid4().hex[:8]}"
+    key = b"k" * 1_000_100
+    producer = Producer({"bootstrap.servers": BOOTSTRAP, "message.max.bytes": 1_048_000})
+    producer.produce(topics.input, key=key, value=b"x")
+    producer.produce(topics.input, key=b"card", value=encode(VALID))
+    assert producer.flush(30) == 0
+    service = service_factory(topics, "--group-id", group)
+
+    (letter,) = read_topic(topics.dlq, 1)
+    decided = read_topic(topics.output, 1)
+
+    headers = {k: v.decode() for k, v in letter.headers()}
+    assert letter.key() is None and letter.value() is None
+    assert headers["dlq.key.dropped"] == "1000100"
+    assert headers["dlq.value.dropped"] == "1"
+    assert headers["dlq.reason"] == "decode" and headers["dlq.original.offset"] == "0"
+    assert [json.loads(m.value())["transaction_id"] for m in decided] == [VALID["transaction_id"]]
+    wait_until(lambda: committed_offsets(group, topics.input, 1)[0] == 2, 30, "commit past it")
+    assert http_status(service.metrics_port, "/readyz") == 200
+
+
+def test_the_consumer_keeps_its_group_while_outputs_are_retried(
+    topics_factory, service_factory, admin: AdminClient
+):
+    # Finding 3 of the review: with the hand-off full, the consuming thread waited without
+    # polling for a whole retry round (attempts x message.timeout.ms), past
+    # max.poll.interval.ms: the replica was evicted and its records decided twice.
+    topics = topics_factory(partitions=1)
+    missing = Topics(topics.input, topics.output, f"missing-{uuid.uuid4().hex[:8]}.dlq", 1)
+    group = f"keep-polling-{uuid.uuid4().hex[:8]}"
+    valid = TransactionSimulator(8, id_prefix="poll").generate(200).records
+    produce(topics.input, [(b"bad", b"{broken")] + [(b"k", encode(r)) for r in valid])
+    service = service_factory(
+        missing, "--group-id", group, "--max-batch-size", "4", "--handoff-batches", "1",
+        "--delivery-attempts", "4", "--retry-backoff-ms", "100", "--retry-backoff-max-ms", "200",
+        "-X", "message.timeout.ms=2500", "-X", "session.timeout.ms=6000",
+        "-X", "max.poll.interval.ms=7000",
+    )  # fmt: skip
+
+    # A retry round lasts about 4 x 2.5 s plus backoffs: longer than max.poll.interval.ms.
+    wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
+    time.sleep(3)
+    for future in admin.create_topics([NewTopic(missing.dlq, 1, 1)]).values():
+        future.result(timeout=30)
+    try:
+        wait_until(lambda: http_status(service.metrics_port, "/readyz") == 200, 90, "recovery")
+        wait_until(
+            lambda: committed_offsets(group, topics.input, 1)[0] == 201, 60, "commit to the end"
+        )
+        decided = read_topic(topics.output, 200)
+    finally:
+        for future in admin.delete_topics([missing.dlq]).values():
+            future.result(timeout=30)
+    log = service.log()
+    assert "MAX_POLL_EXCEEDED" not in log and "lost " not in log, log
+    ids = [json.loads(m.value())["transaction_id"] for m in decided]
+    assert len(ids) == len(set(ids)) == 200, "no record decided twice"

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -22,8 +23,16 @@ from confluent_kafka import Message, Producer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from contracts.transaction import MAX_EVENT_TIME_MS
 from simulator.transactions import TransactionSimulator
-from tests.integration.conftest import BOOTSTRAP, ServiceProcess, read_topic
+from tests.integration.conftest import (
+    BOOTSTRAP,
+    ServiceProcess,
+    committed_offsets,
+    encode,
+    read_topic,
+)
+from tests.integration.raw_produce import RawRecord, produce_raw
 
 EXAMPLES = int(os.environ.get("FRAUD_HOSTILE_EXAMPLES", "6"))
 BASE = TransactionSimulator(99, id_prefix="base").generate(50).records
@@ -81,6 +90,7 @@ def hostile_record(draw: st.DrawFn) -> tuple[str, bytes | None, str]:
         field, value = draw(st.sampled_from([
             ("amount", 0), ("amount", -3.5), ("amount", 1e7), ("mcc", 10_000), ("mcc", -1),
             ("event_time", -1), ("currency", "usd"), ("country", "USA"), ("channel", "fax"),
+            ("event_time", 2**63), ("currency", "EUR\n"), ("country", "DE\n"),
         ]))  # fmt: skip
         raw = msgspec.json.encode({**base, field: value})
     elif kind == "missing":
@@ -212,3 +222,44 @@ def wait_for_outcomes(service: ServiceProcess, count: int, timeout_s: float = 60
             return
         time.sleep(0.1)
     raise AssertionError(f"fewer than {count} outcomes after {timeout_s}s:\n{service.log()}")
+
+
+def test_a_valid_looking_record_no_column_can_hold_never_stops_the_partition(
+    topics_factory, service_factory
+):
+    # Findings 1 and 12 of the review: event_time 2**63 crashed every replica, forever; a
+    # header key that is not UTF-8 made reading the headers raise on the dead-letter path.
+    topics = topics_factory(partitions=1)
+    group = f"extreme-{uuid.uuid4().hex[:8]}"
+    base = TransactionSimulator(77, id_prefix="extreme").generate(4).records
+    not_utf8 = [(b"\xff\xfe-trace", b"\x1b[31m")]
+    records: list[RawRecord] = [
+        (b"c0", encode({**base[0], "event_time": 1_767_571_200_000}), []),
+        (b"c1", encode({**base[1], "event_time": 2**63}), []),
+        (b"c2", encode({**base[2], "event_time": MAX_EVENT_TIME_MS}), []),
+        (b"c3", b"{broken", not_utf8),
+        (b"c4", encode({**base[3], "event_time": 1_767_571_200_000}), not_utf8),
+    ]
+    produce_raw(BOOTSTRAP, topics.input, 0, records)
+    service = service_factory(topics, "--group-id", group)
+
+    decided = decided_ids(read_topic(topics.output, 3))
+    letters = read_topic(topics.dlq, 2)
+
+    assert decided == {
+        base[0]["transaction_id"],
+        base[2]["transaction_id"],
+        base[3]["transaction_id"],
+    }
+    headers = [{k: v.decode() for k, v in m.headers()} for m in letters]
+    assert [(h["dlq.original.offset"], h["dlq.reason"]) for h in headers] == [
+        ("1", "validate"),
+        ("3", "decode"),
+    ]
+    assert "event_time" in headers[0]["dlq.message"]
+    assert headers[1]["dlq.headers.dropped"].startswith("unreadable")
+    assert service.process.poll() is None, "the service stays up"
+    deadline = time.monotonic() + 30
+    while committed_offsets(group, topics.input, 1)[0] != 5:
+        assert time.monotonic() < deadline, "the partition's position never reached its end"
+        time.sleep(0.2)

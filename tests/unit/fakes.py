@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
+from confluent_kafka import Message, TopicPartition
 
-from contracts.errors import ScoreError
+from contracts.errors import DeliveryError, ScoreError
 from stream.outcomes import OutcomeGroup
 from stream.sink import Output
 
@@ -89,3 +92,146 @@ def message(
         headers=[("trace", b"t-1")] if headers is None else headers,
         timestamp=(1, 1_000),
     )
+
+
+class FakeConsumer:
+    """A consumer driven by the test: it hands out the messages queued with `feed`, and runs
+    rebalance callbacks (`assign`, `revoke`, `lose`) inside `poll`/`consume`, on the consuming
+    thread, as librdkafka does. Paused partitions hand out nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._messages: deque[Message] = deque()
+        self._events: deque[tuple[str, list[TopicPartition]]] = deque()
+        self._callbacks: dict[str, Callable[..., None]] = {}
+        self.paused: set[tuple[str, int]] = set()
+        self.assigned: set[tuple[str, int]] = set()
+        self.stored: dict[tuple[str, int], int] = {}
+        self.committed: dict[tuple[str, int], int] = {}
+        self.polls = 0
+        self.closed = False
+
+    # -- what the test does
+    def feed(self, messages: list[Message]) -> None:
+        with self._lock:
+            self._messages.extend(messages)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self._events.append(("assign", partitions))
+
+    def revoke(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self._events.append(("revoke", partitions))
+
+    def lose(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self._events.append(("lost", partitions))
+
+    # -- the consumer's interface
+    def subscribe(self, topics: list[str], **callbacks: Callable[..., None]) -> None:
+        self._callbacks = {k.removeprefix("on_"): v for k, v in callbacks.items()}
+
+    def poll(self, timeout: float) -> Message | None:
+        taken = self.consume(1, timeout)
+        return taken[0] if taken else None
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        self.polls += 1
+        self._run_events()
+        with self._lock:
+            taken: list[Message] = []
+            skipped: list[Message] = []
+            while self._messages and len(taken) < num_messages:
+                message = self._messages.popleft()
+                key = (message.topic(), message.partition())
+                if key not in self.assigned:
+                    continue  # not ours (any more): dropped, as a revoked partition's queue
+                (skipped if key in self.paused else taken).append(message)
+            self._messages.extendleft(reversed(skipped))
+        if not taken:
+            time.sleep(min(timeout, 0.001))
+        return taken
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update((p.topic, p.partition) for p in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update((p.topic, p.partition) for p in partitions)
+
+    def store_offsets(self, offsets: list[TopicPartition]) -> None:
+        for tp in offsets:
+            self.stored[tp.topic, tp.partition] = tp.offset
+
+    def commit(self, asynchronous: bool = True) -> None:
+        self.committed.update(self.stored)
+
+    def close(self) -> None:
+        if self.assigned:
+            partitions = [TopicPartition(t, p) for t, p in sorted(self.assigned)]
+            self._callbacks["revoke"](self, partitions)
+            self.assigned.clear()
+        self.closed = True
+
+    def _run_events(self) -> None:
+        while True:
+            with self._lock:
+                if not self._events:
+                    return
+                kind, partitions = self._events.popleft()
+            keys = {(p.topic, p.partition) for p in partitions}
+            if kind == "assign":
+                self.assigned |= keys
+            self._callbacks[kind](self, partitions)
+            if kind != "assign":
+                self.assigned -= keys
+                self.paused -= keys
+
+
+class AutoSink(MemorySink):
+    """Delivers every output it holds when polled (or fails them all, while `failing`)."""
+
+    def __init__(self, on_failure: Callable[[Output, DeliveryError], None]) -> None:
+        super().__init__()
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        self.delivered: list[Output] = []
+        self.failing: DeliveryError | None = None
+        self.holding = False
+
+    def send(self, output: Output) -> None:
+        with self._lock:
+            self.sent.append(output)
+
+    def send_decisions(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+    ) -> None:
+        with self._lock:
+            self.sent.extend(output_of(i) for i in range(len(values)))
+
+    def poll(self) -> None:
+        if self.holding:
+            return
+        with self._lock:
+            outputs, self.sent = self.sent, []
+        for output in outputs:
+            if self.failing is not None:
+                self._on_failure(output, self.failing)
+            else:
+                self.delivered.append(output)
+                output.delivered()
+
+    def flush(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.poll()
+            with self._lock:
+                left = len(self.sent)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.005)

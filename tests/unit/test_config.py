@@ -106,3 +106,54 @@ def test_model_path_from_environment_is_a_path(tmp_path: Path) -> None:
     model = tmp_path / "m.onnx"
     model.write_bytes(b"x")
     assert ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": str(model)}).model_path == model
+
+
+def test_only_settings_known_to_be_safe_are_logged_in_clear(tmp_path: Path) -> None:
+    # Finding 8 of the review: a deny-list missed sasl.oauthbearer.config, which can hold a
+    # client secret.
+    env = {
+        "FRAUD_KAFKA_OPTIONS": "security.protocol=SASL_SSL,sasl.oauthbearer.config=clientSecret=s3",
+    }
+    shown = ServiceConfig.from_sources({}, env).redacted_kafka_options()
+    assert shown == {"security.protocol": "SASL_SSL", "sasl.oauthbearer.config": "***"}
+
+
+def test_a_comma_inside_a_value_does_not_cut_it_and_errors_never_echo_values() -> None:
+    env = {"FRAUD_KAFKA_OPTIONS": "sasl.username=svc,sasl.password=a,b=c,d;e,acks=all"}
+    options = ServiceConfig.from_sources({}, env).kafka_options
+    assert options == {"sasl.username": "svc", "sasl.password": "a,b=c,d;e", "acks": "all"}
+    with pytest.raises(ConfigurationError) as caught:
+        ServiceConfig.from_sources({}, {"FRAUD_KAFKA_OPTIONS": "hunter2-no-equals-sign"})
+    assert "hunter2" not in str(caught.value)
+
+
+def test_settings_from_a_properties_file_are_overridden_by_options(tmp_path: Path) -> None:
+    secrets = tmp_path / "kafka.properties"
+    secrets.write_text(
+        "# mounted from a secret\n"
+        "security.protocol = SASL_SSL\n"
+        "sasl.password=p,with=commas\n"
+        "\n"
+        "acks=1\n"
+    )
+    config = ServiceConfig.from_sources(
+        {"kafka_config_file": str(secrets)}, {"FRAUD_KAFKA_OPTIONS": "acks=all"}
+    )
+    assert config.kafka_settings() == {
+        "security.protocol": "SASL_SSL",
+        "sasl.password": "p,with=commas",
+        "acks": "all",
+    }
+    assert "p,with=commas" not in repr(config.redacted_kafka_options())
+
+
+def test_a_missing_or_malformed_config_file_stops_the_cli_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.properties"
+    bad.write_text("sasl.password\n")
+    for path in (tmp_path / "missing.properties", bad):
+        code = main(["run", "--kafka-config-file", str(path), "--bootstrap-servers", "127.0.0.1:1"])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert "kafka config file" in err and "sasl.password" not in err.split(":", 1)[0]

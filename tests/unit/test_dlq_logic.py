@@ -185,7 +185,7 @@ def test_replay_options_are_validated(kwargs, message):
 def test_replay_summary_reports_counts_as_json_and_text():
     summary = ReplaySummary(
         "t.dlq", "g", dry_run=False, read=10, selected=6, skipped_by_filter=4,
-        skipped_value_dropped=1, to_topics=Counter({"transactions": 5}),
+        skipped_incomplete=1, to_topics=Counter({"transactions": 5}),
     )  # fmt: skip
     assert summary.as_dict() == {
         "topic": "t.dlq",
@@ -195,14 +195,14 @@ def test_replay_summary_reports_counts_as_json_and_text():
         "selected": 6,
         "replayed": 5,
         "skipped_by_filter": 4,
-        "skipped_value_dropped": 1,
+        "skipped_incomplete": 1,
         "failed": 0,
         "to_topics": {"transactions": 5},
         "stopped_by": None,
         "error": None,
     }
     text = summary.render_text()
-    assert "replayed 5 (transactions=5)" in text and "1 without value" in text
+    assert "replayed 5 (transactions=5)" in text and "1 incomplete" in text
     assert "dry run" not in text and "stopped early" not in text
 
 

@@ -91,3 +91,26 @@ def test_outcome_group_needs_an_output() -> None:
 
 def _never(*_args: object) -> None:
     raise AssertionError("must not be called")
+
+
+def test_a_late_acknowledgement_from_before_a_revoke_counts_once() -> None:
+    # Finding 11 of the review: acknowledgements of a revoke that timed out arrived after the
+    # partition came back, and were counted against the new tracking (in-flight went negative).
+    tracker = OffsetTracker()
+    tracker.track(P0, 5, size=100)
+    tracker.forget([P0])
+    tracker.track(P0, 5, size=100)  # assigned here again: re-read from the committed position
+    tracker.finish(P0, 5)  # the old output's acknowledgement, late
+    tracker.finish(P0, 5)  # the new output's
+    assert tracker.in_flight == 0 and tracker.in_flight_bytes == 0
+    assert tracker.take_commit_positions() == {P0: 6}
+
+
+def test_bytes_in_flight_follow_records_until_acknowledged_or_forgotten() -> None:
+    tracker = OffsetTracker()
+    tracker.track_all([(P0, 1), (P0, 2), (P1, 1)], [1_000, 50, 7])
+    assert tracker.in_flight_bytes == 1_057
+    tracker.finish(P0, 2)
+    assert tracker.in_flight_bytes == 1_007
+    assert tracker.forget([P0]) == 1
+    assert tracker.in_flight_bytes == 7 and tracker.in_flight == 1

@@ -1,4 +1,4 @@
-"""The transaction contract of DESIGN.md, rule by rule."""
+"""The transaction contract of docs/contracts.md, rule by rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from contracts.errors import DecodeError, ValidationError
-from contracts.transaction import decode_transaction
+from contracts.transaction import MAX_EVENT_TIME_MS, decode_transaction
 
 VALID: dict[str, Any] = {
     "transaction_id": "t-1",
@@ -105,3 +105,25 @@ def test_not_an_object_is_a_validation_error() -> None:
 def test_deeply_nested_json_is_a_decode_error_not_a_crash(raw: bytes) -> None:
     with pytest.raises(DecodeError, match="nested too deeply"):
         decode_transaction(raw)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("currency", "EUR\n"),
+        ("country", "DE\n"),
+        ("event_time", 2**63),
+        ("event_time", MAX_EVENT_TIME_MS + 1),
+        ("event_time", -1),
+    ],
+)
+def test_values_no_column_can_hold_are_invalid(field: str, value: object) -> None:
+    # Finding 1 of the review: event_time 2**63 passed validation and crashed every replica
+    # while building columns; finding 10: "EUR\n" passed the pattern and was truncated.
+    with pytest.raises(ValidationError):
+        decode_transaction(msgspec.json.encode({**VALID, field: value}))
+
+
+def test_the_extreme_legal_event_times_are_valid() -> None:
+    for event_time in (0, MAX_EVENT_TIME_MS):
+        assert decode_transaction(msgspec.json.encode({**VALID, "event_time": event_time}))

@@ -1,0 +1,54 @@
+"""The metrics and health endpoints: what they answer, and that a flood of connections cannot
+make the replica start a thread per connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from stream.health import MAX_CONNECTIONS, HealthServer, HealthState
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def test_readiness_follows_the_state_and_liveness_stays_up() -> None:
+    state = HealthState()
+    server = HealthServer("127.0.0.1", 0, state)
+    server.start()
+    try:
+        assert get(server.port, "/readyz") == (503, "starting\n")
+        state.set_ready(True)
+        assert get(server.port, "/readyz") == (200, "ok\n")
+        assert get(server.port, "/healthz")[0] == 200
+        assert "fraud_in_flight_records" in get(server.port, "/metrics")[1]
+    finally:
+        server.close()
+
+
+def test_idle_connections_beyond_the_bound_get_no_thread_and_scrapes_still_work() -> None:
+    # Finding 8 of the review: ThreadingHTTPServer started one thread per connection, without
+    # limit; idle sockets held them open.
+    server = HealthServer("127.0.0.1", 0, HealthState())
+    server.start()
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
+    try:
+        time.sleep(0.5)
+        assert threading.active_count() - before <= MAX_CONNECTIONS
+        for sock in idle[: MAX_CONNECTIONS + 5]:
+            sock.close()
+        time.sleep(0.3)
+        assert get(server.port, "/healthz")[0] == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()
