@@ -216,15 +216,18 @@ def test_the_consumer_keeps_its_group_while_outputs_are_retried(
     missing = Topics(topics.input, topics.output, f"missing-{uuid.uuid4().hex[:8]}.dlq", 1)
     group = f"keep-polling-{uuid.uuid4().hex[:8]}"
     valid = TransactionSimulator(8, id_prefix="poll").generate(200).records
-    produce(topics.input, [(b"bad", b"{broken")] + [(b"k", encode(r)) for r in valid])
+    produce(topics.input, [(b"bad", b"{broken")])
     service = service_factory(
         missing, "--group-id", group, "--max-batch-size", "4", "--handoff-batches", "1",
-        "--delivery-attempts", "4", "--retry-backoff-ms", "100", "--retry-backoff-max-ms", "200",
+        "--delivery-attempts", "6", "--retry-backoff-ms", "100", "--retry-backoff-max-ms", "200",
         "-X", "message.timeout.ms=2500", "-X", "session.timeout.ms=6000",
         "-X", "max.poll.interval.ms=7000",
     )  # fmt: skip
 
-    # A retry round lasts about 4 x 2.5 s plus backoffs: longer than max.poll.interval.ms.
+    # Records arrive while a retry round runs; the round lasts about 6 x 2.5 s, longer than
+    # max.poll.interval.ms.
+    wait_until(lambda: retries(service) >= 1, 60, "a retry round")
+    produce(topics.input, [(b"k", encode(r)) for r in valid])
     wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
     time.sleep(3)
     for future in admin.create_topics([NewTopic(missing.dlq, 1, 1)]).values():
@@ -242,3 +245,10 @@ def test_the_consumer_keeps_its_group_while_outputs_are_retried(
     assert "MAX_POLL_EXCEEDED" not in log and "lost " not in log, log
     ids = [json.loads(m.value())["transaction_id"] for m in decided]
     assert len(ids) == len(set(ids)) == 200, "no record decided twice"
+
+
+def retries(service) -> float:  # type: ignore[no-untyped-def]
+    try:
+        return float(service.metric_total("fraud_delivery_retries_total"))
+    except OSError:
+        return 0.0  # not serving metrics yet
