@@ -15,7 +15,6 @@ from confluent_kafka import KafkaException
 from contracts.errors import ConfigurationError
 from contracts.kafka_settings import parse_kafka_options
 from scorer.model import OnnxScorer
-from stream import metrics
 from stream.config import ServiceConfig, settings
 from stream.health import HealthServer, HealthState
 from stream.kafka_clients import (
@@ -26,6 +25,7 @@ from stream.kafka_clients import (
 )
 from stream.lag import LagMonitor
 from stream.logs import configure_logging
+from stream.metrics import ServiceMetrics
 from stream.service import ScoringService
 from stream.topics import ensure_topics
 from stream.wiring import build_collaborators
@@ -112,13 +112,16 @@ def run_service(config: ServiceConfig) -> int:
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, whose pauses otherwise show up in the latency tail (measured 58-63 ms).
     gc.freeze()
+    metrics = ServiceMetrics()
     metrics.set_model(scorer.model_version, scorer.provider)
 
     health = HealthState()
     server = None
     if config.metrics_port:
         try:
-            server = HealthServer(config.metrics_host, config.metrics_port, health)
+            server = HealthServer(
+                config.metrics_host, config.metrics_port, health, metrics.registry
+            )
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
@@ -126,7 +129,7 @@ def run_service(config: ServiceConfig) -> int:
             ) from exc
         server.start()
 
-    lag = LagMonitor(config.input_topic)
+    lag = LagMonitor(config.input_topic, metrics)
     producer = create_producer(config)
     service = ScoringService(
         config,
@@ -137,6 +140,7 @@ def run_service(config: ServiceConfig) -> int:
             scorer,
             health,
             lag,
+            metrics,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
         ),

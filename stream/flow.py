@@ -21,7 +21,7 @@ import logging
 from confluent_kafka import Consumer, TopicPartition
 
 from contracts.offsets import PartitionKey
-from stream import metrics
+from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,14 @@ class FlowControl:
     """Owns the pause state of the consumer's partitions."""
 
     def __init__(
-        self, consumer: Consumer, max_in_flight_records: int, max_in_flight_bytes: int
+        self,
+        consumer: Consumer,
+        max_in_flight_records: int,
+        max_in_flight_bytes: int,
+        metrics: ServiceMetrics,
     ) -> None:
         self._consumer = consumer
+        self._metrics = metrics
         self.high_water = max_in_flight_records
         self.low_water = int(max_in_flight_records * RESUME_FRACTION)
         self.high_water_bytes = max_in_flight_bytes
@@ -103,11 +108,11 @@ class FlowControl:
             self._consumer.pause(partitions)
         else:
             self._consumer.resume(partitions)
-        metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
+        self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         self._assigned.difference_update((p.topic, p.partition) for p in partitions)
-        metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
+        self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
     def _set(self, paused: bool, reason: str) -> None:
         partitions = [TopicPartition(t, p) for t, p in sorted(self._assigned)]
@@ -118,4 +123,4 @@ class FlowControl:
             log.info("pausing %s partitions: %s", len(partitions), reason)
         else:
             log.info("resuming %s partitions", len(partitions))
-        metrics.set_paused_partitions(len(partitions) if paused else 0)
+        self._metrics.set_paused_partitions(len(partitions) if paused else 0)

@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,10 @@ _BUSY = (
 class HealthServer:
     """Serves the endpoints on host:port until `close()`."""
 
-    def __init__(self, host: str, port: int, state: HealthState) -> None:
-        handler = _handler_for(state)
+    def __init__(
+        self, host: str, port: int, state: HealthState, registry: CollectorRegistry = REGISTRY
+    ) -> None:
+        handler = _handler_for(state, registry)
         self._server = _BoundedServer((host, port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="health-http", daemon=True
@@ -108,14 +110,14 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler_for(state: HealthState) -> type[BaseHTTPRequestHandler]:
+def _handler_for(state: HealthState, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = CONNECTION_TIMEOUT_S
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/readyz"):
                 ok, why = state.alive() if path == "/healthz" else state.ready()
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")

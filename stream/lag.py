@@ -11,7 +11,7 @@ import json
 import logging
 
 from contracts.offsets import PartitionKey
-from stream import metrics
+from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,9 @@ STATISTICS_INTERVAL_MS = 1_000
 class LagMonitor:
     """Keeps `fraud_consumer_lag_records` per partition of the input topic up to date."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, metrics: ServiceMetrics) -> None:
         self._topic = topic
+        self._metrics = metrics
         self._lags: dict[PartitionKey, int] = {}
 
     @property
@@ -43,10 +44,10 @@ class LagMonitor:
             if number < 0 or lag < 0:  # -1: librdkafka's internal "unassigned" partition
                 continue
             self._lags[self._topic, number] = lag
-            metrics.set_consumer_lag(self._topic, number, lag)
+            self._metrics.set_consumer_lag(self._topic, number, lag)
 
     def forget(self, partitions: list[PartitionKey]) -> None:
         """Stop reporting partitions this replica no longer owns."""
         for key in partitions:
             if self._lags.pop(key, None) is not None:
-                metrics.forget_consumer_lag(*key)
+                self._metrics.forget_consumer_lag(*key)

@@ -19,7 +19,7 @@ from contracts.errors import DeliveryError, RecordRejectedError, TransientDelive
 from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter, shrink
-from stream import metrics
+from stream.metrics import ServiceMetrics
 from stream.sink import Output, OutputSink
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,9 @@ class Redelivery:
         *,
         delivery_timeout_s: float,
         max_message_bytes: int,
+        metrics: ServiceMetrics,
     ) -> None:
+        self._metrics = metrics
         self._policy = policy
         self._router = router
         self._delivery_timeout_s = delivery_timeout_s
@@ -73,7 +75,7 @@ class Redelivery:
             topic, partition, offset, output.kind, error.code, error,
         )  # fmt: skip
         if output.kind == "dead_letter":
-            metrics.record_dead_letter_produce_failure(error.code)
+            self._metrics.record_dead_letter_produce_failure(error.code)
         self._failed.append((output, error))
 
     def retry(self, sink: OutputSink) -> bool:
@@ -101,7 +103,7 @@ class Redelivery:
                 )
 
         try:
-            for try_ in self._policy.retrying(_count_retry):
+            for try_ in self._policy.retrying(self._count_retry):
                 with try_:
                     attempt()
         except TransientDeliveryError:
@@ -113,13 +115,16 @@ class Redelivery:
                     self._policy.attempts, self._policy.max_backoff_s,
                 )  # fmt: skip
             self._stalled.set()
-            metrics.set_delivery_stalled(True)
+            self._metrics.set_delivery_stalled(True)
             return False
         if self._stalled.is_set():
             log.info("outputs delivered again: resuming")
         self._stalled.clear()
-        metrics.set_delivery_stalled(False)
+        self._metrics.set_delivery_stalled(False)
         return True
+
+    def _count_retry(self, error: BaseException) -> None:
+        self._metrics.record_delivery_retry(getattr(error, "code", "unknown"))
 
     def _take(self) -> list[Output]:
         """Drain the failed outputs; rejected records become dead letters, retriable ones stay."""
@@ -147,7 +152,3 @@ class Redelivery:
             return output
         log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
         return Output.dead_letter(smaller, output.source, output.group)
-
-
-def _count_retry(error: BaseException) -> None:
-    metrics.record_delivery_retry(getattr(error, "code", "unknown"))

@@ -27,9 +27,9 @@ from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
-from stream import metrics
 from stream.batcher import Batch
 from stream.handoff import Handoff
+from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.sink import Output, OutputSink
@@ -58,15 +58,6 @@ class BatchReport(NamedTuple):
     closed_full: bool
 
 
-def count_delivered(labels: Counter[OutputLabel]) -> None:
-    """Count a completed group's outputs in the metrics."""
-    for (kind, label), count in labels.items():
-        if kind == "decision":
-            metrics.record_decisions_delivered(label, count)
-        else:
-            metrics.record_dead_letter_delivered(label, count)
-
-
 class _Encoded(NamedTuple):
     rows: list[int]
     keys: list[bytes]
@@ -85,7 +76,9 @@ class BatchScorer:
         *,
         output_topic: str,
         policy: DecisionPolicy,
+        metrics: ServiceMetrics,
     ) -> None:
+        self._metrics = metrics
         self._scorer = scorer
         self._sink = sink
         self._tracker = tracker
@@ -111,13 +104,15 @@ class BatchScorer:
         )
         if failed:
             outputs["dead_letter", ScoreError.reason] = len(failed)
-        group = OutcomeGroup(self._tracker, [r.position for r in records], outputs, count_delivered)
+        group = OutcomeGroup(
+            self._tracker, [r.position for r in records], outputs, self._metrics.count_delivered
+        )
         self._dead_letter(records, failed, group)
         self._send_decisions(records, verdicts, encoded, group)
         if encoded.rows:
             decided = np.asarray(encoded.rows)
             event_time = verdicts.event_time[decided]
-            metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
+            self._metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
 
@@ -157,8 +152,8 @@ class BatchScorer:
             encoded.values.append(value)
         return encoded
 
-    @staticmethod
-    def _count(verdicts: Verdicts, size: int, wait_s: float, now_ms: int) -> None:
+    def _count(self, verdicts: Verdicts, size: int, wait_s: float, now_ms: int) -> None:
+        metrics = self._metrics
         decided = np.ones(size, bool)
         decided[list(verdicts.failed)] = False
         if decided.any():

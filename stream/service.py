@@ -23,14 +23,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from contracts.errors import DecodeError, RecordError
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import decode_transaction
-from stream import metrics
 from stream.batcher import MicroBatcher
 from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.outcomes import OutcomeGroup
-from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker, count_delivered
+from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker
 from stream.sink import Output
 from stream.wiring import Collaborators
 
@@ -61,6 +60,7 @@ class ScoringService:
         self._redelivery = parts.redelivery
         self._router = parts.router
         self._tracker = parts.tracker
+        self._metrics = parts.metrics
         self._controller = (
             BatchSizeController(config.slo_ms, config.min_batch_size, config.max_batch_size)
             if config.slo_ms
@@ -68,9 +68,12 @@ class ScoringService:
         )
         initial_cap = self._controller.cap if self._controller else config.max_batch_size
         self._batcher: MicroBatcher[PendingRecord] = MicroBatcher(initial_cap, config.max_wait_ms)
-        metrics.set_batch_cap(initial_cap)
+        self._metrics.set_batch_cap(initial_cap)
         self._flow = FlowControl(
-            parts.consumer, config.max_in_flight_records, config.max_in_flight_bytes
+            parts.consumer,
+            config.max_in_flight_records,
+            config.max_in_flight_bytes,
+            parts.metrics,
         )
         self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
         self._worker = ScoringWorker(
@@ -82,6 +85,7 @@ class ScoringService:
                 parts.router,
                 output_topic=config.output_topic,
                 policy=config.decision_policy,
+                metrics=parts.metrics,
             ),
             parts.sink,
             parts.redelivery,
@@ -211,7 +215,7 @@ class ScoringService:
             full = self._batcher.add(PendingRecord(message, transaction, position), now_s)
             if full is not None:
                 self._handoff.offer(full)
-        metrics.record_consumed(len(records))
+        self._metrics.record_consumed(len(records))
 
     def _hand_off_due_batch(self) -> None:
         due = self._batcher.take_due(time.monotonic())
@@ -242,7 +246,7 @@ class ScoringService:
             error,
         )
         labels = Counter({("dead_letter", error.reason): 1})
-        group = OutcomeGroup(self._tracker, [position], labels, count_delivered)
+        group = OutcomeGroup(self._tracker, [position], labels, self._metrics.count_delivered)
         letter = self._router.dead_letter(message, error)
         self._sink.send(Output.dead_letter(letter, message, group))
 
@@ -252,7 +256,7 @@ class ScoringService:
             self._consumer.store_offsets(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()]
             )
-        metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
+        self._metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
 
     def _commit(self) -> None:
         self._store_offsets()
@@ -271,7 +275,7 @@ class ScoringService:
         new = self._controller.observe(report.latency_s, report.closed_full, self._lag.total)
         if new is not None:
             self._batcher.set_cap(new)
-            metrics.set_batch_cap(new, "up" if new > old else "down")
+            self._metrics.set_batch_cap(new, "up" if new > old else "down")
             log.info("batch cap %s -> %s (batch latency %.1f ms)", old, new, report.latency_s * 1e3)
 
     # -- rebalance (called on the consuming thread, inside poll or close) ----------------

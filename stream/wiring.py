@@ -18,6 +18,7 @@ from scorer.model import Scorer
 from stream.config import ServiceConfig
 from stream.health import HealthState
 from stream.lag import LagMonitor
+from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.sink import KafkaSink, OutputSink
 
@@ -37,6 +38,7 @@ class Collaborators:
     router: DeadLetterRouter
     health: HealthState
     lag: LagMonitor
+    metrics: ServiceMetrics
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
 
 
@@ -61,6 +63,7 @@ def build_collaborators(
     scorer: Scorer,
     health: HealthState,
     lag: LagMonitor,
+    metrics: ServiceMetrics,
     *,
     delivery_timeout_s: float,
     max_message_bytes: int,
@@ -72,6 +75,7 @@ def build_collaborators(
         router,
         delivery_timeout_s=delivery_timeout_s,
         max_message_bytes=max_message_bytes,
+        metrics=metrics,
     )
     return Collaborators(
         consumer=consumer,
@@ -81,4 +85,5 @@ def build_collaborators(
         router=router,
         health=health,
         lag=lag,
+        metrics=metrics,
     )

@@ -7,6 +7,7 @@ import time
 import msgspec
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
@@ -14,8 +15,8 @@ from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from simulator.transactions import TransactionSimulator
-from stream import metrics
 from stream.batcher import Batch
+from stream.metrics import ServiceMetrics
 from stream.scoring import BatchScorer, PendingRecord
 from tests.unit.fakes import FakeScorer, MemorySink, message
 
@@ -38,7 +39,7 @@ def poison_amount(features: np.ndarray) -> np.ndarray:
     return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
 
 
-def run(batch, scorer, late_policy="score", deadline_ms=1_000.0):
+def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None):
     sink, tracker = MemorySink(), OffsetTracker()
     for record in batch.items:
         tracker.track(("tx", 0), record.message.offset())
@@ -50,6 +51,7 @@ def run(batch, scorer, late_policy="score", deadline_ms=1_000.0):
         DeadLetterRouter("tx.dlq", "g/i"),
         output_topic="decisions",
         policy=policy,
+        metrics=ServiceMetrics(registry or CollectorRegistry()),
     )
     report = stage.process(batch)
     return sink, tracker, report
@@ -89,12 +91,15 @@ def test_poison_records_are_dead_lettered_and_their_batch_mates_decided():
 
 @pytest.mark.parametrize(("policy", "degraded"), [("score", False), ("fallback", True)])
 def test_late_records_follow_the_late_policy(policy, degraded):
-    late_before = metrics.LATE_RECORDS._value.get()
+    registry = CollectorRegistry()
     hour_ago = time.time_ns() // 1_000_000 - 3_600_000
     scorer = FakeScorer()
-    sink, _, _ = run(make_batch(10, event_time_ms=hour_ago), scorer, late_policy=policy)
+    batch = make_batch(10, event_time_ms=hour_ago)
+    sink, _, _ = run(batch, scorer, late_policy=policy, registry=registry)
     assert [d["degraded"] for d in decisions(sink)] == [degraded] * 10
-    assert metrics.LATE_RECORDS._value.get() - late_before == 10
+    assert registry.get_sample_value("fraud_late_records_total") == 10
+    late_by_rules = registry.get_sample_value("fraud_degraded_decisions_total", {"cause": "late"})
+    assert late_by_rules == (10 if degraded else None)
     assert scorer.calls == ([] if degraded else [10]), "fallback rows never reach the model"
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 import stream.metrics
@@ -252,7 +253,8 @@ def pyproject() -> dict[str, Any]:
 def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every metric of stream/metrics.py: name → (type, label names)."""
     families: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for value in vars(stream.metrics).values():
+    service_metrics = stream.metrics.ServiceMetrics(CollectorRegistry())
+    for value in vars(service_metrics).values():
         if isinstance(value, MetricWrapperBase):
             (described,) = value.describe()
             families[described.name] = (described.type, tuple(value._labelnames))

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from contracts.offsets import OffsetTracker
 from contracts.transaction import MAX_AMOUNT, MAX_EVENT_TIME_MS, MAX_ID_CHARS, decode_transaction
@@ -20,6 +21,7 @@ from scorer.decisions import Thresholds
 from scorer.model import OnnxScorer
 from stream.batcher import Batch
 from stream.config import SHIPPED_MODEL_PATH
+from stream.metrics import ServiceMetrics
 from stream.scoring import BatchScorer, PendingRecord
 from tests.unit.fakes import MemorySink, message
 
@@ -76,7 +78,15 @@ def stage() -> tuple[BatchScorer, MemorySink, OffsetTracker]:
     policy = DecisionPolicy(Thresholds(0.5, 0.8), 1_000.0, "fallback")
     router = DeadLetterRouter("tx.dlq", "g/i")
     return (
-        BatchScorer(scorer, sink, tracker, router, output_topic="d", policy=policy),
+        BatchScorer(
+            scorer,
+            sink,
+            tracker,
+            router,
+            output_topic="d",
+            policy=policy,
+            metrics=ServiceMetrics(CollectorRegistry()),
+        ),
         sink,
         tracker,
     )

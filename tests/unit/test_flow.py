@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from confluent_kafka import TopicPartition
+from prometheus_client import CollectorRegistry
 
 from stream.flow import FlowControl
+from stream.metrics import ServiceMetrics
+
+METRICS = ServiceMetrics(CollectorRegistry())
 
 
 class RecordingConsumer:
@@ -26,7 +30,7 @@ def tps(*numbers: int) -> list[TopicPartition]:
 
 def test_pauses_at_high_water_and_resumes_at_low_water() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
     flow.on_assign(tps(0, 1))
     consumer.calls.clear()
     flow.update(99, 0, None)
@@ -41,7 +45,7 @@ def test_pauses_at_high_water_and_resumes_at_low_water() -> None:
 
 def test_a_blocking_condition_pauses_until_it_clears() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
     flow.update(0, 0, "deliveries stalled")
     assert flow.paused
@@ -53,7 +57,7 @@ def test_a_blocking_condition_pauses_until_it_clears() -> None:
 
 def test_new_partitions_get_the_current_state_explicitly() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=10, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, 10, 1 << 30, METRICS)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
     assert consumer.calls[-1] == ("resume", [("tx", 0)]), "resumed explicitly, not left as found"
     flow.update(10, 0, None)
@@ -66,7 +70,7 @@ def test_new_partitions_get_the_current_state_explicitly() -> None:
 
 def test_bytes_in_flight_pause_like_records_and_both_must_drain_to_resume() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1_000)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, 100, 1_000, METRICS)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
     flow.update(3, 999, None)
     assert not flow.paused
@@ -82,7 +86,7 @@ def test_bytes_in_flight_pause_like_records_and_both_must_drain_to_resume() -> N
 
 def test_a_block_that_clears_resumes_at_once_below_the_bounds() -> None:
     consumer = RecordingConsumer()
-    flow = FlowControl(consumer, max_in_flight_records=100, max_in_flight_bytes=1 << 30)  # type: ignore[arg-type]
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
     flow.on_assign(tps(0))
     flow.update(80, 0, "scoring thread busy")
     assert flow.paused

@@ -9,7 +9,10 @@ import time
 import urllib.error
 import urllib.request
 
+from prometheus_client import CollectorRegistry
+
 from stream.health import MAX_CONNECTIONS, HealthServer, HealthState
+from stream.metrics import ServiceMetrics
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -22,14 +25,16 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 def test_readiness_follows_the_state_and_liveness_stays_up() -> None:
     state = HealthState()
-    server = HealthServer("127.0.0.1", 0, state)
+    metrics = ServiceMetrics(CollectorRegistry())
+    metrics.set_in_flight(7, 700)
+    server = HealthServer("127.0.0.1", 0, state, metrics.registry)
     server.start()
     try:
         assert get(server.port, "/readyz") == (503, "starting\n")
         state.set_ready(True)
         assert get(server.port, "/readyz") == (200, "ok\n")
         assert get(server.port, "/healthz")[0] == 200
-        assert "fraud_in_flight_records" in get(server.port, "/metrics")[1]
+        assert "fraud_in_flight_records 7.0" in get(server.port, "/metrics")[1]
     finally:
         server.close()
 

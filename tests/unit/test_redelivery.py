@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from prometheus_client import CollectorRegistry
+
 from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
 from stream.sink import Output
@@ -52,6 +55,7 @@ def setup(
         DeadLetterRouter("tx.dlq", "g/i"),
         delivery_timeout_s=1.0,
         max_message_bytes=MAX_MESSAGE_BYTES,
+        metrics=ServiceMetrics(CollectorRegistry()),
     )
     sink.redelivery = redelivery
     tracker = OffsetTracker()

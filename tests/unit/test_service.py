@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
+from prometheus_client import CollectorRegistry
 
 from contracts.errors import TransientDeliveryError
 from deadletter.policy import RetryPolicy
@@ -21,6 +22,7 @@ from simulator.transactions import TransactionSimulator
 from stream.config import ServiceConfig
 from stream.health import HealthState
 from stream.lag import LagMonitor
+from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
 from stream.wiring import Collaborators, dead_letter_router
@@ -67,11 +69,13 @@ class Replica:
         self.config = ServiceConfig(**{**defaults, **settings})  # type: ignore[arg-type]
         self.consumer = FakeConsumer()
         router = dead_letter_router(self.config)
+        self.metrics = ServiceMetrics(CollectorRegistry())
         self.redelivery = Redelivery(
             RetryPolicy(self.config.delivery_attempts, 0.001, 0.005),
             router,
             delivery_timeout_s=0.01,
             max_message_bytes=1_000_000,
+            metrics=self.metrics,
         )
         self.sink = AutoSink(self.redelivery.failed)
         self.scorer = scorer or FakeScorer()
@@ -83,7 +87,8 @@ class Replica:
             redelivery=self.redelivery,
             router=router,
             health=self.health,
-            lag=LagMonitor(TOPIC),
+            lag=LagMonitor(TOPIC, self.metrics),
+            metrics=self.metrics,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)
