@@ -12,11 +12,10 @@ Extra librdkafka settings (security, SASL, SSL, tuning) pass through unchanged i
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -30,15 +29,21 @@ from contracts.kafka_settings import (
 from scorer.decide import DecisionPolicy, LatePolicy
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD, Thresholds
 from scorer.runtime import Device
+from stream.declarations import (
+    Setting,
+    check_path,
+    declared_settings,
+    decode_path,
+    field_of,
+    meta,
+    readable_error,
+    rules_of,
+)
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
 
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-
-
-def _meta(env: str, help: str, **bounds: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=help, extra={"env": env}, **bounds)
 
 
 def _default_instance_id() -> str:
@@ -53,28 +58,28 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     bootstrap_servers: Annotated[
         str,
-        _meta(
+        meta(
             "KAFKA_BOOTSTRAP_SERVERS",
             "Kafka bootstrap servers, host:port[,host:port]",
             min_length=1,
         ),
     ] = "127.0.0.1:9092"
-    input_topic: Annotated[
-        _Topic, _meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")
-    ] = "transactions"
-    output_topic: Annotated[_Topic, _meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
+    input_topic: Annotated[_Topic, meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")] = (
+        "transactions"
+    )
+    output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
         "decisions"
     )
     dlq_topic: Annotated[
         _Topic,
-        _meta("FRAUD_DLQ_TOPIC", "dead-letter topic for records that cannot be decided"),
+        meta("FRAUD_DLQ_TOPIC", "dead-letter topic for records that cannot be decided"),
     ] = "transactions.dlq"
     group_id: Annotated[
-        str, _meta("FRAUD_GROUP_ID", "consumer group shared by all replicas", min_length=1)
+        str, meta("FRAUD_GROUP_ID", "consumer group shared by all replicas", min_length=1)
     ] = "fraud-scorer"
     instance_id: Annotated[
         str,
-        _meta(
+        meta(
             "FRAUD_INSTANCE_ID",
             "name of this replica in logs and dead-letter headers (default: host-pid)",
             min_length=1,
@@ -82,7 +87,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = msgspec.field(default_factory=_default_instance_id)
     max_batch_size: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_MAX_BATCH_SIZE",
             "a micro-batch closes when it holds this many records",
             ge=1,
@@ -91,7 +96,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 256
     max_wait_ms: Annotated[
         float,
-        _meta(
+        meta(
             "FRAUD_MAX_WAIT_MS",
             "... or this many milliseconds after its first record arrived, whichever comes first",
             ge=0,
@@ -100,7 +105,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 10.0
     max_in_flight_records: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_MAX_IN_FLIGHT_RECORDS",
             "bound on records consumed but not yet decided and acknowledged: the consumer pauses "
             "its partitions there and resumes at half of it, so memory stays flat under any "
@@ -111,7 +116,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 10_000
     max_in_flight_bytes: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_MAX_IN_FLIGHT_BYTES",
             "the same bound on those records' key and value bytes (records may carry unknown "
             "fields up to the broker's size limit)",
@@ -121,7 +126,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 64 * 1_048_576
     handoff_batches: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_HANDOFF_BATCHES",
             "closed batches that may wait for the scoring thread; when full, fetching waits",
             ge=1,
@@ -130,7 +135,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 2
     slo_ms: Annotated[
         float,
-        _meta(
+        meta(
             "FRAUD_SLO_MS",
             "latency target (first record in batch → decisions produced, p99 of recent batches) "
             "for the adaptive batch cap; 0 turns adaptation off and max_batch_size is fixed",
@@ -139,7 +144,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 0.0
     min_batch_size: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_MIN_BATCH_SIZE",
             "lower bound of the adaptive batch cap (upper: max_batch_size)",
             ge=1,
@@ -147,7 +152,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 16
     decision_deadline_ms: Annotated[
         float,
-        _meta(
+        meta(
             "FRAUD_DECISION_DEADLINE_MS",
             "a transaction is late when its batch is decided after event_time + this; 0 disables",
             ge=0,
@@ -155,7 +160,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 1_000.0
     late_policy: Annotated[
         LatePolicy,
-        _meta(
+        meta(
             "FRAUD_LATE_POLICY",
             "late transactions: score (score anyway, count as late) or fallback (fast rules "
             "decision, degraded=true; a record decided again after a restart may then differ)",
@@ -163,7 +168,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = "score"
     delivery_attempts: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_DELIVERY_ATTEMPTS",
             "tries of an output the broker did not acknowledge before the replica reports "
             "unready and stops fetching (it keeps retrying at the longest backoff; nothing is "
@@ -174,17 +179,17 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 5
     retry_backoff_ms: Annotated[
         float,
-        _meta("FRAUD_RETRY_BACKOFF_MS", "first retry wait; it doubles per try, with jitter", gt=0),
+        meta("FRAUD_RETRY_BACKOFF_MS", "first retry wait; it doubles per try, with jitter", gt=0),
     ] = 100.0
     retry_backoff_max_ms: Annotated[
-        float, _meta("FRAUD_RETRY_BACKOFF_MAX_MS", "longest wait between retries", gt=0)
+        float, meta("FRAUD_RETRY_BACKOFF_MAX_MS", "longest wait between retries", gt=0)
     ] = 5_000.0
-    model_path: Annotated[Path, _meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
+    model_path: Annotated[Path, meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
         SHIPPED_MODEL_PATH
     )
     device: Annotated[
         Device,
-        _meta(
+        meta(
             "FRAUD_DEVICE",
             "execution provider: auto (CUDA if it works, else CPU), cuda, cpu or tensorrt "
             "(TensorRT, else CUDA, else CPU); a GPU that cannot run falls back to CPU with one "
@@ -193,11 +198,11 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = "auto"
     device_id: Annotated[
         int,
-        _meta("FRAUD_DEVICE_ID", "CUDA device ordinal the cuda and tensorrt devices run on", ge=0),
+        meta("FRAUD_DEVICE_ID", "CUDA device ordinal the cuda and tensorrt devices run on", ge=0),
     ] = 0
     cpu_threads: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_CPU_THREADS",
             "ONNX Runtime intra-op threads on the CPU; 1 leaves the other cores to Kafka's "
             "threads, 0 = ONNX Runtime's default (one per physical core)",
@@ -207,19 +212,19 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 1
     review_threshold: Annotated[
         float,
-        _meta("FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review", ge=0, le=1),
+        meta("FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review", ge=0, le=1),
     ] = DEFAULT_REVIEW_THRESHOLD
     decline_threshold: Annotated[
         float,
-        _meta("FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined", ge=0, le=1),
+        meta("FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined", ge=0, le=1),
     ] = DEFAULT_DECLINE_THRESHOLD
     metrics_host: Annotated[
         str,
-        _meta("FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"),
+        meta("FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"),
     ] = "0.0.0.0"
     metrics_port: Annotated[
         int,
-        _meta(
+        meta(
             "FRAUD_METRICS_PORT",
             "port of the /metrics, /healthz and /readyz server; 0 disables it",
             ge=0,
@@ -228,20 +233,20 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = 9102
     shutdown_timeout_s: Annotated[
         float,
-        _meta(
+        meta(
             "FRAUD_SHUTDOWN_TIMEOUT_S",
             "on SIGTERM, how long the whole drain may take (score what is held, wait for its "
             "outputs, commit) before the replica exits",
             gt=0,
         ),
     ] = 30.0
-    log_level: Annotated[LogLevel, _meta("FRAUD_LOG_LEVEL", "log level")] = "INFO"
-    log_format: Annotated[
-        LogFormat, _meta("FRAUD_LOG_FORMAT", "log format: text or json lines")
-    ] = "text"
+    log_level: Annotated[LogLevel, meta("FRAUD_LOG_LEVEL", "log level")] = "INFO"
+    log_format: Annotated[LogFormat, meta("FRAUD_LOG_FORMAT", "log format: text or json lines")] = (
+        "text"
+    )
     kafka_options: Annotated[
         dict[str, str],
-        _meta(
+        meta(
             "FRAUD_KAFKA_OPTIONS",
             "extra librdkafka settings for every client, KEY=VALUE (repeat the flag; in the "
             "environment, comma-separated), e.g. security.protocol=SASL_SSL; put secrets in "
@@ -250,7 +255,7 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = msgspec.field(default_factory=dict)
     kafka_config_file: Annotated[
         Path | None,
-        _meta(
+        meta(
             "FRAUD_KAFKA_CONFIG_FILE",
             "librdkafka settings from a properties file (key=value lines, # comments), e.g. "
             "mounted from a secret; -X and FRAUD_KAFKA_OPTIONS override its keys",
@@ -268,10 +273,10 @@ class ServiceConfig(_Settings, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         try:
             msgspec.convert(
-                msgspec.structs.asdict(self), _Settings, strict=True, dec_hook=_check_path
+                msgspec.structs.asdict(self), _Settings, strict=True, dec_hook=check_path
             )
         except msgspec.ValidationError as exc:
-            raise _readable(exc, msgspec.structs.asdict(self)) from None
+            raise readable_error(exc, msgspec.structs.asdict(self), _RULES) from None
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ValueError(
                 "input_topic, output_topic and dlq_topic must be three different topics, got "
@@ -329,10 +334,10 @@ class ServiceConfig(_Settings, frozen=True, kw_only=True):
                     values[setting.name] = raw
                 sources[setting.name] = setting.env
         try:
-            return msgspec.convert(values, cls, strict=False, dec_hook=_decode_path)
+            return msgspec.convert(values, cls, strict=False, dec_hook=decode_path)
         except msgspec.ValidationError as exc:
-            error = _readable(exc, values)
-            name = _field_of(exc)
+            error = readable_error(exc, values, _RULES)
+            name = field_of(exc)
             prefix = f"{sources[name]}: " if name in sources else ""
             raise ConfigurationError(prefix + str(error)) from None
 
@@ -365,118 +370,14 @@ class ServiceConfig(_Settings, frozen=True, kw_only=True):
         )
 
 
-class Setting(NamedTuple):
-    """One declared setting, as `--help` and the deploy checks read it."""
-
-    name: str
-    env: str
-    help: str
-    #: The documented default, as text.
-    default: str
-
-
 def settings() -> tuple[Setting, ...]:
     """Every setting of `ServiceConfig`, in declaration order."""
     return _SETTINGS
-
-
-def _describe_default(field: msgspec.inspect.Field) -> str:
-    if field.name == "instance_id":
-        return "(host-pid)"
-    if field.default_factory is not msgspec.NODEFAULT or field.default is None:
-        return "(none)"
-    return str(field.default)
-
-
-def _declared() -> tuple[Setting, ...]:
-    info = msgspec.inspect.type_info(_Settings)
-    assert isinstance(info, msgspec.inspect.StructType)
-    declared = []
-    for field in info.fields:
-        meta = field.type
-        assert isinstance(meta, msgspec.inspect.Metadata) and meta.extra is not None
-        declared.append(
-            Setting(
-                field.name,
-                meta.extra["env"],
-                (meta.extra_json_schema or {})["description"],
-                _describe_default(field),
-            )
-        )
-    return tuple(declared)
-
-
-_SETTINGS = _declared()
 
 
 def _options_from_env(raw: str) -> dict[str, str]:
     return parse_kafka_options(split_kafka_options(raw))
 
 
-def _decode_path(kind: type, value: Any) -> Any:
-    if kind is Path and isinstance(value, str | Path):
-        return Path(value)
-    raise NotImplementedError(f"{kind} is not a setting type")
-
-
-def _check_path(kind: type, value: Any) -> Any:
-    if kind is Path and isinstance(value, Path):
-        return value
-    raise TypeError(f"Expected `Path`, got `{type(value).__name__}`")
-
-
-_PATH = re.compile(r" - at `\$\.([a-z_]+)`")
-
-
-def _field_of(exc: msgspec.ValidationError) -> str | None:
-    match = _PATH.search(str(exc))
-    return match.group(1) if match else None
-
-
-def _readable(exc: msgspec.ValidationError, values: Mapping[str, Any]) -> TypeError | ValueError:
-    """msgspec's message ("Expected `int` >= 1 - at `$.max_batch_size`") as one naming the
-    setting, what it accepts and the value, typed as TypeError (wrong type) or ValueError."""
-    text = str(exc)
-    name = _field_of(exc)
-    if name is None:
-        return ValueError(text)
-    shown = "(not shown)" if name == "kafka_options" else repr(values.get(name))
-    message = f"{name} must be {_RULES[name]}, got {shown}"
-    return TypeError(message) if ", got `" in text else ValueError(message)
-
-
-def _rule_of(kind: msgspec.inspect.Type) -> str:
-    """What a declared type accepts, in words: "an integer in 1..65536"."""
-    if isinstance(kind, msgspec.inspect.Metadata):
-        return _rule_of(kind.type)
-    if isinstance(kind, msgspec.inspect.LiteralType):
-        return "one of " + ", ".join(str(v) for v in kind.values)
-    if isinstance(kind, msgspec.inspect.IntType | msgspec.inspect.FloatType):
-        noun = "an integer" if isinstance(kind, msgspec.inspect.IntType) else "a number"
-        low = kind.ge if kind.ge is not None else kind.gt
-        high = kind.le if kind.le is not None else kind.lt
-        if kind.ge is not None and kind.le is not None:
-            return f"{noun} in {kind.ge}..{kind.le}"
-        if low is not None:
-            return f"{noun} {'>=' if kind.ge is not None else '>'} {low}"
-        return noun if high is None else f"{noun} <= {high}"
-    if isinstance(kind, msgspec.inspect.StrType):
-        if kind.pattern:
-            return "a topic name (letters, digits, . _ -)"
-        return "a non-empty string" if kind.min_length else "a string"
-    if isinstance(kind, msgspec.inspect.DictType):
-        return "KEY=VALUE settings"
-    if isinstance(kind, msgspec.inspect.UnionType):
-        return " or ".join(_rule_of(t) for t in kind.types)
-    if isinstance(kind, msgspec.inspect.NoneType):
-        return "unset"
-    return "a file path"
-
-
-def _rules() -> dict[str, str]:
-    info = msgspec.inspect.type_info(_Settings)
-    assert isinstance(info, msgspec.inspect.StructType)
-    return {field.name: _rule_of(field.type) for field in info.fields}
-
-
-_RULES = _rules()
+_SETTINGS = declared_settings(_Settings)
+_RULES = rules_of(_Settings)

@@ -7,6 +7,7 @@ ever find a working GPU, rather than pass without testing the fallback.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import tempfile
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import onnxruntime as ort
 import pytest
 
 from contracts.errors import ConfigurationError, ScoreError
@@ -175,11 +177,28 @@ def test_a_thread_that_did_not_warm_up_captures_its_graphs_on_its_first_call(
     assert sizes == [3, 1, 1, 1, 2, 2, 2, 4, 4, 4, 3], "three runs per bucket, then the batch"
 
 
-def test_pinned_memory_is_zeroed_or_unavailable() -> None:
+def _cuda_runtime_loads() -> bool:
+    try:
+        ctypes.CDLL(f"libcudart.so.{str(ort.cuda_version).split('.')[0]}")
+    except OSError:
+        return False
+    return True
+
+
+def test_without_a_cuda_runtime_pinned_memory_is_reported_unavailable() -> None:
+    if _cuda_runtime_loads():
+        pytest.skip("this machine has the CUDA runtime: the next test covers it")
+    assert pinned_zeros((4, NUM_FEATURES), device_id=0) is None
+
+
+def test_pinned_memory_is_zeroed_and_writable() -> None:
+    if not _cuda_runtime_loads():
+        pytest.skip("no CUDA runtime on this machine: pinned memory cannot be allocated")
     array = pinned_zeros((4, NUM_FEATURES), device_id=0)
-    if array is not None:  # a machine with the CUDA runtime
-        assert array.shape == (4, NUM_FEATURES) and not array.any()
-        array[:] = 1.0
+    assert array is not None, "the runtime loads, so the allocation must succeed"
+    assert array.shape == (4, NUM_FEATURES) and not array.any()
+    array[:] = 1.0
+    assert array.all()
 
 
 @pytest.mark.parametrize(
