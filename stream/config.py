@@ -42,6 +42,7 @@ from stream.declarations import (
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
 
+ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -184,6 +185,43 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     retry_backoff_max_ms: Annotated[
         float, meta("FRAUD_RETRY_BACKOFF_MAX_MS", "longest wait between retries", gt=0)
     ] = 5_000.0
+    processing_guarantee: Annotated[
+        ProcessingGuarantee,
+        meta(
+            "FRAUD_PROCESSING_GUARANTEE",
+            "at-least-once (a crash may repeat decisions) or exactly-once (decisions, dead letters "
+            "and input offsets commit in one Kafka transaction; read decisions with "
+            "isolation.level=read_committed)",
+        ),
+    ] = "at-least-once"
+    transaction_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_TRANSACTION_MS",
+            "exactly-once: commit the open transaction this often (a read_committed consumer "
+            "sees decisions up to this much later)",
+            gt=0,
+            le=60_000,
+        ),
+    ] = 100.0
+    transaction_max_records: Annotated[
+        int,
+        meta(
+            "FRAUD_TRANSACTION_MAX_RECORDS",
+            "exactly-once: ... or once the open transaction answers this many records",
+            ge=1,
+            le=10_000_000,
+        ),
+    ] = 10_000
+    transactional_id: Annotated[
+        str,
+        meta(
+            "FRAUD_TRANSACTIONAL_ID",
+            "exactly-once: the producer's transactional.id; keep it stable across restarts of "
+            "one replica so a restart fences its previous incarnation at once (default: "
+            "<group_id>-<instance_id>)",
+        ),
+    ] = ""
     model_path: Annotated[Path, meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
         SHIPPED_MODEL_PATH
     )
@@ -359,6 +397,16 @@ class ServiceConfig(_Settings, frozen=True, kw_only=True):
     def redacted_kafka_options(self) -> dict[str, object]:
         """The extra librdkafka settings as they may be logged (secrets masked)."""
         return redact(self.kafka_settings())
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether outputs and offsets commit in Kafka transactions."""
+        return self.processing_guarantee == "exactly-once"
+
+    @property
+    def producer_transactional_id(self) -> str:
+        """The transactional.id of this replica's producer (exactly-once)."""
+        return self.transactional_id or f"{self.group_id}-{self.instance_id}"
 
     @property
     def decision_policy(self) -> DecisionPolicy:

@@ -81,11 +81,29 @@ def _settings(config: ServiceConfig, defaults: dict[str, Any]) -> dict[str, Any]
     }
 
 
+#: Exactly-once: the transaction carries the offsets, so the consumer commits nothing itself,
+#: and it reads only committed records (the default, stated because it matters here).
+EXACTLY_ONCE_CONSUMER: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "isolation.level": "read_committed",
+}
+#: Exactly-once: delivery reports for failures only (the commit reports success). A short
+#: transaction timeout bounds how long a crashed replica's open transaction holds
+#: read_committed consumers back when its successor cannot fence it (another transactional.id);
+#: librdkafka wants message.timeout.ms within it.
+EXACTLY_ONCE_PRODUCER: dict[str, Any] = {
+    "delivery.report.only.error": True,
+    "transaction.timeout.ms": 15_000,
+    "message.timeout.ms": 10_000,
+}
+
+
 def create_consumer(config: ServiceConfig, on_statistics: Callable[[str], None]) -> Consumer:
     """The consumer of the input topic, in the service's consumer group."""
+    defaults = {**CONSUMER_DEFAULTS, **(EXACTLY_ONCE_CONSUMER if config.exactly_once else {})}
     return Consumer(
         {
-            **_settings(config, CONSUMER_DEFAULTS),
+            **_settings(config, defaults),
             "group.id": config.group_id,
             "stats_cb": on_statistics,
         }
@@ -93,8 +111,11 @@ def create_consumer(config: ServiceConfig, on_statistics: Callable[[str], None])
 
 
 def create_producer(config: ServiceConfig) -> Producer:
-    """The producer of decisions and dead letters."""
-    return Producer(_settings(config, PRODUCER_DEFAULTS))
+    """The producer of decisions and dead letters (transactional in exactly-once mode)."""
+    if not config.exactly_once:
+        return Producer(_settings(config, PRODUCER_DEFAULTS))
+    settings = _settings(config, {**PRODUCER_DEFAULTS, **EXACTLY_ONCE_PRODUCER})
+    return Producer({**settings, "transactional.id": config.producer_transactional_id})
 
 
 def delivery_timeout_s(config: ServiceConfig) -> float:

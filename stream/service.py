@@ -18,12 +18,13 @@ import threading
 import time
 from collections import Counter
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DecodeError, RecordError
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import decode_transaction
 from stream.batcher import MicroBatcher
+from stream.commits import Commits, StoredOffsets, TransactionCommits
 from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
@@ -42,6 +43,8 @@ IDLE_POLL_S = 0.1
 #: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
 #: scoring thread is stuck, and the group must not evict this replica for silence.
 HANDOFF_WAIT_MAX_S = 1.0
+#: How long a rewind waits for the committed offsets.
+REWIND_TIMEOUT_S = 30.0
 
 
 class ScoringService:
@@ -61,6 +64,14 @@ class ScoringService:
         self._router = parts.router
         self._tracker = parts.tracker
         self._metrics = parts.metrics
+        self._transactions = parts.transactions
+        self._commits: Commits = (
+            StoredOffsets(parts.consumer, parts.tracker)
+            if parts.transactions is None
+            else TransactionCommits(parts.transactions)
+        )
+        #: Exactly-once: a transaction was aborted; the consumer must go back to the commit.
+        self._rewind_pending = False
         self._controller = (
             BatchSizeController(config.slo_ms, config.min_batch_size, config.max_batch_size)
             if config.slo_ms
@@ -115,6 +126,8 @@ class ScoringService:
         the consumer."""
         self._worker.start()
         self._worker.warmed_up.wait()
+        if self._transactions is not None:
+            self._transactions.initialize(self._config.shutdown_timeout_s)
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._on_assign,
@@ -141,6 +154,8 @@ class ScoringService:
     def _step(self) -> None:
         """One pass: apply backpressure, fetch, decode and batch, hand off, commit."""
         self._health.beat()
+        if self._rewind_pending:
+            self._rewind()
         self._apply_backpressure()
         if not self._flow.paused and self._handoff.full:
             self._wait_for_scoring_thread()
@@ -148,7 +163,7 @@ class ScoringService:
             self._accept(self._fetch())
             self._hand_off_due_batch()
         self._sink.poll()
-        self._store_offsets()
+        self._record_progress()
 
     def _apply_backpressure(self) -> None:
         stalled = self._redelivery.stalled
@@ -156,6 +171,8 @@ class ScoringService:
         blocked_by = None
         if self._redelivery.busy or stalled:
             blocked_by = "outputs not acknowledged, retrying"
+        elif self._transactions is not None and self._transactions.commit_pending:
+            blocked_by = "transaction commit not confirmed, retrying"
         elif (
             self._handoff_full_since is not None
             and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S
@@ -250,21 +267,37 @@ class ScoringService:
         letter = self._router.dead_letter(message, error)
         self._sink.send(Output.dead_letter(letter, message, group))
 
-    def _store_offsets(self) -> None:
-        positions = self._tracker.take_commit_positions()
-        if positions:
-            self._consumer.store_offsets(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()]
-            )
+    def _record_progress(self) -> None:
+        if self._commits.record_progress():
+            self._rewind_pending = True
         self._metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
 
     def _commit(self) -> None:
-        self._store_offsets()
-        try:
-            self._consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing new stored: benign
-                log.warning("commit failed, the next commit will cover it: %s", exc)
+        """Commit now what is finished (rebalance, shutdown)."""
+        if self._commits.commit_now():
+            self._rewind_pending = True
+
+    def _rewind(self) -> None:
+        """Exactly-once, after an abort: drop what is held and go back to the committed
+        offsets, so every record since the last commit is decided again in a new transaction."""
+        assert self._transactions is not None
+        assignment = self._consumer.assignment()
+        released = self._release_records({(tp.topic, tp.partition) for tp in assignment})
+        self._handoff.wait_until_done(time.monotonic() + self._config.shutdown_timeout_s)
+        self._tracker.forget([(tp.topic, tp.partition) for tp in assignment])
+        if assignment:
+            committed = self._consumer.committed(assignment, timeout=REWIND_TIMEOUT_S)
+            for tp in committed:
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._transactions.end_rewind()
+        self._rewind_pending = False
+        log.warning(
+            "rewound %s to the committed offsets (%s undecided records dropped): what followed "
+            "the last commit is decided again",
+            _describe(assignment),
+            released,
+        )
 
     # -- adaptation (called on the scoring thread) ---------------------------------------
 
@@ -300,6 +333,11 @@ class ScoringService:
 
     def _on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
+        if self._transactions is not None:
+            # The open transaction holds outputs of the lost partitions: none may be committed,
+            # so it is aborted, and the partitions kept are read again from their commit.
+            self._transactions.abort()
+            self._rewind_pending = True
         released = self._release_records(keys)
         log.warning(
             "lost %s: %s undecided records released, nothing of them is committed",

@@ -21,6 +21,7 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.sink import KafkaSink, OutputSink
+from stream.transactions import TransactionalSink
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Collaborators:
     lag: LagMonitor
     metrics: ServiceMetrics
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
+    #: Exactly-once mode: the sink, which also commits the transactions.
+    transactions: TransactionalSink | None = None
 
 
 def retry_policy(config: ServiceConfig) -> RetryPolicy:
@@ -77,13 +80,30 @@ def build_collaborators(
         max_message_bytes=max_message_bytes,
         metrics=metrics,
     )
+    tracker = OffsetTracker()
+    transactions = (
+        TransactionalSink(
+            producer,
+            consumer,
+            tracker,
+            router,
+            commit_interval_s=config.transaction_ms / 1000.0,
+            max_records=config.transaction_max_records,
+            max_message_bytes=max_message_bytes,
+            metrics=metrics,
+        )
+        if config.exactly_once
+        else None
+    )
     return Collaborators(
         consumer=consumer,
-        sink=KafkaSink(producer, redelivery.failed),
+        sink=transactions or KafkaSink(producer, redelivery.failed),
         scorer=scorer,
         redelivery=redelivery,
         router=router,
         health=health,
         lag=lag,
         metrics=metrics,
+        tracker=tracker,
+        transactions=transactions,
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DeliveryError, ScoreError
 from stream.outcomes import OutcomeGroup
@@ -107,9 +107,14 @@ class FakeConsumer:
         self.paused: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
         self.stored: dict[tuple[str, int], int] = {}
-        self.committed: dict[tuple[str, int], int] = {}
+        #: Offsets committed by the consumer itself (at-least-once) ...
+        self.consumer_commits: dict[tuple[str, int], int] = {}
+        #: ... or by a transaction (exactly-once).
+        self.committed_offsets: dict[tuple[str, int], int] = {}
+        self.seeks: list[tuple[str, int, int]] = []
         self.polls = 0
         self.closed = False
+        self.handed_out: list[Message] = []
 
     # -- what the test does
     def feed(self, messages: list[Message]) -> None:
@@ -149,6 +154,7 @@ class FakeConsumer:
                     continue  # not ours (any more): dropped, as a revoked partition's queue
                 (skipped if key in self.paused else taken).append(message)
             self._messages.extendleft(reversed(skipped))
+            self.handed_out.extend(taken)
         if not taken:
             time.sleep(min(timeout, 0.001))
         return taken
@@ -164,7 +170,40 @@ class FakeConsumer:
             self.stored[tp.topic, tp.partition] = tp.offset
 
     def commit(self, asynchronous: bool = True) -> None:
-        self.committed.update(self.stored)
+        self.consumer_commits.update(self.stored)
+
+    def consumer_group_metadata(self) -> str:
+        return "group-metadata"
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in sorted(self.assigned)]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.committed_offsets.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in partitions
+        ]
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Go back: drop what is queued of the partition, and hand out its messages from the
+        offset again (the test feeds every message; the fake keeps what it handed out)."""
+        key = (partition.topic, partition.partition)
+        self.seeks.append((*key, partition.offset))
+
+        def ours(m: Message) -> bool:
+            return (m.topic(), m.partition()) == key
+
+        with self._lock:
+            again = {
+                m.offset(): m
+                for m in self.handed_out
+                if ours(m) and m.offset() >= max(partition.offset, 0)
+            }
+            again.update({m.offset(): m for m in self._messages if ours(m)})
+            self._messages = deque(m for m in self._messages if not ours(m))
+            self._messages.extendleft(reversed([again[o] for o in sorted(again)]))
 
     def close(self) -> None:
         if self.assigned:
@@ -235,3 +274,54 @@ class AutoSink(MemorySink):
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(0.005)
+
+
+class FakeTransactionalProducer:
+    """A transactional producer in memory: produced records become `committed` only when the
+    transaction commits (with the consumer's offsets), and vanish when it aborts."""
+
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self._consumer = consumer
+        self._open: list[tuple[str, bytes | None, bytes | None]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.committed: list[tuple[str, bytes | None, bytes | None]] = []
+        self.in_transaction = False
+        self.commits = 0
+        self.fail_next_commit: KafkaError | None = None
+
+    def init_transactions(self, timeout: float) -> None:
+        """Nothing to fence in memory."""
+
+    def begin_transaction(self) -> None:
+        assert not self.in_transaction, "a transaction is already open"
+        self.in_transaction = True
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, **_kw: object) -> None:
+        assert self.in_transaction, "produce outside a transaction"
+        self._open.append((topic, key, value))
+
+    def send_offsets_to_transaction(
+        self, offsets: list[TopicPartition], metadata: object, timeout: float
+    ) -> None:
+        assert self.in_transaction and metadata == self._consumer.consumer_group_metadata()
+        self._offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def commit_transaction(self, timeout: float) -> None:
+        if self.fail_next_commit is not None:
+            error, self.fail_next_commit = self.fail_next_commit, None
+            raise KafkaException(error)
+        self.committed.extend(self._open)
+        self._consumer.committed_offsets.update(self._offsets)
+        self._open, self._offsets = [], {}
+        self.in_transaction = False
+        self.commits += 1
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._open, self._offsets = [], {}
+        self.in_transaction = False
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0

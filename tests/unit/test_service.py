@@ -13,10 +13,11 @@ from contextlib import contextmanager
 import msgspec
 import numpy as np
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import TransientDeliveryError
+from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from simulator.transactions import TransactionSimulator
 from stream.config import ServiceConfig
@@ -25,8 +26,15 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
+from stream.transactions import TransactionalSink
 from stream.wiring import Collaborators, dead_letter_router
-from tests.unit.fakes import AutoSink, FakeConsumer, FakeScorer, message
+from tests.unit.fakes import (
+    AutoSink,
+    FakeConsumer,
+    FakeScorer,
+    FakeTransactionalProducer,
+    message,
+)
 
 TOPIC = "tx"
 RECORDS = TransactionSimulator(17, id_prefix="svc").generate(2_000).records
@@ -80,15 +88,33 @@ class Replica:
         self.sink = AutoSink(self.redelivery.failed)
         self.scorer = scorer or FakeScorer()
         self.health = HealthState()
+        tracker = OffsetTracker()
+        self.producer = FakeTransactionalProducer(self.consumer)
+        self.transactions = (
+            TransactionalSink(
+                self.producer,  # type: ignore[arg-type]
+                self.consumer,  # type: ignore[arg-type]
+                tracker,
+                router,
+                commit_interval_s=self.config.transaction_ms / 1000.0,
+                max_records=self.config.transaction_max_records,
+                max_message_bytes=1_000_000,
+                metrics=self.metrics,
+            )
+            if self.config.exactly_once
+            else None
+        )
         self.parts = Collaborators(
             consumer=self.consumer,  # type: ignore[arg-type]
-            sink=self.sink,
+            sink=self.transactions or self.sink,
             scorer=self.scorer,
             redelivery=self.redelivery,
             router=router,
             health=self.health,
             lag=LagMonitor(TOPIC, self.metrics),
             metrics=self.metrics,
+            tracker=tracker,
+            transactions=self.transactions,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)
@@ -107,12 +133,28 @@ class Replica:
         assert not self.thread.is_alive(), "the replica did not stop"
         return time.monotonic() - started
 
+    def outputs(self) -> list[tuple[str, bytes | None]]:
+        """(topic, value) of every output made durable: acknowledged, or committed."""
+        if self.transactions is not None:
+            return [(topic, value) for topic, _key, value in self.producer.committed]
+        return [(o.topic, o.value) for o in self.sink.delivered]
+
     def decided(self) -> dict[str, dict[str, object]]:
-        return {
-            d["transaction_id"]: d
-            for d in (msgspec.json.decode(o.value) for o in self.sink.delivered)
-            if "decision" in d
-        }
+        values = [value for topic, value in self.outputs() if topic == self.config.output_topic]
+        decisions = [msgspec.json.decode(v) for v in values if v is not None]
+        by_id = {d["transaction_id"]: d for d in decisions}
+        assert len(by_id) == len(decisions), "a decision became durable twice"
+        return by_id
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        """Offsets committed for the group: by the consumer, or by the transactions."""
+        if self.transactions is not None:
+            return self.consumer.committed_offsets
+        return self.consumer.consumer_commits
+
+    def progress(self) -> dict[tuple[str, int], int]:
+        """Positions made committable so far: stored offsets, or committed ones."""
+        return self.consumer.committed_offsets if self.transactions else self.consumer.stored
 
 
 def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -122,26 +164,31 @@ def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def test_every_record_is_decided_and_committed_after_its_outputs_are_acknowledged() -> None:
-    with Replica() as replica:
+MODES = pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+
+
+@MODES
+def test_every_record_is_decided_and_committed_after_its_outputs_are_durable(mode: str) -> None:
+    with Replica(processing_guarantee=mode) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(100)) + messages(1, range(50)))
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 100, (TOPIC, 1): 50})
+        until(lambda: replica.progress() == {(TOPIC, 0): 100, (TOPIC, 1): 50})
         assert len(replica.decided()) == 150
-    assert replica.consumer.committed == {(TOPIC, 0): 100, (TOPIC, 1): 50}
+    assert replica.committed() == {(TOPIC, 0): 100, (TOPIC, 1): 50}
     assert replica.consumer.closed
 
 
-def test_invalid_records_are_dead_lettered_in_line_with_the_decisions() -> None:
+@MODES
+def test_invalid_records_are_dead_lettered_in_line_with_the_decisions(mode: str) -> None:
     def value_of(offset: int) -> bytes:
         return b"{broken" if offset == 3 else msgspec.json.encode(RECORDS[offset])
 
-    with Replica() as replica:
+    with Replica(processing_guarantee=mode) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(10), value_of))
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 10})
-    kinds = [o.kind for o in replica.sink.delivered]
-    assert kinds.count("dead_letter") == 1 and kinds.count("decision") == 9
+        until(lambda: replica.progress() == {(TOPIC, 0): 10})
+    topics = [topic for topic, _ in replica.outputs()]
+    assert topics.count(replica.config.dlq_topic) == 1 and len(replica.decided()) == 9
 
 
 def test_at_the_in_flight_bound_partitions_pause_and_the_consumer_keeps_polling() -> None:
@@ -193,17 +240,21 @@ def test_a_stuck_scoring_thread_pauses_partitions_instead_of_silencing_the_consu
         until(lambda: replica.consumer.stored == {(TOPIC, 0): 100})
 
 
-def test_a_revoke_releases_undecided_records_and_commits_what_was_decided() -> None:
-    with Replica() as replica:
+@MODES
+def test_a_revoke_releases_undecided_records_and_commits_what_was_decided(mode: str) -> None:
+    # Long transactions: only the revoke can commit partition 1 in exactly-once mode.
+    with Replica(processing_guarantee=mode, transaction_ms=60_000) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(40)) + messages(1, range(40)))
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 40, (TOPIC, 1): 40})
+        until(
+            lambda: replica.parts.tracker.in_flight == 0 and len(replica.consumer.handed_out) == 80
+        )
         replica.consumer.revoke(tp(1))
         replica.consumer.feed(messages(0, range(40, 60)) + messages(1, range(40, 60)))
-        until(lambda: replica.consumer.stored.get((TOPIC, 0)) == 60)
-        assert replica.consumer.committed[TOPIC, 1] == 40, "committed before it went"
-        assert replica.consumer.stored[TOPIC, 1] == 40, "nothing after the revoke"
+        until(lambda: replica.committed().get((TOPIC, 1)) == 40)
+        until(lambda: len(replica.consumer.handed_out) == 100)
         assert replica.parts.tracker.pending_in([(TOPIC, 1)]) == 0
+    assert replica.committed() == {(TOPIC, 0): 60, (TOPIC, 1): 40}, "nothing after the revoke"
 
 
 def test_lost_partitions_are_forgotten_without_a_commit() -> None:
@@ -216,7 +267,7 @@ def test_lost_partitions_are_forgotten_without_a_commit() -> None:
         until(lambda: replica.parts.tracker.in_flight == 0)
         replica.sink.holding = False
         time.sleep(0.05)
-    assert (TOPIC, 0) not in replica.consumer.committed
+    assert (TOPIC, 0) not in replica.consumer.consumer_commits
 
 
 @contextmanager
@@ -267,3 +318,17 @@ def test_revokes_never_pair_scores_with_the_wrong_records() -> None:
     by_id = {r["transaction_id"]: r for r in RECORDS}
     for transaction_id, decision in replica.decided().items():
         assert decision["score"] == pytest.approx(expected_score(by_id[transaction_id]))
+
+
+def test_an_aborted_transaction_is_decided_again_and_nothing_becomes_durable_twice() -> None:
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.fail_next_commit = KafkaError(
+            KafkaError._STATE, "transaction failed", txn_requires_abort=True
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+    assert replica.consumer.seeks, "the consumer went back to the committed offset"
+    assert len(replica.decided()) == 120

@@ -1,0 +1,290 @@
+"""Exactly-once: outputs and input offsets committed together in Kafka transactions.
+
+`TransactionalSink` is the `OutputSink` of a replica in exactly-once mode. Its responsibilities:
+- write every output (decisions, dead letters) into the open transaction, begun on the first
+  output after a commit, one writer at a time (a lock: the scoring thread writes decisions,
+  rebalances and the commit run on the consuming thread);
+- count a record as finished once librdkafka has accepted its outputs: the transaction commit,
+  not a delivery report, makes them durable, so outcome groups complete at once;
+- commit (`commit_if_due`, `commit`): the offsets the tracker says are finished are sent with the
+  consumer's group metadata (KIP-447: a zombie whose group generation is stale is fenced), then
+  the transaction is committed, every `commit_interval_s` or at `max_records` records;
+- on failure: retry what librdkafka calls retriable, abort what requires it (`TransactionAborted`:
+  the caller rewinds the consumer to the committed offsets and reads again), raise what is
+  fatal (another replica took over this transactional id: the process must restart);
+- remember outputs the broker rejected for themselves (too large), so that when their record is
+  read again after the abort it is dead-lettered instead (reason `produce`).
+
+Key design decisions:
+- Delivery reports come for errors only (`delivery.report.only.error`): a success costs no
+  Python callback, and a failure still names its output.
+- Between an abort and the end of the rewind (`discarding`), outputs are dropped: their records
+  will be read again, and nothing of them may enter the next transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from contracts.errors import RecordRejectedError
+from contracts.kafka_errors import translate_kafka_error
+from contracts.offsets import OffsetTracker, SourceOffset, position_of
+from deadletter.router import DeadLetterRouter, shrink
+from stream.metrics import ServiceMetrics
+from stream.outcomes import OutcomeGroup
+from stream.sink import QUEUE_FULL_BACKOFF_S, Output
+
+log = logging.getLogger(__name__)
+
+#: How long one send_offsets / commit / abort call may block before it is retried on a later
+#: pass of the loop (which keeps polling meanwhile).
+TRANSACTION_CALL_TIMEOUT_S = 10.0
+
+
+class TransactionAborted(Exception):
+    """The open transaction was aborted: every record since the last commit must be read again."""
+
+
+class TransactionalSink:
+    """An `OutputSink` writing into Kafka transactions; see the module docstring."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        consumer: Consumer,
+        tracker: OffsetTracker,
+        router: DeadLetterRouter,
+        *,
+        commit_interval_s: float,
+        max_records: int,
+        max_message_bytes: int,
+        metrics: ServiceMetrics,
+    ) -> None:
+        self._producer = producer
+        self._consumer = consumer
+        self._tracker = tracker
+        self._router = router
+        self._commit_interval_s = commit_interval_s
+        self._max_records = max_records
+        self._max_message_bytes = max_message_bytes
+        self._metrics = metrics
+        self._lock = threading.RLock()
+        self._open = False
+        self._opened_at = 0.0
+        self._records = 0
+        self._discarding = False
+        self._rejected: dict[SourceOffset, RecordRejectedError] = {}
+        #: Set while a commit failed in a way that may pass: fetching waits for it.
+        self.commit_pending = False
+
+    def initialize(self, timeout_s: float) -> None:
+        """Register the transactional id with the broker, fencing any older producer that had
+        it and aborting what it left open (a replica restarted after a crash)."""
+        self._producer.init_transactions(timeout_s)
+
+    # -- writing (any thread) -------------------------------------------------------------
+
+    def send(self, output: Output) -> None:
+        with self._lock:
+            if self._discarding:
+                return
+            self._begin()
+            self._produce(self._instead_of_rejected(output))
+            output.group.delivered()
+            self._records += 1
+
+    def send_decisions(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+    ) -> None:
+        # The hot path: one error-only callback shared by the batch, no object per record.
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failed = output_of(values.index(cast(bytes, message.value())))
+                self._on_delivery_error(failed, error)
+
+        with self._lock:
+            if self._discarding:
+                return
+            self._begin()
+            delivered = group.delivered
+            for index, (key, value) in enumerate(zip(keys, values, strict=True)):
+                if self._rejected:
+                    self._produce(self._instead_of_rejected(output_of(index)))
+                else:
+                    refused = self._try_produce(topic, key, value, None, report)
+                    if refused is not None:
+                        self._produce(self._rerouted(output_of(index), refused))
+                delivered()
+            self._records += len(values)
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float) -> int:
+        """Commit what is open (shutdown, revoke); return how many outputs are left unsent."""
+        try:
+            self.commit()
+        except (TransactionAborted, KafkaException) as exc:
+            log.error("could not commit the last transaction: %s", exc)
+            return self._records
+        return 0
+
+    # -- committing (consuming thread) -------------------------------------------------------
+
+    def commit_if_due(self, now: float) -> None:
+        """Commit when the transaction has been open `commit_interval_s` or holds `max_records`
+        (or a failed commit waits for another try)."""
+        if self.commit_pending or (
+            self._open
+            and (
+                now - self._opened_at >= self._commit_interval_s
+                or self._records >= self._max_records
+            )
+        ):
+            self.commit()
+
+    def commit(self) -> None:
+        """Send the finished offsets and commit the open transaction.
+
+        Raises TransactionAborted after aborting it (the caller must rewind), and KafkaException
+        for a fatal error. A retriable failure leaves `commit_pending` set for the next call.
+        """
+        with self._lock:
+            positions = self._tracker.take_commit_positions()
+            if not self._open and not positions and not self.commit_pending:
+                return
+            try:
+                if positions:
+                    offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+                    self._producer.send_offsets_to_transaction(
+                        offsets,
+                        self._consumer.consumer_group_metadata(),
+                        TRANSACTION_CALL_TIMEOUT_S,
+                    )
+                self._producer.commit_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                self._on_commit_error(cast(KafkaError, exc.args[0]), positions)
+                return
+            self._open = False
+            self._records = 0
+            self.commit_pending = False
+            self._metrics.set_delivery_stalled(False)
+
+    def abort(self) -> None:
+        """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""
+        with self._lock:
+            self._discarding = True
+            if self._open or self.commit_pending:
+                try:
+                    self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+                except KafkaException as exc:
+                    if cast(KafkaError, exc.args[0]).fatal():
+                        raise
+                    log.error("abort failed, the broker aborts it on timeout: %s", exc)
+            self._open = False
+            self._records = 0
+            self.commit_pending = False
+
+    def end_rewind(self) -> None:
+        """The consumer is back at the committed offsets: accept outputs again."""
+        with self._lock:
+            self._discarding = False
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
+            self._opened_at = time.monotonic()
+
+    def _on_commit_error(self, error: KafkaError, positions: dict[Any, int]) -> None:
+        if error.fatal():
+            log.error("fatal transaction error (another replica took over?): %s", error.str())
+            raise KafkaException(error)
+        if error.txn_requires_abort():
+            log.warning("transaction failed (%s): aborting, reading again from the commit", error)
+            self.abort()
+            raise TransactionAborted(error.str())
+        # Retriable: the same commit is tried again on a later pass.
+        log.warning("transaction commit not confirmed yet (%s): retrying", error.str())
+        self.commit_pending = True
+        self._metrics.set_delivery_stalled(True)
+        self._metrics.record_delivery_retry(error.name())
+
+    def _instead_of_rejected(self, output: Output) -> Output:
+        """The output to send for a record whose output the broker rejected before."""
+        error = self._rejected.pop(position_of(output.source), None)
+        return output if error is None else self._rerouted_for(output, error)
+
+    def _produce(self, output: Output) -> None:
+        def report(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                self._on_delivery_error(output, error)
+
+        refused = self._try_produce(output.topic, output.key, output.value, output.headers, report)
+        while refused is not None:
+            output = self._rerouted(output, refused)
+            refused = self._try_produce(
+                output.topic, output.key, output.value, output.headers, report
+            )
+
+    def _rerouted(self, output: Output, refused: KafkaError) -> Output:
+        error = translate_kafka_error(refused, output.topic)
+        if not isinstance(error, RecordRejectedError):
+            raise KafkaException(refused)
+        return self._rerouted_for(output, error)
+
+    def _rerouted_for(self, output: Output, error: RecordRejectedError) -> Output:
+        """What to send instead of an output refused for itself (too large)."""
+        if output.kind == "decision":
+            output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
+            letter = self._router.dead_letter(output.source, error)
+            return Output.dead_letter(letter, output.source, output.group)
+        smaller = shrink(output.as_dead_letter(), self._max_message_bytes)
+        if smaller is None:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.MSG_SIZE_TOO_LARGE,
+                    "a dead letter is refused even without its value, key and original "
+                    "headers: raise the dead-letter topic's max.message.bytes",
+                    fatal=True,
+                )
+            )
+        return Output.dead_letter(smaller, output.source, output.group)
+
+    def _try_produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        report: Callable[[KafkaError | None, Message], None],
+    ) -> KafkaError | None:
+        while True:
+            try:
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
+                return None
+            except BufferError:
+                self._producer.poll(QUEUE_FULL_BACKOFF_S)
+            except KafkaException as exc:
+                return cast(KafkaError, exc.args[0])
+
+    def _on_delivery_error(self, output: Output, error: KafkaError) -> None:
+        translated = translate_kafka_error(error, output.topic)
+        if isinstance(translated, RecordRejectedError):
+            # The commit will fail; the record is dead-lettered when it is read again.
+            self._rejected[position_of(output.source)] = translated
+        if output.kind == "dead_letter":
+            self._metrics.record_dead_letter_produce_failure(error.name())
