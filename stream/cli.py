@@ -27,6 +27,7 @@ from stream.lag import LagMonitor
 from stream.logs import configure_logging
 from stream.metrics import ServiceMetrics
 from stream.service import ScoringService
+from stream.supervisor import supervise
 from stream.topics import ensure_topics
 from stream.wiring import build_collaborators
 
@@ -161,6 +162,7 @@ def run_service(config: ServiceConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
         config = _load_config(args)
@@ -172,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)
             return EXIT_OK
+        if config.processes > 1:
+            return supervise(argv, config)
         return run_service(config)
     except ConfigurationError as exc:
         log.error("%s", exc)

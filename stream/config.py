@@ -256,6 +256,16 @@ class _Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         float,
         meta("FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined", ge=0, le=1),
     ] = DEFAULT_DECLINE_THRESHOLD
+    processes: Annotated[
+        int,
+        meta(
+            "FRAUD_PROCESSES",
+            "consumer processes of this replica, supervised; each scores on one core and "
+            "serves its metrics on metrics_port + its index",
+            ge=1,
+            le=256,
+        ),
+    ] = 1
     metrics_host: Annotated[
         str,
         meta("FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"),

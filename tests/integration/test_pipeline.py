@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -171,3 +173,55 @@ def test_restart_after_sigkill_loses_nothing(topics_factory, service_factory):
     for d in decisions:
         earlier = first_seen.setdefault(d["transaction_id"], d)
         assert (earlier["score"], earlier["decision"]) == (d["score"], d["decision"])
+
+
+def test_two_supervised_processes_share_the_partitions_and_stop_together(
+    topics_factory, service_factory
+):
+    topics = topics_factory(partitions=4)
+    records, sent = simulated(4000, seed=13, prefix="procs")
+    service = service_factory(topics, "--processes", "2")
+    deadline = time.monotonic() + 60
+    while service.log().count("INFO stream.service: assigned tx") < 2:
+        assert time.monotonic() < deadline, service.log()
+        time.sleep(0.2)
+    produce(topics.input, records)
+
+    decisions = decisions_of(topics.output, len(sent))
+    # Each child serves its own metrics, on the base port and the next one.
+    counts = []
+    for port in (service.metrics_port, service.metrics_port + 1):
+        child = type(service)(service.args, service.log_path, port)
+        counts.append(child.metric("fraud_records_consumed_total"))
+    service.signal(signal.SIGTERM)
+
+    assert service.wait() == 0, service.log()
+    assert Counter(d["transaction_id"] for d in decisions) == Counter(
+        r["transaction_id"] for r in sent
+    )
+    assert sum(counts) >= len(sent) and all(c > 0 for c in counts), counts
+    log = service.log()
+    assert "instance=a-0" in log and "instance=a-1" in log
+
+
+def test_the_supervisor_restarts_a_process_that_dies(topics_factory, service_factory):
+    topics = topics_factory(partitions=2)
+    service = service_factory(topics, "--processes", "2")
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+    pid = service.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 2
+    os.kill(int(children[0]), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while service.log().count("starting instance=a-0") < 2:
+        assert time.monotonic() < deadline, service.log()
+        time.sleep(0.2)
+    assert "process 0 exited with status -9: restarting it" in service.log()
+    records, sent = simulated(500, seed=14, prefix="restart")
+    produce(topics.input, records)
+
+    decided = {d["transaction_id"] for d in decisions_of(topics.output, len(sent), timeout_s=90)}
+
+    assert decided == {r["transaction_id"] for r in sent}
+    service.signal(signal.SIGTERM)
+    assert service.wait() == 0

@@ -1,0 +1,91 @@
+"""`fraud-scorer run --processes N`: N consumer processes of one replica's group on one host.
+
+One CPython process decides at most what one core does (its two threads share a GIL), so a
+host with more cores runs more processes in the consumer group; Kafka spreads the partitions
+over them like over replicas on other hosts.
+
+The supervisor's responsibilities:
+- start N children, each `fraud-scorer run` with the same settings, `--processes 1`, its own
+  instance id (`<instance_id>-<i>`, so dead letters, logs and transactional ids tell them
+  apart) and its own metrics port (`metrics_port + i`; 0 stays 0);
+- pass SIGTERM and SIGINT on to every child and wait for their drain;
+- restart a child that dies (a crash, a fatal Kafka error) after a pause, unless it stopped on
+  bad configuration (exit 2), which a restart would only repeat;
+- exit with the worst exit status of the children once all have stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from stream.config import ServiceConfig
+
+log = logging.getLogger(__name__)
+
+#: A crashed child is started again after this pause (a crash loop costs little).
+RESTART_PAUSE_S = 2.0
+#: How often the supervisor looks at its children.
+WATCH_INTERVAL_S = 0.2
+EXIT_USAGE = 2
+
+
+def child_command(argv: Sequence[str], config: ServiceConfig, index: int) -> list[str]:
+    """The command line of child `index`: the supervisor's own arguments, then the overrides
+    (argparse keeps the last value of a repeated flag)."""
+    port = config.metrics_port + index if config.metrics_port else 0
+    return [
+        sys.executable,
+        "-m",
+        "stream",
+        *argv,
+        "--processes",
+        "1",
+        "--instance-id",
+        f"{config.instance_id}-{index}",
+        "--metrics-port",
+        str(port),
+    ]
+
+
+def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
+    """Run `config.processes` children until they all stop; return the worst exit status."""
+    commands = [child_command(argv, config, i) for i in range(config.processes)]
+    children = [subprocess.Popen(command) for command in commands]
+    stopping = False
+    codes: dict[int, int] = {}
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        log.info("received %s: stopping %s processes", signal.Signals(signum).name, len(children))
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    log.info("started %s processes, metrics ports from %s", len(children), config.metrics_port)
+    restart_at: dict[int, float] = {}
+    while len(codes) < len(children):
+        time.sleep(WATCH_INTERVAL_S)
+        now = time.monotonic()
+        for index, child in enumerate(children):
+            code = child.poll()
+            if code is None or index in codes:
+                continue
+            if stopping or code == EXIT_USAGE:
+                codes[index] = code
+            elif index not in restart_at:
+                log.error("process %s exited with status %s: restarting it", index, code)
+                restart_at[index] = now + RESTART_PAUSE_S
+            elif now >= restart_at[index]:
+                del restart_at[index]
+                children[index] = subprocess.Popen(commands[index])
+    worst = max(codes.values(), key=abs)
+    return worst if worst >= 0 else 128 - worst  # killed by signal N: 128 + N, as a shell says
