@@ -78,7 +78,7 @@ class TransactionColumns(NamedTuple):
 def letters_index(codes: npt.NDArray[np.str_], width: int) -> npt.NDArray[np.int64]:
     """Map fixed-width upper-case codes ("US", "EUR") to 0 … 26**width - 1, vectorised.
 
-    Characters outside A–Z are clipped into that range, so no input can index out of bounds.
+    Characters outside A-Z are clipped into that range, so no input can index out of bounds.
     """
     letters = codes.astype(f"<U{width}").view(np.uint32).reshape(-1, width).astype(np.int64) - 65
     letters = np.clip(letters, 0, 25)

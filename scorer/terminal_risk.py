@@ -34,8 +34,11 @@ RISK_WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
 BUCKET_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) + 1
 MS_PER_DAY = 86_400_000
 TERMINAL_FEATURE_NAMES: tuple[str, ...] = tuple(
-    name for w in RISK_WINDOWS_DAYS for name in (f"terminal_tx_{w}d", f"terminal_risk_{w}d")
+    name
+    for w in RISK_WINDOWS_DAYS
+    for name in (f"terminal_tx_{w}d", f"terminal_risk_{w}d", f"terminal_frauds_{w}d")
 )
+_PER_WINDOW = 3
 NUM_TERMINAL_FEATURES = len(TERMINAL_FEATURE_NAMES)
 #: What the model sees for a terminal nobody knows anything about: no transactions, no risk.
 NEUTRAL_TERMINAL_FEATURES: npt.NDArray[np.float32] = np.zeros(NUM_TERMINAL_FEATURES, np.float32)
@@ -98,8 +101,9 @@ def window_features(days: _Ints, counts: _Ints, as_of_day: _Ints) -> npt.NDArray
         inside = (days != _EMPTY_DAY) & (age >= 0) & (age < window)
         transactions = (counts[:, :, _TRANSACTIONS] * inside).sum(axis=1)
         frauds = (counts[:, :, _FRAUDS] * inside).sum(axis=1)
-        out[:, 2 * i] = np.log1p(transactions)
-        out[:, 2 * i + 1] = np.clip(frauds / np.maximum(transactions, 1), 0.0, 1.0)
+        out[:, _PER_WINDOW * i] = np.log1p(transactions)
+        out[:, _PER_WINDOW * i + 1] = np.clip(frauds / np.maximum(transactions, 1), 0.0, 1.0)
+        out[:, _PER_WINDOW * i + 2] = np.log1p(frauds)
     return out
 
 
@@ -128,8 +132,11 @@ class TerminalRisk:
 
     def features(self, as_of_day: int) -> npt.NDArray[np.float32]:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`: risk over the windows ending DELAY_DAYS
-        before it, and the transaction counts (log1p) of those windows."""
-        return window_features(self._days, self._counts, np.array([as_of_day]))[0]
+        before it, and the transaction and confirmed-fraud counts (log1p) of those windows."""
+        features: npt.NDArray[np.float32] = window_features(
+            self._days, self._counts, np.array([as_of_day])
+        )[0]
+        return features
 
     def to_bytes(self) -> bytes:
         """Serialized buckets (for a faust table with raw values)."""

@@ -37,7 +37,7 @@ SCENARIOS: tuple[str, ...] = (
     "card_testing",
 )
 LEGIT, LARGE_AMOUNT, COMPROMISED_TERMINAL, COMPROMISED_CARD, CARD_TESTING = range(len(SCENARIOS))
-#: The handbook's scenarios (1–3); card testing is this project's fourth.
+#: The handbook's scenarios (1-3); card testing is this project's fourth.
 HANDBOOK_SCENARIOS: tuple[str, ...] = SCENARIOS[1:4]
 
 LARGE_AMOUNT_THRESHOLD = 220.0
@@ -86,7 +86,7 @@ class Compromised:
 
 
 def _count(rng: np.random.Generator, per_day: int, scale: float) -> int:
-    """per_day × scale, the fraction drawn at random (so that any scale has its mean)."""
+    """per_day x scale, the fraction drawn at random (so that any scale has its mean)."""
     expected = per_day * scale
     whole = int(expected)
     return whole + int(rng.random() < expected - whole)
@@ -100,7 +100,7 @@ def label_frauds(
     amount: _Floats,
     enabled: bool,
 ) -> npt.NDArray[np.int8]:
-    """Scenario code of each legit-generated row (in place: compromised cards' amounts × 5)."""
+    """Scenario code of each legit-generated row (in place: compromised cards' amounts x 5)."""
     scenario = np.zeros(len(card), np.int8)
     if not enabled:
         return scenario

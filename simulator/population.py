@@ -2,7 +2,7 @@
 
 Following the fraud-detection handbook (Le Borgne et al., "Reproducible Machine Learning for
 Credit Card Fraud Detection", chapter 3): every customer (card) and every terminal has a place on
-a 100 × 100 grid, and a customer uses the terminals within radius 5 of it. A customer spends
+a 100 x 100 grid, and a customer uses the terminals within radius 5 of it. A customer spends
 amounts drawn from a normal law of mean U(5, 100) and standard deviation mean / 2, and makes a
 Poisson number of transactions per day with mean U(0, 4).
 
@@ -31,7 +31,7 @@ _Floats = npt.NDArray[np.float64]
 GRID_SIZE = 100.0
 RADIUS = 5.0
 MEAN_AMOUNT_RANGE = (5.0, 100.0)
-STD_SHARE = 0.5  # std of a customer's amounts = mean × this
+STD_SHARE = 0.5  # std of a customer's amounts = mean x this
 TX_PER_DAY_RANGE = (0.0, 4.0)
 
 CHANNELS: tuple[str, ...] = ("pos", "ecom", "atm")
@@ -39,10 +39,22 @@ POS, ECOM, ATM = range(len(CHANNELS))
 COUNTRIES: tuple[str, ...] = tuple(COUNTRY_CURRENCY)
 #: Where cards are issued and terminals stand: most in a few big markets, a small tail.
 HOME_COUNTRY_WEIGHTS: dict[str, float] = {
-    "US": 0.30, "GB": 0.10, "DE": 0.09, "FR": 0.07, "ES": 0.05, "IT": 0.05, "BR": 0.04,
-    "IN": 0.04, "CA": 0.04, "NL": 0.03, "PL": 0.03, "MX": 0.03, "JP": 0.03, "AU": 0.03,
+    "US": 0.30,
+    "GB": 0.10,
+    "DE": 0.09,
+    "FR": 0.07,
+    "ES": 0.05,
+    "IT": 0.05,
+    "BR": 0.04,
+    "IN": 0.04,
+    "CA": 0.04,
+    "NL": 0.03,
+    "PL": 0.03,
+    "MX": 0.03,
+    "JP": 0.03,
+    "AU": 0.03,
     "CN": 0.02,
-}  # fmt: skip
+}
 MINOR_COUNTRY_WEIGHT = 0.007
 TRAVELLER_SHARE = 0.08
 #: Share of a card's transactions abroad: travellers, everybody else (foreign web shops).
@@ -53,8 +65,22 @@ FAMILIES: tuple[str, ...] = (*MCC_FAMILIES, "other")
 DIGITAL = FAMILIES.index("digital")
 ATM_MCC = 6011
 _UNLISTED_MCCS: tuple[int, ...] = (
-    4899, 4900, 5200, 5399, 5651, 5691, 5942, 5964, 5977, 5999, 7230, 7299, 7832, 8011, 8099,
-)  # fmt: skip
+    4899,
+    4900,
+    5200,
+    5399,
+    5651,
+    5691,
+    5942,
+    5964,
+    5977,
+    5999,
+    7230,
+    7299,
+    7832,
+    8011,
+    8099,
+)
 _FAMILY_MCCS: tuple[tuple[int, ...], ...] = (
     *(tuple(code for code in codes if code != ATM_MCC) for codes in MCC_FAMILIES.values()),
     _UNLISTED_MCCS,
@@ -140,7 +166,7 @@ def build_population(rng: np.random.Generator, num_cards: int, num_terminals: in
     lane = np.arange(num_terminals) - np.repeat(np.cumsum(lanes) - lanes, lanes)
     merchant_ids = [f"merch-{i:05d}" for i in range(num_merchants)]
 
-    # Places: each country's grid is a square of area share × GRID_SIZE², so the density of
+    # Places: each country's grid is a square of area share x GRID_SIZE², so the density of
     # terminals, and the terminals around a customer, are the handbook's everywhere.
     terminal_country = merchant_country[terminal_merchant]
     terminals_in = np.bincount(terminal_country, minlength=len(COUNTRIES))

@@ -280,12 +280,12 @@ class TransactionSimulator:
             self._pending.append(day)
             have += len(day.card)
         pending = (
-            _Day(*(np.concatenate(parts) for parts in zip(*self._pending, strict=True)))
+            _Day._make(np.concatenate(parts) for parts in zip(*self._pending, strict=True))
             if self._pending
             else _empty_day()
         )
-        taken = _Day(*(column[:n] for column in pending))
-        rest = _Day(*(column[n:] for column in pending))
+        taken = _Day._make(column[:n] for column in pending)
+        rest = _Day._make(column[n:] for column in pending)
         self._pending = [rest] if len(rest.card) else []
         return taken
 

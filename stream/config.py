@@ -31,7 +31,9 @@ from scorer.decide import DecisionPolicy, LatePolicy
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD, Thresholds
 from scorer.runtime import Device
 
-SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
+SHIPPED_MODEL_PATH = (
+    Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt.onnx"
+)
 
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

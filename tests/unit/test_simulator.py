@@ -115,7 +115,7 @@ def test_real_time_follows_the_handbook_day(day: SimulatedBatch) -> None:
     assert day.time_scale == 1.0
     assert abs(np.mean(seconds) - 43_200) < 1_000  # normal around noon
     per_day = np.bincount((day.columns.event_time - DEFAULT_START_TIME_MS) // 86_400_000)
-    assert 8_500 < np.median(per_day[:-1]) < 10_500  # 5,000 customers × U(0, 4) a day
+    assert 8_500 < np.median(per_day[:-1]) < 10_500  # 5,000 customers x U(0, 4) a day
 
 
 def test_every_scenario_appears_at_the_handbook_rates(day: SimulatedBatch) -> None:
