@@ -105,12 +105,12 @@ def test_handbook_fold_removes_known_compromised_cards() -> None:
     card = np.tile(np.array([1, 2, 3]), 21)
     is_fraud = np.zeros(len(day), bool)
     is_fraud[(day == 2) & (card == 1)] = True  # known from the training week
-    is_fraud[(day == 9) & (card == 2)] = True  # revealed before the third test day
+    is_fraud[(day == 9) & (card == 2)] = True  # known from the fourth test day (day 17) on
     fold = handbook_fold(day, card, is_fraud, 0)
     assert set(day[fold.train].tolist()) == set(range(7))
     tested = {(int(d), int(c)) for d, c in zip(day[fold.test], card[fold.test], strict=True)}
     assert all(c != 1 for _, c in tested)
-    assert (14, 2) in tested and (15, 2) in tested and (16, 2) not in tested
+    assert (14, 2) in tested and (16, 2) in tested and (17, 2) not in tested
 
 
 def test_card_precision_at_k_known_values() -> None:
