@@ -56,7 +56,8 @@ demo: venv
 	ops/demo.sh
 
 model: venv
-	$(PY) -m training.train
+	$(PY) -m pip install --quiet -e '.[dev,train]'
+	$(PY) -m training
 
 # BENCH_ARGS, e.g. --quick, --profile, --strict, --price-per-hour 0.2 (python -m bench.pipeline_bench -h).
 BENCH_ARGS ?=

@@ -40,7 +40,7 @@ from loadgen.shapes import (
     Schedule,
     make_shape,
 )
-from simulator.transactions import TransactionSimulator
+from simulator.transactions import MAX_FRAUD_SCALE, TransactionSimulator
 from stream.logs import configure_logging
 
 log = logging.getLogger("loadgen")
@@ -133,10 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of records sent malformed on purpose, 0..1 (default: %(default)s)",
     )
     parser.add_argument(
-        "--fraud-rate",
+        "--fraud-scale",
         type=float,
-        default=0.02,
-        help="share of simulated fraud among valid records (default: %(default)s)",
+        default=1.0,
+        help="multiplies the simulator's compromised terminals and cards per day (the "
+        "handbook's rates at 1; 0 for no fraud) (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
     parser.add_argument(
@@ -178,6 +179,10 @@ def _validate(args: argparse.Namespace) -> Schedule:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not 0.0 <= args.fraud_scale <= MAX_FRAUD_SCALE:
+        raise ValueError(
+            f"--fraud-scale must be within 0..{MAX_FRAUD_SCALE}, got {args.fraud_scale}"
+        )
     if not 0 < args.burst_seconds <= args.burst_every:
         raise ValueError(
             f"--burst-seconds must be in (0, --burst-every={args.burst_every}], "
@@ -220,10 +225,11 @@ def send(
         "linger.ms": 1,
         "enable.idempotence": True,
     })  # fmt: skip
-    # The simulated clock starts now, so the hour-of-day mix of scenarios matches event_time.
+    # The simulated clock starts now and is compressed to the sending rate (simulated days
+    # pass in seconds; batch.time_scale says by how much).
     simulator = TransactionSimulator(
         args.seed,
-        fraud_rate=args.fraud_rate,
+        fraud_scale=args.fraud_scale,
         start_time_ms=time.time_ns() // 1_000_000,
         id_prefix=f"lg{uuid.uuid4().hex[:8]}",
     )

@@ -39,6 +39,6 @@ for _ in $(seq 120); do
 done
 grep -q "assigned" "$out/scorer.log" || { echo "demo: the scorer got no partitions in 60 s" >&2; exit 1; }
 
-echo "demo: sending ${rate} tx/s for ${duration} s (2% simulated fraud, 0.5% malformed)"
+echo "demo: sending ${rate} tx/s for ${duration} s (the handbook's fraud scenarios, 0.5% malformed)"
 "$py" -m loadgen.cli --rate "$rate" --duration "$duration" --bad-ratio 0.005 \
   --metrics-url "http://127.0.0.1:$port/metrics"

@@ -87,23 +87,48 @@ class _Rules:
         return fallback_scores(features)
 
 
+class _State(NamedTuple):
+    """The batch's history and terminal columns (computed once per batch by the caller, since
+    state updates must apply once), sliced along with the records during isolation."""
+
+    history: npt.NDArray[np.float32] | None
+    terminal: npt.NDArray[np.float32] | None
+
+    def rows(self, part: Sequence[int]) -> _State:
+        index = np.asarray(part, np.int64)
+        return _State(
+            None if self.history is None else self.history[index],
+            None if self.terminal is None else self.terminal[index],
+        )
+
+
 def decide_batch(
     transactions: Sequence[TransactionFields],
     scorer: Scorer,
     policy: DecisionPolicy,
     now_ms: int,
+    *,
+    history: npt.NDArray[np.float32] | None = None,
+    terminal: npt.NDArray[np.float32] | None = None,
 ) -> Verdicts:
-    """Decide every transaction of a batch: a label, or a failure to dead-letter."""
+    """Decide every transaction of a batch: a label, or a failure to dead-letter.
+
+    `history` [B, NUM_HISTORY_FEATURES] (from the partition's `CardHistory`) and `terminal`
+    [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) are row-aligned with `transactions`;
+    None: unknown, neutral values (`build_features`).
+    """
+    state = _State(history, terminal)
     try:
-        verdicts = _decide_isolating(transactions, scorer, policy, now_ms, model_down=False)
+        verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, False)
     except ModelUnavailableError as exc:
         log.error("model unavailable, deciding %s records by rules: %s", len(transactions), exc)
-        verdicts = _decide_isolating(transactions, _Rules(), policy, now_ms, model_down=True)
+        verdicts = _decide_isolating(transactions, state, _Rules(), policy, now_ms, True)
     return verdicts
 
 
 def _decide_isolating(
     transactions: Sequence[TransactionFields],
+    state: _State,
     scorer: Scorer,
     policy: DecisionPolicy,
     now_ms: int,
@@ -111,8 +136,10 @@ def _decide_isolating(
 ) -> Verdicts:
     n = len(transactions)
     parts, failed = bisect_failures(
-        transactions,
-        lambda part: _decide(part, scorer, policy, now_ms),
+        range(n),
+        lambda part: _decide(
+            [transactions[i] for i in part], state.rows(part), scorer, policy, now_ms
+        ),
         lambda: check_canary(scorer),
     )
     scores = np.full(n, np.nan, np.float32)
@@ -150,13 +177,14 @@ def _decide_isolating(
 
 def _decide(
     transactions: Sequence[TransactionFields],
+    state: _State,
     scorer: Scorer,
     policy: DecisionPolicy,
     now_ms: int,
 ) -> _Part:
     """Scores of one batch or part of it; raises whatever a record provokes."""
     columns = TransactionColumns.from_transactions(transactions)
-    features = build_features(columns)
+    features = build_features(columns, state.history, state.terminal)
     late = np.zeros(len(features), bool)
     if policy.decision_deadline_ms:
         late = columns.event_time + policy.decision_deadline_ms < now_ms

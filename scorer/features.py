@@ -1,19 +1,38 @@
 """Feature construction: a batch of transactions → float32 matrix [B, F] for the model.
 
 Everything after field extraction is vectorised numpy; there is no per-record Python beyond
-reading the decoded fields into columns. The same function builds the training matrix, so the
-model and the service can never disagree on what a feature means.
+reading the decoded fields into columns (`scorer/columns.py`). Three groups of columns: the
+transaction's own fields (here), its card's history (`scorer/history.py`, per partition) and its
+terminal's risk from confirmed outcomes (`scorer/terminal_risk.py`). Training replays its
+simulated stream through the same three, so the model and the service can never disagree on
+what a feature means.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
-
 import numpy as np
 import numpy.typing as npt
 
-FEATURE_NAMES: tuple[str, ...] = (
+from scorer.columns import TINY_AMOUNT, TransactionColumns, TransactionFields, letters_index
+from scorer.history import HISTORY_FEATURE_NAMES, NUM_HISTORY_FEATURES, neutral_history
+from scorer.terminal_risk import (
+    NEUTRAL_TERMINAL_FEATURES,
+    NUM_TERMINAL_FEATURES,
+    TERMINAL_FEATURE_NAMES,
+)
+
+__all__ = [
+    "FEATURE_NAMES",
+    "NUM_FEATURES",
+    "TINY_AMOUNT",
+    "TRANSACTION_FEATURE_NAMES",
+    "TransactionColumns",
+    "TransactionFields",
+    "build_features",
+]
+
+#: Features of the transaction alone.
+TRANSACTION_FEATURE_NAMES: tuple[str, ...] = (
     "log_amount",
     "tiny_amount",
     "round_amount",
@@ -31,13 +50,23 @@ FEATURE_NAMES: tuple[str, ...] = (
     "mcc_cash",
     "cross_border",
     "high_risk_country",
+    "weekend",
+)
+NUM_TRANSACTION_FEATURES = len(TRANSACTION_FEATURE_NAMES)
+#: Every column the model reads: the transaction, its card's history, its terminal's risk.
+FEATURE_NAMES: tuple[str, ...] = (
+    *TRANSACTION_FEATURE_NAMES,
+    *HISTORY_FEATURE_NAMES,
+    *TERMINAL_FEATURE_NAMES,
 )
 NUM_FEATURES = len(FEATURE_NAMES)
-
-#: Amounts below this are typical of card-testing probes.
-TINY_AMOUNT = 2.0
+_HISTORY = slice(NUM_TRANSACTION_FEATURES, NUM_TRANSACTION_FEATURES + NUM_HISTORY_FEATURES)
+_TERMINAL = slice(_HISTORY.stop, NUM_FEATURES)
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 24 * _MS_PER_HOUR
+#: 1970-01-01 was a Thursday: day numbers shifted by this start weeks on Monday.
+_MONDAY_SHIFT = 3
+_SATURDAY = 5
 #: Hours [start, end) counted as night; event_time is read as UTC.
 NIGHT_HOURS = (0, 5)
 
@@ -62,67 +91,13 @@ MCC_FAMILIES: dict[str, tuple[int, ...]] = {
 }
 
 
-class TransactionFields(Protocol):
-    """The fields of a decoded transaction that features read."""
-
-    @property
-    def amount(self) -> float: ...
-    @property
-    def currency(self) -> str: ...
-    @property
-    def mcc(self) -> int: ...
-    @property
-    def country(self) -> str: ...
-    @property
-    def channel(self) -> str: ...
-    @property
-    def card_present(self) -> bool: ...
-    @property
-    def event_time(self) -> int: ...
-
-
-class TransactionColumns(NamedTuple):
-    """A batch of transactions as columns (one numpy array per field)."""
-
-    amount: npt.NDArray[np.float64]
-    currency: npt.NDArray[np.str_]  # 3 upper-case letters
-    mcc: npt.NDArray[np.int64]
-    country: npt.NDArray[np.str_]  # 2 upper-case letters
-    channel: npt.NDArray[np.str_]
-    card_present: npt.NDArray[np.bool_]
-    event_time: npt.NDArray[np.int64]
-
-    @classmethod
-    def from_transactions(cls, batch: Sequence[TransactionFields]) -> TransactionColumns:
-        """Read decoded transactions into columns (the only per-record step)."""
-        n = len(batch)
-        return cls(
-            amount=np.fromiter((t.amount for t in batch), np.float64, n),
-            currency=np.array([t.currency for t in batch], dtype="<U3"),
-            mcc=np.fromiter((t.mcc for t in batch), np.int64, n),
-            country=np.array([t.country for t in batch], dtype="<U2"),
-            channel=np.array([t.channel for t in batch], dtype="<U4"),
-            card_present=np.fromiter((t.card_present for t in batch), np.bool_, n),
-            event_time=np.fromiter((t.event_time for t in batch), np.int64, n),
-        )
-
-
-def _letters_index(codes: npt.NDArray[np.str_], width: int) -> npt.NDArray[np.int64]:
-    """Map fixed-width upper-case codes ("US", "EUR") to 0 … 26**width - 1, vectorised."""
-    letters = codes.astype(f"<U{width}").view(np.uint32).reshape(-1, width).astype(np.int64) - 65
-    index = np.zeros(len(codes), np.int64)
-    for position in range(width):
-        index = index * 26 + letters[:, position]
-    return index
-
-
 def _country_tables() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     currency_of_country = np.full(26 * 26, -1, np.int64)
     high_risk = np.zeros(26 * 26, np.bool_)
     countries = np.array(list(COUNTRY_CURRENCY), dtype="<U2")
     currencies = np.array(list(COUNTRY_CURRENCY.values()), dtype="<U3")
-    currency_of_country[_letters_index(countries, 2)] = _letters_index(currencies, 3)
-    high_risk[_letters_index(np.array(sorted(HIGH_RISK_COUNTRIES), dtype="<U2"), 2)] = True
+    currency_of_country[letters_index(countries, 2)] = letters_index(currencies, 3)
+    high_risk[letters_index(np.array(sorted(HIGH_RISK_COUNTRIES), dtype="<U2"), 2)] = True
     return currency_of_country, high_risk
 
 
@@ -137,9 +112,25 @@ _CURRENCY_OF_COUNTRY, _HIGH_RISK_COUNTRY = _country_tables()
 _MCC_FAMILY = _mcc_table()
 
 
-def build_features(columns: TransactionColumns) -> npt.NDArray[np.float32]:
-    """The float32 feature matrix [B, NUM_FEATURES] of a batch, columns in FEATURE_NAMES order."""
+def build_features(
+    columns: TransactionColumns,
+    history: npt.NDArray[np.float32] | None = None,
+    terminal: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """The float32 feature matrix [B, NUM_FEATURES] of a batch, columns in FEATURE_NAMES order.
+
+    `history` [B, NUM_HISTORY_FEATURES] comes from the partition's `CardHistory`, `terminal`
+    [B, NUM_TERMINAL_FEATURES] from the terminal-risk table. None means unknown: the history
+    of a card seen for the first time, and a terminal without any record (neutral values), so
+    the rules fallback and callers without state keep working.
+    """
     n = len(columns.amount)
+    for name, part, width in (
+        ("history", history, NUM_HISTORY_FEATURES),
+        ("terminal", terminal, NUM_TERMINAL_FEATURES),
+    ):
+        if part is not None and part.shape != (n, width):
+            raise ValueError(f"{name} features must be [{n}, {width}], got {list(part.shape)}")
     out = np.empty((n, NUM_FEATURES), np.float32)
     amount = columns.amount
     out[:, 0] = np.log1p(amount)
@@ -155,7 +146,11 @@ def build_features(columns: TransactionColumns) -> npt.NDArray[np.float32]:
     out[:, 8] = np.cos(angle)
     out[:, 9] = (hour >= NIGHT_HOURS[0]) & (hour < NIGHT_HOURS[1])
     out[:, 10:15] = _MCC_FAMILY[columns.mcc]
-    country = _letters_index(columns.country, 2)
-    out[:, 15] = _CURRENCY_OF_COUNTRY[country] != _letters_index(columns.currency, 3)
+    country = letters_index(columns.country, 2)
+    out[:, 15] = _CURRENCY_OF_COUNTRY[country] != letters_index(columns.currency, 3)
     out[:, 16] = _HIGH_RISK_COUNTRY[country]
+    weekday = (columns.event_time // _MS_PER_DAY + _MONDAY_SHIFT) % 7
+    out[:, 17] = weekday >= _SATURDAY
+    out[:, _HISTORY] = neutral_history(columns) if history is None else history
+    out[:, _TERMINAL] = NEUTRAL_TERMINAL_FEATURES if terminal is None else terminal
     return out

@@ -40,7 +40,9 @@ from stream.declarations import (
     rules_of,
 )
 
-SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-mlp.onnx"
+SHIPPED_MODEL_PATH = (
+    Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt.onnx"
+)
 
 ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 LogFormat = Literal["text", "json"]

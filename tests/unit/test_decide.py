@@ -115,3 +115,28 @@ def test_nan_for_every_row_is_a_broken_model_not_poison() -> None:
     scorer = FakeScorer(rule=lambda f: np.full(len(f), np.nan, np.float32))
     verdicts = decide_batch(transactions(8), scorer, POLICY, now_ms())
     assert not verdicts.failed and verdicts.degraded.all()
+
+
+def test_history_and_terminal_columns_follow_their_records_through_isolation() -> None:
+    from scorer.features import FEATURE_NAMES, NUM_TRANSACTION_FEATURES
+    from scorer.history import NUM_HISTORY_FEATURES
+    from scorer.terminal_risk import NUM_TERMINAL_FEATURES
+
+    n = 24
+    history = np.zeros((n, NUM_HISTORY_FEATURES), np.float32)
+    history[:, 0] = np.arange(n) / 100.0  # each row's own marker
+    terminal = np.full((n, NUM_TERMINAL_FEATURES), 0.5, np.float32)
+    marker = NUM_TRANSACTION_FEATURES
+    seen = FakeScorer(rule=lambda f: f[:, marker].copy(), raises_on=huge)
+    verdicts = decide_batch(
+        transactions(n, poison=frozenset({5, 17})),
+        seen,
+        POLICY,
+        now_ms(),
+        history=history,
+        terminal=terminal,
+    )
+    assert set(verdicts.failed) == {5, 17}
+    decided = [i for i in range(n) if i not in (5, 17)]
+    assert np.allclose(verdicts.scores[decided], history[decided, 0])
+    assert FEATURE_NAMES[marker] == "card_tx_1h"

@@ -12,6 +12,7 @@ def columns(**overrides: list[object]) -> TransactionColumns:
     base: dict[str, list[object]] = {
         "amount": [40.0], "currency": ["USD"], "mcc": [5411], "country": ["US"],
         "channel": ["pos"], "card_present": [True], "event_time": [12 * 3_600_000],
+        "card_id": ["c-1"], "merchant_id": ["m-1"], "terminal_id": ["t-1"],
     }  # fmt: skip
     base.update(overrides)
     return TransactionColumns(*(np.array(base[f]) for f in TransactionColumns._fields))

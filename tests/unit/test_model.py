@@ -27,7 +27,7 @@ def test_only_the_gpu_build_of_onnxruntime_is_installed() -> None:
 def test_cpu_device_scores_probabilities_that_vary() -> None:
     scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu")
     assert scorer.provider == CPU
-    assert scorer.model_version.startswith("fraud-mlp-")
+    assert scorer.model_version.startswith("fraud-gbdt-")
     rng = np.random.default_rng(0)
     scores = scorer.score(rng.normal(size=(64, NUM_FEATURES)).astype(np.float32))
     assert scores.shape == (64,) and scores.dtype == np.float32

@@ -1,4 +1,4 @@
-"""Unit tests of the transaction simulator (simulator/transactions.py)."""
+"""Unit tests of the transaction simulator (simulator/: the handbook world, scenarios, labels)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 
 from contracts.transaction import decode_transaction
 from scorer.features import COUNTRY_CURRENCY, FEATURE_NAMES, TINY_AMOUNT, build_features
+from simulator.fraud import LARGE_AMOUNT_THRESHOLD
+from simulator.population import RADIUS
 from simulator.transactions import (
     DEFAULT_START_TIME_MS,
     SCENARIOS,
@@ -32,18 +34,20 @@ CONTRACT_FIELDS = {
     "event_time",
 }
 SECONDS_PER_DAY = 86_400
-LARGE_SAMPLE = 60_000
+#: About 30 simulated days of the handbook world (≈ 9,700 transactions a day).
+LARGE_SAMPLE = 300_000
 
 
 @pytest.fixture(scope="module")
-def day() -> SimulatedBatch:
-    """A whole simulated day, so that night and day traffic are both in it."""
+def month() -> tuple[TransactionSimulator, SimulatedBatch]:
+    """A month of the handbook world, long enough for every scenario to reach steady state."""
     simulator = TransactionSimulator(11)
-    return simulator.generate(LARGE_SAMPLE, rate_per_s=LARGE_SAMPLE / SECONDS_PER_DAY)
+    return simulator, simulator.generate(LARGE_SAMPLE)
 
 
-def column(batch: SimulatedBatch, name: str) -> np.ndarray:
-    return np.asarray(build_features(batch.columns)[:, FEATURE_NAMES.index(name)])
+@pytest.fixture(scope="module")
+def day(month: tuple[TransactionSimulator, SimulatedBatch]) -> SimulatedBatch:
+    return month[1]
 
 
 def test_same_seed_gives_identical_stream() -> None:
@@ -67,9 +71,8 @@ def test_different_seed_gives_different_stream() -> None:
 def test_every_record_decodes_and_matches_its_columns(day: SimulatedBatch) -> None:
     columns = day.columns
     assert len(day.records) == len(columns.amount) == len(day.is_fraud) == len(day.scenario)
-    for i, record in enumerate(day.records):
-        assert set(record) <= CONTRACT_FIELDS
-        assert set(record) >= CONTRACT_FIELDS - {"terminal_id"}
+    for i, record in enumerate(day.records[:20_000]):
+        assert set(record) == CONTRACT_FIELDS
         decoded = decode_transaction(msgspec.json.encode(record))
         assert decoded.amount == columns.amount[i]
         assert decoded.currency == columns.currency[i]
@@ -78,8 +81,8 @@ def test_every_record_decodes_and_matches_its_columns(day: SimulatedBatch) -> No
         assert decoded.channel == columns.channel[i]
         assert decoded.card_present == columns.card_present[i]
         assert decoded.event_time == columns.event_time[i]
-        # A terminal exactly where a card can be present; amounts in whole cents.
-        assert (decoded.terminal_id is not None) == (decoded.channel != "ecom")
+        # Every transaction names its terminal (e-commerce: a virtual one); whole cents.
+        assert decoded.terminal_id == record["terminal_id"] == columns.terminal_id[i]
         assert decoded.card_present == (decoded.channel != "ecom")
         assert round(decoded.amount, 2) == decoded.amount
 
@@ -91,24 +94,45 @@ def test_stream_continues_across_calls() -> None:
     ids = [r["transaction_id"] for r in first.records + second.records]
     assert ids == [f"run7-{i}" for i in range(2_000)]
     times = np.concatenate((first.columns.event_time, second.columns.event_time))
-    assert times[0] == DEFAULT_START_TIME_MS
+    assert times[0] >= DEFAULT_START_TIME_MS
     assert np.all(np.diff(times) >= 0)
-    # 2,000 records at 500/s span 4 s of simulated time.
-    assert times[-1] - times[0] == pytest.approx(3_998, abs=1)
+    # Compressed to 500/s on average: 2,000 records span seconds, not the simulated hours.
+    assert 1_000 < times[-1] - times[0] < 30_000
+    assert first.time_scale == second.time_scale > 1_000
 
 
-def test_every_scenario_appears_at_about_the_fraud_rate(day: SimulatedBatch) -> None:
+def test_how_the_stream_is_cut_changes_nothing_but_time() -> None:
+    whole = TransactionSimulator(4).generate(30_000)
+    simulator = TransactionSimulator(4)
+    parts = [simulator.generate(size) for size in (1, 9_999, 20_000)]
+    assert [r for p in parts for r in p.records] == whole.records
+    labels = [label for p in parts for label in p.labels]
+    assert labels == whole.labels and labels
+
+
+def test_real_time_follows_the_handbook_day(day: SimulatedBatch) -> None:
+    seconds = (day.columns.event_time - DEFAULT_START_TIME_MS) // 1000 % SECONDS_PER_DAY
+    assert day.time_scale == 1.0
+    assert abs(np.mean(seconds) - 43_200) < 1_000  # normal around noon
+    per_day = np.bincount((day.columns.event_time - DEFAULT_START_TIME_MS) // 86_400_000)
+    assert 8_500 < np.median(per_day[:-1]) < 10_500  # 5,000 customers x U(0, 4) a day
+
+
+def test_every_scenario_appears_at_the_handbook_rates(day: SimulatedBatch) -> None:
     counts = Counter(day.scenario.tolist())
     assert set(counts) == set(SCENARIOS)
-    assert min(counts.values()) > 100
     assert np.array_equal(day.is_fraud, day.scenario != "legit")
-    assert 0.015 < day.is_fraud.mean() < 0.025
+    # The handbook's simulated data has 0.84 % fraud; a month includes the ramp-up.
+    assert 0.004 < day.is_fraud.mean() < 0.012
+    assert min(counts.values()) > 100
 
 
-def test_fraud_rate_zero_gives_legit_only() -> None:
-    batch = TransactionSimulator(1, fraud_rate=0.0).generate(5_000)
+def test_fraud_scale_zero_gives_legit_only() -> None:
+    batch = TransactionSimulator(1, fraud_scale=0.0).generate(20_000)
     assert not batch.is_fraud.any()
     assert set(batch.scenario.tolist()) == {"legit"}
+    assert (batch.columns.amount > LARGE_AMOUNT_THRESHOLD).any()
+    assert all(label["fraud"] is False for label in batch.labels)
 
 
 def test_card_testing_is_bursts_of_tiny_ecom_amounts(day: SimulatedBatch) -> None:
@@ -116,53 +140,98 @@ def test_card_testing_is_bursts_of_tiny_ecom_amounts(day: SimulatedBatch) -> Non
     assert np.all(day.columns.amount[testing] < TINY_AMOUNT)
     assert np.all(day.columns.channel[testing] == "ecom")
     assert not day.columns.card_present[testing].any()
-    # Consecutive records of one burst share the card.
-    cards = np.array([str(record["card_id"]) for record in day.records])
-    is_testing = day.scenario == "card_testing"
-    same_card_as_next = np.append(cards[1:] == cards[:-1], False)
-    with_next = is_testing & np.append(is_testing[1:], False) & same_card_as_next
-    with_previous = np.insert(with_next[:-1], 0, False)
-    assert (with_next | with_previous)[testing].mean() > 0.95
+    # A card's probes come minutes apart.
+    cards = day.card[testing]
+    times = day.columns.event_time[testing]
+    same = cards[1:] == cards[:-1]
+    assert same.mean() > 0.5
+    assert np.median(np.diff(times)[same]) < 5 * 60_000
 
 
-def test_scenarios_have_their_signature(day: SimulatedBatch) -> None:
-    legit = day.scenario == "legit"
-    stolen = day.scenario == "compromised_card"
+def test_handbook_scenarios(month: tuple[TransactionSimulator, SimulatedBatch]) -> None:
+    simulator, day = month
+    amount = day.columns.amount
+    assert np.all(day.is_fraud[amount > LARGE_AMOUNT_THRESHOLD])
     large = day.scenario == "large_amount"
+    assert np.all(amount[large] > LARGE_AMOUNT_THRESHOLD)
+    # Compromised terminals: a fraud-only stretch of days at a few terminals.
     terminal = day.scenario == "compromised_terminal"
-    cross_border = column(day, "cross_border")
-    night = column(day, "night").astype(bool)
-    assert cross_border[stolen].mean() > 0.9
-    assert column(day, "high_risk_country")[stolen].mean() > 0.4
-    assert day.columns.card_present[stolen].mean() < 0.4
-    # Compromised-card fraud is likelier at night; legit traffic is not.
-    assert stolen[night].mean() > 2 * stolen[~night].mean()
-    assert np.median(day.columns.amount[large]) > 5 * np.median(day.columns.amount[legit])
-    assert day.columns.card_present[terminal].all()
-    # A small fixed set of terminals, at which legit traffic goes on beside the fraud.
-    terminal_ids = np.array([str(r.get("terminal_id", "")) for r in day.records])
-    compromised = np.isin(terminal_ids, terminal_ids[terminal])
-    assert len(set(terminal_ids[terminal])) < 0.05 * len(set(terminal_ids))
-    assert 0.1 < terminal[compromised].mean() < 0.9
-    # Legit traffic overlaps the fraud patterns: abroad, tiny and large amounts occur.
-    assert 0.01 < cross_border[legit].mean() < 0.1
-    assert (day.columns.amount[legit] < TINY_AMOUNT).sum() > 50
-    assert (day.columns.amount[legit] > np.median(day.columns.amount[large])).sum() > 20
+    assert len(np.unique(day.terminal[terminal])) < 0.02 * len(simulator.population.terminal_ids)
+    # Compromised cards: frauds of a handful of cards, five times their usual amounts.
+    stolen = day.scenario == "compromised_card"
+    means = simulator.population.card_mean_amount[day.card[stolen]]
+    assert np.median(amount[stolen] / means) > 3.0
+    legit = day.scenario == "legit"
+    assert (
+        abs(np.median(amount[legit] / simulator.population.card_mean_amount[day.card[legit]]) - 1)
+        < 0.1
+    )
+
+
+def test_customers_use_terminals_within_the_radius(
+    month: tuple[TransactionSimulator, SimulatedBatch],
+) -> None:
+    simulator, day = month
+    population = simulator.population
+    start = population.card_terminal_start
+    # About π·5² ≈ 78 terminals around a customer, as on the handbook's grid.
+    assert 50 < np.diff(start).mean() < 90
+    home = population.terminal_country[day.terminal] == population.card_home[day.card]
+    assert 0.9 < home.mean() < 0.99  # the rest abroad: travel, foreign web shops
+    local = [
+        t in population.card_terminals[start[c] : start[c + 1]]
+        for c, t in zip(day.card[:2_000].tolist(), day.terminal[:2_000].tolist(), strict=True)
+    ]
+    assert np.mean(local) > 0.9
+    assert RADIUS == 5.0
+
+
+def test_every_fraud_gets_a_delayed_label(
+    month: tuple[TransactionSimulator, SimulatedBatch],
+) -> None:
+    _, day = month
+    labels = day.labels
+    by_id = {str(r["transaction_id"]): r for r in day.records}
+    frauds = [label for label in labels if label["fraud"]]
+    legit = [label for label in labels if not label["fraud"]]
+    assert len(frauds) > 0.9 * day.is_fraud.sum() and legit
+    delays_h = [
+        (int(str(label["reported_at"])) - int(str(label["event_time"]))) / 3.6e6 for label in frauds
+    ]
+    assert 1 < np.percentile(delays_h, 20) < 24  # analyst reviews: hours
+    assert 24 < np.median(delays_h) < 24 * 7  # chargebacks: days
+    reported = [int(str(label["reported_at"])) for label in labels]
+    assert reported == sorted(reported)
+    assert reported[-1] <= day.columns.event_time[-1]
+    for label in frauds[:200]:
+        record = by_id[str(label["transaction_id"])]
+        assert label["card_id"] == record["card_id"]
+        assert label["terminal_id"] == record["terminal_id"]
+        assert label["event_time"] == record["event_time"]
+
+
+def test_compressed_time_shortens_label_delays() -> None:
+    simulator = TransactionSimulator(8, label_delay_scale=0.5)
+    batches = [simulator.generate(3_000, rate_per_s=3_000.0) for _ in range(30)]
+    labels = [label for b in batches for label in b.labels]
+    assert any(label["fraud"] for label in labels)
+    delays_s = [(int(str(x["reported_at"])) - int(str(x["event_time"]))) / 1000 for x in labels]
+    assert max(delays_s) < 60
 
 
 def test_card_currency_is_its_home_currency(day: SimulatedBatch) -> None:
     currency_of_card: dict[object, set[str]] = {}
-    for record in day.records:
+    for record in day.records[:50_000]:
         currency_of_card.setdefault(record["card_id"], set()).add(str(record["currency"]))
     assert all(len(currencies) == 1 for currencies in currency_of_card.values())
     assert set().union(*currency_of_card.values()) <= set(COUNTRY_CURRENCY.values())
 
 
 def test_generates_200k_rows_quickly() -> None:
-    simulator = TransactionSimulator(2)
     started = time.perf_counter()
+    simulator = TransactionSimulator(2)
     batch = simulator.generate(200_000)
-    assert time.perf_counter() - started < 10.0
+    assert time.perf_counter() - started < 15.0
     assert len(batch.records) == 200_000
 
 
@@ -170,11 +239,12 @@ def test_generates_200k_rows_quickly() -> None:
     ("kwargs", "name"),
     [
         ({"seed": -1}, "seed"),
-        ({"fraud_rate": -0.1}, "fraud_rate"),
-        ({"fraud_rate": 0.9}, "fraud_rate"),
-        ({"fraud_rate": float("nan")}, "fraud_rate"),
+        ({"fraud_scale": -0.1}, "fraud_scale"),
+        ({"fraud_scale": 11.0}, "fraud_scale"),
+        ({"fraud_scale": float("nan")}, "fraud_scale"),
         ({"num_cards": 0}, "num_cards"),
-        ({"num_merchants": 10}, "num_merchants"),
+        ({"num_terminals": 0}, "num_terminals"),
+        ({"label_delay_scale": -1.0}, "label_delay_scale"),
         ({"start_time_ms": -5}, "start_time_ms"),
         ({"id_prefix": ""}, "id_prefix"),
         ({"id_prefix": "x" * 60}, "id_prefix"),
@@ -191,7 +261,7 @@ def test_constructor_rejects_out_of_range(kwargs: dict[str, object], name: str) 
     [
         ({"seed": 1.5}, "seed"),
         ({"seed": True}, "seed"),
-        ({"fraud_rate": "0.1"}, "fraud_rate"),
+        ({"fraud_scale": "0.1"}, "fraud_scale"),
         ({"num_cards": 10.0}, "num_cards"),
         ({"id_prefix": 7}, "id_prefix"),
     ],

@@ -1,101 +1,126 @@
-"""Unit tests of the training command and the shipped model (training/train.py, scorer/models/)."""
+"""Training (training/): replay, protocol, both candidates, export; and the shipped model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import lightgbm
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
-from scorer.features import FEATURE_NAMES, NUM_FEATURES, build_features
-from simulator.transactions import TransactionSimulator
-from training.train import (
-    DEFAULT_CARD_PATH,
-    DEFAULT_MODEL_PATH,
-    FEATURE_DESCRIPTIONS,
-    IR_VERSION,
-    OPSET,
-    TRAINING_SPAN_S,
-    TrainingResult,
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from stream.config import SHIPPED_MODEL_PATH
+from training import gbdt
+from training.card import FEATURE_DESCRIPTIONS, render_model_card
+from training.onnx_export import IR_VERSION, OPSET, score_with_onnxruntime
+from training.protocol import (
     average_precision,
-    main,
+    card_precision_at_k,
+    handbook_fold,
     roc_auc,
-    train_model,
 )
+from training.replay import replay_history, simulate
+from training.train import DEFAULT_CARD_PATH, TrainingResult, main, train_model
 
-TINY_SAMPLES = 20_000
-#: Ops with CUDA kernels in ONNX Runtime that the exported graph may use.
-ALLOWED_OPS = {"Gemm", "MatMul", "Add", "Relu", "Sigmoid", "Sub", "Div", "Reshape", "Flatten"}
+#: The reduced configuration: 600 customers, the shortest stream that holds one fold.
+SMALL = {"seed": 3, "days": 24, "folds": 1, "cards": 600}
+#: Operators with CUDA kernels in ONNX Runtime that the exported graphs may use.
+CUDA_OPS = {
+    "Gemm",
+    "MatMul",
+    "Add",
+    "Relu",
+    "Sigmoid",
+    "Reshape",
+    "Gather",
+    "Greater",
+    "Cast",
+    "Transpose",
+    "Equal",
+    "ReduceSum",
+    "Concat",
+    "Slice",
+}
 
 
 @pytest.fixture(scope="module")
-def tiny() -> TrainingResult:
-    return train_model(seed=3, samples=TINY_SAMPLES)
+def small() -> TrainingResult:
+    return train_model(**SMALL)
 
 
-def fresh_sample(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features and fraud labels of a newly simulated week of traffic."""
-    batch = TransactionSimulator(seed).generate(n, rate_per_s=n / TRAINING_SPAN_S)
-    return build_features(batch.columns), batch.is_fraud
+def test_reduced_run_trains_both_candidates_and_ships_the_better(small: TrainingResult) -> None:
+    assert set(small.candidates) == {"gbdt", "mlp"}
+    best = max(small.candidates.values(), key=lambda c: c.mean("average_precision")[0])
+    assert small.winner == best.kind
+    assert small.model == best.model
+    for candidate in small.candidates.values():
+        (fold,) = candidate.folds
+        assert 0.5 < fold.handbook.roc_auc <= 1.0
+        assert 0.0 < fold.handbook.average_precision <= 1.0
+        model = onnx.load_from_string(candidate.model)
+        onnx.checker.check_model(model)
+        assert model.ir_version == IR_VERSION
+        assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)]
+        assert {node.op_type for node in model.graph.node} <= CUDA_OPS
+        metadata = {p.key: p.value for p in model.metadata_props}
+        assert metadata["feature_names"] == ",".join(FEATURE_NAMES)
+        assert metadata["model_version"] == candidate.model_version
 
 
-def cpu_session(model: bytes | Path) -> ort.InferenceSession:
-    source = str(model) if isinstance(model, Path) else model
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+def test_training_is_deterministic(small: TrainingResult) -> None:
+    again = train_model(**SMALL)
+    assert again.model == small.model
+    assert render_model_card(again, 1) == render_model_card(small, 1)
 
 
-def test_tiny_model_loads_on_cpu_and_scores_fraud_higher(tiny: TrainingResult) -> None:
-    session = cpu_session(tiny.model)
-    [features_input] = session.get_inputs()
-    [score_output] = session.get_outputs()
-    assert (features_input.name, features_input.type) == ("features", "tensor(float)")
-    assert features_input.shape[1] == NUM_FEATURES
-    assert (score_output.name, score_output.type) == ("score", "tensor(float)")
-
-    features, is_fraud = fresh_sample(seed=101, n=20_000)
-    [scores] = session.run(["score"], {"features": features})
-    assert scores.shape == (len(features),)
-    assert scores.dtype == np.float32
-    assert np.all((scores >= 0.0) & (scores <= 1.0))
-    assert scores.std() > 0.01
-    assert scores[is_fraud].mean() > scores[~is_fraud].mean() + 0.2
-
-
-def test_tiny_model_graph_and_metadata(tiny: TrainingResult) -> None:
-    model = onnx.load_from_string(tiny.model)
-    onnx.checker.check_model(model)
-    assert model.ir_version == IR_VERSION
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)]
-    assert {node.op_type for node in model.graph.node} <= ALLOWED_OPS
-    metadata = {prop.key: prop.value for prop in model.metadata_props}
-    assert metadata == {
-        "model_version": tiny.model_version,
-        "feature_names": ",".join(FEATURE_NAMES),
-        "seed": "3",
-        "training_samples": str(TINY_SAMPLES),
-    }
-    assert tiny.model_version.startswith("fraud-mlp-1.0.0-")
-    assert len(tiny.model) < 16_000
+def test_compiled_trees_score_exactly_as_lightgbm() -> None:
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(3_000, NUM_FEATURES)).astype(np.float32)
+    features[:, 3] = np.round(features[:, 3], 1)  # values on the thresholds
+    labels = features[:, 0] + features[:, 3] * features[:, 5] > 0.5
+    booster = lightgbm.train(
+        {**gbdt.PARAMS, "seed": 1}, lightgbm.Dataset(features, labels.astype(float)), 40
+    )
+    trees = gbdt.compile_trees(booster.dump_model())
+    expected = booster.predict(features, raw_score=True)
+    assert np.allclose(gbdt.raw_scores(trees, features), expected, atol=1e-4)
+    model = gbdt.export_onnx(trees, NUM_FEATURES, "t", {"model_version": "t"})
+    scores = score_with_onnxruntime(model, features)
+    assert np.allclose(scores, 1.0 / (1.0 + np.exp(-expected)), atol=1e-5)
+    assert score_with_onnxruntime(model, features[:0]).shape == (0,)
+    assert score_with_onnxruntime(model, features[:1]).shape == (1,)
 
 
-def test_training_is_deterministic(tiny: TrainingResult) -> None:
-    again = train_model(seed=3, samples=TINY_SAMPLES)
-    assert again.model == tiny.model
-    other = train_model(seed=4, samples=TINY_SAMPLES)
-    assert other.model_version != tiny.model_version
+def test_replay_uses_the_service_code_whatever_the_batch_size() -> None:
+    stream = simulate(seed=4, days=3, cards=200)
+    assert stream.features.shape == (len(stream.is_fraud), NUM_FEATURES)
+    assert np.isfinite(stream.features).all()
+    assert np.array_equal(replay_history(stream.columns, 1), replay_history(stream.columns, 256))
 
 
-def test_tiny_model_evaluation(tiny: TrainingResult) -> None:
-    evaluation = tiny.evaluation
-    assert evaluation.rows == TINY_SAMPLES // 5
-    assert tiny.train_rows == TINY_SAMPLES - evaluation.rows
-    assert sum(evaluation.scenario_rows.values()) == evaluation.rows
-    assert evaluation.roc_auc > 0.8
-    assert 0.0 < evaluation.average_precision <= 1.0
-    review_fpr, decline_fpr = evaluation.false_positive_rate
-    assert decline_fpr <= review_fpr < 0.1
+def test_handbook_fold_removes_known_compromised_cards() -> None:
+    day = np.repeat(np.arange(21), 3)
+    card = np.tile(np.array([1, 2, 3]), 21)
+    is_fraud = np.zeros(len(day), bool)
+    is_fraud[(day == 2) & (card == 1)] = True  # known from the training week
+    is_fraud[(day == 9) & (card == 2)] = True  # known from the fourth test day (day 17) on
+    fold = handbook_fold(day, card, is_fraud, 0)
+    assert set(day[fold.train].tolist()) == set(range(7))
+    tested = {(int(d), int(c)) for d, c in zip(day[fold.test], card[fold.test], strict=True)}
+    assert all(c != 1 for _, c in tested)
+    assert (14, 2) in tested and (16, 2) in tested and (17, 2) not in tested
+
+
+def test_card_precision_at_k_known_values() -> None:
+    day = np.array([0, 0, 0, 0, 1, 1, 1])
+    card = np.array([1, 1, 2, 3, 1, 2, 3])
+    is_fraud = np.array([False, True, False, False, False, True, False])
+    scores = np.array([0.9, 0.1, 0.8, 0.2, 0.9, 0.7, 0.1])
+    # Day 0: top 2 cards 1 (0.9) and 2 (0.8), card 1 had a fraud: 1/2. Day 1: card 1 is
+    # caught already; top 2 of cards 2 and 3: card 2 fraud: 1/2.
+    assert card_precision_at_k(day, card, is_fraud, scores, k=2) == pytest.approx(0.5)
 
 
 def test_roc_auc_against_pairwise_definition() -> None:
@@ -105,17 +130,13 @@ def test_roc_auc_against_pairwise_definition() -> None:
     pairs = scores[labels][:, None] - scores[~labels][None, :]
     expected = ((pairs > 0).sum() + 0.5 * (pairs == 0).sum()) / pairs.size
     assert roc_auc(labels, scores) == pytest.approx(expected)
-    assert roc_auc(np.array([False, True]), np.array([0.1, 0.9])) == 1.0
-    assert roc_auc(np.array([True, False]), np.array([0.1, 0.9])) == 0.0
     with pytest.raises(ValueError, match="both classes"):
         roc_auc(np.array([True, True]), np.array([0.1, 0.9]))
 
 
 def test_average_precision_known_values() -> None:
     labels = np.array([True, False, True, False])
-    # Ranked: hit (P=1), miss, hit (P=2/3), miss → (1 + 2/3) / 2.
     assert average_precision(labels, np.array([0.9, 0.8, 0.7, 0.1])) == pytest.approx(5 / 6)
-    # All tied: one threshold flags everything, precision = base rate.
     assert average_precision(labels, np.full(4, 0.5)) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="fraud"):
         average_precision(np.zeros(3, bool), np.zeros(3))
@@ -125,21 +146,26 @@ def test_every_feature_is_described_in_the_card() -> None:
     assert tuple(FEATURE_DESCRIPTIONS) == FEATURE_NAMES
 
 
-def test_main_writes_model_and_card(tmp_path: Path) -> None:
+def test_main_refuses_a_stream_too_short_for_a_fold(tmp_path: Path) -> None:
     out, card = tmp_path / "m" / "model.onnx", tmp_path / "card.md"
-    assert main(["--seed", "9", "--samples", "5000", "--out", str(out), "--card", str(card)]) == 0
-    model = onnx.load(str(out))
-    version = {p.key: p.value for p in model.metadata_props}["model_version"]
-    text = card.read_text(encoding="utf-8")
-    assert version in text
-    assert "python -m training.train --seed 9 --samples 5000" in text
+    argv = ["--seed", "9", "--days", "22", "--folds", "1", "--out", str(out), "--card", str(card)]
+    with pytest.raises(SystemExit):
+        main([*argv[:2], "--days", "5"])  # too short for a fold
+    assert not out.exists()
 
 
-def test_shipped_model_matches_features_and_ranks_fresh_traffic() -> None:
-    session = cpu_session(DEFAULT_MODEL_PATH)
+def test_shipped_model_matches_features_card_and_cuda_operators() -> None:
+    model = onnx.load(str(SHIPPED_MODEL_PATH))
+    assert {node.op_type for node in model.graph.node} <= CUDA_OPS
+    assert SHIPPED_MODEL_PATH.stat().st_size < 2_000_000
+    session = ort.InferenceSession(str(SHIPPED_MODEL_PATH), providers=["CPUExecutionProvider"])
     metadata = session.get_modelmeta().custom_metadata_map
     assert tuple(metadata["feature_names"].split(",")) == FEATURE_NAMES
     assert metadata["model_version"] in DEFAULT_CARD_PATH.read_text(encoding="utf-8")
-    features, is_fraud = fresh_sample(seed=2024, n=50_000)
-    [scores] = session.run(["score"], {"features": features})
-    assert roc_auc(is_fraud, scores) > 0.85
+
+
+def test_shipped_model_ranks_a_fresh_stream() -> None:
+    stream = simulate(seed=2024, days=30)
+    recent = stream.day >= 23
+    scores = score_with_onnxruntime(SHIPPED_MODEL_PATH.read_bytes(), stream.features[recent])
+    assert roc_auc(stream.is_fraud[recent], scores) > 0.85

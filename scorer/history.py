@@ -1,0 +1,449 @@
+"""Per-card history of one input partition: a fixed-size record per card, updated in batches.
+
+Transactions are keyed by `card_id`, so each card's history lives with its partition. A
+`CardHistory` holds, for every card it has seen, one fixed-size numpy record (`STATE_DTYPE`,
+`STATE_BYTES` bytes serialized) and turns a micro-batch into the `HISTORY_FEATURE_NAMES` columns
+with a handful of vectorised numpy passes. Responsibilities and decisions:
+
+- Windows are exponentially decayed counters: a count or amount sum over a window of length w
+  is kept as a sum whose terms decay as exp(-age / w). At a steady rate it has the mean of the
+  sliding window of length w, but it needs one number per window instead of every event, and
+  updating it is O(1). Distinct merchants and countries come from a ring of the last
+  `RING_SIZE` transactions (minute, merchant hash, country).
+- Order: a batch is applied per card in event-time order (ties by offset); several transactions
+  of one card in one batch see each other in that order. The batch is processed in rounds, the
+  r-th transaction of every card in round r, each round one vectorised pass.
+- Idempotence: each record keeps the highest input offset applied to it. A transaction whose
+  offset is not above the one its card had before the batch (a record re-read after a crash)
+  is not applied again; its features are read from the state as it is. Offsets of a partition
+  are consumed in order, so every record of a card up to that offset has been applied.
+- A transaction older than its card's last one (late, out of order) is applied as if it happened
+  at the card's last event time: decayed counters cannot go back in time.
+- Features are computed after the transaction is applied (windows include it, as in the
+  handbook), except the amount's relation to the card's mean, which compares it with the card's
+  history before it.
+- Bounded: cards idle past the longest window are evicted (`evict_idle`); the store never
+  holds more than the live cards' records plus the index.
+- Robust: any valid transaction (event_time 0 … 9999-12-31, amounts up to 1e6, any ids) gives
+  finite features; nothing here raises for a valid record.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
+
+MS_PER_MINUTE = 60_000
+MS_PER_HOUR = 60 * MS_PER_MINUTE
+MS_PER_DAY = 24 * MS_PER_HOUR
+#: Count and amount windows, in event-time milliseconds (before `time_scale`).
+WINDOWS_MS: tuple[int, ...] = (MS_PER_HOUR, MS_PER_DAY, 7 * MS_PER_DAY, 30 * MS_PER_DAY)
+WINDOW_NAMES: tuple[str, ...] = ("1h", "1d", "7d", "30d")
+LONGEST_WINDOW_MS = max(WINDOWS_MS)
+#: Card testing: small e-commerce amounts within the last few minutes.
+CARD_TESTING_WINDOW_MS = 10 * MS_PER_MINUTE
+#: Distinct merchants and countries are counted over this window …
+RECENT_MS = MS_PER_DAY
+#: … among this many last transactions of the card.
+RING_SIZE = 8
+
+HISTORY_FEATURE_NAMES: tuple[str, ...] = (
+    *(f"card_tx_{name}" for name in WINDOW_NAMES),
+    *(f"card_avg_amount_{name}" for name in WINDOW_NAMES),
+    "card_amount_to_mean",
+    "card_amount_zscore",
+    "card_since_previous",
+    "card_distinct_merchants_1d",
+    "card_distinct_countries_1d",
+    "card_testing_velocity",
+)
+NUM_HISTORY_FEATURES = len(HISTORY_FEATURE_NAMES)
+_TX, _AVG = 0, len(WINDOWS_MS)
+_TO_MEAN, _ZSCORE, _SINCE, _MERCHANTS, _COUNTRIES, _TESTING = range(
+    2 * len(WINDOWS_MS), NUM_HISTORY_FEATURES
+)
+#: The z-score is clipped to ±this; beyond it, "far off the card's habits" is all it says.
+MAX_ZSCORE = 20.0
+#: Spread floor of the z-score: a card with one or two alike amounts has no usable spread.
+_STD_FLOOR_SHARE, _STD_FLOOR = 0.05, 0.5
+#: Below this decayed 30-day count the card has no mean to compare an amount with.
+_MIN_HISTORY = 1e-3
+
+#: One card's state as serialized, little-endian and packed, so its bytes are the same on every
+#: platform. In memory the same fields live in a few column arrays.
+STATE_DTYPE = np.dtype(
+    [
+        ("last_ms", "<i8"),  # event time of the newest applied transaction; -1: none
+        ("offset", "<i8"),  # highest input offset applied; -1: none
+        # Decayed counts per window, then of card testing; decayed amount sums per window; the
+        # decayed sum of squared amounts over the longest window.
+        ("sums", "<f4", (2 * len(WINDOWS_MS) + 2,)),
+        ("ring_minute", "<u4", (RING_SIZE,)),  # event minute + 1 of the last transactions; 0: none
+        ("ring_merchant", "<u4", (RING_SIZE,)),  # hashes of their merchant ids
+        ("ring_country", "<u2", (RING_SIZE,)),  # their countries, 0 … 26**2 - 1
+        ("ring_next", "u1"),  # slot the next transaction takes
+    ]
+)
+#: First byte of a serialized state; a reader refuses any other.
+STATE_VERSION = 1
+STATE_BYTES = 1 + STATE_DTYPE.itemsize
+_WINDOWS = len(WINDOWS_MS)
+_COUNT, _TESTING_COUNT, _AMOUNT, _SQUARES = 0, _WINDOWS, _WINDOWS + 1, 2 * _WINDOWS + 1
+_NUM_SUMS = 2 * _WINDOWS + 2
+#: The decay (by window, the last being card testing's) that applies to each of the sums.
+_SUM_WINDOW = np.array([*range(_WINDOWS), _WINDOWS, *range(_WINDOWS), _WINDOWS - 1])
+_INITIAL_CAPACITY = 1024
+#: Polynomial hash of merchant ids over their code points (stable across processes).
+_HASH_BASE = np.uint32(1_000_003)
+
+_Floats = npt.NDArray[np.float64]
+_T = TypeVar("_T", bound=np.generic)
+
+
+def _validate_scale(time_scale: float) -> float:
+    if isinstance(time_scale, bool) or not isinstance(time_scale, int | float):
+        raise TypeError(f"time_scale must be a number, got {time_scale!r}")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"time_scale must be a positive finite number, got {time_scale!r}")
+    return float(time_scale)
+
+
+def merchant_hashes(merchant_ids: Sequence[str]) -> npt.NDArray[np.uint32]:
+    """A 32-bit hash of each merchant id, the same in every process (unlike hash())."""
+    codes = np.array(merchant_ids, dtype=np.str_)
+    width = codes.dtype.itemsize // 4
+    if len(codes) == 0 or width == 0:
+        return np.zeros(len(codes), np.uint32)
+    points = codes.view(np.uint32).reshape(len(codes), width)
+    powers = _HASH_BASE ** np.arange(width, dtype=np.uint32)  # wraps modulo 2**32
+    hashed: npt.NDArray[np.uint32] = (points * powers).sum(axis=1, dtype=np.uint32)
+    return hashed
+
+
+class CardHistory:
+    """Per-card state of ONE input partition: fixed-size record per card.
+
+    Not thread-safe: one owner (the partition's scoring path) calls it.
+    """
+
+    def __init__(self, *, time_scale: float = 1.0) -> None:
+        """`time_scale` > 1 compresses time (a demo whose simulated day lasts 86,400 /
+        time_scale s of event time): every window and the eviction horizon shrink by it, so
+        features keep the meaning the model was trained on."""
+        scale = _validate_scale(time_scale)
+        windows_ms = np.array([*WINDOWS_MS, CARD_TESTING_WINDOW_MS], np.float64) / scale
+        self._inverse_windows = 1.0 / windows_ms
+        self._recent_minutes = RECENT_MS / MS_PER_MINUTE / scale
+        self._longest_ms = LONGEST_WINDOW_MS / scale
+        capacity = _INITIAL_CAPACITY
+        self._times = np.full((capacity, 2), -1, np.int64)  # last_ms, offset
+        self._sums = np.zeros((capacity, _NUM_SUMS), np.float32)
+        self._ring_minute = np.zeros((capacity, RING_SIZE), np.uint32)
+        self._ring_merchant = np.zeros((capacity, RING_SIZE), np.uint32)
+        self._ring_country = np.zeros((capacity, RING_SIZE), np.uint16)
+        self._ring_next = np.zeros(capacity, np.uint8)
+        self._dirty = np.zeros(capacity, np.bool_)
+        self._used = np.zeros(capacity, np.bool_)
+        self._index: dict[str, int] = {}
+        self._ids: list[str | None] = [None] * capacity
+        self._free: list[int] = list(range(capacity - 1, -1, -1))
+        self._key_bytes = 0
+
+    # The batch path.
+
+    def update_and_features(
+        self,
+        card_ids: Sequence[str],
+        columns: TransactionColumns,
+        merchant_ids: Sequence[str],
+        offsets: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.float32]:
+        """History features [B, len(HISTORY_FEATURE_NAMES)] of a batch of this partition's
+        transactions (in consumption order), applying each to its card's state in event-time
+        order per card. A record whose offset is <= the offset its card has applied is not
+        applied again (its features are read from the state as it is).
+
+        Raises ValueError only when the arguments disagree in length.
+        """
+        n = len(card_ids)
+        if not len(columns.amount) == len(merchant_ids) == len(offsets) == n:
+            raise ValueError(
+                f"batch lengths differ: {n} card ids, {len(columns.amount)} transactions, "
+                f"{len(merchant_ids)} merchant ids, {len(offsets)} offsets"
+            )
+        out = np.empty((n, NUM_HISTORY_FEATURES), np.float32)
+        if n == 0:
+            return out
+        rows = self._rows_for(card_ids)
+        offsets = np.asarray(offsets, np.int64)
+        event_time = np.asarray(columns.event_time, np.int64)
+        amount = np.asarray(columns.amount, np.float64)
+        small_ecom = (amount < TINY_AMOUNT) & (np.asarray(columns.channel) == "ecom")
+        merchant = merchant_hashes(merchant_ids)
+        country = letters_index(np.asarray(columns.country), 2).astype(np.uint16)
+        # Records up to the offset a card had applied before this batch are done; the rest of
+        # the batch applies, in event-time order (which need not be offset order).
+        fresh = offsets > self._times[rows, 1]
+        if len(np.unique(rows)) == n:
+            rounds = [np.arange(n)]  # one transaction per card: a single pass
+        else:
+            order = np.lexsort((offsets, event_time, rows))
+            sorted_rows = rows[order]
+            starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+            rank = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+            rounds = [order[rank == r] for r in range(int(rank.max()) + 1)]
+        for sel in rounds:  # at most one transaction of each card per round
+            out[sel] = self._apply(
+                rows[sel],
+                event_time[sel],
+                fresh[sel],
+                offsets[sel],
+                amount[sel],
+                small_ecom[sel],
+                merchant[sel],
+                country[sel],
+            )
+        return out
+
+    def _apply(
+        self,
+        rows: npt.NDArray[np.int64],
+        t: npt.NDArray[np.int64],
+        apply: npt.NDArray[np.bool_],
+        offset: npt.NDArray[np.int64],
+        amount: _Floats,
+        small_ecom: npt.NDArray[np.bool_],
+        merchant: npt.NDArray[np.uint32],
+        country: npt.NDArray[np.uint16],
+    ) -> npt.NDArray[np.float32]:
+        """Apply one transaction per card (distinct rows) and return their features."""
+        n = len(rows)
+        times = self._times[rows]
+        last = times[:, 0]
+        has_prev = last >= 0
+        elapsed_ms = np.where(has_prev, np.maximum(t - last, 0), 0).astype(np.float64)
+        decay = np.exp(-elapsed_ms[:, None] * self._inverse_windows[None, :])
+        sums = self._sums[rows].astype(np.float64) * decay[:, _SUM_WINDOW]
+
+        # The amount against the card's history before this transaction.
+        history = sums[:, _COUNT + _WINDOWS - 1]
+        known = history > _MIN_HISTORY
+        safe_history = np.where(known, history, 1.0)
+        mean = np.where(known, sums[:, _AMOUNT + _WINDOWS - 1] / safe_history, 0.0)
+        variance = np.maximum(sums[:, _SQUARES] / safe_history - mean * mean, 0.0)
+        std = np.sqrt(variance) + _STD_FLOOR_SHARE * mean + _STD_FLOOR
+        to_mean = np.where(known, np.log1p(amount) - np.log1p(mean), 0.0)
+        zscore = np.where(known, np.clip((amount - mean) / std, -MAX_ZSCORE, MAX_ZSCORE), 0.0)
+
+        added = np.empty((n, _NUM_SUMS), np.float64)
+        added[:, _COUNT:_TESTING_COUNT] = 1.0
+        added[:, _TESTING_COUNT] = small_ecom
+        added[:, _AMOUNT:_SQUARES] = amount[:, None]
+        added[:, _SQUARES] = amount * amount
+        sums += added * apply[:, None]
+        minute = (t // MS_PER_MINUTE).astype(np.uint32) + np.uint32(1)
+        ring_minute = self._ring_minute[rows]
+        ring_merchant = self._ring_merchant[rows]
+        ring_country = self._ring_country[rows]
+        slot = self._ring_next[rows].astype(np.int64)
+        applied = np.flatnonzero(apply)
+        at = (applied, slot[applied])
+        ring_minute[at] = minute[applied]
+        ring_merchant[at] = merchant[applied]
+        ring_country[at] = country[applied]
+
+        features = np.empty((n, NUM_HISTORY_FEATURES), np.float64)
+        counts = sums[:, _COUNT:_TESTING_COUNT]
+        features[:, _TX:_AVG] = np.log1p(counts)
+        average = sums[:, _AMOUNT:_SQUARES] / np.maximum(counts, _MIN_HISTORY)
+        features[:, _AVG:_TO_MEAN] = np.log1p(np.where(counts > 0, average, 0.0))
+        features[:, _TO_MEAN] = to_mean
+        features[:, _ZSCORE] = zscore
+        since_ms = np.where(has_prev, np.minimum(elapsed_ms, self._longest_ms), self._longest_ms)
+        features[:, _SINCE] = np.log1p(since_ms / 1000.0)
+        age = minute.astype(np.int64)[:, None] - ring_minute
+        recent = (ring_minute > 0) & (age <= self._recent_minutes)
+        features[:, _MERCHANTS] = _distinct(ring_merchant, recent)
+        features[:, _COUNTRIES] = _distinct(ring_country, recent)
+        features[:, _TESTING] = np.log1p(sums[:, _TESTING_COUNT])
+
+        if len(applied):
+            target = rows[applied]
+            self._times[target, 0] = np.maximum(t[applied], last[applied])
+            self._times[target, 1] = np.maximum(offset[applied], times[applied, 1])
+            self._sums[target] = sums[applied]
+            self._ring_minute[target] = ring_minute[applied]
+            self._ring_merchant[target] = ring_merchant[applied]
+            self._ring_country[target] = ring_country[applied]
+            self._ring_next[target] = (slot[applied] + 1) % RING_SIZE
+            self._dirty[target] = True
+        return features.astype(np.float32)
+
+    # The store.
+
+    def _rows_for(self, card_ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        index = self._index
+        rows = [index.get(card_id, -1) for card_id in card_ids]
+        if -1 in rows:
+            rows = [self._allocate(c) if r < 0 else r for c, r in zip(card_ids, rows, strict=True)]
+            # A card new to this batch and seen twice in it must get one row.
+            rows = [index[card_id] for card_id in card_ids]
+        return np.array(rows, np.int64)
+
+    def _allocate(self, card_id: str) -> int:
+        row = self._index.get(card_id)
+        if row is not None:
+            return row
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self._index[card_id] = row
+        self._ids[row] = card_id
+        self._used[row] = True
+        self._key_bytes += sys.getsizeof(card_id)
+        self._clear(np.array([row]))
+        return row
+
+    def _clear(self, rows: npt.NDArray[np.int64]) -> None:
+        self._times[rows] = -1
+        self._sums[rows] = 0.0
+        self._ring_minute[rows] = 0
+        self._ring_merchant[rows] = 0
+        self._ring_country[rows] = 0
+        self._ring_next[rows] = 0
+
+    def _grow(self) -> None:
+        old = len(self._times)
+
+        def doubled(array: npt.NDArray[_T]) -> npt.NDArray[_T]:
+            return np.concatenate((array, np.zeros_like(array)))
+
+        self._times = np.concatenate((self._times, np.full_like(self._times, -1)))
+        self._sums = doubled(self._sums)
+        self._ring_minute = doubled(self._ring_minute)
+        self._ring_merchant = doubled(self._ring_merchant)
+        self._ring_country = doubled(self._ring_country)
+        self._ring_next = doubled(self._ring_next)
+        self._dirty = doubled(self._dirty)
+        self._used = doubled(self._used)
+        self._ids.extend([None] * old)
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def _forget(self, card_id: str) -> None:
+        row = self._index.pop(card_id, None)
+        if row is None:
+            return
+        self._ids[row] = None
+        self._used[row] = False
+        self._dirty[row] = False
+        self._key_bytes -= sys.getsizeof(card_id)
+        self._free.append(row)
+
+    def _records(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
+        records = np.empty(len(rows), STATE_DTYPE)
+        records["last_ms"] = self._times[rows, 0]
+        records["offset"] = self._times[rows, 1]
+        records["sums"] = self._sums[rows]
+        records["ring_minute"] = self._ring_minute[rows]
+        records["ring_merchant"] = self._ring_merchant[rows]
+        records["ring_country"] = self._ring_country[rows]
+        records["ring_next"] = self._ring_next[rows]
+        return records
+
+    def take_dirty(self) -> list[tuple[str, bytes]]:
+        """(card_id, serialized state) of every card changed since the last call."""
+        rows = np.flatnonzero(self._dirty)
+        self._dirty[rows] = False
+        data = self._records(rows).tobytes()
+        size = STATE_DTYPE.itemsize
+        prefix = bytes((STATE_VERSION,))
+        ids = self._ids
+        return [
+            (str(ids[row]), prefix + data[i * size : (i + 1) * size])
+            for i, row in enumerate(rows.tolist())
+        ]
+
+    def restore(self, card_id: str, state: bytes | None) -> None:
+        """Load one card's state from the changelog (None: a tombstone, forget the card).
+
+        Raises ValueError for bytes that are not a state this version wrote (wrong length or
+        version); the card is then left as it was.
+        """
+        if state is None:
+            self._forget(card_id)
+            return
+        if len(state) != STATE_BYTES or state[0] != STATE_VERSION:
+            raise ValueError(
+                f"card {card_id!r}: not a version {STATE_VERSION} card state "
+                f"({len(state)} bytes, expected {STATE_BYTES})"
+            )
+        record = np.frombuffer(state, STATE_DTYPE, count=1, offset=1)[0]
+        row = self._allocate(card_id)
+        self._times[row] = (record["last_ms"], record["offset"])
+        self._sums[row] = record["sums"]
+        self._ring_minute[row] = record["ring_minute"]
+        self._ring_merchant[row] = record["ring_merchant"]
+        self._ring_country[row] = record["ring_country"]
+        self._ring_next[row] = record["ring_next"] % RING_SIZE
+        self._dirty[row] = False
+
+    def evict_idle(self, now_ms: int) -> list[str]:
+        """Remove cards idle for longer than the longest window (event time); return their ids."""
+        rows = np.flatnonzero(self._used & (self._times[:, 0] < now_ms - self._longest_ms))
+        evicted = [str(self._ids[row]) for row in rows.tolist()]
+        for card_id in evicted:
+            self._forget(card_id)
+        return evicted
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, card_id: object) -> bool:
+        return card_id in self._index
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the state columns and flags (all rows, free ones too), the index
+        (dict, row → id list, free list) and the id strings it keeps alive."""
+        arrays = (
+            self._times,
+            self._sums,
+            self._ring_minute,
+            self._ring_merchant,
+            self._ring_country,
+            self._ring_next,
+            self._dirty,
+            self._used,
+        )
+        return (
+            sum(array.nbytes for array in arrays)
+            + sys.getsizeof(self._index)
+            + sys.getsizeof(self._ids)
+            + sys.getsizeof(self._free)
+            + self._key_bytes
+        )
+
+
+def _distinct(values: npt.NDArray[np.integer], valid: npt.NDArray[np.bool_]) -> _Floats:
+    """Per row, how many distinct values among the valid entries of `values` [B, R]."""
+    # Invalid entries get distinct negative stand-ins, sort, count the changes.
+    keyed = np.where(valid, values.astype(np.int64), -1 - np.arange(values.shape[1]))
+    keyed.sort(axis=1)
+    changes = (keyed[:, 1:] != keyed[:, :-1]).sum(axis=1) + 1
+    result: _Floats = (changes - (~valid).sum(axis=1)).astype(np.float64)
+    return result
+
+
+def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
+    """The history features of a batch whose every card is new (history unknown)."""
+    history = CardHistory()
+    n = len(columns.amount)
+    ids = [str(i) for i in range(n)]
+    return history.update_and_features(ids, columns, ids, np.zeros(n, np.int64))

@@ -1,0 +1,217 @@
+"""Per-terminal risk from confirmed outcomes, with the handbook's delay: pure, no Kafka.
+
+A terminal's risk over a window of w days is the share of its transactions in that window that
+were confirmed fraud. As in the handbook (Le Borgne et al., "Reproducible Machine Learning for
+Credit Card Fraud Detection", baseline feature transformation), the window ends `DELAY_DAYS`
+before the day scored, because outcomes (chargebacks, reviews) take about that long to arrive:
+on day d, window w covers the w days d - DELAY_DAYS - w + 1 … d - DELAY_DAYS. Days are whole
+`day_ms` periods of event time since the epoch (UTC days by default; shorter in a compressed
+demo).
+
+State is `BUCKET_DAYS` daily buckets per terminal of (transactions, confirmed frauds), each
+bucket tagged with the day it holds, so a bucket is reused for a newer day without a clean-up
+pass and an outcome for a day older than the buckets hold is dropped. The functions here work
+on stacks of terminals (leading axis), so the faust worker's per-terminal `TerminalRisk` value
+and training's table of every terminal run the same arithmetic.
+
+The published `terminal-risk` record (JSON, key = terminal_id):
+`{"terminal_id": str, "as_of_day": int, <TERMINAL_FEATURE_NAMES>: number, …}`. A terminal with
+no record, or a transaction without a terminal, gets `NEUTRAL_TERMINAL_FEATURES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+DELAY_DAYS = 7
+RISK_WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
+#: Today back to the oldest day any window reads.
+BUCKET_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) + 1
+MS_PER_DAY = 86_400_000
+TERMINAL_FEATURE_NAMES: tuple[str, ...] = tuple(
+    name
+    for w in RISK_WINDOWS_DAYS
+    for name in (f"terminal_tx_{w}d", f"terminal_risk_{w}d", f"terminal_frauds_{w}d")
+)
+_PER_WINDOW = 3
+NUM_TERMINAL_FEATURES = len(TERMINAL_FEATURE_NAMES)
+#: What the model sees for a terminal nobody knows anything about: no transactions, no risk.
+NEUTRAL_TERMINAL_FEATURES: npt.NDArray[np.float32] = np.zeros(NUM_TERMINAL_FEATURES, np.float32)
+_TRANSACTIONS, _FRAUDS = 0, 1
+_EMPTY_DAY = -1
+
+_Ints = npt.NDArray[np.int64]
+
+
+def day_of(event_time_ms: npt.ArrayLike, day_ms: int = MS_PER_DAY) -> _Ints:
+    """The day number of each event time (whole `day_ms` periods since the epoch)."""
+    if day_ms <= 0:
+        raise ValueError(f"day_ms must be > 0, got {day_ms}")
+    return np.asarray(event_time_ms, np.int64) // np.int64(day_ms)
+
+
+def empty_buckets(terminals: int) -> tuple[_Ints, _Ints]:
+    """Buckets of `terminals` terminals that saw nothing: (days [T, B], counts [T, B, 2])."""
+    days = np.full((terminals, BUCKET_DAYS), _EMPTY_DAY, np.int64)
+    return days, np.zeros((terminals, BUCKET_DAYS, 2), np.int64)
+
+
+def add_events(
+    days: _Ints, counts: _Ints, terminal: _Ints, day: _Ints, frauds: npt.NDArray[np.bool_] | None
+) -> None:
+    """Count events into the buckets, in place: a transaction each (`frauds` None) or a
+    confirmed outcome each (`frauds[i]` True adds a fraud; False adds nothing).
+
+    Order-free: the buckets end as if the events came one by one in any order. An event for a
+    day older than the one its bucket now holds is dropped; a newer day empties the bucket.
+    """
+    terminal = np.asarray(terminal, np.int64)
+    day = np.asarray(day, np.int64)
+    if frauds is not None:
+        keep = np.asarray(frauds, np.bool_)
+        terminal, day = terminal[keep], day[keep]
+    if len(day) == 0:
+        return
+    slot = day % BUCKET_DAYS
+    newest = np.maximum(days[terminal, slot], day)
+    flat = terminal * BUCKET_DAYS + slot
+    held = days.reshape(-1)
+    target = held.copy()
+    np.maximum.at(target, flat, newest)
+    renewed = np.flatnonzero(target != held)
+    counts.reshape(-1, 2)[renewed] = 0
+    held[renewed] = target[renewed]
+    current = held[flat] == day
+    column = _TRANSACTIONS if frauds is None else _FRAUDS
+    np.add.at(counts.reshape(-1, 2)[:, column], flat[current], 1)
+
+
+def window_features(days: _Ints, counts: _Ints, as_of_day: _Ints) -> npt.NDArray[np.float32]:
+    """TERMINAL_FEATURE_NAMES of each terminal [T] as of its day `as_of_day` [T]."""
+    as_of_day = np.asarray(as_of_day, np.int64)
+    newest = as_of_day - DELAY_DAYS
+    age = newest[:, None] - days  # 0 for the newest day a window reads
+    out = np.empty((len(days), NUM_TERMINAL_FEATURES), np.float32)
+    for i, window in enumerate(RISK_WINDOWS_DAYS):
+        inside = (days != _EMPTY_DAY) & (age >= 0) & (age < window)
+        transactions = (counts[:, :, _TRANSACTIONS] * inside).sum(axis=1)
+        frauds = (counts[:, :, _FRAUDS] * inside).sum(axis=1)
+        out[:, _PER_WINDOW * i] = np.log1p(transactions)
+        out[:, _PER_WINDOW * i + 1] = np.clip(frauds / np.maximum(transactions, 1), 0.0, 1.0)
+        out[:, _PER_WINDOW * i + 2] = np.log1p(frauds)
+    return out
+
+
+class TerminalRisk:
+    """One terminal's buckets: the value the faust worker keeps per terminal in its table."""
+
+    __slots__ = ("_counts", "_days")
+
+    def __init__(self) -> None:
+        self._days, self._counts = empty_buckets(1)
+
+    def add_transaction(self, day: int) -> None:
+        """Count one transaction of this terminal on `day`."""
+        add_events(self._days, self._counts, np.zeros(1, np.int64), np.array([day]), None)
+
+    def add_label(self, day_of_transaction: int, fraud: bool) -> None:
+        """Count one confirmed outcome of a transaction made on `day_of_transaction`; a legit
+        outcome changes nothing (every transaction already counts in the denominator)."""
+        add_events(
+            self._days,
+            self._counts,
+            np.zeros(1, np.int64),
+            np.array([day_of_transaction]),
+            np.array([fraud]),
+        )
+
+    def features(self, as_of_day: int) -> npt.NDArray[np.float32]:
+        """TERMINAL_FEATURE_NAMES as of `as_of_day`: risk over the windows ending DELAY_DAYS
+        before it, and the transaction and confirmed-fraud counts (log1p) of those windows."""
+        features: npt.NDArray[np.float32] = window_features(
+            self._days, self._counts, np.array([as_of_day])
+        )[0]
+        return features
+
+    def to_bytes(self) -> bytes:
+        """Serialized buckets (for a faust table with raw values)."""
+        return msgspec.json.encode(
+            {"days": self._days[0].tolist(), "counts": self._counts[0].tolist()}
+        )
+
+    @classmethod
+    def from_bytes(cls, value: bytes) -> TerminalRisk:
+        """The inverse of `to_bytes`; ValueError for anything it did not write."""
+        try:
+            decoded = msgspec.json.decode(value, type=_Buckets)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(f"not a terminal risk state: {exc}") from exc
+        if len(decoded.days) != BUCKET_DAYS or len(decoded.counts) != BUCKET_DAYS:
+            raise ValueError(f"a terminal risk state has {BUCKET_DAYS} buckets")
+        risk = cls()
+        risk._days[0] = decoded.days
+        risk._counts[0] = decoded.counts
+        return risk
+
+
+class _Buckets(msgspec.Struct):
+    days: list[int]
+    counts: list[tuple[int, int]]
+
+
+class TerminalRiskRecord(NamedTuple):
+    """A published `terminal-risk` record."""
+
+    terminal_id: str
+    as_of_day: int
+    features: npt.NDArray[np.float32]  # [NUM_TERMINAL_FEATURES], TERMINAL_FEATURE_NAMES order
+
+
+def encode_terminal_risk(terminal_id: str, as_of_day: int, features: npt.ArrayLike) -> bytes:
+    """The JSON value of a `terminal-risk` record (its key is the terminal id)."""
+    values = np.asarray(features, np.float64).reshape(-1)
+    if len(values) != NUM_TERMINAL_FEATURES:
+        raise ValueError(f"expected {NUM_TERMINAL_FEATURES} features, got {len(values)}")
+    record: dict[str, object] = {"terminal_id": terminal_id, "as_of_day": int(as_of_day)}
+    record.update(zip(TERMINAL_FEATURE_NAMES, values.tolist(), strict=True))
+    return msgspec.json.encode(record)
+
+
+def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
+    """Read a `terminal-risk` record; ValueError if it is not one (a missing or non-finite
+    feature, no terminal_id, …)."""
+    try:
+        raw = msgspec.json.decode(value)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"terminal-risk record is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError("terminal-risk record is not a JSON object")
+    terminal_id, as_of_day = raw.get("terminal_id"), raw.get("as_of_day")
+    if not isinstance(terminal_id, str) or isinstance(as_of_day, bool):
+        raise ValueError("terminal-risk record needs a string terminal_id")
+    if not isinstance(as_of_day, int):
+        raise ValueError("terminal-risk record needs an integer as_of_day")
+    values = [raw.get(name) for name in TERMINAL_FEATURE_NAMES]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"terminal-risk record needs numbers {list(TERMINAL_FEATURE_NAMES)}")
+    features = np.array(values, np.float32)
+    if not np.isfinite(features).all():
+        raise ValueError("terminal-risk record has a non-finite feature")
+    return TerminalRiskRecord(terminal_id, as_of_day, features)
+
+
+def terminal_features(
+    known: Mapping[str, npt.NDArray[np.float32]], terminal_ids: Sequence[str | None]
+) -> npt.NDArray[np.float32]:
+    """The terminal columns [B, NUM_TERMINAL_FEATURES] of a batch from the latest features per
+    terminal id (the scorer's copy of `terminal-risk`); neutral where there is none."""
+    out = np.empty((len(terminal_ids), NUM_TERMINAL_FEATURES), np.float32)
+    for i, terminal_id in enumerate(terminal_ids):
+        found = None if terminal_id is None else known.get(terminal_id)
+        out[i] = NEUTRAL_TERMINAL_FEATURES if found is None else found
+    return out

@@ -1,0 +1,109 @@
+"""Terminal risk with the handbook's delay (scorer/terminal_risk.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scorer.terminal_risk import (
+    BUCKET_DAYS,
+    DELAY_DAYS,
+    NEUTRAL_TERMINAL_FEATURES,
+    TERMINAL_FEATURE_NAMES,
+    TerminalRisk,
+    add_events,
+    day_of,
+    decode_terminal_risk,
+    empty_buckets,
+    encode_terminal_risk,
+    terminal_features,
+    window_features,
+)
+
+F = {name: i for i, name in enumerate(TERMINAL_FEATURE_NAMES)}
+
+
+def risk_with(frauds_on: list[int], transactions_on: list[int]) -> TerminalRisk:
+    risk = TerminalRisk()
+    for day in transactions_on:
+        risk.add_transaction(day)
+    for day in frauds_on:
+        risk.add_label(day, True)
+    return risk
+
+
+def test_outcomes_count_only_once_the_delay_has_passed() -> None:
+    risk = risk_with(frauds_on=[100, 100], transactions_on=[100] * 4)
+    assert np.array_equal(risk.features(100 + DELAY_DAYS - 1), NEUTRAL_TERMINAL_FEATURES)
+    on_time = risk.features(100 + DELAY_DAYS)
+    assert on_time[F["terminal_risk_1d"]] == pytest.approx(0.5)
+    assert on_time[F["terminal_tx_1d"]] == pytest.approx(np.log1p(4))
+    assert on_time[F["terminal_frauds_1d"]] == pytest.approx(np.log1p(2))
+    a_day_later = risk.features(100 + DELAY_DAYS + 1)
+    assert a_day_later[F["terminal_risk_1d"]] == 0.0
+    assert a_day_later[F["terminal_risk_7d"]] == pytest.approx(0.5)
+    month_later = risk.features(100 + DELAY_DAYS + 30)
+    assert month_later[F["terminal_risk_30d"]] == 0.0
+    assert month_later[F["terminal_risk_30d"]] == 0.0
+    assert risk.features(100 + DELAY_DAYS + 29)[F["terminal_risk_30d"]] == pytest.approx(0.5)
+
+
+def test_a_legit_outcome_changes_nothing_and_old_outcomes_are_dropped() -> None:
+    risk = risk_with(frauds_on=[], transactions_on=[10, 10])
+    before = risk.features(10 + DELAY_DAYS)
+    risk.add_label(10, False)
+    assert np.array_equal(risk.features(10 + DELAY_DAYS), before)
+    risk.add_transaction(10 + BUCKET_DAYS)  # takes day 10's bucket
+    risk.add_label(10, True)  # too old to count now
+    assert risk.features(10 + BUCKET_DAYS)[F["terminal_frauds_30d"]] == 0.0
+
+
+def test_events_count_the_same_in_any_order_and_batch() -> None:
+    rng = np.random.default_rng(3)
+    terminal = rng.integers(0, 5, 400)
+    day = rng.integers(0, 80, 400)
+    fraud = rng.random(400) < 0.3
+    together = empty_buckets(5)
+    add_events(*together, terminal, day, None)
+    add_events(*together, terminal, day, fraud)
+    one_by_one = empty_buckets(5)
+    for i in rng.permutation(400).tolist():
+        add_events(*one_by_one, terminal[i : i + 1], day[i : i + 1], None)
+        add_events(*one_by_one, terminal[i : i + 1], day[i : i + 1], fraud[i : i + 1])
+    as_of = np.full(5, 90)
+    assert np.array_equal(window_features(*together, as_of), window_features(*one_by_one, as_of))
+    values = [TerminalRisk() for _ in range(5)]
+    for t, d, f in zip(terminal.tolist(), day.tolist(), fraud.tolist(), strict=True):
+        values[t].add_transaction(d)
+        values[t].add_label(d, f)
+    stacked = np.stack([value.features(90) for value in values])
+    assert np.array_equal(stacked, window_features(*together, as_of))
+
+
+def test_state_and_record_round_trip() -> None:
+    risk = risk_with(frauds_on=[3], transactions_on=[3, 3, 4])
+    again = TerminalRisk.from_bytes(risk.to_bytes())
+    assert np.array_equal(again.features(12), risk.features(12))
+    with pytest.raises(ValueError, match="terminal risk state"):
+        TerminalRisk.from_bytes(b"{}")
+    value = encode_terminal_risk("t-1", 12, risk.features(12))
+    record = decode_terminal_risk(value)
+    assert record.terminal_id == "t-1" and record.as_of_day == 12
+    assert np.array_equal(record.features, risk.features(12))
+    for bad in (b"[", b"[]", b'{"terminal_id": 1}', b'{"terminal_id": "t", "as_of_day": 1}'):
+        with pytest.raises(ValueError, match="terminal-risk"):
+            decode_terminal_risk(bad)
+
+
+def test_missing_terminals_get_neutral_features() -> None:
+    known = {"t-1": np.ones(len(TERMINAL_FEATURE_NAMES), np.float32)}
+    out = terminal_features(known, ["t-1", None, "t-unknown"])
+    assert np.array_equal(out[0], known["t-1"])
+    assert np.array_equal(out[1:], np.stack([NEUTRAL_TERMINAL_FEATURES] * 2))
+
+
+def test_days_of_event_times() -> None:
+    assert day_of([0, 86_399_999, 86_400_000]).tolist() == [0, 0, 1]
+    assert day_of([3_600_000], day_ms=1_800_000).tolist() == [2]
+    with pytest.raises(ValueError, match="day_ms"):
+        day_of([0], day_ms=0)
