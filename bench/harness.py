@@ -1,11 +1,11 @@
 """Shared set-up of the pipeline benchmark: topics, the pre-produced backlog, and running one
-contender as a child process while measuring its throughput from what it produced.
+contender as a child process while measuring its throughput from what it produces.
 
-Throughput is read off the output topic itself: every output record carries the producer's
-CreateTime, so the rate is (outputs - 1) / (last - first timestamp), taken after a warm-up
-share of the outputs. Start-up, group join and model loading are outside the window, and the
-measuring never competes with the contender for the CPU while it runs (it only polls the
-topic's high watermarks).
+Throughput is read off the output topic: the sum of its partitions' high watermarks, sampled
+every WATCH_INTERVAL_S while the contender runs. The rate is the growth over a steady window that
+starts `warmup_s` after the first output (start-up, group join and model loading stay outside)
+and lasts `window_s`, or ends earlier if the backlog runs out (the window is then reported
+shorter). Sampling watermarks costs the broker one small request and the contender nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
@@ -36,20 +32,19 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from simulator.transactions import TransactionSimulator
 
 REPO = Path(__file__).resolve().parents[1]
-#: Outputs at the start of a run left out of the rate: the first fetches and batches of a
-#: process run colder (page faults, first allocations) than its steady state.
-WARMUP_FRACTION = 0.05
 #: How often the watcher reads the output topic's high watermarks.
 WATCH_INTERVAL_S = 0.25
 #: How long a contender may take to stop on SIGINT before it is killed.
 STOP_TIMEOUT_S = 30.0
 ADMIN_TIMEOUT_S = 30.0
-#: Records simulated per call while producing the backlog.
-BACKLOG_CHUNK = 10_000
+#: Distinct simulated transactions the backlog repeats (with fresh ids).
+BACKLOG_TEMPLATES = 50_000
 BACKLOG_SEED = 11
 #: Simulated transactions per second of the backlog's event times.
 BACKLOG_EVENT_RATE = 5_000.0
 FLUSH_TIMEOUT_S = 120.0
+#: How often the assignment of a starting service is looked at.
+ASSIGNMENT_POLL_S = 0.2
 READ_BATCH = 10_000
 READ_TIMEOUT_S = 1.0
 MS_PER_S = 1000.0
@@ -104,26 +99,37 @@ class Broker:
 
 
 def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
-    """Produce `records` valid simulated transactions keyed by card; return the seconds taken."""
+    """Produce `records` valid simulated transactions keyed by card; return the seconds taken.
+
+    A block of BACKLOG_TEMPLATES simulated transactions is produced over and over with fresh
+    transaction ids: a backlog of millions costs seconds instead of minutes of simulation.
+    """
     started = time.monotonic()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", "batch.size": 1_000_000}
+    )
     simulator = TransactionSimulator(
         BACKLOG_SEED, start_time_ms=time.time_ns() // 1_000_000, id_prefix="bench"
     )
-    encode = msgspec.json.encode
-    left = records
-    while left > 0:
-        batch = simulator.generate(min(BACKLOG_CHUNK, left), rate_per_s=BACKLOG_EVENT_RATE)
-        for record in batch.records:
-            key = str(record["card_id"]).encode()
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=encode(record))
-                    break
-                except BufferError:
-                    producer.poll(READ_TIMEOUT_S)
-        producer.poll(0)
-        left -= len(batch.records)
+    templates = simulator.generate(
+        min(BACKLOG_TEMPLATES, records), rate_per_s=BACKLOG_EVENT_RATE
+    ).records
+    keys = [str(r["card_id"]).encode() for r in templates]
+    # The id leads every record, so each copy only changes its first field.
+    bodies = [
+        msgspec.json.encode({**r, "transaction_id": ""})[len(b'{"transaction_id":""') :]
+        for r in templates
+    ]
+    produce = producer.produce
+    for n in range(records):
+        i = n % len(templates)
+        value = b'{"transaction_id":"b' + str(n).encode() + b'"' + bodies[i]
+        while True:
+            try:
+                produce(topic, value, keys[i])
+                break
+            except BufferError:
+                producer.poll(READ_TIMEOUT_S)
     if producer.flush(FLUSH_TIMEOUT_S):
         raise RuntimeError(f"the backlog was not acknowledged within {FLUSH_TIMEOUT_S} s")
     return time.monotonic() - started
@@ -138,11 +144,11 @@ class Measurement(NamedTuple):
     """One contender's run over the backlog."""
 
     name: str
-    #: Outputs found on its output topic.
+    #: Outputs found on its output topic when it was stopped.
     outputs: int
-    #: Whether it produced the whole backlog before its time limit.
-    complete: bool
-    #: Seconds of the measured window (after the warm-up share).
+    #: Whether it produced the whole backlog (then the window may be shorter than asked).
+    exhausted: bool
+    #: Seconds of the measured steady window.
     window_s: float
     records_per_s: float | None
     load_average_before: float
@@ -162,45 +168,76 @@ def _produced(consumer: Consumer, topic: str, partitions: Sequence[int]) -> int:
     )
 
 
-def output_timestamps(bootstrap: str, topic: str) -> npt.NDArray[np.int64]:
-    """The CreateTime (epoch ms) of every record on `topic`, sorted."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-    })  # fmt: skip
-    try:
-        partitions = _partitions(consumer, topic)
-        pending = {
-            p for p in partitions
-            if consumer.get_watermark_offsets(TopicPartition(topic, p), ADMIN_TIMEOUT_S)[1] > 0
-        }  # fmt: skip
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
-        stamps: list[int] = []
-        while pending:
-            for message in consumer.consume(READ_BATCH, READ_TIMEOUT_S):
-                error = message.error()
-                if error is None:
-                    stamps.append(message.timestamp()[1])
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(message.partition() or 0)
-                else:
-                    raise RuntimeError(f"reading {topic}: {error.str()}")
-    finally:
-        consumer.close()
-    return np.sort(np.array(stamps, np.int64))
-
-
-def rate_of(timestamps_ms: npt.NDArray[np.int64]) -> tuple[float, float | None]:
-    """(window seconds, records per second) of sorted output timestamps, after the warm-up."""
-    skip = int(len(timestamps_ms) * WARMUP_FRACTION)
-    window = timestamps_ms[skip:]
-    if len(window) < 2:
+def steady_rate(
+    samples: Sequence[tuple[float, int]], warmup_s: float, window_s: float
+) -> tuple[float, float | None]:
+    """(window seconds, records per second) of (time, outputs) samples: from `warmup_s` after
+    the first output to `window_s` later, or to the last sample if it comes sooner."""
+    first = next((t for t, produced in samples if produced > 0), None)
+    if first is None:
         return 0.0, None
-    # CreateTime has millisecond resolution: a window can never be shorter than one tick.
-    seconds = max(float(window[-1] - window[0]), 1.0) / MS_PER_S
-    return seconds, (len(window) - 1) / seconds
+    begin = first + warmup_s
+    inside = [(t, p) for t, p in samples if begin <= t <= begin + window_s]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return 0.0, None
+    (t0, p0), (t1, p1) = inside[0], inside[-1]
+    return t1 - t0, (p1 - p0) / (t1 - t0)
+
+
+def measure(
+    name: str,
+    command: Sequence[str],
+    *,
+    bootstrap: str,
+    output_topic: str,
+    expected: int,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+) -> Measurement:
+    """Run `command` until its steady window is over (or the backlog of `expected` records is
+    done, or `timeout_s` passes, or it exits), stop it, and measure its rate in that window."""
+    load = load_average()
+    watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-watch-{name}"})
+    partitions = _partitions(watcher, output_topic)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            list(command),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group: stop() reaches its children too
+        )
+    samples: list[tuple[float, int]] = []
+    started = time.monotonic()
+    first_output: float | None = None
+    try:
+        while process.poll() is None and time.monotonic() - started < timeout_s:
+            now, produced = time.monotonic(), _produced(watcher, output_topic, partitions)
+            samples.append((now, produced))
+            if first_output is None and produced:
+                first_output = now
+            if produced >= expected or (
+                first_output is not None and now >= first_output + warmup_s + window_s
+            ):
+                break
+            time.sleep(WATCH_INTERVAL_S)
+        exit_code = process.poll()
+    finally:
+        stop(process)
+        watcher.close()
+    outputs = samples[-1][1] if samples else 0
+    measured_s, rate = steady_rate(samples, warmup_s, window_s)
+    error = None
+    if exit_code is not None and outputs < expected:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        error = f"exited with status {exit_code} after {outputs} outputs:\n{tail}"
+    elif rate is None:
+        error = f"produced {outputs} outputs in {timeout_s} s: too few to measure"
+    return Measurement(name, outputs, outputs >= expected, measured_s, rate, load, error)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -215,51 +252,24 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def measure(
-    name: str,
-    command: Sequence[str],
-    *,
-    bootstrap: str,
-    output_topic: str,
-    expected: int,
-    timeout_s: float,
-    log_path: Path,
-    env: dict[str, str] | None = None,
-) -> Measurement:
-    """Run `command` until `expected` outputs are on `output_topic` (or `timeout_s` passes, or
-    it exits), stop it, and measure its rate from the outputs' timestamps."""
-    load = load_average()
-    watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-watch-{name}"})
-    partitions = _partitions(watcher, output_topic)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(command),
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # its own process group: stop() reaches its children too
-        )
-    produced = 0
+def wait_for_assignment(
+    bootstrap: str, group: str, process: subprocess.Popen[bytes], timeout_s: float
+) -> None:
+    """Wait until `group` is stable with partitions assigned (the AdminClient says so), so a
+    latency run does not measure the group join. Raises RuntimeError on timeout or exit."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and process.poll() is None:
-            produced = _produced(watcher, output_topic, partitions)
-            if produced >= expected:
-                break
-            time.sleep(WATCH_INTERVAL_S)
-        exit_code = process.poll()
-    finally:
-        stop(process)
-        watcher.close()
-    timestamps = output_timestamps(bootstrap, output_topic)
-    window_s, rate = rate_of(timestamps)
-    error = None
-    if exit_code is not None and len(timestamps) < expected:
-        tail = log_path.read_text(errors="replace")[-2000:]
-        error = f"exited with status {exit_code} after {len(timestamps)} outputs:\n{tail}"
-    elif rate is None:
-        error = f"produced {len(timestamps)} outputs in {timeout_s} s: too few to measure"
-    return Measurement(
-        name, len(timestamps), len(timestamps) >= expected, window_s, rate, load, error
-    )
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited early (status {process.returncode})")
+        future = admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)[group]
+        try:
+            description = future.result(timeout=ADMIN_TIMEOUT_S)
+        except KafkaException:
+            description = None
+        if description is not None and any(
+            member.assignment.topic_partitions for member in description.members
+        ):
+            return
+        time.sleep(ASSIGNMENT_POLL_S)
+    raise RuntimeError(f"group {group} got no partitions within {timeout_s} s")

@@ -22,13 +22,14 @@ from stream.kafka_clients import (
     create_producer,
     delivery_timeout_s,
     max_message_bytes,
+    reader_settings,
 )
 from stream.lag import LagMonitor
 from stream.logs import configure_logging
 from stream.metrics import ServiceMetrics
 from stream.service import ScoringService
 from stream.supervisor import supervise
-from stream.topics import ensure_topics
+from stream.topics import ensure_changelog, ensure_topics
 from stream.wiring import build_collaborators
 
 log = logging.getLogger("stream.cli")
@@ -130,6 +131,8 @@ def run_service(config: ServiceConfig) -> int:
             ) from exc
         server.start()
 
+    if config.card_history == "on":
+        ensure_changelog(config)
     lag = LagMonitor(config.input_topic, metrics)
     producer = create_producer(config)
     service = ScoringService(
@@ -144,6 +147,7 @@ def run_service(config: ServiceConfig) -> int:
             metrics,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
+            kafka=reader_settings(config),
         ),
     )
 

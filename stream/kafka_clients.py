@@ -118,6 +118,18 @@ def create_producer(config: ServiceConfig) -> Producer:
     return Producer({**settings, "transactional.id": config.producer_transactional_id})
 
 
+def reader_settings(config: ServiceConfig) -> dict[str, Any]:
+    """Settings of the replica's plain readers (card state restore, terminal-risk table):
+    connection and security, none of the service consumer's tuning."""
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": f"{config.group_id}-{config.instance_id}-reader",
+        "error_cb": _log_client_error,
+        "logger": logging.getLogger("librdkafka"),
+        **config.kafka_settings(),
+    }
+
+
 def delivery_timeout_s(config: ServiceConfig) -> float:
     """How long librdkafka tries one output before reporting it failed."""
     settings = _settings(config, PRODUCER_DEFAULTS)

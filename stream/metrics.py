@@ -182,6 +182,23 @@ class ServiceMetrics:
             "Records isolated by bisection as breaking the model",
             registry=r,
         )
+        self._restore = Histogram(
+            "fraud_state_restore_seconds",
+            "Time to restore one partition's card state from its changelog",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=r,
+        )
+        self._cards = Gauge(
+            "fraud_card_state_cards", "Cards whose history this replica holds", registry=r
+        )
+        self._card_bytes = Gauge(
+            "fraud_card_state_bytes", "Memory held by the card histories", registry=r
+        )
+        self._terminals = Gauge(
+            "fraud_terminal_risk_terminals",
+            "Terminals in this replica's copy of terminal-risk",
+            registry=r,
+        )
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
@@ -201,7 +218,7 @@ class ServiceMetrics:
         for (kind, label), count in labels.items():
             if kind == "decision":
                 self._decisions.labels(label).inc(count)
-            else:
+            elif kind == "dead_letter":
                 self._dead_letters.labels(label).inc(count)
 
     def record_batch(self, size: int, wait_s: float, inference_s: float) -> None:
@@ -255,3 +272,13 @@ class ServiceMetrics:
 
     def record_poison(self, count: int) -> None:
         self._poison.inc(count)
+
+    def observe_state_restore(self, seconds: float) -> None:
+        self._restore.observe(seconds)
+
+    def set_card_state(self, cards: int, size_bytes: int) -> None:
+        self._cards.set(cards)
+        self._card_bytes.set(size_bytes)
+
+    def set_terminal_risk_terminals(self, count: int) -> None:
+        self._terminals.set(count)

@@ -138,6 +138,9 @@ class Redelivery:
         return outputs
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:
+        if output.kind == "changelog":  # a card state is small: a refusal is the topic's fault
+            log.error("card state refused (%s): check the changelog topic; retrying", error.code)
+            return output
         if output.kind == "decision":
             output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
             letter = self._router.dead_letter(output.source, error)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from confluent_kafka import Message
 
 from contracts.decision import Decision, encode_decision
@@ -28,11 +29,13 @@ from scorer.decide import DecisionPolicy, Verdicts, decide_batch
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from stream.batcher import Batch
+from stream.card_state import CardState, ChangelogRecord
 from stream.handoff import Handoff
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.sink import Output, OutputSink
+from stream.terminal_table import TerminalRiskTable
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +80,12 @@ class BatchScorer:
         output_topic: str,
         policy: DecisionPolicy,
         metrics: ServiceMetrics,
+        card_state: CardState | None = None,
+        terminals: TerminalRiskTable | None = None,
     ) -> None:
         self._metrics = metrics
+        self._card_state = card_state
+        self._terminals = terminals
         self._scorer = scorer
         self._sink = sink
         self._tracker = tracker
@@ -90,9 +97,16 @@ class BatchScorer:
         """Score the batch and send one output per record; return what the controller needs."""
         started = time.perf_counter()
         records = batch.items
+        transactions = [r.transaction for r in records]
+        history, changelog = self._history(records)
+        terminal = (
+            None
+            if self._terminals is None
+            else self._terminals.features([t.terminal_id for t in transactions])
+        )
         now_ms = time.time_ns() // 1_000_000
         verdicts = decide_batch(
-            [r.transaction for r in records], self._scorer, self._policy, now_ms
+            transactions, self._scorer, self._policy, now_ms, history=history, terminal=terminal
         )
         decided_at = time.time_ns() // 1_000_000
         encoded = self._encode(records, verdicts, decided_at)
@@ -104,10 +118,13 @@ class BatchScorer:
         )
         if failed:
             outputs["dead_letter", ScoreError.reason] = len(failed)
+        if changelog:
+            outputs["changelog", "card_state"] = len(changelog)
         group = OutcomeGroup(
             self._tracker, [r.position for r in records], outputs, self._metrics.count_delivered
         )
         self._dead_letter(records, failed, group)
+        self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, group)
         if encoded.rows:
             decided = np.asarray(encoded.rows)
@@ -115,6 +132,41 @@ class BatchScorer:
             self._metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
+
+    def _history(
+        self, records: list[PendingRecord]
+    ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
+        """The batch's history rows, once (outside the poison bisection: a state update
+        applies once); neutral, with an error logged, should the state itself fail."""
+        if self._card_state is None:
+            return None, []
+        try:
+            return self._card_state.update(records)
+        except Exception:
+            log.exception("card history failed for a batch: its history features are neutral")
+            return None, []
+
+    def _send_changelog(
+        self, records: list[PendingRecord], changelog: list[ChangelogRecord], group: OutcomeGroup
+    ) -> None:
+        if not changelog:
+            return
+        assert self._card_state is not None
+        topic = self._card_state.changelog_topic
+        for change in changelog:
+            self._sink.send(
+                Output(
+                    kind="changelog",
+                    topic=topic,
+                    key=change.card_id.encode(),
+                    value=change.state,
+                    headers=None,
+                    source=records[change.batch_index].message,
+                    group=group,
+                    label="card_state",
+                    partition=change.partition,
+                )
+            )
 
     def _encode(
         self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int

@@ -30,9 +30,9 @@ from stream.controller import BatchSizeController
 from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.outcomes import OutcomeGroup
-from stream.scoring import BatchReport, BatchScorer, PendingRecord, ScoringWorker
+from stream.scoring import BatchReport, PendingRecord, ScoringWorker
 from stream.sink import Output
-from stream.wiring import Collaborators
+from stream.wiring import Collaborators, batch_scorer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class ScoringService:
         self._tracker = parts.tracker
         self._metrics = parts.metrics
         self._transactions = parts.transactions
+        self._card_state = parts.card_state
+        self._terminals = parts.terminals
         self._commits: Commits = (
             StoredOffsets(parts.consumer, parts.tracker)
             if parts.transactions is None
@@ -89,15 +91,7 @@ class ScoringService:
         self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
         self._worker = ScoringWorker(
             self._handoff,
-            BatchScorer(
-                parts.scorer,
-                parts.sink,
-                parts.tracker,
-                parts.router,
-                output_topic=config.output_topic,
-                policy=config.decision_policy,
-                metrics=parts.metrics,
-            ),
+            batch_scorer(config, parts),
             parts.sink,
             parts.redelivery,
             config.retry_backoff_max_ms / 1000.0,
@@ -128,6 +122,8 @@ class ScoringService:
         self._worker.warmed_up.wait()
         if self._transactions is not None:
             self._transactions.initialize(self._config.shutdown_timeout_s)
+        if self._terminals is not None:
+            self._terminals.start()
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._on_assign,
@@ -254,14 +250,8 @@ class ScoringService:
 
     def _dead_letter(self, message: Message, position: SourceOffset, error: RecordError) -> None:
         (topic, partition), offset = position
-        log.warning(
-            "dead-lettering topic=%s partition=%s offset=%s reason=%s: %s",
-            topic,
-            partition,
-            offset,
-            error.reason,
-            error,
-        )
+        where = f"topic={topic} partition={partition} offset={offset}"
+        log.warning("dead-lettering %s reason=%s: %s", where, error.reason, error)
         labels = Counter({("dead_letter", error.reason): 1})
         group = OutcomeGroup(self._tracker, [position], labels, self._metrics.count_delivered)
         letter = self._router.dead_letter(message, error)
@@ -290,6 +280,8 @@ class ScoringService:
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        if self._card_state is not None:
+            self._card_state.reload()  # the aborted updates never reached the changelog
         self._transactions.end_rewind()
         self._rewind_pending = False
         log.warning(
@@ -315,6 +307,9 @@ class ScoringService:
 
     def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
+        if self._card_state is not None:
+            # Before the partitions' first batch: their records are fetched after this returns.
+            self._card_state.restore([p.partition for p in partitions])
         self._flow.on_assign(partitions)
 
     def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
@@ -355,6 +350,8 @@ class ScoringService:
         return self._batcher.discard(revoked) + self._handoff.discard(revoked)
 
     def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
+        if self._card_state is not None:
+            self._card_state.drop([p.partition for p in partitions])
         unfinished = self._tracker.forget(keys)
         if unfinished:
             log.warning(
@@ -391,6 +388,8 @@ class ScoringService:
         # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()
+        if self._terminals is not None:
+            self._terminals.close()
         log.info("stopped; records left uncommitted: %s", self._abandoned + self._tracker.in_flight)
 
 

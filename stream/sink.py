@@ -23,8 +23,10 @@ from stream.outcomes import OutcomeGroup
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes]]
-OutputKind = Literal["decision", "dead_letter"]
+OutputKind = Literal["decision", "dead_letter", "changelog"]
 
+#: librdkafka's "no partition chosen": its partitioner picks one by key.
+ANY_PARTITION = -1
 #: When librdkafka's local queue is full, serve delivery reports this long before trying again.
 QUEUE_FULL_BACKOFF_S = 0.05
 
@@ -43,6 +45,8 @@ class Output:
     group: OutcomeGroup
     #: Counted when the group completes: the decision, or the dead letter's reason.
     label: str
+    #: The partition to write to; None lets the producer's partitioner choose by key.
+    partition: int | None = None
 
     @classmethod
     def dead_letter(cls, letter: DeadLetterRecord, source: Message, group: OutcomeGroup) -> Output:
@@ -109,7 +113,9 @@ class KafkaSink:
             else:
                 on_failure(output, translate_kafka_error(error, output.topic))
 
-        refused = self._produce(output.topic, output.key, output.value, output.headers, report)
+        refused = self._produce(
+            output.topic, output.key, output.value, output.headers, report, output.partition
+        )
         if refused is not None:
             on_failure(output, translate_kafka_error(refused, output.topic))
 
@@ -146,12 +152,18 @@ class KafkaSink:
         value: bytes | None,
         headers: Headers | None,
         report: Callable[[KafkaError | None, Message], None],
+        partition: int | None = None,
     ) -> KafkaError | None:
         """Hand one record to librdkafka; return its error if librdkafka refuses it at once."""
         while True:
             try:
                 self._producer.produce(
-                    topic, value, key, headers=cast(Any, headers), on_delivery=report
+                    topic,
+                    value,
+                    key,
+                    headers=cast(Any, headers),
+                    on_delivery=report,
+                    partition=ANY_PARTITION if partition is None else partition,
                 )
                 return None
             except BufferError:

@@ -1,4 +1,5 @@
-"""Creation of the service's topics (input, decisions, dead letters), idempotently."""
+"""Creation of the service's topics (input, decisions, dead letters, the card state changelog),
+idempotently."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
             "partitions and replication factor must be >= 1, "
             f"got {partitions} and {replication_factor}"
         )
-    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_options})
+    admin = _admin(config)
     names = [config.input_topic, config.output_topic, config.dlq_topic]
+    topics = [NewTopic(name, partitions, replication_factor) for name in names]
+    if config.card_history == "on":
+        topics.append(_changelog(config, partitions, replication_factor))
     futures = admin.create_topics(
-        [NewTopic(name, partitions, replication_factor) for name in names],
-        operation_timeout=ADMIN_TIMEOUT_S,
-        request_timeout=ADMIN_TIMEOUT_S,
+        topics, operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
     )
     created = []
     for name, future in futures.items():
@@ -42,3 +44,58 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
                 continue
             raise ConfigurationError(f"cannot create topic {name!r}: {exc}") from exc
     return created
+
+
+def ensure_changelog(config: ServiceConfig) -> None:
+    """Create the card state changelog if it is missing, with the input topic's partitions (a
+    card's state lives in the partition of its transactions); check an existing one has them.
+
+    Raises ConfigurationError naming what to do when the input topic is missing, the
+    changelog has too few partitions, or it cannot be created (e.g. no CREATE permission)."""
+    admin = _admin(config)
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+    source = metadata.get(config.input_topic)
+    if source is None or source.error is not None:
+        raise ConfigurationError(
+            f"input topic {config.input_topic!r} does not exist: create it first "
+            "(fraud-scorer create-topics)"
+        )
+    needed = len(source.partitions)
+    existing = metadata.get(config.changelog_topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) < needed:
+            raise ConfigurationError(
+                f"changelog {config.changelog_topic!r} has {len(existing.partitions)} partitions, "
+                f"the input topic {needed}: give it as many (kafka-topics --alter)"
+            )
+        return
+    future = admin.create_topics(
+        [_changelog(config, needed, replication_factor=-1)],
+        operation_timeout=ADMIN_TIMEOUT_S,
+        request_timeout=ADMIN_TIMEOUT_S,
+    )[config.changelog_topic]
+    try:
+        future.result(timeout=ADMIN_TIMEOUT_S)
+        log.info("created topic=%s partitions=%s (compacted)", config.changelog_topic, needed)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return
+        raise ConfigurationError(
+            f"cannot create the card state changelog {config.changelog_topic!r}: {exc}; create "
+            "it (compacted, as many partitions as the input) or set FRAUD_CARD_HISTORY=off"
+        ) from exc
+
+
+def _changelog(config: ServiceConfig, partitions: int, replication_factor: int) -> NewTopic:
+    # -1: the broker's default.replication.factor.
+    return NewTopic(
+        config.changelog_topic,
+        partitions,
+        replication_factor,
+        config={"cleanup.policy": "compact"},
+    )
+
+
+def _admin(config: ServiceConfig) -> AdminClient:
+    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})

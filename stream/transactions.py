@@ -38,7 +38,7 @@ from contracts.offsets import OffsetTracker, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
-from stream.sink import QUEUE_FULL_BACKOFF_S, Output
+from stream.sink import ANY_PARTITION, QUEUE_FULL_BACKOFF_S, Output
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +233,13 @@ class TransactionalSink:
             if error is not None:
                 self._on_delivery_error(output, error)
 
-        refused = self._try_produce(output.topic, output.key, output.value, output.headers, report)
+        refused = self._try_produce(
+            output.topic, output.key, output.value, output.headers, report, output.partition
+        )
         while refused is not None:
             output = self._rerouted(output, refused)
             refused = self._try_produce(
-                output.topic, output.key, output.value, output.headers, report
+                output.topic, output.key, output.value, output.headers, report, output.partition
             )
 
     def _rerouted(self, output: Output, refused: KafkaError) -> Output:
@@ -248,6 +250,12 @@ class TransactionalSink:
 
     def _rerouted_for(self, output: Output, error: RecordRejectedError) -> Output:
         """What to send instead of an output refused for itself (too large)."""
+        if output.kind == "changelog":  # a card state is small: a refusal is the topic's fault
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.MSG_SIZE_TOO_LARGE, f"card state refused: {error}", fatal=True
+                )
+            )
         if output.kind == "decision":
             output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
             letter = self._router.dead_letter(output.source, error)
@@ -271,10 +279,18 @@ class TransactionalSink:
         value: bytes | None,
         headers: Any,
         report: Callable[[KafkaError | None, Message], None],
+        partition: int | None = None,
     ) -> KafkaError | None:
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
+                self._producer.produce(
+                    topic,
+                    value,
+                    key,
+                    headers=headers,
+                    on_delivery=report,
+                    partition=ANY_PARTITION if partition is None else partition,
+                )
                 return None
             except BufferError:
                 self._producer.poll(QUEUE_FULL_BACKOFF_S)

@@ -7,7 +7,9 @@ for real with the objects `build_collaborators` makes here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
@@ -15,12 +17,15 @@ from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.model import Scorer
+from stream.card_state import CardState
 from stream.config import ServiceConfig
 from stream.health import HealthState
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
+from stream.scoring import BatchScorer
 from stream.sink import KafkaSink, OutputSink
+from stream.terminal_table import TerminalRiskTable
 from stream.transactions import TransactionalSink
 
 
@@ -43,6 +48,24 @@ class Collaborators:
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
     #: Exactly-once mode: the sink, which also commits the transactions.
     transactions: TransactionalSink | None = None
+    #: Per-card history (FRAUD_CARD_HISTORY=on) and the copy of terminal-risk.
+    card_state: CardState | None = None
+    terminals: TerminalRiskTable | None = None
+
+
+def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
+    """The scoring stage of a replica, over its collaborators."""
+    return BatchScorer(
+        parts.scorer,
+        parts.sink,
+        parts.tracker,
+        parts.router,
+        output_topic=config.output_topic,
+        policy=config.decision_policy,
+        metrics=parts.metrics,
+        card_state=parts.card_state,
+        terminals=parts.terminals,
+    )
 
 
 def retry_policy(config: ServiceConfig) -> RetryPolicy:
@@ -70,8 +93,10 @@ def build_collaborators(
     *,
     delivery_timeout_s: float,
     max_message_bytes: int,
+    kafka: Mapping[str, Any],
 ) -> Collaborators:
-    """The collaborators of a replica on real Kafka clients."""
+    """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
+    readers it makes itself (the state restore, the terminal-risk table)."""
     router = dead_letter_router(config)
     redelivery = Redelivery(
         retry_policy(config),
@@ -106,4 +131,16 @@ def build_collaborators(
         metrics=metrics,
         tracker=tracker,
         transactions=transactions,
+        card_state=(
+            CardState(
+                kafka,
+                config.input_topic,
+                config.changelog_topic,
+                time_scale=config.history_time_scale,
+                metrics=metrics,
+            )
+            if config.card_history == "on"
+            else None
+        ),
+        terminals=TerminalRiskTable(kafka, config.terminal_risk_topic, metrics),
     )

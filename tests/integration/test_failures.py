@@ -127,7 +127,8 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
         "--retry-backoff-max-ms", "300", "-X", "message.timeout.ms=1500",
     )  # fmt: skip
 
-    wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
+    wait_until(lambda: stalled(service), 60, "deliveries stalled")
+    assert http_status(service.metrics_port, "/readyz") == 503
     assert service.metric("fraud_delivery_stalled") == 1
     assert service.metric("fraud_paused_partitions") == 1
     assert service.metric_total("fraud_delivery_retries_total") >= 1
@@ -252,3 +253,10 @@ def retries(service) -> float:  # type: ignore[no-untyped-def]
         return float(service.metric_total("fraud_delivery_retries_total"))
     except OSError:
         return 0.0  # not serving metrics yet
+
+
+def stalled(service) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        return bool(service.metric("fraud_delivery_stalled") == 1)
+    except (OSError, AssertionError):
+        return False  # not serving metrics yet

@@ -1,0 +1,251 @@
+"""The contenders of `make bench` and how each is run and measured.
+
+Each contender is a child process reading the one backlog topic in its own consumer group and
+writing to its own output topic:
+
+- passthrough (bench/loops.py): consume → produce, no decoding, no scoring; the ceiling.
+- pipeline: `python -m stream run` with its defaults; the service itself (card history on).
+- pipeline_stateless: the same with `--card-history off`: what the per-card state costs.
+- pipeline_eos: the same with `--processing-guarantee exactly-once`.
+- faust (bench/faust_app.py): faust-streaming, `Stream.take(max_, within)`, the same model.
+- per_record (bench/loops.py): one ONNX Runtime call per record; the naive loop.
+
+Plus the service's event→decision latency under fraud-loadgen at an open-loop rate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bench.harness import (
+    REPO,
+    Broker,
+    Measurement,
+    free_port,
+    load_average,
+    measure,
+    stop,
+    wait_for_assignment,
+)
+from loadgen.html_report import REPORT_FILE
+
+CONTENDERS: tuple[str, ...] = (
+    "passthrough",
+    "pipeline",
+    "pipeline_stateless",
+    "pipeline_eos",
+    "faust",
+    "per_record",
+)
+LABELS = {
+    "passthrough": "pass-through (ceiling)",
+    "pipeline": "pipeline (the service)",
+    "pipeline_stateless": "pipeline, no card history",
+    "pipeline_eos": "pipeline, exactly-once",
+    "faust": "faust-streaming take()",
+    "per_record": "per-record scoring",
+}
+#: Service flags of each pipeline contender.
+PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "pipeline": (),
+    "pipeline_stateless": ("--card-history", "off"),
+    "pipeline_eos": ("--processing-guarantee", "exactly-once"),
+}
+LATENCY_RATE = 5_000.0
+#: How long the latency run's service may take to be assigned its partitions.
+ASSIGNMENT_TIMEOUT_S = 60.0
+#: On top of the load run itself: start-up, draining and settling of fraud-loadgen.
+LOADGEN_GRACE_S = 120.0
+#: Start-up (imports, model, group join) and stopping, on top of warm-up and window.
+START_STOP_ALLOWANCE_S = 45.0
+
+
+class Run(NamedTuple):
+    """One benchmark run's settings."""
+
+    bootstrap: str
+    records: int
+    partitions: int
+    rounds: int
+    warmup_s: float
+    window_s: float
+    latency_duration_s: float
+    price_per_hour: float
+    #: Extra librdkafka settings, given alike to every confluent-kafka contender.
+    kafka_options: tuple[str, ...]
+    #: Extra flags of every service contender (e.g. --processes 2).
+    service_flags: tuple[str, ...]
+    #: Contender logs, the profile, the latency run's report.
+    logs: Path
+    #: Throw-away state of the contenders (faust's data directory), removed after the run.
+    scratch: Path
+
+
+def _kafka_flags(run: Run) -> list[str]:
+    return [word for option in run.kafka_options for word in ("-X", option)]
+
+
+def service_command(
+    run: Run, topics: tuple[str, str, str], group: str, metrics_port: int, *flags: str
+) -> list[str]:
+    """`fraud-scorer run` on (input, output, dead-letter) topics in `group`."""
+    input_topic, output_topic, dlq_topic = topics
+    return [
+        sys.executable,
+        "-m",
+        "stream",
+        "run",
+        "--bootstrap-servers",
+        run.bootstrap,
+        "--input-topic",
+        input_topic,
+        "--output-topic",
+        output_topic,
+        "--dlq-topic",
+        dlq_topic,
+        "--group-id",
+        group,
+        "--metrics-host",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+        *run.service_flags,
+        *flags,
+        *_kafka_flags(run),
+    ]
+
+
+def _loop_command(run: Run, mode: str, backlog: str, output: str, group: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.loops",
+        mode,
+        "--bootstrap-servers",
+        run.bootstrap,
+        "--input-topic",
+        backlog,
+        "--output-topic",
+        output,
+        "--group-id",
+        group,
+        *_kafka_flags(run),
+    ]
+
+
+def contender(
+    run: Run, broker: Broker, name: str, backlog: str, role: str, wrapper: Sequence[str] = ()
+) -> Measurement:
+    """Run one contender over the backlog as `role` (a name unique in this run); `wrapper`
+    prefixes its command (a profiler)."""
+    output = broker.topic(f"{role}-out", run.partitions)
+    group = broker.group(role)
+    env: dict[str, str] = {}
+    if name in PIPELINE_FLAGS:
+        topics = (backlog, output, broker.topic(f"{role}-dlq", run.partitions))
+        command = service_command(run, topics, group, free_port(), *PIPELINE_FLAGS[name])
+    elif name == "faust":
+        if importlib.util.find_spec("faust") is None:
+            return Measurement(
+                name, 0, False, 0.0, None, load_average(), "faust-streaming is not installed"
+            )
+        command = [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn"]
+        env = {
+            "BENCH_BOOTSTRAP_SERVERS": run.bootstrap,
+            "BENCH_INPUT_TOPIC": backlog,
+            "BENCH_OUTPUT_TOPIC": output,
+            "BENCH_GROUP_ID": group,
+            "BENCH_DATADIR": str(run.scratch / f"faust-{role}"),
+        }
+    else:
+        command = _loop_command(run, name.replace("_", "-"), backlog, output, group)
+    return measure(
+        name,
+        [*wrapper, *command],
+        bootstrap=run.bootstrap,
+        output_topic=output,
+        expected=run.records,
+        warmup_s=run.warmup_s,
+        window_s=run.window_s,
+        timeout_s=run.warmup_s + run.window_s + START_STOP_ALLOWANCE_S,
+        log_path=run.logs / f"{role}.log",
+        env=env,
+    )
+
+
+def latency(
+    run: Run, broker: Broker, report_dir: Path, *, exactly_once: bool = False
+) -> dict[str, Any]:
+    """The service's event→decision latency under fraud-loadgen at LATENCY_RATE, open loop."""
+    role = "latency-eos" if exactly_once else "latency"
+    topics = (
+        broker.topic(f"{role}-in", run.partitions),
+        broker.topic(f"{role}-out", run.partitions),
+        broker.topic(f"{role}-dlq", run.partitions),
+    )
+    port = free_port()
+    group = broker.group(role)
+    flags = PIPELINE_FLAGS["pipeline_eos" if exactly_once else "pipeline"]
+    command = service_command(run, topics, group, port, *flags)
+    load = load_average()
+    loadgen_command = [
+        sys.executable,
+        "-m",
+        "loadgen.cli",
+        "--bootstrap-servers",
+        run.bootstrap,
+        "--input-topic",
+        topics[0],
+        "--output-topic",
+        topics[1],
+        "--dlq-topic",
+        topics[2],
+        "--rate",
+        str(LATENCY_RATE),
+        "--duration",
+        str(run.latency_duration_s),
+        "--metrics-url",
+        f"http://127.0.0.1:{port}/metrics",
+        "--report",
+        str(report_dir),
+        "--json",
+        "--quiet",
+    ]
+    log_path = run.logs / f"{role}-service.log"
+    with log_path.open("wb") as log:
+        service = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for_assignment(run.bootstrap, group, service, ASSIGNMENT_TIMEOUT_S)
+        loadgen = subprocess.run(
+            loadgen_command,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=run.latency_duration_s + LOADGEN_GRACE_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"fraud-loadgen did not finish within {exc.timeout} s") from exc
+    finally:
+        stop(service)
+    if not loadgen.stdout.strip():
+        raise RuntimeError(f"fraud-loadgen printed no summary:\n{loadgen.stderr[-2000:]}")
+    summary: dict[str, Any] = json.loads(loadgen.stdout.strip().splitlines()[-1])
+    keys = ("sent", "decided", "lost", "duplicates", "achieved_rate", "schedule_lag_max_ms")
+    keys += ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+    return {
+        "rate": LATENCY_RATE,
+        "duration_s": run.latency_duration_s,
+        "exactly_once": exactly_once,
+        "load_average_before": load,
+        "report": str(report_dir / REPORT_FILE),
+        **{key: summary.get(key) for key in keys},
+    }

@@ -1,0 +1,173 @@
+"""Scaling studies of the service, beside `make bench`:
+
+- `processes`: pipeline throughput with `--processes 1` and `--processes 2` on this host
+  (rounds interleaved, medians and spreads), the across-cores curve's first step;
+- `models`: pipeline throughput and p99 event→decision at 5,000 tx/s with the shipped model and
+  with synthetic models of about 10x and 100x its multiply-adds per row (an MLP of the width
+  that gets there), to find where batching and the scoring thread pay, and where a GPU would.
+
+    python -m bench.scaling processes [--records N] [--rounds 3]
+    python -m bench.scaling models [--records N]
+
+Results go to bench/results/scaling-<study>.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from bench.contenders import Run, contender, latency
+from bench.harness import Broker, produce_backlog
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from stream.config import SHIPPED_MODEL_PATH
+from training.onnx_export import INPUT_NAME, OUTPUT_NAME, finish_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL_FACTORS = (10, 100)
+
+
+def multiply_adds_per_row(model: onnx.ModelProto) -> int:
+    """Multiply-adds per input row of the MatMul/Gemm nodes whose weights are initializers
+    (a [.., K, N] weight costs its size per row)."""
+    weights = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    total = 0
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm"):
+            for name in node.input[1:2]:
+                if name in weights:
+                    total += int(np.prod(weights[name]))
+    return total
+
+
+def synthetic_model(path: Path, multiply_adds: int) -> Path:
+    """An MLP features → W → W → 1 with about `multiply_adds` per row (W from the quadratic)."""
+    width = max(
+        8, int((-(NUM_FEATURES + 1) + ((NUM_FEATURES + 1) ** 2 + 4 * multiply_adds) ** 0.5) / 2)
+    )
+    rng = np.random.default_rng(5)
+    shapes = {"w1": (NUM_FEATURES, width), "w2": (width, width), "w3": (width, 1)}
+    init = {n: rng.normal(0, 0.05, s).astype(np.float32) for n, s in shapes.items()}
+    init["flat"] = np.array([-1], np.int64)
+    nodes = [
+        helper.make_node("MatMul", [INPUT_NAME, "w1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w3"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Reshape", ["p", "flat"], [OUTPUT_NAME]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"synthetic-{multiply_adds}",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", NUM_FEATURES])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(value, name) for name, value in init.items()],
+    )
+    metadata = {
+        "feature_names": ",".join(FEATURE_NAMES),
+        "model_version": f"synthetic-{multiply_adds}-macs",
+    }
+    path.write_bytes(finish_model(helper.make_model(graph), metadata))
+    return path
+
+
+def _run(args: argparse.Namespace, scratch: Path, flags: Sequence[str] = ()) -> Run:
+    return Run(
+        bootstrap=args.bootstrap_servers,
+        records=args.records,
+        partitions=args.partitions,
+        rounds=args.rounds,
+        warmup_s=args.warmup,
+        window_s=args.window,
+        latency_duration_s=args.latency_duration,
+        price_per_hour=0.0,
+        kafka_options=(),
+        service_flags=tuple(flags),
+        logs=RESULTS / "logs",
+        scratch=scratch,
+    )
+
+
+def _processes(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Path) -> Any:
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    for index in range(args.rounds):
+        for count in rates:
+            run = _run(args, scratch, ("--processes", str(count)))
+            m = contender(run, broker, "pipeline", backlog, f"procs{count}-{index}")
+            if m.records_per_s is not None:
+                rates[count].append(m.records_per_s)
+            print(f"round {index + 1}: {count} process(es): {m.records_per_s}", file=sys.stderr)
+    table = {
+        f"{count}_processes": {
+            "median_tps": statistics.median(values) if values else None,
+            "spread": [min(values), max(values)] if values else None,
+        }
+        for count, values in rates.items()
+    }
+    one, two = (table[f"{n}_processes"]["median_tps"] for n in (1, 2))
+    table["speedup"] = round(two / one, 2) if one and two else None
+    return table
+
+
+def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Path) -> Any:
+    base = multiply_adds_per_row(onnx.load(str(SHIPPED_MODEL_PATH)))
+    models = {"shipped": (SHIPPED_MODEL_PATH, base)}
+    for factor in MODEL_FACTORS:
+        path = synthetic_model(scratch / f"x{factor}.onnx", base * factor)
+        models[f"{factor}x"] = (path, base * factor)
+    table: dict[str, Any] = {}
+    for name, (path, macs) in models.items():
+        run = _run(args, scratch, ("--model-path", str(path)))
+        m = contender(run, broker, "pipeline", backlog, f"model-{name}")
+        lat = latency(run, broker, RESULTS / f"latency-report-{name}")
+        table[name] = {
+            "multiply_adds_per_row": macs,
+            "pipeline_tps": m.records_per_s,
+            "p99_ms_at_5000": lat.get("p99_ms"),
+            "lost": lat.get("lost"),
+        }
+        print(f"{name}: {table[name]}", file=sys.stderr)
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__)
+    parser.add_argument("study", choices=["processes", "models"])
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--records", type=int, default=2_000_000, help="backlog size")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (processes study)")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--latency-duration", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
+    broker = Broker(args.bootstrap_servers)
+    with tempfile.TemporaryDirectory(prefix="scaling-") as scratch:
+        try:
+            broker.check()
+            backlog = broker.topic("scaling-backlog", args.partitions)
+            produce_backlog(args.bootstrap_servers, backlog, args.records)
+            study = _processes if args.study == "processes" else _models
+            table = study(args, broker, backlog, Path(scratch))
+        finally:
+            broker.delete_topics()
+    (RESULTS / f"scaling-{args.study}.json").write_text(json.dumps(table, indent=1) + "\n")
+    print(json.dumps(table, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""Every setting of `fraud-scorer run`, declared once: name, type and bounds, environment
+variable and help, default (`stream/declarations.py` reads them back for `--help` and errors).
+
+`ServiceConfig` (`stream/config.py`) adds the checks that involve several settings and the
+values derived from them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from scorer.decide import LatePolicy
+from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
+from scorer.runtime import Device
+from stream.declarations import meta
+
+SHIPPED_MODEL_PATH = (
+    Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt.onnx"
+)
+
+ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
+OnOff = Literal["on", "off"]
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_Topic = Annotated[str, msgspec.Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The declarations: name, type, bounds, environment variable, help, default."""
+
+    bootstrap_servers: Annotated[
+        str,
+        meta(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "Kafka bootstrap servers, host:port[,host:port]",
+            min_length=1,
+        ),
+    ] = "127.0.0.1:9092"
+    input_topic: Annotated[_Topic, meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")] = (
+        "transactions"
+    )
+    output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
+        "decisions"
+    )
+    dlq_topic: Annotated[
+        _Topic,
+        meta("FRAUD_DLQ_TOPIC", "dead-letter topic for records that cannot be decided"),
+    ] = "transactions.dlq"
+    group_id: Annotated[
+        str, meta("FRAUD_GROUP_ID", "consumer group shared by all replicas", min_length=1)
+    ] = "fraud-scorer"
+    instance_id: Annotated[
+        str,
+        meta(
+            "FRAUD_INSTANCE_ID",
+            "name of this replica in logs and dead-letter headers (default: host-pid)",
+            min_length=1,
+        ),
+    ] = msgspec.field(default_factory=_default_instance_id)
+    max_batch_size: Annotated[
+        int,
+        meta(
+            "FRAUD_MAX_BATCH_SIZE",
+            "a micro-batch closes when it holds this many records",
+            ge=1,
+            le=65_536,
+        ),
+    ] = 256
+    max_wait_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_MAX_WAIT_MS",
+            "... or this many milliseconds after its first record arrived, whichever comes first",
+            ge=0,
+            le=60_000,
+        ),
+    ] = 10.0
+    max_in_flight_records: Annotated[
+        int,
+        meta(
+            "FRAUD_MAX_IN_FLIGHT_RECORDS",
+            "bound on records consumed but not yet decided and acknowledged: the consumer pauses "
+            "its partitions there and resumes at half of it, so memory stays flat under any "
+            "backlog",
+            ge=1,
+            le=10_000_000,
+        ),
+    ] = 10_000
+    max_in_flight_bytes: Annotated[
+        int,
+        meta(
+            "FRAUD_MAX_IN_FLIGHT_BYTES",
+            "the same bound on those records' key and value bytes (records may carry unknown "
+            "fields up to the broker's size limit)",
+            ge=1_048_576,
+            le=1 << 40,
+        ),
+    ] = 64 * 1_048_576
+    handoff_batches: Annotated[
+        int,
+        meta(
+            "FRAUD_HANDOFF_BATCHES",
+            "closed batches that may wait for the scoring thread; when full, fetching waits",
+            ge=1,
+            le=64,
+        ),
+    ] = 2
+    slo_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_SLO_MS",
+            "latency target (first record in batch → decisions produced, p99 of recent batches) "
+            "for the adaptive batch cap; 0 turns adaptation off and max_batch_size is fixed",
+            ge=0,
+        ),
+    ] = 0.0
+    min_batch_size: Annotated[
+        int,
+        meta(
+            "FRAUD_MIN_BATCH_SIZE",
+            "lower bound of the adaptive batch cap (upper: max_batch_size)",
+            ge=1,
+        ),
+    ] = 16
+    decision_deadline_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_DECISION_DEADLINE_MS",
+            "a transaction is late when its batch is decided after event_time + this; 0 disables",
+            ge=0,
+        ),
+    ] = 1_000.0
+    late_policy: Annotated[
+        LatePolicy,
+        meta(
+            "FRAUD_LATE_POLICY",
+            "late transactions: score (score anyway, count as late) or fallback (fast rules "
+            "decision, degraded=true; a record decided again after a restart may then differ)",
+        ),
+    ] = "score"
+    delivery_attempts: Annotated[
+        int,
+        meta(
+            "FRAUD_DELIVERY_ATTEMPTS",
+            "tries of an output the broker did not acknowledge before the replica reports "
+            "unready and stops fetching (it keeps retrying at the longest backoff; nothing is "
+            "dropped)",
+            ge=1,
+            le=1_000,
+        ),
+    ] = 5
+    retry_backoff_ms: Annotated[
+        float,
+        meta("FRAUD_RETRY_BACKOFF_MS", "first retry wait; it doubles per try, with jitter", gt=0),
+    ] = 100.0
+    retry_backoff_max_ms: Annotated[
+        float, meta("FRAUD_RETRY_BACKOFF_MAX_MS", "longest wait between retries", gt=0)
+    ] = 5_000.0
+    processing_guarantee: Annotated[
+        ProcessingGuarantee,
+        meta(
+            "FRAUD_PROCESSING_GUARANTEE",
+            "at-least-once (a crash may repeat decisions) or exactly-once (decisions, dead letters "
+            "and input offsets commit in one Kafka transaction; read decisions with "
+            "isolation.level=read_committed)",
+        ),
+    ] = "at-least-once"
+    transaction_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_TRANSACTION_MS",
+            "exactly-once: commit the open transaction this often (a read_committed consumer "
+            "sees decisions up to this much later)",
+            gt=0,
+            le=60_000,
+        ),
+    ] = 100.0
+    transaction_max_records: Annotated[
+        int,
+        meta(
+            "FRAUD_TRANSACTION_MAX_RECORDS",
+            "exactly-once: ... or once the open transaction answers this many records",
+            ge=1,
+            le=10_000_000,
+        ),
+    ] = 10_000
+    transactional_id: Annotated[
+        str,
+        meta(
+            "FRAUD_TRANSACTIONAL_ID",
+            "exactly-once: the producer's transactional.id; keep it stable across restarts of "
+            "one replica so a restart fences its previous incarnation at once (default: "
+            "<group_id>-<instance_id>)",
+        ),
+    ] = ""
+    card_history: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_CARD_HISTORY",
+            "on: keep each card's recent history per partition (event-time windows) for the "
+            "model, durable in a compacted changelog topic; off: history features are neutral",
+        ),
+    ] = "on"
+    state_changelog_topic: Annotated[
+        str,
+        meta(
+            "FRAUD_STATE_CHANGELOG_TOPIC",
+            "compacted topic of the card histories, as many partitions as the input topic "
+            "(default: <group_id>-card-state-changelog)",
+        ),
+    ] = ""
+    history_time_scale: Annotated[
+        float,
+        meta(
+            "FRAUD_HISTORY_TIME_SCALE",
+            "event time runs this many times faster than real time (a compressed-time demo): "
+            "every history window shrinks by it; 1 in production",
+            gt=0,
+            le=1e9,
+        ),
+    ] = 1.0
+    terminal_risk_topic: Annotated[
+        _Topic,
+        meta(
+            "FRAUD_TERMINAL_RISK_TOPIC",
+            "compacted topic of per-terminal risk that fraud-features publishes; every replica "
+            "reads all of it (a terminal not there yet gets neutral risk)",
+        ),
+    ] = "terminal-risk"
+    model_path: Annotated[Path, meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
+        SHIPPED_MODEL_PATH
+    )
+    device: Annotated[
+        Device,
+        meta(
+            "FRAUD_DEVICE",
+            "execution provider: auto (CUDA if it works, else CPU), cuda, cpu or tensorrt "
+            "(TensorRT, else CUDA, else CPU); a GPU that cannot run falls back to CPU with one "
+            "warning",
+        ),
+    ] = "auto"
+    device_id: Annotated[
+        int,
+        meta("FRAUD_DEVICE_ID", "CUDA device ordinal the cuda and tensorrt devices run on", ge=0),
+    ] = 0
+    cpu_threads: Annotated[
+        int,
+        meta(
+            "FRAUD_CPU_THREADS",
+            "ONNX Runtime intra-op threads on the CPU; 1 leaves the other cores to Kafka's "
+            "threads, 0 = ONNX Runtime's default (one per physical core)",
+            ge=0,
+            le=1_024,
+        ),
+    ] = 1
+    review_threshold: Annotated[
+        float,
+        meta("FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review", ge=0, le=1),
+    ] = DEFAULT_REVIEW_THRESHOLD
+    decline_threshold: Annotated[
+        float,
+        meta("FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined", ge=0, le=1),
+    ] = DEFAULT_DECLINE_THRESHOLD
+    processes: Annotated[
+        int,
+        meta(
+            "FRAUD_PROCESSES",
+            "consumer processes of this replica, supervised; each scores on one core and "
+            "serves its metrics on metrics_port + its index",
+            ge=1,
+            le=256,
+        ),
+    ] = 1
+    metrics_host: Annotated[
+        str,
+        meta("FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"),
+    ] = "0.0.0.0"
+    metrics_port: Annotated[
+        int,
+        meta(
+            "FRAUD_METRICS_PORT",
+            "port of the /metrics, /healthz and /readyz server; 0 disables it",
+            ge=0,
+            le=65_535,
+        ),
+    ] = 9102
+    shutdown_timeout_s: Annotated[
+        float,
+        meta(
+            "FRAUD_SHUTDOWN_TIMEOUT_S",
+            "on SIGTERM, how long the whole drain may take (score what is held, wait for its "
+            "outputs, commit) before the replica exits",
+            gt=0,
+        ),
+    ] = 30.0
+    log_level: Annotated[LogLevel, meta("FRAUD_LOG_LEVEL", "log level")] = "INFO"
+    log_format: Annotated[LogFormat, meta("FRAUD_LOG_FORMAT", "log format: text or json lines")] = (
+        "text"
+    )
+    kafka_options: Annotated[
+        dict[str, str],
+        meta(
+            "FRAUD_KAFKA_OPTIONS",
+            "extra librdkafka settings for every client, KEY=VALUE (repeat the flag; in the "
+            "environment, comma-separated), e.g. security.protocol=SASL_SSL; put secrets in "
+            "the config file instead: flags show in the process list",
+        ),
+    ] = msgspec.field(default_factory=dict)
+    kafka_config_file: Annotated[
+        Path | None,
+        meta(
+            "FRAUD_KAFKA_CONFIG_FILE",
+            "librdkafka settings from a properties file (key=value lines, # comments), e.g. "
+            "mounted from a secret; -X and FRAUD_KAFKA_OPTIONS override its keys",
+        ),
+    ] = None
