@@ -6,7 +6,13 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean
+# Tools built or fetched for the deploy checks (compose CLI, helm, promtool, uv) live here.
+TOOLS := .tools
+UV_VERSION := 0.13.9
+UV := $(TOOLS)/uv/bin/uv
+
+.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean \
+	lock resolve-check
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -17,6 +23,8 @@ help:
 	@echo "make kafka-down  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
+	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -74,6 +82,16 @@ bench: $(BENCH_INSTALLED)
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
 
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)/uv
+	$(TOOLS)/uv/bin/pip install --quiet 'uv==$(UV_VERSION)'
+
+lock: $(UV)
+	ops/tools/lock.sh
+
+resolve-check: $(UV)
+	ops/tools/resolve-check.sh
+
 clean:
 	-ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .kafka $(TOOLS) .pytest_cache .mypy_cache .ruff_cache *.egg-info
