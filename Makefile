@@ -10,9 +10,11 @@ PYTEST_ARGS ?=
 TOOLS := .tools
 UV_VERSION := 0.13.9
 UV := $(TOOLS)/uv/bin/uv
+# Debian's promtool unless one is on PATH (`brew install prometheus` on macOS).
+PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean \
-	lock resolve-check
+	alerts-check lock resolve-check
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -23,6 +25,7 @@ help:
 	@echo "make kafka-down  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
 
@@ -81,6 +84,11 @@ bench: $(BENCH_INSTALLED)
 	status=0; $(PY) -m bench.pipeline_bench $(BENCH_ARGS) || status=$$?; \
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
+
+alerts-check:
+	@test -x "$(PROMTOOL)" || ops/tools/promtool.sh $(TOOLS)/promtool
+	$(PROMTOOL) check config ops/prometheus/prometheus.yml
+	$(PROMTOOL) test rules ops/prometheus/alerts_test.yml
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)/uv
