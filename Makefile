@@ -8,13 +8,14 @@ PYTEST_ARGS ?=
 
 # Tools built or fetched for the deploy checks (compose CLI, helm, promtool, uv) live here.
 TOOLS := .tools
+COMPOSE_VERSION := v2.40.3
 UV_VERSION := 0.13.9
 UV := $(TOOLS)/uv/bin/uv
 # Debian's promtool unless one is on PATH (`brew install prometheus` on macOS).
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean \
-	alerts-check lock resolve-check
+	alerts-check lock resolve-check compose-check
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -28,6 +29,7 @@ help:
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
+	@echo "make compose-check     docker-compose.yml end to end with podman (root, Debian)"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -99,6 +101,13 @@ lock: $(UV)
 
 resolve-check: $(UV)
 	ops/tools/resolve-check.sh
+
+$(TOOLS)/bin/docker-compose:
+	ops/tools/go-build.sh github.com/docker/compose/v2 $(COMPOSE_VERSION) ./cmd $@
+
+compose-check: venv $(TOOLS)/bin/docker-compose
+	$(PY) -m pytest -q tests/deploy
+	ops/compose/check.sh
 
 clean:
 	-ops/kafka/kafka.sh down
