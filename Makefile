@@ -9,13 +9,14 @@ PYTEST_ARGS ?=
 # Tools built or fetched for the deploy checks (compose CLI, helm, promtool, uv) live here.
 TOOLS := .tools
 COMPOSE_VERSION := v2.40.3
+HELM_VERSION := v3.22.0
 UV_VERSION := 0.13.9
 UV := $(TOOLS)/uv/bin/uv
 # Debian's promtool unless one is on PATH (`brew install prometheus` on macOS).
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean \
-	alerts-check lock resolve-check compose-check
+	alerts-check lock resolve-check compose-check helm-check
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -30,6 +31,7 @@ help:
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
 	@echo "make compose-check     docker-compose.yml end to end with podman (root, Debian)"
+	@echo "make helm-check        helm lint, render, validate against a real kube-apiserver"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -108,6 +110,12 @@ $(TOOLS)/bin/docker-compose:
 compose-check: venv $(TOOLS)/bin/docker-compose
 	$(PY) -m pytest -q tests/deploy
 	ops/compose/check.sh
+
+$(TOOLS)/bin/helm:
+	ops/tools/go-build.sh helm.sh/helm/v3 $(HELM_VERSION) ./cmd/helm $@
+
+helm-check: venv $(TOOLS)/bin/helm
+	ops/k8s/helm-check.sh
 
 clean:
 	-ops/kafka/kafka.sh down
