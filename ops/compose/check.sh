@@ -166,8 +166,9 @@ print(
 )
 sys.exit(0 if s["lost"] == 0 and s["sent"] > 0 else 1)
 EOF
-curl -fsS "$reports_url/latest/index.html" | grep -q "<svg" \
+curl -fsS -o "$state/report.html" "$reports_url/latest/index.html" \
   || die "the report is not served at $reports_url/latest/index.html"
+grep -q "<svg" "$state/report.html" || die "the served report has no charts"
 say "report served at $reports_url/latest/index.html"
 
 # ── 5. Prometheus ─────────────────────────────────────────────────────────────────────────────
