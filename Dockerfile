@@ -1,24 +1,32 @@
+# syntax=docker/dockerfile:1
 # The fraud-scorer image: the installed package and its console scripts (fraud-scorer,
-# fraud-loadgen, fraud-dlq), nothing else from the repository.
+# fraud-loadgen, fraud-dlq), nothing else from the repository. One image per variant:
 #
-#   docker build -t fraud-scorer:local .                       # CPU, python:3.12-slim
-#   docker build -t fraud-scorer:cuda \
-#     --build-arg BASE_IMAGE=nvidia/cuda:13.1.1-cudnn-runtime-ubuntu24.04 .   # GPU
+#   docker build -t fraud-scorer:local .                                   # CPU (default)
+#   docker build -t fraud-scorer:cuda --build-arg VARIANT=gpu \
+#     --build-arg BASE_IMAGE=nvidia/cuda:13.1.1-cudnn-runtime-ubuntu24.04 .  # CUDA
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/fraud-scorer:TAG --push .
 #
-# BASE_IMAGE selects the base. The default slim image runs the CPU execution provider (the
-# onnxruntime-gpu wheel carries it). The CUDA provider needs the CUDA runtime libraries and
-# cuDNN 9 of the CUDA major version that the onnxruntime-gpu wheel resolved at build time was
-# built for: 1.31.1, the newest when this was written, links libcudart.so.13 and
-# libcublas.so.13 (CUDA 13); earlier releases linked CUDA 12 and need a 12.x base. Use an
-# nvidia/cuda "cudnn-runtime" image of that major, on a host whose driver supports it (>= 580
-# for CUDA 13). Those images have no Python: the base stage installs the distribution's (3.12
-# on ubuntu24.04). docker-compose.gpu.yml passes this argument.
+# VARIANT picks the lock the dependencies come from: requirements/cpu.txt (the CPU build of ONNX
+# Runtime, about 20 MB) or requirements/gpu.txt (onnxruntime-gpu, which also carries the CPU
+# provider). Both locks hold wheels for linux/amd64 and linux/arm64 with their hashes, so the
+# same build gives the same packages on both (`make lock` regenerates them).
+#
+# BASE_IMAGE: any Debian/Ubuntu image with Python 3.11+, or without Python (then the
+# distribution's is installed). For VARIANT=gpu, an nvidia/cuda "cudnn-runtime" image of the
+# CUDA major that the locked onnxruntime-gpu links: 1.31 links CUDA 13 and cuDNN 9 (host driver
+# >= 580); docker-compose.gpu.yml and the Helm chart's values-gpu.yaml name that image, and
+# tests/deploy checks that they agree with the lock.
+#
+# Needs BuildKit (Docker 23+, buildx) or podman/buildah: the pip cache and the CA bundle are
+# build mounts. Behind a TLS-intercepting proxy, pass its CA bundle as a build secret; it is
+# used by pip during the build and never lands in a layer:
+#   docker build --secret id=ca_bundle,src=/etc/ssl/certs/ca-certificates.crt .
 ARG BASE_IMAGE=python:3.12-slim
 
 FROM ${BASE_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN if ! command -v python3 >/dev/null 2>&1; then \
         apt-get update \
@@ -30,9 +38,19 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
 
 # Build stage: install into a virtualenv; only the virtualenv goes into the final image.
 FROM base AS build
+ARG VARIANT=cpu
 RUN python3 -m venv /opt/venv
-# README.md is the package's `readme` (pyproject.toml); scorer/models/*.onnx ships as
-# package-data of `scorer`.
+# 1. Dependencies, from the variant's lock alone: this layer is rebuilt only when the lock
+#    changes, never for a source or README edit. The cache mount keeps downloaded wheels
+#    across builds.
+COPY requirements/${VARIANT}.txt /tmp/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && /opt/venv/bin/pip install --require-hashes --no-deps -r /tmp/requirements.txt
+# 2. The project itself, without its dependencies (the lock provided them, for this variant).
+#    README.md is the package's `readme` (pyproject.toml); scorer/models/*.onnx ships as
+#    package-data of `scorer`. One COPY per package of [tool.setuptools] packages.
 COPY pyproject.toml README.md /src/
 COPY contracts /src/contracts
 COPY simulator /src/simulator
@@ -40,16 +58,20 @@ COPY stream /src/stream
 COPY scorer /src/scorer
 COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen
-RUN /opt/venv/bin/pip install /src \
-    && /opt/venv/bin/python -c 'from stream.config import SHIPPED_MODEL_PATH as p; assert p.is_file(), p'
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src \
+    && /opt/venv/bin/python -c 'from stream.config import SHIPPED_MODEL_PATH as p; assert p.is_file(), p' \
+    && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, msgspec, prometheus_client, tenacity'
 
 FROM base
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without /etc/passwd.
+# /reports belongs to it: a named volume mounted there starts with this owner, so
+# `fraud-loadgen --report /reports/...` can write (docker-compose.yml mounts one).
 RUN groupadd --system --gid 10001 scorer \
     && useradd --system --uid 10001 --gid scorer --create-home --home-dir /home/scorer \
-        --shell /usr/sbin/nologin scorer
+        --shell /usr/sbin/nologin scorer \
+    && install -d -o 10001 -g 10001 /reports
 USER 10001:10001
 WORKDIR /home/scorer
 

@@ -6,7 +6,17 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean
+# Tools built or fetched for the deploy checks (compose CLI, helm, promtool, uv) live here.
+TOOLS := .tools
+COMPOSE_VERSION := v2.40.3
+HELM_VERSION := v3.22.0
+UV_VERSION := 0.13.9
+UV := $(TOOLS)/uv/bin/uv
+# Debian's promtool unless one is on PATH (`brew install prometheus` on macOS).
+PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
+
+.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean \
+	alerts-check lock resolve-check compose-check helm-check
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -17,6 +27,11 @@ help:
 	@echo "make kafka-down  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
+	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
+	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
+	@echo "make compose-check     docker-compose.yml end to end with podman (root, Debian)"
+	@echo "make helm-check        helm lint, render, validate against a real kube-apiserver"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -75,6 +90,34 @@ bench: $(BENCH_INSTALLED)
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
 
+alerts-check:
+	@test -x "$(PROMTOOL)" || ops/tools/promtool.sh $(TOOLS)/promtool
+	$(PROMTOOL) check config ops/prometheus/prometheus.yml
+	$(PROMTOOL) test rules ops/prometheus/alerts_test.yml
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)/uv
+	$(TOOLS)/uv/bin/pip install --quiet 'uv==$(UV_VERSION)'
+
+lock: $(UV)
+	ops/tools/lock.sh
+
+resolve-check: $(UV)
+	ops/tools/resolve-check.sh
+
+$(TOOLS)/bin/docker-compose:
+	ops/tools/go-build.sh github.com/docker/compose/v2 $(COMPOSE_VERSION) ./cmd $@
+
+compose-check: venv $(TOOLS)/bin/docker-compose
+	$(PY) -m pytest -q tests/deploy
+	ops/compose/check.sh
+
+$(TOOLS)/bin/helm:
+	ops/tools/go-build.sh helm.sh/helm/v3 $(HELM_VERSION) ./cmd/helm $@
+
+helm-check: venv $(TOOLS)/bin/helm
+	ops/k8s/helm-check.sh
+
 clean:
 	-ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .kafka $(TOOLS) .pytest_cache .mypy_cache .ruff_cache *.egg-info

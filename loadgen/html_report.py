@@ -8,6 +8,7 @@ during the run (batch-size distribution, mean batch size and cap, consumer lag).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
@@ -37,8 +38,14 @@ KEY_FIGURES: tuple[tuple[str, str], ...] = (
     ("p95_ms", "event→decision p95 (ms)"),
     ("p99_ms", "event→decision p99 (ms)"),
     ("max_ms", "event→decision max (ms)"),
+    ("fraud_labelled", "simulated fraud sent"),
+    ("fraud_caught", "fraud caught (review or decline)"),
+    ("fraud_recall", "fraud recall"),
+    ("false_positive_rate", "false-positive rate (legitimate flagged)"),
     ("schedule_lag_max_ms", "sender's worst lag behind schedule (ms)"),
 )
+#: Key figures that are shares (0..1), shown as percentages.
+SHARES = frozenset({"fraud_recall", "false_positive_rate"})
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 940px; color: #222; }
@@ -64,6 +71,22 @@ def _times(rows: Sequence[Mapping[str, Any]], offset_s: float = 0.0) -> list[flo
 def _seconds(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     """The middle of each one-second row, where its figures belong on a time axis."""
     return _times(rows, SECOND_MIDDLE_S)
+
+
+def _send_seconds(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> int:
+    """Whole seconds of the sending schedule: the rows after them are the drain."""
+    duration = summary.get("duration_s")
+    return math.ceil(float(duration)) if duration else len(rows)
+
+
+def _plotted_rows(
+    summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> Sequence[Mapping[str, Any]]:
+    """The one-second rows worth a point on a chart: all but a last one in the drain, which
+    only covers the moment the last decisions came in and would draw as a collapse to zero."""
+    if rows and int(rows[-1]["t_s"]) >= _send_seconds(summary, rows):
+        return rows[:-1]
+    return rows
 
 
 def _figure(heading: str, caption: str, svg: str) -> str:
@@ -92,16 +115,29 @@ def _latency_figure(rows: Sequence[Mapping[str, Any]], x_range: tuple[float, flo
     )
 
 
-def _throughput_figure(rows: Sequence[Mapping[str, Any]], x_range: tuple[float, float]) -> str:
+def _throughput_figure(
+    rows: Sequence[Mapping[str, Any]],
+    x_range: tuple[float, float],
+    send_seconds: int,
+    left_out: Mapping[str, Any] | None,
+) -> str:
     t = _seconds(rows)
+    # Sending stops with the schedule: no "sent" or "target" line through the drain.
+    scheduled = [row if int(row["t_s"]) < send_seconds else {} for row in rows]
     series = [
-        Series("target", t, _column(rows, "target"), TARGET_COLOR, dashed=True),
-        Series("sent", t, _column(rows, "sent"), SENT_COLOR),
+        Series("target", t, _column(scheduled, "target"), TARGET_COLOR, dashed=True),
+        Series("sent", t, _column(scheduled, "sent"), SENT_COLOR),
         Series("decided", t, _column(rows, "decided"), DECIDED_COLOR),
     ]
+    caption = "Transactions due by the schedule, sent, and decided in each second."
+    if left_out is not None:
+        caption += (
+            f" The last {left_out['decided']:,} decisions came in during second "
+            f"{int(left_out['t_s']):,}, after sending stopped; that partial second is not drawn."
+        )
     return _figure(
         "Throughput over time",
-        "Transactions due by the schedule, sent, and decided in each second.",
+        caption,
         line_chart(
             "Throughput over time",
             series,
@@ -176,7 +212,7 @@ def _key_figures(summary: Mapping[str, Any]) -> str:
     cells = []
     for key, label in KEY_FIGURES:
         value = summary.get(key)
-        text = "n/a" if value is None else f"{value:,.1f}" if isinstance(value, float) else value
+        text = _format_figure(key, value)
         bad = " bad" if key in ("lost", "duplicates") and value else ""
         cells.append(
             f"<tr><td>{escape(label)}</td><td class='value{bad}'>{escape(str(text))}</td></tr>"
@@ -184,10 +220,23 @@ def _key_figures(summary: Mapping[str, Any]) -> str:
     return "<table>" + "".join(cells) + "</table>"
 
 
+def _format_figure(key: str, value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if key in SHARES:
+        return f"{float(value) * 100:.1f} %"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
 def render_report(summary: Mapping[str, Any]) -> str:
     """The HTML page of one run's summary."""
-    rows: Sequence[Mapping[str, Any]] = summary.get("over_time") or []
+    all_rows: Sequence[Mapping[str, Any]] = summary.get("over_time") or []
+    rows = _plotted_rows(summary, all_rows)
+    left_out = all_rows[-1] if len(rows) < len(all_rows) else None
     scraped: Sequence[Mapping[str, Any]] = summary.get("scraped") or []
+    # The time axis ends with the last plotted second (or scrape), not at a round number.
     x_range = (0.0, max([1.0, *_times(rows, 1.0), *_times(scraped)]))
     shape = summary.get("shape", "constant")
     meta = (
@@ -200,7 +249,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
         f"<p class='meta'>{escape(meta)}</p>",
         _key_figures(summary),
         _latency_figure(rows, x_range),
-        _throughput_figure(rows, x_range),
+        _throughput_figure(rows, x_range, _send_seconds(summary, all_rows), left_out),
         *_scorer_figures(summary, x_range),
     ]
     return (

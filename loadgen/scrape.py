@@ -94,7 +94,9 @@ class MetricsScraper(threading.Thread):
 def batch_size_distribution(
     before: dict[str, float] | None, after: dict[str, float] | None
 ) -> dict[str, int] | None:
-    """Batches per size range between two scrapes ("<=N" → count); None without the second."""
+    """Batches per size range between two scrapes ("<=N" → count), from the smallest bucket up
+    to the largest one that holds a batch, empty ones included (a gap in the distribution is a
+    finding too); None without the second scrape."""
     if not after:
         return None
     before = before or {}
@@ -104,8 +106,9 @@ def batch_size_distribution(
         total = after[le] - before.get(le, 0.0)
         count = int(total - previous_total)
         previous_total = total
-        if count:
-            distribution["+Inf" if le == "+Inf" else f"<={int(float(le))}"] = count
+        distribution["+Inf" if le == "+Inf" else f"<={int(float(le))}"] = count
+    while distribution and not distribution[next(reversed(distribution))]:
+        distribution.popitem()
     return distribution
 
 

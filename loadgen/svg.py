@@ -54,14 +54,21 @@ def _nice_step(span: float) -> float:
     return next(m * magnitude for m in (1.0, 2.0, 5.0, 10.0) if m * magnitude >= raw)
 
 
-def _linear_ticks(low: float, high: float) -> tuple[_Axis, list[float]]:
+def _linear_ticks(low: float, high: float, *, tight: bool = False) -> tuple[_Axis, list[float]]:
+    """An axis with round ticks. By default it widens to the round ticks around the data (a
+    value axis reads best from 0 to a round top); `tight` keeps exactly [low, high] with the
+    round ticks inside it (a time axis: a 30 s run ends at 30, not at the next round tick)."""
     if high <= low:
         high = low + 1.0
     step = _nice_step(high - low)
     start = math.floor(low / step) * step
     end = math.ceil(high / step) * step
     count = round((end - start) / step)
-    return _Axis(start, end, False), [start + i * step for i in range(count + 1)]
+    ticks = [start + i * step for i in range(count + 1)]
+    if not tight:
+        return _Axis(start, end, False), ticks
+    epsilon = step * 1e-9
+    return _Axis(low, high, False), [t for t in ticks if low - epsilon <= t <= high + epsilon]
 
 
 def _log_ticks(low: float, high: float) -> tuple[_Axis, list[float]]:
@@ -75,11 +82,14 @@ def _log_ticks(low: float, high: float) -> tuple[_Axis, list[float]]:
 
 
 def _label(value: float) -> str:
+    """A tick or bar label: thousands separated, no trailing zeros, millions as "M"."""
     if value == 0:
         return "0"
-    if abs(value) >= 10_000:
-        return f"{value / 1000:g}k"
-    return f"{value:g}"
+    if abs(value) >= 1_000_000:
+        return f"{value / 1_000_000:,.6g}M"
+    if value == round(value):
+        return f"{value:,.0f}"
+    return f"{value:,.6g}"
 
 
 class _Frame:
@@ -180,7 +190,7 @@ def line_chart(
     xs = [x for s in series for x in s.xs]
     ys = [y for s in series for y in s.ys if y is not None and (y > 0 or not log_y)]
     low, high = x_range or (min(xs, default=0.0), max(xs, default=1.0))
-    x_axis, x_ticks = _linear_ticks(low, high)
+    x_axis, x_ticks = _linear_ticks(low, high, tight=True)
     if log_y:
         y_axis, y_ticks = _log_ticks(min(ys, default=1.0), max(ys, default=10.0))
     else:

@@ -4,6 +4,8 @@
 #   ops/kafka/kafka.sh up      resolve the broker jars (Maven), format storage once, start, wait until ready
 #   ops/kafka/kafka.sh down    stop the broker this script started (by its pid file)
 #   ops/kafka/kafka.sh status  say whether it runs
+#   ops/kafka/kafka.sh jars    resolve the broker jars only and print their folder (the compose
+#                              check builds its Kafka image from them)
 #
 # Jars, data, logs and the pid file live under $KAFKA_STATE_DIR (default: .kafka/ in the repo).
 set -euo pipefail
@@ -116,5 +118,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  jars) resolve_jars >&2; echo "$libs" ;;
+  *) echo "usage: $0 up|down|status|jars" >&2; exit 2 ;;
 esac

@@ -9,7 +9,14 @@ import re
 import numpy as np
 import pytest
 
-from loadgen.html_report import REPORT_FILE, SUMMARY_FILE, render_report, write_report
+from loadgen.html_report import (
+    DECIDED_COLOR,
+    REPORT_FILE,
+    SENT_COLOR,
+    SUMMARY_FILE,
+    render_report,
+    write_report,
+)
 from loadgen.report import ReceivedLog, SentLog, over_time, render_text, summarize
 from loadgen.scrape import (
     MetricsSnapshot,
@@ -17,7 +24,7 @@ from loadgen.scrape import (
     metrics_over_time,
     parse_metrics,
 )
-from loadgen.svg import Series, line_chart
+from loadgen.svg import HEIGHT, MARGIN_BOTTOM, Series, line_chart
 
 START_MS = 1_767_571_200_000
 
@@ -191,3 +198,75 @@ def test_line_chart_leaves_gaps_for_missing_points_and_escapes_text():
     data_lines = re.findall(r"<polyline points='([^']*)' fill='none' stroke='#000'", svg)
     assert [len(points.split()) for points in data_lines] == [1, 2]
     assert "a &lt;b&gt; &amp; c" in svg and "p99 &lt;ms&gt;" in svg
+
+
+def _axis_labels(svg: str) -> list[str]:
+    """The x-axis tick labels of a chart (text anchored in the middle, below the plot)."""
+    return re.findall(r"<text x='[\d.]+' y='290' text-anchor='middle'[^>]*>([^<]*)</text>", svg)
+
+
+def _run_summary(seconds: int, rate: int, drain: list[int]) -> dict[str, object]:
+    """A constant run of `seconds` at `rate` decided within the second, then `drain`: the
+    decisions of the seconds after sending stopped."""
+    rows = [
+        {"t_s": t, "target": float(rate), "sent": rate, "decided": rate, "p50_ms": 5.0,
+         "p95_ms": 9.0, "p99_ms": 12.0, "max_ms": 20.0}
+        for t in range(seconds)
+    ] + [
+        {"t_s": seconds + i, "target": 0.0, "sent": 0, "decided": decided, "p50_ms": None,
+         "p95_ms": None, "p99_ms": None, "max_ms": None}
+        for i, decided in enumerate(drain)
+    ]  # fmt: skip
+    return {"over_time": rows, "duration_s": float(seconds), "sent": seconds * rate}
+
+
+def _points(svg: str, color: str) -> list[tuple[float, float]]:
+    lines = re.findall(rf"<polyline points='([^']*)' fill='none' stroke='{color}'", svg)
+    return [tuple(map(float, p.split(","))) for line in lines for p in line.split()]
+
+
+def test_the_time_axis_ends_with_the_run_not_at_the_next_round_number():
+    # A 30 s run with a partial drain second once got an axis to 40 s: a quarter left empty.
+    html = render_report(_run_summary(30, 1000, drain=[12]))
+    throughput = html[html.index("<title>Throughput over time</title>") :]
+    labels = _axis_labels(throughput[: throughput.index("</svg>")])
+    assert labels[0] == "0" and labels[-1] == "30", labels
+    assert "40" not in labels
+
+
+def test_the_final_partial_drain_second_is_not_drawn_as_a_collapse():
+    html = render_report(_run_summary(30, 1000, drain=[800, 12]))
+    throughput = html[html.index("<title>Throughput over time</title>") :]
+    svg = throughput[: throughput.index("</svg>")]
+    decided = _points(svg, DECIDED_COLOR)
+    sent = _points(svg, SENT_COLOR)
+    # 30 scheduled seconds and one full drain second decided; the last, partial one is left
+    # out (and said so); nothing was sent after the schedule.
+    assert len(decided) == 31 and len(sent) == 30
+    assert "The last 12 decisions came in during second 31" in html
+    # The line ends at the drain second's 800, not in a fall to 12.
+    zero_y = HEIGHT - MARGIN_BOTTOM
+    full_y = decided[0][1]
+    assert decided[-1][1] == pytest.approx(zero_y - 0.8 * (zero_y - full_y), abs=0.2)
+
+
+def test_key_figures_show_recall_and_false_positives_and_separate_thousands():
+    summary = _synthetic_summary(with_scrapes=False)
+    summary.update(sent=123_456, fraud_recall=0.8766, false_positive_rate=0.0123)
+    html = render_report(summary)
+    assert re.search(r"<td>fraud recall</td><td class='value'>87\.7 %</td>", html)
+    assert re.search(r"false-positive rate[^<]*</td><td class='value'>1\.2 %</td>", html)
+    assert "<td class='value'>123,456</td>" in html
+
+
+def test_tick_and_bar_labels_separate_thousands():
+    svg = line_chart(
+        "t", [Series("s", [0.0, 1.0], [0.0, 25_000.0], "#000")], x_label="x", y_label="y"
+    )
+    assert ">25,000</text>" in svg and ">25k<" not in svg
+
+
+def test_batch_size_distribution_keeps_empty_buckets_below_the_largest_batch():
+    before = {"1.0": 0.0, "2.0": 0.0, "4.0": 0.0, "8.0": 0.0, "16.0": 0.0, "+Inf": 0.0}
+    after = {"1.0": 3.0, "2.0": 3.0, "4.0": 3.0, "8.0": 7.0, "16.0": 7.0, "+Inf": 7.0}
+    assert batch_size_distribution(before, after) == {"<=1": 3, "<=2": 0, "<=4": 0, "<=8": 4}

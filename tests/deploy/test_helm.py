@@ -1,0 +1,235 @@
+"""The Helm chart (deploy/helm/fraud-scorer) agrees with the service and with itself.
+
+Helm is not needed here: the values files are parsed, and the templates are read as text for
+the few contracts that live in them (which value feeds which setting). `make helm-check` renders
+the chart with Helm and has a real kube-apiserver accept the result (server-side dry run)."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from stream.config import ServiceConfig
+from stream.health import HealthServer, HealthState
+from tests.deploy.repo import (
+    CHART,
+    ROOT,
+    alert_rules,
+    config_envs,
+    load_yaml,
+)
+
+TEMPLATES = CHART / "templates"
+VALUES_FILES = [CHART / "values.yaml", CHART / "values-gpu.yaml"]
+
+
+def values(*overlays: str) -> dict[str, Any]:
+    """values.yaml merged with overlays (file names in the chart), as Helm merges them."""
+
+    def merge(base: Any, override: Any) -> Any:
+        if not (isinstance(base, dict) and isinstance(override, dict)):
+            return override
+        return {**base, **{k: merge(base.get(k), v) for k, v in override.items()}}
+
+    result: dict[str, Any] = load_yaml(CHART / "values.yaml")
+    for overlay in overlays:
+        result = merge(result, load_yaml(CHART / overlay))
+    return result
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def all_templates() -> str:
+    return "\n".join(path.read_text() for path in sorted(TEMPLATES.glob("*")))
+
+
+def env_value_expr(variable: str) -> str:
+    """The template expression the chart sets an environment variable to."""
+    match = re.search(
+        rf"- name: {variable}\n\s+value: (\{{\{{.*?\}}\}})", all_templates(), re.MULTILINE
+    )
+    assert match, f"the chart does not set {variable}"
+    return match.group(1)
+
+
+def field_expr(text: str, key: str) -> str:
+    match = re.search(rf"^\s*{key}: (\{{\{{.*?\}}\}})\s*$", text, re.MULTILINE)
+    assert match, f"no {key}: {{{{ … }}}} in the template"
+    return match.group(1)
+
+
+def values_ref(expression: str) -> str:
+    """The .Values path an expression reads, e.g. `.Values.kafka.groupId`."""
+    refs = re.findall(r"\.Values(?:\.\w+)+", expression)
+    assert len(refs) == 1, expression
+    return refs[0]
+
+
+# ── the service's settings ───────────────────────────────────────────────────────────────────
+
+
+def test_every_variable_the_chart_sets_is_one_the_service_reads() -> None:
+    set_in_templates = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", all_templates()))
+    set_in_values = {name for path in VALUES_FILES for name in load_yaml(path).get("env", {})}
+    assert set_in_templates, "the chart sets no environment"
+    unknown = (set_in_templates | set_in_values) - config_envs()
+    assert not unknown, f"the chart sets {sorted(unknown)}, which stream/config.py never reads"
+
+
+@pytest.mark.parametrize("overlays", [(), ("values-gpu.yaml",)], ids=["default", "gpu"])
+def test_the_values_env_passes_the_services_validation(overlays: tuple[str, ...]) -> None:
+    env = {k: str(v) for k, v in values(*overlays)["env"].items()}
+    config = ServiceConfig.from_sources({}, env)
+    if overlays:
+        assert config.device == "cuda"
+
+
+def test_the_free_form_env_cannot_override_what_the_chart_derives() -> None:
+    helpers = template("_helpers.tpl")
+    reserved = set(re.findall(r'"((?:FRAUD|KAFKA)_\w+)"', helpers.split("$reserved := list")[1]))
+    derived = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", all_templates()))
+    assert derived <= reserved, f"not reserved: {sorted(derived - reserved)}"
+    for path in VALUES_FILES:
+        assert not reserved & set(load_yaml(path).get("env", {})), path.name
+
+
+# ── KEDA ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_keda_watches_the_group_and_topic_the_replicas_consume() -> None:
+    scaled = template("scaledobject.yaml")
+    assert values_ref(field_expr(scaled, "consumerGroup")) == values_ref(
+        env_value_expr("FRAUD_GROUP_ID")
+    )
+    assert values_ref(field_expr(scaled, "topic")) == values_ref(
+        env_value_expr("FRAUD_INPUT_TOPIC")
+    )
+    assert values_ref(field_expr(scaled, "bootstrapServers")) == values_ref(
+        env_value_expr("KAFKA_BOOTSTRAP_SERVERS")
+    )
+    for key in ("lagThreshold", "activationLagThreshold"):
+        assert values_ref(field_expr(scaled, key)) == f".Values.autoscaling.{key}"
+
+
+def test_max_replicas_default_to_the_partitions_the_topics_job_creates() -> None:
+    scaled = template("scaledobject.yaml")
+    expression = field_expr(scaled, "maxReplicaCount")
+    assert re.fullmatch(
+        r"\{\{ default \.Values\.kafka\.partitions \.Values\.autoscaling\.maxReplicaCount \}\}",
+        expression,
+    ), expression
+    assert values()["autoscaling"]["maxReplicaCount"] is None
+    job = template("topics-job.yaml")
+    partitions = re.search(r"- --partitions\n\s+- (\{\{.*?\}\})", job)
+    assert partitions and values_ref(partitions.group(1)) == ".Values.kafka.partitions"
+    assert 'allowIdleConsumers: "false"' in scaled, "replicas beyond the partitions idle"
+
+
+def test_scaling_thresholds_are_sane() -> None:
+    autoscaling = values()["autoscaling"]
+    assert 0 < autoscaling["activationLagThreshold"] < autoscaling["lagThreshold"]
+    assert 1 <= autoscaling["minReplicaCount"] <= values()["kafka"]["partitions"]
+
+
+# ── pods ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_termination_grace_outlasts_the_drain() -> None:
+    deployment = template("deployment.yaml")
+    assert (
+        values_ref(env_value_expr("FRAUD_SHUTDOWN_TIMEOUT_S")) == ".Values.shutdownTimeoutSeconds"
+    )
+    grace = field_expr(deployment, "terminationGracePeriodSeconds")
+    assert grace == (
+        "{{ add .Values.shutdownTimeoutSeconds .Values.terminationGraceMarginSeconds }}"
+    ), grace
+    assert values()["terminationGraceMarginSeconds"] > 0
+    assert "preStop:" not in deployment, "a preStop hook's time counts against the grace"
+
+
+def _probes(deployment: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+Probe):\n\s+httpGet:\n\s+path: (\S+)", deployment))
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_probes_ask_the_service_what_they_mean() -> None:
+    probes = _probes(template("deployment.yaml"))
+    assert set(probes) == {"startupProbe", "livenessProbe", "readinessProbe"}
+    state = HealthState()
+    server = HealthServer("127.0.0.1", 0, state)
+    server.start()
+    try:
+        # Starting: alive, not ready. The liveness and startup probes must pass, readiness not.
+        assert _status(server.port, probes["livenessProbe"]) == 200
+        assert _status(server.port, probes["startupProbe"]) == 200
+        assert _status(server.port, probes["readinessProbe"]) == 503
+        state.set_ready(True)
+        assert _status(server.port, probes["readinessProbe"]) == 200
+        state.set_ready(False, "delivery stalled")
+        assert _status(server.port, probes["readinessProbe"]) == 503
+        assert _status(server.port, probes["livenessProbe"]) == 200
+    finally:
+        server.close()
+
+
+def test_the_metrics_port_is_one_value() -> None:
+    deployment = template("deployment.yaml")
+    assert values_ref(env_value_expr("FRAUD_METRICS_PORT")) == ".Values.metrics.port"
+    assert values_ref(field_expr(deployment, "containerPort")) == ".Values.metrics.port"
+    assert "port: metrics" in deployment and "name: metrics" in deployment
+
+
+def test_pods_run_as_the_images_user() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    (uid,) = re.findall(r"^USER (\d+)", dockerfile, re.MULTILINE)
+    helpers = template("_helpers.tpl")
+    assert f"runAsUser: {uid}" in helpers and "runAsNonRoot: true" in helpers
+    assert "readOnlyRootFilesystem: true" in helpers
+
+
+def test_the_kafka_config_secret_is_mounted_where_the_setting_points() -> None:
+    helpers = template("_helpers.tpl")
+    directory = re.search(r'define "fraud-scorer.kafkaConfigDir" -\}\}(\S+?)\{\{', helpers)
+    assert directory, "no kafkaConfigDir helper"
+    file_expr = env_value_expr("FRAUD_KAFKA_CONFIG_FILE")
+    assert 'include "fraud-scorer.kafkaConfigDir"' in file_expr
+    assert ".Values.kafka.config.key" in file_expr
+    assert 'mountPath: {{ include "fraud-scorer.kafkaConfigDir" . }}' in helpers
+    assert "path: {{ .Values.kafka.config.key }}" in helpers
+
+
+def test_the_gpu_profile_asks_for_a_gpu_and_the_cuda_provider() -> None:
+    gpu = values("values-gpu.yaml")
+    resources = gpu["resources"]
+    # Extended resources cannot be overcommitted: Kubernetes wants requests == limits.
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] >= 1
+    assert gpu["env"]["FRAUD_DEVICE"] == "cuda"
+    assert gpu["image"]["tag"] != values()["image"]["tag"], "the GPU profile needs the CUDA image"
+
+
+# ── monitoring ───────────────────────────────────────────────────────────────────────────────
+
+
+def test_monitors_name_the_job_the_alert_rules_select() -> None:
+    chart = load_yaml(CHART / "Chart.yaml")
+    jobs = {job for rule in alert_rules() for job in re.findall(r'job="([^"]+)"', rule["expr"])}
+    assert jobs == {chart["name"]}, f"alerts select {jobs}, the chart's pods are {chart['name']}"
+    for name in ("servicemonitor.yaml", "podmonitor.yaml"):
+        text = template(name)
+        assert "jobLabel: app.kubernetes.io/name" in text, name
+        assert "path: /metrics" in text and "port: metrics" in text, name
+    helpers = template("_helpers.tpl")
+    assert 'app.kubernetes.io/name: {{ include "fraud-scorer.name" . }}' in helpers
