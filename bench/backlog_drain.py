@@ -74,7 +74,7 @@ def main() -> int:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds (default: %(default)s)"
     )
-    args = parser.parse_args()  # fmt: skip
+    args = parser.parse_args()
 
     broker = Broker(args.bootstrap_servers)
     broker.check()
@@ -84,13 +84,31 @@ def main() -> int:
         print(f"backlog: {args.records:,} records produced in {produced_s:.1f} s", file=sys.stderr)
         port = free_port()
         command = [
-            sys.executable, "-m", "stream", "run", "--bootstrap-servers", args.bootstrap_servers,
-            "--input-topic", topics["in"], "--output-topic", topics["out"],
-            "--dlq-topic", topics["dlq"], "--group-id", broker.group("drain"),
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-            "--slo-ms", str(args.slo_ms), "--max-batch-size", str(args.max_batch_size),
-            "--max-in-flight-records", str(args.max_in_flight),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--bootstrap-servers",
+            args.bootstrap_servers,
+            "--input-topic",
+            topics["in"],
+            "--output-topic",
+            topics["out"],
+            "--dlq-topic",
+            topics["dlq"],
+            "--group-id",
+            broker.group("drain"),
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
+            "--slo-ms",
+            str(args.slo_ms),
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--max-in-flight-records",
+            str(args.max_in_flight),
+        ]
         log_path = REPO / "bench" / "results" / "backlog-service.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as log:
@@ -113,15 +131,17 @@ def main() -> int:
                 )
                 if first_consumed is None and values.get("fraud_records_consumed_total", 0):
                     first_consumed = now
-                samples.append({
-                    "t_s": round(now, 2),
-                    "rss_mb": round(rss_mb(process.pid), 1),
-                    "done": done,
-                    "cap": values.get("fraud_batch_size_cap_records", 0.0),
-                    "in_flight": values.get("fraud_in_flight_records", 0.0),
-                    "paused": values.get("fraud_paused_partitions", 0.0),
-                    "batches": values.get("fraud_batch_size_records_count", 0.0),
-                })  # fmt: skip
+                samples.append(
+                    {
+                        "t_s": round(now, 2),
+                        "rss_mb": round(rss_mb(process.pid), 1),
+                        "done": done,
+                        "cap": values.get("fraud_batch_size_cap_records", 0.0),
+                        "in_flight": values.get("fraud_in_flight_records", 0.0),
+                        "paused": values.get("fraud_paused_partitions", 0.0),
+                        "batches": values.get("fraud_batch_size_records_count", 0.0),
+                    }
+                )
                 if done >= args.records:
                     break
                 time.sleep(SAMPLE_EVERY_S)

@@ -293,13 +293,15 @@ class GpuSampler:
     def __init__(self, device_id: int) -> None:
         self._process = subprocess.Popen(
             [
-                "nvidia-smi", f"--id={device_id}",
+                "nvidia-smi",
+                f"--id={device_id}",
                 "--query-gpu=utilization.gpu,memory.used",
-                "--format=csv,noheader,nounits", f"--loop-ms={SAMPLE_INTERVAL_MS}",
+                "--format=csv,noheader,nounits",
+                f"--loop-ms={SAMPLE_INTERVAL_MS}",
             ],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
 
     def stop(self) -> list[tuple[float, float]]:
         self._process.terminate()

@@ -81,9 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output-topic", required=True)
     parser.add_argument("--group-id", required=True)
     parser.add_argument(
-        "-X", "--kafka-option", dest="kafka_options", action="append", default=[],
-        metavar="KEY=VALUE", help="extra librdkafka setting, as the service's -X",
-    )  # fmt: skip
+        "-X",
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra librdkafka setting, as the service's -X",
+    )
     args = parser.parse_args(argv)
     config = ServiceConfig(
         bootstrap_servers=args.bootstrap_servers,

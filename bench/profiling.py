@@ -55,9 +55,17 @@ def py_spy() -> str | None:
 def py_spy_prefix(executable: str, output: Path) -> list[str]:
     """The command words that run a command under py-spy, recording raw stacks to `output`."""
     return [
-        executable, "record", "--format", "raw", "--threads", "--rate", str(PY_SPY_RATE_HZ),
-        "--output", str(output), "--",
-    ]  # fmt: skip
+        executable,
+        "record",
+        "--format",
+        "raw",
+        "--threads",
+        "--rate",
+        str(PY_SPY_RATE_HZ),
+        "--output",
+        str(output),
+        "--",
+    ]
 
 
 def _function(frame: str) -> str:

@@ -92,42 +92,57 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
         "filters (a dead letter is selected when it passes every filter given)"
     )
     filters.add_argument(
-        "--reason", action="append", metavar="R",
+        "--reason",
+        action="append",
+        metavar="R",
         help="only this dlq.reason: decode, validate, score or produce; repeat for several "
         "(default: every reason)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--error", action="append", metavar="CLASS",
+        "--error",
+        action="append",
+        metavar="CLASS",
         help="only this dlq.error exception class, e.g. DecodeError; repeat for several "
         "(default: every class)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--original-topic", metavar="T",
+        "--original-topic",
+        metavar="T",
         help="only dead letters of this dlq.original.topic (default: every topic)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--since", type=_time, metavar="TIME",
+        "--since",
+        type=_time,
+        metavar="TIME",
         help="only dead letters with dlq.failed_at at or after TIME: epoch milliseconds or "
         "ISO-8601 such as 2026-11-30T10:00:00Z (UTC unless it has an offset) "
         "(default: no lower bound)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--until", type=_time, metavar="TIME",
+        "--until",
+        type=_time,
+        metavar="TIME",
         help="only dead letters with dlq.failed_at before TIME, same formats as --since "
         "(default: no upper bound)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--partition", type=_count(0), metavar="P",
+        "--partition",
+        type=_count(0),
+        metavar="P",
         help="only this partition of the dead-letter topic (default: every partition)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--from-offset", type=_count(0), metavar="O",
+        "--from-offset",
+        type=_count(0),
+        metavar="O",
         help="only offsets >= O in --partition, which it needs (default: its first offset)",
-    )  # fmt: skip
+    )
     filters.add_argument(
-        "--to-offset", type=_count(0), metavar="O",
+        "--to-offset",
+        type=_count(0),
+        metavar="O",
         help="only offsets <= O in --partition, which it needs (default: its last offset)",
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,11 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"dead-letter topic [env {DLQ_TOPIC_ENV}; default: %(default)s]",
     )
     parser.add_argument(
-        "-X", "--kafka-option", dest="kafka_options", action="append", metavar="KEY=VALUE",
+        "-X",
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        metavar="KEY=VALUE",
         help="extra librdkafka setting for every client, e.g. security.protocol=SASL_SSL; "
         f"repeat for several [env {OPTIONS_ENV}, comma-separated; default: none]; secrets "
         f"belong in the properties file named by {CONFIG_FILE_ENV}, which these override",
-    )  # fmt: skip
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect_parser = commands.add_parser(
@@ -166,10 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_filters(inspect_parser)
     inspect_parser.add_argument(
-        "--show", type=_count(0), default=0, metavar="N",
+        "--show",
+        type=_count(0),
+        default=0,
+        metavar="N",
         help="also print the first N selected records with their decoded headers "
         "(default: %(default)s)",
-    )  # fmt: skip
+    )
     inspect_parser.add_argument(
         "--json", action="store_true", help="print one JSON object (default: text)"
     )
@@ -188,23 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_filters(replay)
     replay.add_argument(
-        "--to", metavar="TOPIC",
+        "--to",
+        metavar="TOPIC",
         help="replay every record to TOPIC (default: each one's dlq.original.topic)",
-    )  # fmt: skip
+    )
     replay.add_argument(
-        "--group", default=DEFAULT_GROUP,
+        "--group",
+        default=DEFAULT_GROUP,
         help="consumer group whose committed position in the dead-letter topic the replay "
         "resumes from and advances (default: %(default)s)",
-    )  # fmt: skip
+    )
     replay.add_argument(
-        "--dry-run", action="store_true",
+        "--dry-run",
+        action="store_true",
         help="report what would be replayed; produce and commit nothing (default: off)",
-    )  # fmt: skip
+    )
     replay.add_argument(
-        "--max-records", type=_count(1), metavar="N",
-        help="stop after N records replayed and commit; the next run continues "
-        "(default: no limit)",
-    )  # fmt: skip
+        "--max-records",
+        type=_count(1),
+        metavar="N",
+        help="stop after N records replayed and commit; the next run continues (default: no limit)",
+    )
     replay.add_argument(
         "--quiet", action="store_true", help="no progress line on stderr (default: off)"
     )

@@ -48,8 +48,11 @@ class RetryPolicy:
                 on_retry(error)
                 log.warning(
                     "retrying in %.2fs (attempt %s of %s): %s",
-                    state.upcoming_sleep, state.attempt_number, self.attempts, error,
-                )  # fmt: skip
+                    state.upcoming_sleep,
+                    state.attempt_number,
+                    self.attempts,
+                    error,
+                )
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(TransientDeliveryError),

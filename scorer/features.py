@@ -73,11 +73,29 @@ NIGHT_HOURS = (0, 5)
 #: Settlement currency of each country the features know. A card's `currency` is its billing
 #: currency, so a country whose currency differs marks a cross-border transaction.
 COUNTRY_CURRENCY: dict[str, str] = {
-    "US": "USD", "CA": "CAD", "MX": "MXN", "BR": "BRL", "GB": "GBP", "IE": "EUR",
-    "FR": "EUR", "DE": "EUR", "ES": "EUR", "IT": "EUR", "NL": "EUR", "PL": "PLN",
-    "RO": "RON", "UA": "UAH", "RU": "RUB", "NG": "NGN", "IN": "INR", "CN": "CNY",
-    "JP": "JPY", "AU": "AUD", "ID": "IDR", "PH": "PHP",
-}  # fmt: skip
+    "US": "USD",
+    "CA": "CAD",
+    "MX": "MXN",
+    "BR": "BRL",
+    "GB": "GBP",
+    "IE": "EUR",
+    "FR": "EUR",
+    "DE": "EUR",
+    "ES": "EUR",
+    "IT": "EUR",
+    "NL": "EUR",
+    "PL": "PLN",
+    "RO": "RON",
+    "UA": "UAH",
+    "RU": "RUB",
+    "NG": "NGN",
+    "IN": "INR",
+    "CN": "CNY",
+    "JP": "JPY",
+    "AU": "AUD",
+    "ID": "IDR",
+    "PH": "PHP",
+}
 #: Merchant countries that card-fraud reports rank high for card-not-present fraud.
 HIGH_RISK_COUNTRIES: frozenset[str] = frozenset({"NG", "RU", "UA", "RO", "ID", "PH"})
 

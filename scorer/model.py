@@ -115,11 +115,16 @@ class OnnxScorer:
         log.info(
             "model loaded model_version=%s provider=%s nodes_on_device=%s/%s io_binding=%s "
             "cuda_graphs=%s buckets=%s cpu_threads=%s path=%s",
-            self._model_version, self.provider,
+            self._model_version,
+            self.provider,
             len(self.placement.nodes) - len(self.placement.fallback_nodes),
-            len(self.placement.nodes), self.io_binding, self.cuda_graphs,
-            ",".join(map(str, self.buckets)), cpu_threads, model_path,
-        )  # fmt: skip
+            len(self.placement.nodes),
+            self.io_binding,
+            self.cuda_graphs,
+            ",".join(map(str, self.buckets)),
+            cpu_threads,
+            model_path,
+        )
 
     @property
     def model_version(self) -> str:

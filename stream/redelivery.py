@@ -72,8 +72,13 @@ class Redelivery:
         (topic, partition), offset = position_of(output.source)
         log.warning(
             "output not delivered topic=%s partition=%s offset=%s output=%s code=%s: %s",
-            topic, partition, offset, output.kind, error.code, error,
-        )  # fmt: skip
+            topic,
+            partition,
+            offset,
+            output.kind,
+            error.code,
+            error,
+        )
         if output.kind == "dead_letter":
             self._metrics.record_dead_letter_produce_failure(error.code)
         self._failed.append((output, error))
@@ -112,8 +117,9 @@ class Redelivery:
                 log.error(
                     "outputs still not delivered after %s tries: fetching stops, nothing is "
                     "committed, retries go on every %.1fs",
-                    self._policy.attempts, self._policy.max_backoff_s,
-                )  # fmt: skip
+                    self._policy.attempts,
+                    self._policy.max_backoff_s,
+                )
             self._stalled.set()
             self._metrics.set_delivery_stalled(True)
             return False

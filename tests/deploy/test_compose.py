@@ -637,9 +637,13 @@ def test_the_compose_check_override_only_swaps_images() -> None:
 
 #: (sys_platform, platform_machine) of the hosts users install on.
 PLATFORMS = [
-    ("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "arm64"), ("darwin", "x86_64"),
-    ("win32", "AMD64"), ("win32", "ARM64"),
-]  # fmt: skip
+    ("linux", "x86_64"),
+    ("linux", "aarch64"),
+    ("darwin", "arm64"),
+    ("darwin", "x86_64"),
+    ("win32", "AMD64"),
+    ("win32", "ARM64"),
+]
 
 
 def runtime_requirements() -> list[Requirement]:

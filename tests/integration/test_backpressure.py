@@ -88,10 +88,17 @@ def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat
     topics = topics_factory(partitions=3)
     sent = backlog(topics.input, 10_000, seed=41)
     service = service_factory(
-        topics, "--model-path", str(slow_model(tmp_path / "slow.onnx")),
+        topics,
+        "--model-path",
+        str(slow_model(tmp_path / "slow.onnx")),
         # A hand-off deeper than the bound: the bound, not the hand-off, must stop fetching.
-        "--max-in-flight-records", "1500", "--max-batch-size", "250", "--handoff-batches", "10",
-    )  # fmt: skip
+        "--max-in-flight-records",
+        "1500",
+        "--max-batch-size",
+        "250",
+        "--handoff-batches",
+        "10",
+    )
     sampler = Sampler(service)
     sampler.start()
 
@@ -117,9 +124,15 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
     sent = backlog(topics.input, 20_000, seed=43)
     model = str(slow_model(tmp_path / "slow.onnx"))
     tight = (
-        "--model-path", model, "--max-in-flight-records", "600", "--max-batch-size", "100",
-        "--handoff-batches", "10",
-    )  # fmt: skip
+        "--model-path",
+        model,
+        "--max-in-flight-records",
+        "600",
+        "--max-batch-size",
+        "100",
+        "--handoff-batches",
+        "10",
+    )
     first = service_factory(topics, *tight, instance="first")
     first.wait_for_metric("fraud_paused_partitions", 4)  # paused when the other one joins
     second = service_factory(topics, *tight, instance="second")
@@ -215,12 +228,21 @@ def test_large_valid_records_are_bounded_by_bytes_not_only_by_count(
     produce(topics.input, [(b"k", encode({**r, "notes": padding})) for r in records])
     bound = 2 * 1_048_576
     service = service_factory(
-        topics, "--model-path", str(slow_model(tmp_path / "slow.onnx")),
-        "--max-in-flight-bytes", str(bound), "--max-batch-size", "16",
+        topics,
+        "--model-path",
+        str(slow_model(tmp_path / "slow.onnx")),
+        "--max-in-flight-bytes",
+        str(bound),
+        "--max-batch-size",
+        "16",
         # librdkafka's own pre-fetch is bounded separately; keep it small here.
-        "-X", "queued.max.messages.kbytes=1024", "-X", "fetch.max.bytes=1048576",
-        "-X", "max.partition.fetch.bytes=1048576",
-    )  # fmt: skip
+        "-X",
+        "queued.max.messages.kbytes=1024",
+        "-X",
+        "fetch.max.bytes=1048576",
+        "-X",
+        "max.partition.fetch.bytes=1048576",
+    )
     peak_bytes, decided_count = 0.0, 0.0
     deadline = time.monotonic() + 120
     while decided_count < len(records):

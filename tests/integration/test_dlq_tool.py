@@ -121,10 +121,12 @@ def test_inspect_filters_by_reason_error_time_topic_and_offsets(topics_factory):
         (["--since", "2000", "--until", "5000"], {"decode": 2, "validate": 1}),
         (["--since", "1970-01-01T00:00:06Z"], {"score": 2}),
         (["--until", "1970-01-01T01:00:02+01:00"], {"decode": 1}),
-        (["--partition", "0", "--from-offset", "2", "--to-offset", "3"],
-         {"decode": 1, "validate": 1}),
+        (
+            ["--partition", "0", "--from-offset", "2", "--to-offset", "3"],
+            {"decode": 1, "validate": 1},
+        ),
         (["--partition", "1", "--reason", "decode"], {}),
-    ]  # fmt: skip
+    ]
     for filters, by_reason in cases:
         report = dlq_json(topics.dlq, "inspect", "--show", "10", *filters)
         total = sum(by_reason.values())
@@ -135,9 +137,17 @@ def test_inspect_filters_by_reason_error_time_topic_and_offsets(topics_factory):
     assert (window["first_failed_at"], window["last_failed_at"]) == (2_000, 4_000)
     assert window["skipped_by_filter"] == 4
     offsets = dlq_json(
-        topics.dlq, "inspect", "--show", "10", "--partition", "0", "--from-offset", "2",
-        "--to-offset", "3",
-    )  # fmt: skip
+        topics.dlq,
+        "inspect",
+        "--show",
+        "10",
+        "--partition",
+        "0",
+        "--from-offset",
+        "2",
+        "--to-offset",
+        "3",
+    )
     assert [(r["partition"], r["offset"]) for r in offsets["records"]] == [(0, 2), (0, 3)]
     assert offsets["records"][0]["headers"]["dlq.original.offset"] == "2"
 
@@ -180,8 +190,10 @@ def test_dry_run_produces_and_commits_nothing(topics_factory):
 
     assert summary["dry_run"] is True
     assert (summary["selected"], summary["replayed"], summary["to_topics"]) == (
-        6, 0, {topics.input: 6}
-    )  # fmt: skip
+        6,
+        0,
+        {topics.input: 6},
+    )
     assert end_offsets(topics.input, 2) == {0: 0, 1: 0}
     assert all(offset < 0 for offset in committed_offsets(group, topics.dlq, 2).values())
     # The real run after it still finds everything to do.
@@ -257,8 +269,9 @@ def test_value_dropped_dead_letter_is_skipped_and_counted(topics_factory):
     assert summary["selected"] == 3
     assert (summary["replayed"], summary["skipped_incomplete"]) == (2, 1)
     assert set(replayed_from(read_topic(topics.input, 2))) == {
-        f"{topics.dlq}/0/0", f"{topics.dlq}/0/2"
-    }  # fmt: skip
+        f"{topics.dlq}/0/0",
+        f"{topics.dlq}/0/2",
+    }
     assert committed_offsets(group, topics.dlq, 1) == {0: 3}
 
 

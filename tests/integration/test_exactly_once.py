@@ -39,9 +39,13 @@ def ids(messages: list[Message]) -> Counter[str]:
 def count_committed(topic: str) -> int:
     """Records of `topic` a read_committed consumer sees right now."""
     consumer = Consumer(
-        {"bootstrap.servers": BOOTSTRAP, "group.id": f"count-{time.monotonic_ns()}",
-         "auto.offset.reset": "earliest", "enable.auto.commit": False}
-    )  # fmt: skip
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "group.id": f"count-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     seen, idle_until = 0, time.monotonic() + 3
     try:
@@ -88,10 +92,18 @@ def test_a_zombie_replica_is_fenced_and_its_writes_never_visible(topics_factory,
     # Long transactions, so the zombie is frozen with thousands of outputs uncommitted; a
     # short session, so the group moves its partitions while it is frozen.
     settings = (
-        *EXACTLY_ONCE, "--transaction-ms", "4000", "--max-batch-size", "32",
-        "--max-in-flight-records", "400",
-        "-X", "session.timeout.ms=6000", "-X", "max.poll.interval.ms=6000",
-    )  # fmt: skip
+        *EXACTLY_ONCE,
+        "--transaction-ms",
+        "4000",
+        "--max-batch-size",
+        "32",
+        "--max-in-flight-records",
+        "400",
+        "-X",
+        "session.timeout.ms=6000",
+        "-X",
+        "max.poll.interval.ms=6000",
+    )
     zombie = service_factory(topics, *settings, instance="zombie")
     zombie.wait_for_metric('fraud_decisions_produced_total{decision="approve"}', 500)
     zombie.signal(signal.SIGSTOP)

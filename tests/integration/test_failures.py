@@ -123,9 +123,18 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
     )
     produce(topics.input, batch)
     service = service_factory(
-        missing, "--group-id", group, "--delivery-attempts", "2", "--retry-backoff-ms", "100",
-        "--retry-backoff-max-ms", "300", "-X", "message.timeout.ms=1500",
-    )  # fmt: skip
+        missing,
+        "--group-id",
+        group,
+        "--delivery-attempts",
+        "2",
+        "--retry-backoff-ms",
+        "100",
+        "--retry-backoff-max-ms",
+        "300",
+        "-X",
+        "message.timeout.ms=1500",
+    )
 
     wait_until(lambda: stalled(service), 60, "deliveries stalled")
     assert http_status(service.metrics_port, "/readyz") == 503
@@ -219,11 +228,26 @@ def test_the_consumer_keeps_its_group_while_outputs_are_retried(
     valid = TransactionSimulator(8, id_prefix="poll").generate(200).records
     produce(topics.input, [(b"bad", b"{broken")])
     service = service_factory(
-        missing, "--group-id", group, "--max-batch-size", "4", "--handoff-batches", "1",
-        "--delivery-attempts", "6", "--retry-backoff-ms", "100", "--retry-backoff-max-ms", "200",
-        "-X", "message.timeout.ms=2500", "-X", "session.timeout.ms=6000",
-        "-X", "max.poll.interval.ms=7000",
-    )  # fmt: skip
+        missing,
+        "--group-id",
+        group,
+        "--max-batch-size",
+        "4",
+        "--handoff-batches",
+        "1",
+        "--delivery-attempts",
+        "6",
+        "--retry-backoff-ms",
+        "100",
+        "--retry-backoff-max-ms",
+        "200",
+        "-X",
+        "message.timeout.ms=2500",
+        "-X",
+        "session.timeout.ms=6000",
+        "-X",
+        "max.poll.interval.ms=7000",
+    )
 
     # Records arrive while a retry round runs; the round lasts about 6 x 2.5 s, longer than
     # max.poll.interval.ms.

@@ -41,9 +41,12 @@ _ids = itertools.count()
 OUTCOMES: Counter[str] = Counter()
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
 json_values = st.recursive(
     json_scalars,
     lambda children: (
@@ -55,10 +58,24 @@ json_values = st.recursive(
 
 #: "valid" three times: hostile records are mixed into mostly valid traffic.
 KINDS = (
-    "valid", "valid", "valid", "extra_fields", "wrong_type", "out_of_range", "missing",
-    "duplicated", "huge_string", "nan", "truncated", "nested", "invalid_utf8", "empty", "null",
-    "tombstone", "random_bytes",
-)  # fmt: skip
+    "valid",
+    "valid",
+    "valid",
+    "extra_fields",
+    "wrong_type",
+    "out_of_range",
+    "missing",
+    "duplicated",
+    "huge_string",
+    "nan",
+    "truncated",
+    "nested",
+    "invalid_utf8",
+    "empty",
+    "null",
+    "tombstone",
+    "random_bytes",
+)
 
 
 @st.composite
@@ -87,11 +104,24 @@ def hostile_record(draw: st.DrawFn) -> tuple[str, bytes | None, str]:
             {**base, field: draw(json_values.filter(lambda v: type(v) is not type(base[field])))}
         )
     elif kind == "out_of_range":
-        field, value = draw(st.sampled_from([
-            ("amount", 0), ("amount", -3.5), ("amount", 1e7), ("mcc", 10_000), ("mcc", -1),
-            ("event_time", -1), ("currency", "usd"), ("country", "USA"), ("channel", "fax"),
-            ("event_time", 2**63), ("currency", "EUR\n"), ("country", "DE\n"),
-        ]))  # fmt: skip
+        field, value = draw(
+            st.sampled_from(
+                [
+                    ("amount", 0),
+                    ("amount", -3.5),
+                    ("amount", 1e7),
+                    ("mcc", 10_000),
+                    ("mcc", -1),
+                    ("event_time", -1),
+                    ("currency", "usd"),
+                    ("country", "USA"),
+                    ("channel", "fax"),
+                    ("event_time", 2**63),
+                    ("currency", "EUR\n"),
+                    ("country", "DE\n"),
+                ]
+            )
+        )
         raw = msgspec.json.encode({**base, field: value})
     elif kind == "missing":
         dropped = draw(

@@ -14,14 +14,25 @@ def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_
 
     result = run_tool(
         "loadgen.cli",
-        "--bootstrap-servers", BOOTSTRAP,
-        "--input-topic", topics.input,
-        "--output-topic", topics.output,
-        "--dlq-topic", topics.dlq,
-        "--rate", "400", "--duration", "3", "--bad-ratio", "0.05",
-        "--metrics-url", f"http://127.0.0.1:{service.metrics_port}/metrics",
-        "--json", "--quiet",
-    )  # fmt: skip
+        "--bootstrap-servers",
+        BOOTSTRAP,
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dlq-topic",
+        topics.dlq,
+        "--rate",
+        "400",
+        "--duration",
+        "3",
+        "--bad-ratio",
+        "0.05",
+        "--metrics-url",
+        f"http://127.0.0.1:{service.metrics_port}/metrics",
+        "--json",
+        "--quiet",
+    )
 
     assert result.returncode == 0, result.stderr + service.log()
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -41,9 +52,16 @@ def test_dlq_inspect_counts_dead_letters_by_reason(topics_factory, service_facto
     service.wait_for_metric('fraud_dead_letters_total{reason="decode"}', 2)
 
     result = run_tool(
-        "deadletter.cli", "--bootstrap-servers", BOOTSTRAP, "--dlq-topic", topics.dlq,
-        "inspect", "--json", "--show", "5",
-    )  # fmt: skip
+        "deadletter.cli",
+        "--bootstrap-servers",
+        BOOTSTRAP,
+        "--dlq-topic",
+        topics.dlq,
+        "inspect",
+        "--json",
+        "--show",
+        "5",
+    )
 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

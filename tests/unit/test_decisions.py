@@ -14,8 +14,13 @@ from scorer.decisions import Thresholds, classify, valid_scores
 def test_thresholds_split_scores_into_three_classes() -> None:
     scores = np.array([0.0, 0.49, 0.5, 0.79, 0.8, 1.0], np.float32)
     assert classify(scores, Thresholds(review=0.5, decline=0.8)) == [
-        "approve", "approve", "review", "review", "decline", "decline",
-    ]  # fmt: skip
+        "approve",
+        "approve",
+        "review",
+        "review",
+        "decline",
+        "decline",
+    ]
 
 
 def test_only_probabilities_are_valid_scores() -> None:
@@ -26,9 +31,15 @@ def test_only_probabilities_are_valid_scores() -> None:
 def test_decision_wire_format_has_every_contract_field() -> None:
     d = Decision("t", "c", 0.25, "approve", "m-1", False, 10, 20)
     assert msgspec.json.decode(encode_decision(d)) == {
-        "transaction_id": "t", "card_id": "c", "score": 0.25, "decision": "approve",
-        "model_version": "m-1", "degraded": False, "event_time": 10, "decided_at": 20,
-    }  # fmt: skip
+        "transaction_id": "t",
+        "card_id": "c",
+        "score": 0.25,
+        "decision": "approve",
+        "model_version": "m-1",
+        "degraded": False,
+        "event_time": 10,
+        "decided_at": 20,
+    }
 
 
 SOURCE = SourceRecord("transactions", 2, 41, 1000, b"card", b"{bad", [("trace-id", b"abc")])
@@ -36,9 +47,13 @@ SOURCE = SourceRecord("transactions", 2, 41, 1000, b"card", b"{bad", [("trace-id
 
 def test_dead_letter_keeps_original_headers_and_adds_the_contract_ones() -> None:
     headers = dead_letter_headers(
-        SOURCE, ValidationError("amount must be > 0"), reason="validate", attempts=1,
-        service="fraud-scorer/a", failed_at_ms=2000,
-    )  # fmt: skip
+        SOURCE,
+        ValidationError("amount must be > 0"),
+        reason="validate",
+        attempts=1,
+        service="fraud-scorer/a",
+        failed_at_ms=2000,
+    )
     as_text = {k: v.decode() for k, v in headers}
     assert headers[0] == ("trace-id", b"abc")
     assert as_text == {
@@ -62,10 +77,18 @@ def test_dead_letter_message_and_trace_are_bounded() -> None:
     except ScoreError as exc:
         error = exc
     source = SOURCE._replace(headers=[("dlq.reason", b"forged")])
-    headers = dict(dead_letter_headers(
-        source, error, reason="score", attempts=2, service="s", failed_at_ms=1,
-        model_version="m-1", with_stacktrace=True,
-    ))  # fmt: skip
+    headers = dict(
+        dead_letter_headers(
+            source,
+            error,
+            reason="score",
+            attempts=2,
+            service="s",
+            failed_at_ms=1,
+            model_version="m-1",
+            with_stacktrace=True,
+        )
+    )
     assert len(headers["dlq.message"].decode()) <= MAX_MESSAGE_CHARS
     assert headers["dlq.message"].decode().endswith("[truncated]")
     assert headers["dlq.model_version"] == b"m-1"

@@ -184,9 +184,15 @@ def test_replay_options_are_validated(kwargs, message):
 
 def test_replay_summary_reports_counts_as_json_and_text():
     summary = ReplaySummary(
-        "t.dlq", "g", dry_run=False, read=10, selected=6, skipped_by_filter=4,
-        skipped_incomplete=1, to_topics=Counter({"transactions": 5}),
-    )  # fmt: skip
+        "t.dlq",
+        "g",
+        dry_run=False,
+        read=10,
+        selected=6,
+        skipped_by_filter=4,
+        skipped_incomplete=1,
+        to_topics=Counter({"transactions": 5}),
+    )
     assert summary.as_dict() == {
         "topic": "t.dlq",
         "group": "g",

@@ -45,9 +45,18 @@ extra_fields = st.dictionaries(
     max_size=3,
 )
 TRANSACTION_FIELDS = {
-    "transaction_id", "card_id", "merchant_id", "terminal_id", "amount", "currency", "mcc",
-    "country", "channel", "card_present", "event_time",
-}  # fmt: skip
+    "transaction_id",
+    "card_id",
+    "merchant_id",
+    "terminal_id",
+    "amount",
+    "currency",
+    "mcc",
+    "country",
+    "channel",
+    "card_present",
+    "event_time",
+}
 
 
 @st.composite

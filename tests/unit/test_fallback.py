@@ -10,10 +10,17 @@ from scorer.features import TransactionColumns, build_features
 
 def columns(**overrides: list[object]) -> TransactionColumns:
     base: dict[str, list[object]] = {
-        "amount": [40.0], "currency": ["USD"], "mcc": [5411], "country": ["US"],
-        "channel": ["pos"], "card_present": [True], "event_time": [12 * 3_600_000],
-        "card_id": ["c-1"], "merchant_id": ["m-1"], "terminal_id": ["t-1"],
-    }  # fmt: skip
+        "amount": [40.0],
+        "currency": ["USD"],
+        "mcc": [5411],
+        "country": ["US"],
+        "channel": ["pos"],
+        "card_present": [True],
+        "event_time": [12 * 3_600_000],
+        "card_id": ["c-1"],
+        "merchant_id": ["m-1"],
+        "terminal_id": ["t-1"],
+    }
     base.update(overrides)
     return TransactionColumns(*(np.array(base[f]) for f in TransactionColumns._fields))
 
@@ -34,6 +41,12 @@ def test_card_testing_probe_is_flagged_for_review() -> None:
 
 
 def test_scores_stay_probabilities() -> None:
-    worst = columns(amount=[999_999.0], country=["RU"], channel=["ecom"], card_present=[False],
-                    currency=["USD"], event_time=[2 * 3_600_000])  # fmt: skip
+    worst = columns(
+        amount=[999_999.0],
+        country=["RU"],
+        channel=["ecom"],
+        card_present=[False],
+        currency=["USD"],
+        event_time=[2 * 3_600_000],
+    )
     assert 0.0 <= fallback_scores(build_features(worst))[0] <= 1.0

@@ -87,11 +87,14 @@ def test_retry_policy_never_retries_permanent_errors() -> None:
     assert calls == 1
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"attempts": 0}, "attempts"),
-    ({"initial_backoff_s": 0.0}, "backoffs"),
-    ({"initial_backoff_s": 2.0, "max_backoff_s": 1.0}, "backoffs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"attempts": 0}, "attempts"),
+        ({"initial_backoff_s": 0.0}, "backoffs"),
+        ({"initial_backoff_s": 2.0, "max_backoff_s": 1.0}, "backoffs"),
+    ],
+)
 def test_retry_policy_validates_its_bounds(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
