@@ -29,12 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -46,12 +41,19 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from bench.gpu_machine import (
+    GpuSampler,
+    describe_hardware,
+    describe_software,
+    process_gpu_memory_mib,
+)
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.runtime import CUDA, GPU_PROVIDERS, Device
+from stream.config import SHIPPED_MODEL_PATH
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO / "scorer" / "models" / "fraud-mlp.onnx"
+DEFAULT_MODEL = SHIPPED_MODEL_PATH
 #: 1, 2, 4, …, 4,096 rows per call.
 DEFAULT_SIZES = tuple(1 << exponent for exponent in range(13))
 #: Batch size of the saturation run: the service's default `FRAUD_MAX_BATCH_SIZE`.
@@ -61,7 +63,6 @@ MIN_CALLS = 100
 #: Untimed calls before each case: the first calls of a new shape allocate.
 WARM_CALLS = 10
 #: nvidia-smi sampling period during the saturation run.
-SAMPLE_INTERVAL_MS = 200
 _NS_PER_US = 1_000
 _SECONDS_PER_HOUR = 3_600
 _MILLION = 1_000_000
@@ -285,93 +286,6 @@ def saturate(args: argparse.Namespace, device: Device) -> dict[str, Any]:
         "process_gpu_memory_mib": process_memory_mib,
         "samples": len(samples),
     }
-
-
-class GpuSampler:
-    """nvidia-smi printing utilisation (%) and memory used (MiB) every SAMPLE_INTERVAL_MS."""
-
-    def __init__(self, device_id: int) -> None:
-        self._process = subprocess.Popen(
-            [
-                "nvidia-smi",
-                f"--id={device_id}",
-                "--query-gpu=utilization.gpu,memory.used",
-                "--format=csv,noheader,nounits",
-                f"--loop-ms={SAMPLE_INTERVAL_MS}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-
-    def stop(self) -> list[tuple[float, float]]:
-        self._process.terminate()
-        output, _ = self._process.communicate()
-        samples = []
-        for line in output.splitlines():
-            fields = [field.strip() for field in line.split(",")]
-            if len(fields) == 2 and all(re.fullmatch(r"\d+(\.\d+)?", f) for f in fields):
-                samples.append((float(fields[0]), float(fields[1])))
-        return samples
-
-
-def process_gpu_memory_mib() -> float | None:
-    """GPU memory this process holds, from nvidia-smi's list of compute processes."""
-    output = run_text(
-        "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"
-    )
-    for line in (output or "").splitlines():
-        pid, _, used = line.partition(",")
-        if pid.strip() == str(os.getpid()):
-            return float(used)
-    return None
-
-
-def describe_hardware(device_id: int) -> dict[str, Any]:
-    smi = run_text("nvidia-smi")
-    cuda = re.search(r"CUDA Version:\s*([\d.]+)", smi or "")
-    gpu = run_text(
-        "nvidia-smi",
-        f"--id={device_id}",
-        "--query-gpu=name,driver_version,memory.total,pci.bus_id",
-        "--format=csv,noheader",
-    )
-    return {
-        "gpus": (run_text("nvidia-smi", "-L") or "").splitlines(),
-        "gpu_measured": gpu.strip() if gpu else None,
-        "driver_cuda_version": cuda.group(1) if cuda else None,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(),
-    }
-
-
-def describe_software() -> dict[str, Any]:
-    return {
-        "python": sys.version.split()[0],
-        "onnxruntime": ort.__version__,
-        "onnxruntime_cuda_build": getattr(ort, "cuda_version", None),
-        "onnxruntime_providers": ort.get_available_providers(),
-        "numpy": np.__version__,
-    }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def run_text(*command: str) -> str | None:
-    """A command's standard output, or None when it is missing or fails."""
-    if shutil.which(command[0]) is None:
-        return None
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    return result.stdout if result.returncode == 0 else None
 
 
 def percentile(values: list[int], fraction: float) -> float:

@@ -30,7 +30,6 @@ with a handful of vectorised numpy passes. Responsibilities and decisions:
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from typing import TypeVar
@@ -38,93 +37,58 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from scorer.card_record import (
+    CARD_TESTING_WINDOW_MS,
+    COL_AVG,
+    COL_COUNTRIES,
+    COL_MERCHANTS,
+    COL_SINCE,
+    COL_TESTING,
+    COL_TO_MEAN,
+    COL_TX,
+    COL_ZSCORE,
+    HISTORY_FEATURE_NAMES,
+    INITIAL_CAPACITY,
+    LONGEST_WINDOW_MS,
+    MAX_ZSCORE,
+    MIN_HISTORY,
+    MS_PER_DAY,
+    MS_PER_HOUR,
+    MS_PER_MINUTE,
+    NUM_HISTORY_FEATURES,
+    NUM_SUMS,
+    RECENT_MS,
+    RING_SIZE,
+    STATE_BYTES,
+    STATE_DTYPE,
+    STATE_VERSION,
+    STD_FLOOR,
+    STD_FLOOR_SHARE,
+    SUM_AMOUNT,
+    SUM_COUNT,
+    SUM_SQUARES,
+    SUM_TESTING_COUNT,
+    SUM_WINDOW,
+    WINDOWS,
+    WINDOWS_MS,
+    Floats,
+    distinct_counts,
+    merchant_hashes,
+    validate_scale,
+)
 from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
 
-MS_PER_MINUTE = 60_000
-MS_PER_HOUR = 60 * MS_PER_MINUTE
-MS_PER_DAY = 24 * MS_PER_HOUR
-#: Count and amount windows, in event-time milliseconds (before `time_scale`).
-WINDOWS_MS: tuple[int, ...] = (MS_PER_HOUR, MS_PER_DAY, 7 * MS_PER_DAY, 30 * MS_PER_DAY)
-WINDOW_NAMES: tuple[str, ...] = ("1h", "1d", "7d", "30d")
-LONGEST_WINDOW_MS = max(WINDOWS_MS)
-#: Card testing: small e-commerce amounts within the last few minutes.
-CARD_TESTING_WINDOW_MS = 10 * MS_PER_MINUTE
-#: Distinct merchants and countries are counted over this window …
-RECENT_MS = MS_PER_DAY
-#: … among this many last transactions of the card.
-RING_SIZE = 8
-
-HISTORY_FEATURE_NAMES: tuple[str, ...] = (
-    *(f"card_tx_{name}" for name in WINDOW_NAMES),
-    *(f"card_avg_amount_{name}" for name in WINDOW_NAMES),
-    "card_amount_to_mean",
-    "card_amount_zscore",
-    "card_since_previous",
-    "card_distinct_merchants_1d",
-    "card_distinct_countries_1d",
-    "card_testing_velocity",
-)
-NUM_HISTORY_FEATURES = len(HISTORY_FEATURE_NAMES)
-_TX, _AVG = 0, len(WINDOWS_MS)
-_TO_MEAN, _ZSCORE, _SINCE, _MERCHANTS, _COUNTRIES, _TESTING = range(
-    2 * len(WINDOWS_MS), NUM_HISTORY_FEATURES
-)
-#: The z-score is clipped to ±this; beyond it, "far off the card's habits" is all it says.
-MAX_ZSCORE = 20.0
-#: Spread floor of the z-score: a card with one or two alike amounts has no usable spread.
-_STD_FLOOR_SHARE, _STD_FLOOR = 0.05, 0.5
-#: Below this decayed 30-day count the card has no mean to compare an amount with.
-_MIN_HISTORY = 1e-3
-
-#: One card's state as serialized, little-endian and packed, so its bytes are the same on every
-#: platform. In memory the same fields live in a few column arrays.
-STATE_DTYPE = np.dtype(
-    [
-        ("last_ms", "<i8"),  # event time of the newest applied transaction; -1: none
-        ("offset", "<i8"),  # highest input offset applied; -1: none
-        # Decayed counts per window, then of card testing; decayed amount sums per window; the
-        # decayed sum of squared amounts over the longest window.
-        ("sums", "<f4", (2 * len(WINDOWS_MS) + 2,)),
-        ("ring_minute", "<u4", (RING_SIZE,)),  # event minute + 1 of the last transactions; 0: none
-        ("ring_merchant", "<u4", (RING_SIZE,)),  # hashes of their merchant ids
-        ("ring_country", "<u2", (RING_SIZE,)),  # their countries, 0 … 26**2 - 1
-        ("ring_next", "u1"),  # slot the next transaction takes
-    ]
-)
-#: First byte of a serialized state; a reader refuses any other.
-STATE_VERSION = 1
-STATE_BYTES = 1 + STATE_DTYPE.itemsize
-_WINDOWS = len(WINDOWS_MS)
-_COUNT, _TESTING_COUNT, _AMOUNT, _SQUARES = 0, _WINDOWS, _WINDOWS + 1, 2 * _WINDOWS + 1
-_NUM_SUMS = 2 * _WINDOWS + 2
-#: The decay (by window, the last being card testing's) that applies to each of the sums.
-_SUM_WINDOW = np.array([*range(_WINDOWS), _WINDOWS, *range(_WINDOWS), _WINDOWS - 1])
-_INITIAL_CAPACITY = 1024
-#: Polynomial hash of merchant ids over their code points (stable across processes).
-_HASH_BASE = np.uint32(1_000_003)
-
-_Floats = npt.NDArray[np.float64]
+__all__ = [
+    "HISTORY_FEATURE_NAMES",
+    "MS_PER_DAY",
+    "MS_PER_HOUR",
+    "NUM_HISTORY_FEATURES",
+    "STATE_BYTES",
+    "STATE_DTYPE",
+    "CardHistory",
+    "neutral_history",
+]
 _T = TypeVar("_T", bound=np.generic)
-
-
-def _validate_scale(time_scale: float) -> float:
-    if isinstance(time_scale, bool) or not isinstance(time_scale, int | float):
-        raise TypeError(f"time_scale must be a number, got {time_scale!r}")
-    if not (math.isfinite(time_scale) and time_scale > 0):
-        raise ValueError(f"time_scale must be a positive finite number, got {time_scale!r}")
-    return float(time_scale)
-
-
-def merchant_hashes(merchant_ids: Sequence[str]) -> npt.NDArray[np.uint32]:
-    """A 32-bit hash of each merchant id, the same in every process (unlike hash())."""
-    codes = np.array(merchant_ids, dtype=np.str_)
-    width = codes.dtype.itemsize // 4
-    if len(codes) == 0 or width == 0:
-        return np.zeros(len(codes), np.uint32)
-    points = codes.view(np.uint32).reshape(len(codes), width)
-    powers = _HASH_BASE ** np.arange(width, dtype=np.uint32)  # wraps modulo 2**32
-    hashed: npt.NDArray[np.uint32] = (points * powers).sum(axis=1, dtype=np.uint32)
-    return hashed
 
 
 class CardHistory:
@@ -137,14 +101,14 @@ class CardHistory:
         """`time_scale` > 1 compresses time (a demo whose simulated day lasts 86,400 /
         time_scale s of event time): every window and the eviction horizon shrink by it, so
         features keep the meaning the model was trained on."""
-        scale = _validate_scale(time_scale)
+        scale = validate_scale(time_scale)
         windows_ms = np.array([*WINDOWS_MS, CARD_TESTING_WINDOW_MS], np.float64) / scale
         self._inverse_windows = 1.0 / windows_ms
         self._recent_minutes = RECENT_MS / MS_PER_MINUTE / scale
         self._longest_ms = LONGEST_WINDOW_MS / scale
-        capacity = _INITIAL_CAPACITY
+        capacity = INITIAL_CAPACITY
         self._times = np.full((capacity, 2), -1, np.int64)  # last_ms, offset
-        self._sums = np.zeros((capacity, _NUM_SUMS), np.float32)
+        self._sums = np.zeros((capacity, NUM_SUMS), np.float32)
         self._ring_minute = np.zeros((capacity, RING_SIZE), np.uint32)
         self._ring_merchant = np.zeros((capacity, RING_SIZE), np.uint32)
         self._ring_country = np.zeros((capacity, RING_SIZE), np.uint16)
@@ -218,7 +182,7 @@ class CardHistory:
         t: npt.NDArray[np.int64],
         apply: npt.NDArray[np.bool_],
         offset: npt.NDArray[np.int64],
-        amount: _Floats,
+        amount: Floats,
         small_ecom: npt.NDArray[np.bool_],
         merchant: npt.NDArray[np.uint32],
         country: npt.NDArray[np.uint16],
@@ -230,23 +194,23 @@ class CardHistory:
         has_prev = last >= 0
         elapsed_ms = np.where(has_prev, np.maximum(t - last, 0), 0).astype(np.float64)
         decay = np.exp(-elapsed_ms[:, None] * self._inverse_windows[None, :])
-        sums = self._sums[rows].astype(np.float64) * decay[:, _SUM_WINDOW]
+        sums = self._sums[rows].astype(np.float64) * decay[:, SUM_WINDOW]
 
         # The amount against the card's history before this transaction.
-        history = sums[:, _COUNT + _WINDOWS - 1]
-        known = history > _MIN_HISTORY
+        history = sums[:, SUM_COUNT + WINDOWS - 1]
+        known = history > MIN_HISTORY
         safe_history = np.where(known, history, 1.0)
-        mean = np.where(known, sums[:, _AMOUNT + _WINDOWS - 1] / safe_history, 0.0)
-        variance = np.maximum(sums[:, _SQUARES] / safe_history - mean * mean, 0.0)
-        std = np.sqrt(variance) + _STD_FLOOR_SHARE * mean + _STD_FLOOR
+        mean = np.where(known, sums[:, SUM_AMOUNT + WINDOWS - 1] / safe_history, 0.0)
+        variance = np.maximum(sums[:, SUM_SQUARES] / safe_history - mean * mean, 0.0)
+        std = np.sqrt(variance) + STD_FLOOR_SHARE * mean + STD_FLOOR
         to_mean = np.where(known, np.log1p(amount) - np.log1p(mean), 0.0)
         zscore = np.where(known, np.clip((amount - mean) / std, -MAX_ZSCORE, MAX_ZSCORE), 0.0)
 
-        added = np.empty((n, _NUM_SUMS), np.float64)
-        added[:, _COUNT:_TESTING_COUNT] = 1.0
-        added[:, _TESTING_COUNT] = small_ecom
-        added[:, _AMOUNT:_SQUARES] = amount[:, None]
-        added[:, _SQUARES] = amount * amount
+        added = np.empty((n, NUM_SUMS), np.float64)
+        added[:, SUM_COUNT:SUM_TESTING_COUNT] = 1.0
+        added[:, SUM_TESTING_COUNT] = small_ecom
+        added[:, SUM_AMOUNT:SUM_SQUARES] = amount[:, None]
+        added[:, SUM_SQUARES] = amount * amount
         sums += added * apply[:, None]
         minute = (t // MS_PER_MINUTE).astype(np.uint32) + np.uint32(1)
         ring_minute = self._ring_minute[rows]
@@ -260,19 +224,19 @@ class CardHistory:
         ring_country[at] = country[applied]
 
         features = np.empty((n, NUM_HISTORY_FEATURES), np.float64)
-        counts = sums[:, _COUNT:_TESTING_COUNT]
-        features[:, _TX:_AVG] = np.log1p(counts)
-        average = sums[:, _AMOUNT:_SQUARES] / np.maximum(counts, _MIN_HISTORY)
-        features[:, _AVG:_TO_MEAN] = np.log1p(np.where(counts > 0, average, 0.0))
-        features[:, _TO_MEAN] = to_mean
-        features[:, _ZSCORE] = zscore
+        counts = sums[:, SUM_COUNT:SUM_TESTING_COUNT]
+        features[:, COL_TX:COL_AVG] = np.log1p(counts)
+        average = sums[:, SUM_AMOUNT:SUM_SQUARES] / np.maximum(counts, MIN_HISTORY)
+        features[:, COL_AVG:COL_TO_MEAN] = np.log1p(np.where(counts > 0, average, 0.0))
+        features[:, COL_TO_MEAN] = to_mean
+        features[:, COL_ZSCORE] = zscore
         since_ms = np.where(has_prev, np.minimum(elapsed_ms, self._longest_ms), self._longest_ms)
-        features[:, _SINCE] = np.log1p(since_ms / 1000.0)
+        features[:, COL_SINCE] = np.log1p(since_ms / 1000.0)
         age = minute.astype(np.int64)[:, None] - ring_minute
         recent = (ring_minute > 0) & (age <= self._recent_minutes)
-        features[:, _MERCHANTS] = _distinct(ring_merchant, recent)
-        features[:, _COUNTRIES] = _distinct(ring_country, recent)
-        features[:, _TESTING] = np.log1p(sums[:, _TESTING_COUNT])
+        features[:, COL_MERCHANTS] = distinct_counts(ring_merchant, recent)
+        features[:, COL_COUNTRIES] = distinct_counts(ring_country, recent)
+        features[:, COL_TESTING] = np.log1p(sums[:, SUM_TESTING_COUNT])
 
         if len(applied):
             target = rows[applied]
@@ -429,16 +393,6 @@ class CardHistory:
             + sys.getsizeof(self._free)
             + self._key_bytes
         )
-
-
-def _distinct(values: npt.NDArray[np.integer], valid: npt.NDArray[np.bool_]) -> _Floats:
-    """Per row, how many distinct values among the valid entries of `values` [B, R]."""
-    # Invalid entries get distinct negative stand-ins, sort, count the changes.
-    keyed = np.where(valid, values.astype(np.int64), -1 - np.arange(values.shape[1]))
-    keyed.sort(axis=1)
-    changes = (keyed[:, 1:] != keyed[:, :-1]).sum(axis=1) + 1
-    result: _Floats = (changes - (~valid).sum(axis=1)).astype(np.float64)
-    return result
 
 
 def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
