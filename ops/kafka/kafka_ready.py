@@ -9,8 +9,9 @@ a client uses) it first does what the client's settings say: TLS verified agains
 `ssl.ca.location` (`security.protocol=SSL` or `SASL_SSL`), then SASL (`sasl.mechanisms`
 SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN, with `sasl.username` and `sasl.password`). So "ready"
 on a secured broker means that the certificate verifies, the user authenticates and the metadata
-lists the broker. A failed certificate check or a rejected password is final: it exits 1 at
-once, with the broker's reason, instead of waiting for the timeout.
+lists the broker. A rejected certificate or password is retried like any other "not yet" (a
+broker's SCRAM users come from its metadata log, not from its configuration, so a refusal need
+not be final while it starts); the line printed at the timeout gives the last reason.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 
 
 class AuthenticationError(Exception):
-    """The broker answered and said no (certificate or credentials): waiting will not help."""
+    """The broker answered and said no: to the certificate or to the credentials."""
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -204,10 +205,10 @@ def main() -> int:
             if broker_count(host, int(port), 2.0, settings) > 0:
                 return 0
             last_error = "metadata lists no broker yet"
-        except (AuthenticationError, ValueError) as exc:
-            print(f"kafka at {args.bootstrap} refused us: {exc}", file=sys.stderr)
-            return 1
-        except (OSError, ConnectionError, struct.error) as exc:
+        except ValueError as exc:
+            print(f"kafka_ready: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, ConnectionError, struct.error, AuthenticationError) as exc:
             last_error = str(exc) or type(exc).__name__
         time.sleep(RETRY_INTERVAL_S)
     print(
