@@ -1,0 +1,74 @@
+"""The service principal's ACL set (ops/kafka/acls.py): exactly what the service needs."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import (
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from ops.kafka.acls import ServiceAcls
+
+TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
+
+
+def test_the_default_set_is_the_services_resources_and_operations() -> None:
+    bindings = ServiceAcls().bindings()
+    assert sorted(
+        (b.restype.name, b.name, b.resource_pattern_type.name, b.operation.name) for b in bindings
+    ) == sorted(
+        (kind.name, name, pattern.name, operation.name)
+        for kind, name, pattern, operation in [
+            (TOPIC, "transactions", LITERAL, READ),
+            (TOPIC, "transactions", LITERAL, DESCRIBE),
+            (TOPIC, "labels", LITERAL, READ),
+            (TOPIC, "labels", LITERAL, DESCRIBE),
+            (TOPIC, "decisions", LITERAL, WRITE),
+            (TOPIC, "decisions", LITERAL, DESCRIBE),
+            (TOPIC, "transactions.dlq", LITERAL, WRITE),
+            (TOPIC, "transactions.dlq", LITERAL, DESCRIBE),
+            (TOPIC, "fraud-scorer-", PREFIXED, READ),
+            (TOPIC, "fraud-scorer-", PREFIXED, WRITE),
+            (TOPIC, "fraud-scorer-", PREFIXED, DESCRIBE),
+            (GROUP, "fraud-scorer", LITERAL, READ),
+            (TXN, "fraud-scorer", PREFIXED, WRITE),
+            (TXN, "fraud-scorer", PREFIXED, DESCRIBE),
+        ]
+    )
+    assert {(b.principal, b.host, b.permission_type) for b in bindings} == {
+        ("User:fraud-scorer", "*", AclPermissionType.ALLOW)
+    }
+
+
+def test_nothing_on_the_cluster_and_no_create_delete_or_alter() -> None:
+    bindings = ServiceAcls().bindings()
+    assert {b.restype for b in bindings} == {TOPIC, GROUP, TXN}
+    assert {b.operation for b in bindings} == {READ, WRITE, DESCRIBE}
+
+
+def test_resources_follow_the_settings() -> None:
+    spec = ServiceAcls(
+        principal="svc",
+        input_topics=("in",),
+        output_topics=("out", "out.dlq"),
+        group="g1",
+        transactional_id_prefix="tx1",
+    )
+    names = {(b.restype, b.name, b.resource_pattern_type) for b in spec.bindings()}
+    assert names == {
+        (TOPIC, "in", LITERAL),
+        (TOPIC, "out", LITERAL),
+        (TOPIC, "out.dlq", LITERAL),
+        (TOPIC, "g1-", PREFIXED),
+        (GROUP, "g1", LITERAL),
+        (TXN, "tx1", PREFIXED),
+    }
+    assert {b.principal for b in spec.bindings()} == {"User:svc"}
+    custom = ServiceAcls(group="g1", changelog_prefix="state.g1.")
+    assert (TOPIC, "state.g1.", PREFIXED) in {
+        (b.restype, b.name, b.resource_pattern_type) for b in custom.bindings()
+    }
