@@ -24,7 +24,7 @@ from confluent_kafka import Message
 from bench.decide import MAX_BATCH_SIZE, Decider
 from contracts.kafka_settings import parse_kafka_options
 from stream.config import ServiceConfig
-from stream.kafka_clients import create_consumer, create_producer
+from stream.kafka_clients import ClientErrors, create_consumer, create_producer
 
 #: How long one consume() blocks at most: bounds how late a stop request is noticed.
 POLL_TIMEOUT_S = 0.1
@@ -52,8 +52,9 @@ MODES: dict[str, Callable[[], Transform]] = {
 def run(config: ServiceConfig, transform: Transform, stop: threading.Event) -> None:
     """Consume the input topic in batches of the service's cap and produce one output per
     record until `stop` is set."""
-    consumer = create_consumer(config, lambda _stats: None)
-    producer = create_producer(config)
+    errors = ClientErrors()
+    consumer = create_consumer(config, lambda _stats: None, errors)
+    producer = create_producer(config, errors)
     consumer.subscribe([config.input_topic])
     try:
         while not stop.is_set():

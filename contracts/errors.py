@@ -6,6 +6,8 @@
     │   ├── DecodeError            not UTF-8 JSON                           dlq.reason = "decode"
     │   ├── ValidationError        JSON that breaks the transaction contract dlq.reason = "validate"
     │   └── ScoreError             the model fails on this record           dlq.reason = "score"
+    ├── ClientFailure              a Kafka client cannot go on (authentication refused): the
+    │                              replica stops with one line, for its operator to fix
     ├── DeliveryError              the broker did not acknowledge an output  dlq.reason = "produce"
     │   ├── RecordRejectedError    permanent for this record (too large, invalid): dead-lettered
     │   └── TransientDeliveryError infrastructure (broker down, timeouts, missing or forbidden
@@ -50,6 +52,10 @@ class ScoreError(RecordError):
     """The model raised, or returned a score that is not a probability, for this record."""
 
     reason = "score"
+
+
+class ClientFailure(FraudScorerError):
+    """A Kafka client cannot go on (e.g. the broker refuses the credentials)."""
 
 
 class DeliveryError(FraudScorerError):

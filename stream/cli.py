@@ -12,12 +12,13 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.errors import ConfigurationError
+from contracts.errors import ClientFailure, ConfigurationError
 from contracts.kafka_settings import parse_kafka_options
 from scorer.model import OnnxScorer
 from stream.config import ServiceConfig, settings
 from stream.health import HealthServer, HealthState
 from stream.kafka_clients import (
+    ClientErrors,
     create_consumer,
     create_producer,
     delivery_timeout_s,
@@ -131,15 +132,16 @@ def run_service(config: ServiceConfig) -> int:
             ) from exc
         server.start()
 
+    errors = ClientErrors()
     if config.card_history == "on":
-        ensure_changelog(config)
+        ensure_changelog(config, errors)
     lag = LagMonitor(config.input_topic, metrics)
-    producer = create_producer(config)
+    producer = create_producer(config, errors)
     service = ScoringService(
         config,
         build_collaborators(
             config,
-            create_consumer(config, lag.on_statistics),
+            create_consumer(config, lag.on_statistics, errors),
             producer,
             scorer,
             health,
@@ -147,7 +149,8 @@ def run_service(config: ServiceConfig) -> int:
             metrics,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
-            kafka=reader_settings(config),
+            kafka=reader_settings(config, errors),
+            client_errors=errors,
         ),
     )
 
@@ -184,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    except ClientFailure as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_FAILURE
     except KafkaException as exc:
         # A fatal client error (e.g. an idempotent producer fenced): what was delivered is
         # committed, the rest is re-read after a restart.

@@ -12,6 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
+from contracts.errors import ClientFailure
 from stream.config import ServiceConfig
 from stream.lag import STATISTICS_INTERVAL_MS
 
@@ -65,16 +66,42 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _log_client_error(error: KafkaError) -> None:
-    log.error("kafka client error code=%s fatal=%s: %s", error.name(), error.fatal(), error.str())
+#: Errors after which a client cannot do anything useful: retrying only repeats them.
+CLIENT_FAILURES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 
 
-def _settings(config: ServiceConfig, defaults: dict[str, Any]) -> dict[str, Any]:
+class ClientErrors:
+    """The error callback of every client of a replica: logs each error, and keeps the first
+    one the replica cannot go on after (the service loop stops on it: `raise_if_failed`)."""
+
+    def __init__(self) -> None:
+        self._failure: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        log.error(
+            "kafka client error code=%s fatal=%s: %s", error.name(), error.fatal(), error.str()
+        )
+        if error.code() in CLIENT_FAILURES and self._failure is None:
+            self._failure = error
+
+    def raise_if_failed(self) -> None:
+        """Raise ClientFailure, naming what to check, once a client failed for good."""
+        error = self._failure
+        if error is not None:
+            raise ClientFailure(
+                f"Kafka authentication failed ({error.str()}): check sasl.username and "
+                "sasl.password (FRAUD_KAFKA_CONFIG_FILE) and the SASL mechanism"
+            )
+
+
+def _settings(
+    config: ServiceConfig, defaults: dict[str, Any], errors: ClientErrors
+) -> dict[str, Any]:
     return {
         **defaults,
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": f"{config.group_id}-{config.instance_id}",
-        "error_cb": _log_client_error,
+        "error_cb": errors,
         # librdkafka's own log lines go through Python logging, not straight to stderr.
         "logger": logging.getLogger("librdkafka"),
         **config.kafka_settings(),
@@ -98,33 +125,35 @@ EXACTLY_ONCE_PRODUCER: dict[str, Any] = {
 }
 
 
-def create_consumer(config: ServiceConfig, on_statistics: Callable[[str], None]) -> Consumer:
+def create_consumer(
+    config: ServiceConfig, on_statistics: Callable[[str], None], errors: ClientErrors
+) -> Consumer:
     """The consumer of the input topic, in the service's consumer group."""
     defaults = {**CONSUMER_DEFAULTS, **(EXACTLY_ONCE_CONSUMER if config.exactly_once else {})}
     return Consumer(
         {
-            **_settings(config, defaults),
+            **_settings(config, defaults, errors),
             "group.id": config.group_id,
             "stats_cb": on_statistics,
         }
     )
 
 
-def create_producer(config: ServiceConfig) -> Producer:
+def create_producer(config: ServiceConfig, errors: ClientErrors) -> Producer:
     """The producer of decisions and dead letters (transactional in exactly-once mode)."""
     if not config.exactly_once:
-        return Producer(_settings(config, PRODUCER_DEFAULTS))
-    settings = _settings(config, {**PRODUCER_DEFAULTS, **EXACTLY_ONCE_PRODUCER})
+        return Producer(_settings(config, PRODUCER_DEFAULTS, errors))
+    settings = _settings(config, {**PRODUCER_DEFAULTS, **EXACTLY_ONCE_PRODUCER}, errors)
     return Producer({**settings, "transactional.id": config.producer_transactional_id})
 
 
-def reader_settings(config: ServiceConfig) -> dict[str, Any]:
+def reader_settings(config: ServiceConfig, errors: ClientErrors) -> dict[str, Any]:
     """Settings of the replica's plain readers (card state restore, terminal-risk table):
     connection and security, none of the service consumer's tuning."""
     return {
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": f"{config.group_id}-{config.instance_id}-reader",
-        "error_cb": _log_client_error,
+        "error_cb": errors,
         "logger": logging.getLogger("librdkafka"),
         **config.kafka_settings(),
     }
@@ -132,11 +161,11 @@ def reader_settings(config: ServiceConfig) -> dict[str, Any]:
 
 def delivery_timeout_s(config: ServiceConfig) -> float:
     """How long librdkafka tries one output before reporting it failed."""
-    settings = _settings(config, PRODUCER_DEFAULTS)
+    settings = _settings(config, PRODUCER_DEFAULTS, ClientErrors())
     return float(settings["message.timeout.ms"]) / 1000.0
 
 
 def max_message_bytes(config: ServiceConfig) -> int:
     """The largest record the producer sends (librdkafka's `message.max.bytes`)."""
-    settings = _settings(config, PRODUCER_DEFAULTS)
+    settings = _settings(config, PRODUCER_DEFAULTS, ClientErrors())
     return int(settings.get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))

@@ -43,6 +43,10 @@ IDLE_POLL_S = 0.1
 #: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
 #: scoring thread is stuck, and the group must not evict this replica for silence.
 HANDOFF_WAIT_MAX_S = 1.0
+#: Consume errors that mean an ACL is missing: the replica reports unready until records flow.
+ACCESS_DENIED = frozenset(
+    {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED}
+)
 #: How long a rewind waits for the committed offsets.
 REWIND_TIMEOUT_S = 30.0
 
@@ -67,6 +71,9 @@ class ScoringService:
         self._transactions = parts.transactions
         self._card_state = parts.card_state
         self._terminals = parts.terminals
+        self._client_errors = parts.client_errors
+        #: Why the broker refuses to let this replica consume (an ACL), while it does.
+        self._access_denied: str | None = None
         self._commits: Commits = (
             StoredOffsets(parts.consumer, parts.tracker)
             if parts.transactions is None
@@ -130,14 +137,8 @@ class ScoringService:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        log.info(
-            "consuming topic=%s group=%s max_batch_size=%s max_wait_ms=%s max_in_flight=%s",
-            self._config.input_topic,
-            self._config.group_id,
-            self._batcher.cap,
-            self._config.max_wait_ms,
-            self._config.max_in_flight_records,
-        )
+        c = self._config
+        log.info("consuming topic=%s group=%s", c.input_topic, c.group_id)
         try:
             while not self._stopping.is_set() and self._worker.error is None:
                 self._step()
@@ -150,6 +151,8 @@ class ScoringService:
     def _step(self) -> None:
         """One pass: apply backpressure, fetch, decode and batch, hand off, commit."""
         self._health.beat()
+        if self._client_errors is not None:
+            self._client_errors.raise_if_failed()
         if self._rewind_pending:
             self._rewind()
         self._apply_backpressure()
@@ -163,7 +166,10 @@ class ScoringService:
 
     def _apply_backpressure(self) -> None:
         stalled = self._redelivery.stalled
-        self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
+        if self._access_denied is not None:
+            self._health.set_ready(False, self._access_denied)
+        else:
+            self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
         blocked_by = None
         if self._redelivery.busy or stalled:
             blocked_by = "outputs not acknowledged, retrying"
@@ -210,6 +216,8 @@ class ScoringService:
                 records.append(message)
             else:
                 self._on_consume_error(error, message)
+        if records:
+            self._access_denied = None
         positions = [position_of(m) for m in records]
         sizes = [len(m.value() or b"") + len(m.key() or b"") for m in records]
         # Every record is tracked before any of its outputs exists: the scoring thread may
@@ -238,13 +246,10 @@ class ScoringService:
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
-        log.error(
-            "consume error topic=%s partition=%s code=%s: %s",
-            message.topic(),
-            message.partition(),
-            error.name(),
-            error.str(),
-        )
+        if error.code() in ACCESS_DENIED:
+            self._access_denied = f"not authorized to consume ({error.name()}: {error.str()})"
+        where = f"topic={message.topic()} partition={message.partition()}"
+        log.error("consume error %s code=%s: %s", where, error.name(), error.str())
         if error.fatal():
             raise KafkaException(error)
 
@@ -315,11 +320,8 @@ class ScoringService:
     def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
         released = self._release_records(keys)
-        log.info(
-            "revoked %s: releasing %s undecided records, committing what was decided",
-            _describe(partitions),
-            released,
-        )
+        what = f"revoked {_describe(partitions)}: releasing {released} undecided records"
+        log.info("%s, committing what was decided", what)
         deadline = self._shutdown_deadline or time.monotonic() + self._config.shutdown_timeout_s
         self._handoff.wait_until_done(deadline)
         self._sink.flush(max(0.0, deadline - time.monotonic()))
@@ -334,11 +336,8 @@ class ScoringService:
             self._transactions.abort()
             self._rewind_pending = True
         released = self._release_records(keys)
-        log.warning(
-            "lost %s: %s undecided records released, nothing of them is committed",
-            _describe(partitions),
-            released,
-        )
+        what = f"lost {_describe(partitions)}: {released} undecided records released"
+        log.warning("%s, nothing of them is committed", what)
         self._forget(keys, partitions)
 
     def _release_records(self, keys: set[PartitionKey]) -> int:

@@ -4,16 +4,21 @@ idempotently."""
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from contracts.errors import ConfigurationError
 from stream.config import ServiceConfig
+from stream.kafka_clients import ClientErrors
 
 log = logging.getLogger(__name__)
 
 ADMIN_TIMEOUT_S = 30.0
+#: How long one metadata request may wait before the credentials are looked at again.
+METADATA_POLL_S = 1.0
 
 
 def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: int) -> list[str]:
@@ -46,14 +51,14 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
     return created
 
 
-def ensure_changelog(config: ServiceConfig) -> None:
+def ensure_changelog(config: ServiceConfig, errors: ClientErrors) -> None:
     """Create the card state changelog if it is missing, with the input topic's partitions (a
     card's state lives in the partition of its transactions); check an existing one has them.
 
     Raises ConfigurationError naming what to do when the input topic is missing, the
     changelog has too few partitions, or it cannot be created (e.g. no CREATE permission)."""
-    admin = _admin(config)
-    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+    admin = _admin(config, errors)
+    metadata = _metadata(admin, errors)
     source = metadata.get(config.input_topic)
     if source is None or source.error is not None:
         raise ConfigurationError(
@@ -97,5 +102,24 @@ def _changelog(config: ServiceConfig, partitions: int, replication_factor: int) 
     )
 
 
-def _admin(config: ServiceConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})
+def _admin(config: ServiceConfig, errors: ClientErrors | None = None) -> AdminClient:
+    settings: dict[str, Any] = {
+        "bootstrap.servers": config.bootstrap_servers,
+        **config.kafka_settings(),
+    }
+    if errors is not None:
+        settings["error_cb"] = errors
+    return AdminClient(settings)
+
+
+def _metadata(admin: AdminClient, errors: ClientErrors) -> dict[str, Any]:
+    """The cluster's topics; ClientFailure as soon as the brokers refuse the credentials."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+    while True:
+        try:
+            return dict(admin.list_topics(timeout=METADATA_POLL_S).topics)
+        except KafkaException as exc:
+            admin.poll(0)  # serves the error callback, which sees an authentication failure
+            errors.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise ConfigurationError(f"no answer from the brokers: {exc}") from exc

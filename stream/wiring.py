@@ -20,6 +20,7 @@ from scorer.model import Scorer
 from stream.card_state import CardState
 from stream.config import ServiceConfig
 from stream.health import HealthState
+from stream.kafka_clients import ClientErrors
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
@@ -51,6 +52,8 @@ class Collaborators:
     #: Per-card history (FRAUD_CARD_HISTORY=on) and the copy of terminal-risk.
     card_state: CardState | None = None
     terminals: TerminalRiskTable | None = None
+    #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
+    client_errors: ClientErrors | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -94,6 +97,7 @@ def build_collaborators(
     delivery_timeout_s: float,
     max_message_bytes: int,
     kafka: Mapping[str, Any],
+    client_errors: ClientErrors,
 ) -> Collaborators:
     """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
     readers it makes itself (the state restore, the terminal-risk table)."""
@@ -143,4 +147,5 @@ def build_collaborators(
             else None
         ),
         terminals=TerminalRiskTable(kafka, config.terminal_risk_topic, metrics),
+        client_errors=client_errors,
     )

@@ -8,15 +8,15 @@ them, so a test may act right after. Every binding is an ALLOW; on a broker with
 
 | resource | pattern | operations | why |
 | --- | --- | --- | --- |
-| input topics (`transactions`, `labels`) | literal | READ, DESCRIBE | consume |
+| input topics (`transactions`, `labels`, `terminal-risk`) | literal | READ, DESCRIBE | consume |
 | output topics (`decisions`, the dead-letter topic) | literal | WRITE, DESCRIBE | produce |
-| changelogs `<group>-` | prefixed | READ, WRITE, DESCRIBE | write state, restore it |
+| changelogs `<group>-` | prefixed | READ, WRITE, DESCRIBE, CREATE | write, restore, create state |
 | consumer group | literal | READ | join, commit and fetch offsets |
 | transactional ids `<prefix>` | prefixed | WRITE, DESCRIBE | exactly-once producers |
 
-Not granted, on purpose: CREATE, DELETE, ALTER and *_CONFIGS anywhere (the admin creates the
-topics, changelogs included), and IDEMPOTENT_WRITE on the cluster: since Kafka 2.8 (KIP-679) an
-idempotent producer needs only WRITE on a topic.
+Not granted, on purpose: CREATE beyond the changelogs, DELETE, ALTER and *_CONFIGS anywhere
+(the admin creates the other topics), and IDEMPOTENT_WRITE on the cluster: since Kafka 2.8
+(KIP-679) an idempotent producer needs only WRITE on a topic.
 
 Command line (the admin's librdkafka properties file, e.g. the local secured broker's
 `.kafka-secure/clients/admin.properties`):
@@ -71,7 +71,7 @@ class ServiceAcls:
 
     #: The SCRAM user name (or any principal name) without the `User:` prefix.
     principal: str = "fraud-scorer"
-    input_topics: tuple[str, ...] = ("transactions", "labels")
+    input_topics: tuple[str, ...] = ("transactions", "labels", "terminal-risk")
     output_topics: tuple[str, ...] = ("decisions", "transactions.dlq")
     group: str = "fraud-scorer"
     transactional_id_prefix: str = "fraud-scorer"
@@ -94,7 +94,8 @@ class ServiceAcls:
         wanted: list[tuple[ResourceType, str, ResourcePatternType, Sequence[AclOperation]]] = [
             *((topic, name, literal, _READ) for name in self.input_topics),
             *((topic, name, literal, _WRITE) for name in self.output_topics),
-            (topic, changelog_prefix, prefixed, _READ_WRITE),
+            # CREATE: the service creates its card-state changelog when missing.
+            (topic, changelog_prefix, prefixed, (*_READ_WRITE, AclOperation.CREATE)),
             (ResourceType.GROUP, self.group, literal, (AclOperation.READ,)),
             (ResourceType.TRANSACTIONAL_ID, self.transactional_id_prefix, prefixed, _WRITE),
         ]

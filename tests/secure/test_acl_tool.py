@@ -56,7 +56,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         )
         assert granted.returncode == 0, granted.stderr
         assert set(acls.of(user)) == set(service_acls(user, topics, group).bindings())
-        assert f"granted 14 ACLs to User:{user.username}" in granted.stdout
+        assert f"granted 15 ACLs to User:{user.username}" in granted.stdout
         metadata = secure_admin.list_topics(timeout=30)
         assert {t: len(metadata.topics[t].partitions) for t in topics.names} == dict.fromkeys(
             topics.names, 2
@@ -64,7 +64,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
 
         shown = acl_tool(secure_broker, admin_config, *resources, "show")
         assert shown.returncode == 0, shown.stderr
-        assert len(shown.stdout.splitlines()) == 14
+        assert len(shown.stdout.splitlines()) == 15
 
         revoked = acl_tool(secure_broker, admin_config, *resources, "revoke")
         assert revoked.returncode == 0, revoked.stderr

@@ -23,8 +23,8 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AclOperation
 
-from loadgen.simulator import TransactionSimulator
 from ops.kafka.acls import ServiceAcls
+from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, free_port
 from tests.secure.conftest import (
     REPO,
@@ -244,7 +244,11 @@ def test_without_write_on_the_dlq_it_turns_unready_commits_nothing_past_it_then_
         extra={"message.timeout.ms": "1500"},
     )  # fmt: skip
 
-    wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
+    def refused_and_unready() -> bool:
+        refused = "TOPIC_AUTHORIZATION_FAILED" in service.log()
+        return refused and http_status(service.metrics_port, "/readyz") == 503
+
+    wait_until(refused_and_unready, 60, "the refusal and /readyz 503")
     assert http_status(service.metrics_port, "/healthz") == 200, "alive, just not ready"
     log = service.log()
     assert "TOPIC_AUTHORIZATION_FAILED" in log and topics.dlq in log, log

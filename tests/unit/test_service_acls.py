@@ -14,6 +14,7 @@ from ops.kafka.acls import ServiceAcls
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
 READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
+CREATE = AclOperation.CREATE
 
 
 def test_the_default_set_is_the_services_resources_and_operations() -> None:
@@ -27,6 +28,8 @@ def test_the_default_set_is_the_services_resources_and_operations() -> None:
             (TOPIC, "transactions", LITERAL, DESCRIBE),
             (TOPIC, "labels", LITERAL, READ),
             (TOPIC, "labels", LITERAL, DESCRIBE),
+            (TOPIC, "terminal-risk", LITERAL, READ),
+            (TOPIC, "terminal-risk", LITERAL, DESCRIBE),
             (TOPIC, "decisions", LITERAL, WRITE),
             (TOPIC, "decisions", LITERAL, DESCRIBE),
             (TOPIC, "transactions.dlq", LITERAL, WRITE),
@@ -34,6 +37,7 @@ def test_the_default_set_is_the_services_resources_and_operations() -> None:
             (TOPIC, "fraud-scorer-", PREFIXED, READ),
             (TOPIC, "fraud-scorer-", PREFIXED, WRITE),
             (TOPIC, "fraud-scorer-", PREFIXED, DESCRIBE),
+            (TOPIC, "fraud-scorer-", PREFIXED, CREATE),
             (GROUP, "fraud-scorer", LITERAL, READ),
             (TXN, "fraud-scorer", PREFIXED, WRITE),
             (TXN, "fraud-scorer", PREFIXED, DESCRIBE),
@@ -44,10 +48,13 @@ def test_the_default_set_is_the_services_resources_and_operations() -> None:
     }
 
 
-def test_nothing_on_the_cluster_and_no_create_delete_or_alter() -> None:
+def test_nothing_on_the_cluster_no_delete_or_alter_and_create_only_for_changelogs() -> None:
     bindings = ServiceAcls().bindings()
     assert {b.restype for b in bindings} == {TOPIC, GROUP, TXN}
-    assert {b.operation for b in bindings} == {READ, WRITE, DESCRIBE}
+    assert {b.operation for b in bindings} == {READ, WRITE, DESCRIBE, CREATE}
+    assert {(b.name, b.resource_pattern_type) for b in bindings if b.operation == CREATE} == {
+        ("fraud-scorer-", PREFIXED)
+    }
 
 
 def test_resources_follow_the_settings() -> None:
