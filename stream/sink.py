@@ -154,27 +154,40 @@ class KafkaSink:
         report: Callable[[KafkaError | None, Message], None],
         partition: int | None = None,
     ) -> KafkaError | None:
-        """Hand one record to librdkafka; return its error if librdkafka refuses it at once."""
-        while True:
-            try:
-                self._producer.produce(
-                    topic,
-                    value,
-                    key,
-                    headers=cast(Any, headers),
-                    on_delivery=report,
-                    partition=ANY_PARTITION if partition is None else partition,
-                )
-                return None
-            except BufferError:
-                # The local queue is full: the broker is slower than we are. Serving delivery
-                # reports frees room; the record is tried again, never dropped.
-                self._producer.poll(QUEUE_FULL_BACKOFF_S)
-            except KafkaException as exc:
-                return cast(KafkaError, exc.args[0])
+        return produce(self._producer, topic, key, value, headers, report, partition)
 
     def poll(self) -> None:
         self._producer.poll(0)
 
     def flush(self, timeout_s: float) -> int:
         return int(self._producer.flush(timeout_s))
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None,
+    report: Callable[[KafkaError | None, Message], None],
+    partition: int | None = None,
+) -> KafkaError | None:
+    """Hand one record to librdkafka; return its error if librdkafka refuses it at once.
+
+    A full local queue means the broker is slower than we are: serving delivery reports frees
+    room, and the record is tried again, never dropped."""
+    while True:
+        try:
+            producer.produce(
+                topic,
+                value,
+                key,
+                headers=cast(Any, headers),
+                on_delivery=report,
+                partition=ANY_PARTITION if partition is None else partition,
+            )
+            return None
+        except BufferError:
+            producer.poll(QUEUE_FULL_BACKOFF_S)
+        except KafkaException as exc:
+            return cast(KafkaError, exc.args[0])

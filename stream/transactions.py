@@ -38,7 +38,7 @@ from contracts.offsets import OffsetTracker, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
-from stream.sink import ANY_PARTITION, QUEUE_FULL_BACKOFF_S, Output
+from stream.sink import Output, produce
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class TransactionalSink:
                 if self._rejected:
                     self._produce(self._instead_of_rejected(output_of(index)))
                 else:
-                    refused = self._try_produce(topic, key, value, None, report)
+                    refused = produce(self._producer, topic, key, value, None, report)
                     if refused is not None:
                         self._produce(self._rerouted(output_of(index), refused))
                 delivered()
@@ -233,14 +233,19 @@ class TransactionalSink:
             if error is not None:
                 self._on_delivery_error(output, error)
 
-        refused = self._try_produce(
-            output.topic, output.key, output.value, output.headers, report, output.partition
-        )
-        while refused is not None:
-            output = self._rerouted(output, refused)
-            refused = self._try_produce(
-                output.topic, output.key, output.value, output.headers, report, output.partition
+        while True:
+            refused = produce(
+                self._producer,
+                output.topic,
+                output.key,
+                output.value,
+                output.headers,
+                report,
+                output.partition,
             )
+            if refused is None:
+                return
+            output = self._rerouted(output, refused)
 
     def _rerouted(self, output: Output, refused: KafkaError) -> Output:
         error = translate_kafka_error(refused, output.topic)
@@ -271,31 +276,6 @@ class TransactionalSink:
                 )
             )
         return Output.dead_letter(smaller, output.source, output.group)
-
-    def _try_produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Any,
-        report: Callable[[KafkaError | None, Message], None],
-        partition: int | None = None,
-    ) -> KafkaError | None:
-        while True:
-            try:
-                self._producer.produce(
-                    topic,
-                    value,
-                    key,
-                    headers=headers,
-                    on_delivery=report,
-                    partition=ANY_PARTITION if partition is None else partition,
-                )
-                return None
-            except BufferError:
-                self._producer.poll(QUEUE_FULL_BACKOFF_S)
-            except KafkaException as exc:
-                return cast(KafkaError, exc.args[0])
 
     def _on_delivery_error(self, output: Output, error: KafkaError) -> None:
         translated = translate_kafka_error(error, output.topic)
