@@ -216,7 +216,11 @@ def measure(
     first_output: float | None = None
     try:
         while process.poll() is None and time.monotonic() - started < timeout_s:
-            now, produced = time.monotonic(), _produced(watcher, output_topic, partitions)
+            try:
+                now, produced = time.monotonic(), _produced(watcher, output_topic, partitions)
+            except KafkaException:  # a fresh topic's leader not known yet: the next tick
+                time.sleep(WATCH_INTERVAL_S)
+                continue
             samples.append((now, produced))
             if first_output is None and produced:
                 first_output = now

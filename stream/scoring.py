@@ -149,13 +149,19 @@ class BatchScorer:
     def _send_changelog(
         self, records: list[PendingRecord], changelog: list[ChangelogRecord], group: OutcomeGroup
     ) -> None:
+        """The batch's card states, one shared-callback send per partition."""
         if not changelog:
             return
         assert self._card_state is not None
         topic = self._card_state.changelog_topic
+        by_partition: dict[int, list[ChangelogRecord]] = {}
         for change in changelog:
-            self._sink.send(
-                Output(
+            by_partition.setdefault(change.partition, []).append(change)
+        for partition, changes in by_partition.items():
+
+            def output_of(i: int, changes: list[ChangelogRecord] = changes) -> Output:
+                change = changes[i]
+                return Output(
                     kind="changelog",
                     topic=topic,
                     key=change.card_id.encode(),
@@ -166,7 +172,10 @@ class BatchScorer:
                     label="card_state",
                     partition=change.partition,
                 )
-            )
+
+            keys = [change.card_id.encode() for change in changes]
+            values = [change.state for change in changes]
+            self._sink.send_batch(topic, keys, values, group, output_of, partition)
 
     def _encode(
         self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int
@@ -259,7 +268,7 @@ class BatchScorer:
                 label=verdicts.labels[i],
             )
 
-        self._sink.send_decisions(topic, encoded.keys, encoded.values, group, output_of)
+        self._sink.send_batch(topic, encoded.keys, encoded.values, group, output_of)
 
 
 class ScoringWorker(threading.Thread):

@@ -9,7 +9,7 @@ once: `output.delivered()` on success, or its failure handler with the translate
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
@@ -78,16 +78,18 @@ class OutputSink(Protocol):
 
     def send(self, output: Output) -> None: ...
 
-    def send_decisions(
+    def send_batch(
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes],
+        values: Sequence[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
+        partition: int | None = None,
     ) -> None:
-        """Send a batch's decisions, all completing `group`; `output_of(i)` rebuilds the i-th
-        as an `Output` should it fail."""
+        """Send many outputs of one kind (a batch's decisions, or its card states for one
+        partition), all completing `group`; `output_of(i)` rebuilds the i-th as an `Output`
+        should it fail."""
 
     def poll(self) -> None:
         """Serve pending delivery reports without blocking."""
@@ -119,16 +121,17 @@ class KafkaSink:
         if refused is not None:
             on_failure(output, translate_kafka_error(refused, output.topic))
 
-    def send_decisions(
+    def send_batch(
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes],
+        values: Sequence[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
+        partition: int | None = None,
     ) -> None:
         # The hot path: one delivery callback shared by the whole batch, no object per record.
-        # A failure (rare) finds its decision again by value, which names the transaction.
+        # A failure (rare) finds its output again by key and value.
         on_failure = self._on_failure
         delivered = group.delivered
 
@@ -136,12 +139,12 @@ class KafkaSink:
             if error is None:
                 delivered()
             else:
-                failed = output_of(values.index(cast(bytes, message.value())))
+                failed = output_of(index_of(keys, values, message))
                 on_failure(failed, translate_kafka_error(error, topic))
 
         produce = self._produce
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
-            refused = produce(topic, key, value, None, report)
+            refused = produce(topic, key, value, None, report, partition)
             if refused is not None:
                 on_failure(output_of(index), translate_kafka_error(refused, topic))
 
@@ -161,6 +164,12 @@ class KafkaSink:
 
     def flush(self, timeout_s: float) -> int:
         return int(self._producer.flush(timeout_s))
+
+
+def index_of(keys: Sequence[bytes], values: Sequence[bytes | None], message: Message) -> int:
+    """Where a reported message stands in the batch it was sent with (failure path only)."""
+    key, value = message.key(), message.value()
+    return next(i for i, pair in enumerate(zip(keys, values, strict=True)) if pair == (key, value))
 
 
 def produce(

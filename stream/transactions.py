@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -38,7 +38,7 @@ from contracts.offsets import OffsetTracker, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
-from stream.sink import Output, produce
+from stream.sink import Output, index_of, produce
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,19 @@ class TransactionalSink:
             output.group.delivered()
             self._records += 1
 
-    def send_decisions(
+    def send_batch(
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes],
+        values: Sequence[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
+        partition: int | None = None,
     ) -> None:
         # The hot path: one error-only callback shared by the batch, no object per record.
         def report(error: KafkaError | None, message: Message) -> None:
             if error is not None:
-                failed = output_of(values.index(cast(bytes, message.value())))
-                self._on_delivery_error(failed, error)
+                self._on_delivery_error(output_of(index_of(keys, values, message)), error)
 
         with self._lock:
             if self._discarding:
@@ -122,7 +122,7 @@ class TransactionalSink:
                 if self._rejected:
                     self._produce(self._instead_of_rejected(output_of(index)))
                 else:
-                    refused = produce(self._producer, topic, key, value, None, report)
+                    refused = produce(self._producer, topic, key, value, None, report, partition)
                     if refused is not None:
                         self._produce(self._rerouted(output_of(index), refused))
                 delivered()

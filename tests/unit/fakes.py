@@ -53,13 +53,14 @@ class MemorySink:
     def send(self, output: Output) -> None:
         self.sent.append(output)
 
-    def send_decisions(
+    def send_batch(
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes],
+        values: list[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
+        partition: int | None = None,
     ) -> None:
         self.sent.extend(output_of(i) for i in range(len(values)))
 
@@ -242,13 +243,14 @@ class AutoSink(MemorySink):
         with self._lock:
             self.sent.append(output)
 
-    def send_decisions(
+    def send_batch(
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes],
+        values: list[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
+        partition: int | None = None,
     ) -> None:
         with self._lock:
             self.sent.extend(output_of(i) for i in range(len(values)))
