@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import onnx
+
 from scorer.columns import TINY_AMOUNT
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.history import HISTORY_FEATURE_NAMES
@@ -132,6 +134,12 @@ def _recall_table(result: TrainingResult) -> str:
     return "\n".join(lines)
 
 
+def operators(model: bytes) -> list[str]:
+    """The operator types of a serialized model, in the order they first appear."""
+    graph = onnx.load_from_string(model).graph
+    return list(dict.fromkeys(node.op_type for node in graph.node))
+
+
 def render_model_card(result: TrainingResult, folds: int) -> str:
     """The model card of a training run."""
     features = "\n".join(
@@ -144,12 +152,7 @@ def render_model_card(result: TrainingResult, folds: int) -> str:
     layers = " → ".join(map(str, (NUM_FEATURES, *mlp.HIDDEN_SIZES)))
     ap_gain = shipped.mean("average_precision")[0] - other.mean("average_precision")[0]
     counts = ", ".join(f"{name} {result.scenario_rows[name]}" for name in SCENARIOS)
-    ops = (
-        "`Concat`, `Gather`, `Greater`, `Cast`, `Reshape`, `Transpose`, `MatMul`, `Equal`, "
-        "`ReduceSum`, `Add`, `Sigmoid`, `Slice`"
-        if result.winner == "gbdt"
-        else "`Gemm`, `Relu`, `Sigmoid`, `Reshape`"
-    )
+    ops = ", ".join(f"`{op}`" for op in operators(result.model))
     return f"""# Model card: {result.model_name}
 
 | | |
@@ -169,9 +172,9 @@ handbook's {DELAY_DAYS}-day delay). It was trained only on simulated traffic.
 
 Two candidates were trained on the same folds: gradient-boosted trees (LightGBM,
 {gbdt.NUM_TREES} trees of at most {gbdt.PARAMS["num_leaves"]} leaves, compiled to tensor
-operations as Hummingbird's GEMM strategy does) and an MLP ({layers} → 1). The shipped one,
-**{MODEL_NAMES[result.winner]}**, has the higher mean average precision on the
-handbook-comparable test rows, by {ap_gain:+.3f}.
+operations as Hummingbird's PerfectTreeTraversal strategy does) and an MLP ({layers} → 1).
+The shipped one, **{MODEL_NAMES[result.winner]}**, has the higher mean average precision on
+the handbook-comparable test rows, by {ap_gain:+.3f}.
 
 ## Intended use
 
