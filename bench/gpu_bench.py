@@ -51,7 +51,7 @@ from scorer.model import OnnxScorer
 from scorer.runtime import CUDA, GPU_PROVIDERS, Device
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO / "scorer" / "models" / "fraud-mlp.onnx"
+DEFAULT_MODEL = REPO / "scorer" / "models" / "fraud-gbdt.onnx"
 #: 1, 2, 4, …, 4,096 rows per call.
 DEFAULT_SIZES = tuple(1 << exponent for exponent in range(13))
 #: Batch size of the saturation run: the service's default `FRAUD_MAX_BATCH_SIZE`.

@@ -21,8 +21,8 @@ import numpy as np
 
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
-from stream.config import SHIPPED_MODEL_PATH
 
+SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "scorer" / "models" / "fraud-gbdt.onnx"
 DEFAULT_SIZES = (1, 16, 64, 256, 1024)
 #: Rows scored per model per round at every batch size (at least MIN_CALLS calls).
 ROWS_PER_ROUND = 20_000
@@ -35,7 +35,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.model_speed", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "models", nargs="*", type=Path, default=[SHIPPED_MODEL_PATH], help="ONNX model files"
+        "models", nargs="*", type=Path, default=[SHIPPED_MODEL], help="ONNX model files"
     )
     parser.add_argument(
         "--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="batch sizes, comma-separated"
