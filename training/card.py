@@ -29,6 +29,18 @@ HANDBOOK_BASELINES: dict[str, tuple[float, float, float]] = {
     "logistic regression (handbook)": (0.871, 0.606, 0.291),
 }
 
+#: Rows/s of `OnnxScorer(model, "cpu", cpu_threads=1).score()` by batch size: (batch, the GEMM
+#: graph of fraud-gbdt-2.0.0-3dafe62a, the traversal graph of the same 300 trees).
+#: Measured with `python -m bench.model_speed` on the 2-vCPU development machine (shared, best
+#: of 15 rounds), not by the training run: measure again when the trees or the graph change.
+MEASURED_CPU_ROWS_PER_S: tuple[tuple[int, int, int], ...] = (
+    (1, 6_666, 20_222),
+    (16, 28_212, 128_850),
+    (64, 31_891, 217_593),
+    (256, 31_218, 242_927),
+    (1024, 33_205, 225_388),
+)
+
 _TRANSACTION = {
     "log_amount": "log(1 + amount)",
     "tiny_amount": f"1 if the amount is below {TINY_AMOUNT}",
@@ -140,6 +152,29 @@ def operators(model: bytes) -> list[str]:
     return list(dict.fromkeys(node.op_type for node in graph.node))
 
 
+def _cost_section(result: TrainingResult) -> str:
+    if result.winner != "gbdt":
+        return ""
+    shape = gbdt.graph_shape(result.model)
+    rows = "\n".join(
+        f"| {batch:,} | {before:,} | {after:,} | {after / before:.1f}x |"
+        for batch, before, after in MEASURED_CPU_ROWS_PER_S
+    )
+    return f"""
+## Scoring cost
+
+One call runs {shape.nodes} operators: the {shape.trees} trees, padded to perfect trees of
+{shape.depth} levels, are walked one level per step for the whole batch, after one comparison per
+row of each of the {shape.splits} distinct splits (`training/gbdt.py`). On the CPU, one intra-op
+thread as the service runs it, against the GEMM graph that compiled the same trees before
+(rows/s, `python -m bench.model_speed`, 2-vCPU development machine):
+
+| batch | GEMM graph | this graph | speed-up |
+| ---: | ---: | ---: | ---: |
+{rows}
+"""
+
+
 def render_model_card(result: TrainingResult, folds: int) -> str:
     """The model card of a training run."""
     features = "\n".join(
@@ -212,7 +247,7 @@ latest test week (all rows, known-compromised cards removed):
 The compromised-terminal scenario is the hard one, as in the handbook: its terminals' frauds
 become visible to the risk features only once confirmed outcomes older than the delay exist, so
 about the first week of each 28-day compromise goes undetected by design.
-
+{_cost_section(result)}
 ## Training data
 
 - `simulator.transactions.TransactionSimulator`, seed {result.seed}: the handbook's world (5,000

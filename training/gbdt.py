@@ -56,11 +56,23 @@ NUM_TREES = 300
 #: another compilation strategy.
 MAX_DEPTH = 12
 
+#: Initializers that `graph_shape` reads back.
+_SPLIT_FEATURE, _LEAF_VALUE = "split.feature", "tree.leaf_value"
+
 _Ints = npt.NDArray[np.int64]
 _Floats = npt.NDArray[np.float32]
 #: A tree as the walk sees it: (depth, position in its level) → (feature, threshold) for a
 #: split, or → leaf value.
 _Nodes = dict[tuple[int, int], tuple[int, float] | float]
+
+
+class GraphShape(NamedTuple):
+    """What an exported ensemble computes per call, read back from the model file."""
+
+    trees: int
+    depth: int
+    splits: int
+    nodes: int
 
 
 class Trees(NamedTuple):
@@ -167,16 +179,16 @@ def raw_scores(trees: Trees, features: npt.NDArray[np.float32]) -> npt.NDArray[n
 def export_onnx(trees: Trees, width: int, name: str, metadata: dict[str, str]) -> bytes:
     """The ensemble as an ONNX model: "features" float32 [batch, width] → "score" [batch]."""
     arrays: dict[str, npt.NDArray[np.generic]] = {
-        "split.feature": trees.split_feature,
+        _SPLIT_FEATURE: trees.split_feature,
         "split.threshold": trees.split_threshold.reshape(-1, 1),
         "tree.root_split": trees.level(0)[:, 0].astype(np.int64),
-        "tree.leaf_value": trees.leaf_value,
+        _LEAF_VALUE: trees.leaf_value,
         "tree.axis": np.array([0], np.int64),
     }
     node = helper.make_node
     nodes = [
         node("Transpose", [INPUT_NAME], ["columns"], perm=[1, 0]),
-        node("Gather", ["columns", "split.feature"], ["split_input"], axis=0),
+        node("Gather", ["columns", _SPLIT_FEATURE], ["split_input"], axis=0),
         node("Greater", ["split_input", "split.threshold"], ["went_right"]),
         node("Gather", ["went_right", "tree.root_split"], ["right_at_0"], axis=0),
         node("Cast", ["right_at_0"], ["position_1"], to=TensorProto.INT32),
@@ -192,7 +204,7 @@ def export_onnx(trees: Trees, width: int, name: str, metadata: dict[str, str]) -
             node("Add", ["left_child" + level, "turn" + level], [f"position_{depth + 1}"]),
         ]
     nodes += [
-        node("GatherElements", ["tree.leaf_value", f"position_{trees.depth}"], ["leaf"], axis=1),
+        node("GatherElements", [_LEAF_VALUE, f"position_{trees.depth}"], ["leaf"], axis=1),
         node("ReduceSum", ["leaf", "tree.axis"], ["logit"], keepdims=0),
         node("Sigmoid", ["logit"], [OUTPUT_NAME]),
     ]
@@ -206,3 +218,11 @@ def export_onnx(trees: Trees, width: int, name: str, metadata: dict[str, str]) -
     )
     model: onnx.ModelProto = helper.make_model(graph)
     return finish_model(model, metadata)
+
+
+def graph_shape(model: bytes) -> GraphShape:
+    """Trees, depth, distinct splits and operator nodes of a model `export_onnx` wrote."""
+    graph = onnx.load_from_string(model).graph
+    dims = {init.name: list(init.dims) for init in graph.initializer}
+    trees, leaves = dims[_LEAF_VALUE]
+    return GraphShape(trees, leaves.bit_length() - 1, dims[_SPLIT_FEATURE][0], len(graph.node))

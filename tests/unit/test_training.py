@@ -70,6 +70,18 @@ def test_reduced_run_trains_both_candidates_and_ships_the_better(small: Training
         assert metadata["model_version"] == candidate.model_version
 
 
+def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
+    shape = gbdt.graph_shape(small.candidates["gbdt"].model)
+    assert shape.trees == gbdt.NUM_TREES
+    assert 1 <= shape.depth <= gbdt.PARAMS["max_depth"]
+    card = render_model_card(small, 1)
+    if small.winner == "gbdt":
+        assert f"each of the {shape.splits} distinct splits" in card
+        assert f"One call runs {shape.nodes} operators" in card
+    else:
+        assert "## Scoring cost" not in card
+
+
 def test_training_is_deterministic(small: TrainingResult) -> None:
     again = train_model(**SMALL)
     assert again.model == small.model
