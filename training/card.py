@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import onnx
+
 from scorer.columns import TINY_AMOUNT
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.history import HISTORY_FEATURE_NAMES
@@ -26,6 +28,18 @@ HANDBOOK_BASELINES: dict[str, tuple[float, float, float]] = {
     "random forest (handbook)": (0.870, 0.678, 0.299),
     "logistic regression (handbook)": (0.871, 0.606, 0.291),
 }
+
+#: Rows/s of `OnnxScorer(model, "cpu", cpu_threads=1).score()` by batch size: (batch, the GEMM
+#: graph of fraud-gbdt-2.0.0-3dafe62a, the traversal graph of the same 300 trees).
+#: Measured with `python -m bench.model_speed` on the 2-vCPU development machine (shared, best
+#: of 15 rounds), not by the training run: measure again when the trees or the graph change.
+MEASURED_CPU_ROWS_PER_S: tuple[tuple[int, int, int], ...] = (
+    (1, 6_666, 20_222),
+    (16, 28_212, 128_850),
+    (64, 31_891, 217_593),
+    (256, 31_218, 242_927),
+    (1024, 33_205, 225_388),
+)
 
 _TRANSACTION = {
     "log_amount": "log(1 + amount)",
@@ -132,6 +146,35 @@ def _recall_table(result: TrainingResult) -> str:
     return "\n".join(lines)
 
 
+def operators(model: bytes) -> list[str]:
+    """The operator types of a serialized model, in the order they first appear."""
+    graph = onnx.load_from_string(model).graph
+    return list(dict.fromkeys(node.op_type for node in graph.node))
+
+
+def _cost_section(result: TrainingResult) -> str:
+    if result.winner != "gbdt":
+        return ""
+    shape = gbdt.graph_shape(result.model)
+    rows = "\n".join(
+        f"| {batch:,} | {before:,} | {after:,} | {after / before:.1f}x |"
+        for batch, before, after in MEASURED_CPU_ROWS_PER_S
+    )
+    return f"""
+## Scoring cost
+
+One call runs {shape.nodes} operators: the {shape.trees} trees, padded to perfect trees of
+{shape.depth} levels, are walked one level per step for the whole batch, after one comparison per
+row of each of the {shape.splits} distinct splits (`training/gbdt.py`). On the CPU, one intra-op
+thread as the service runs it, against the GEMM graph that compiled the same trees before
+(rows/s, `python -m bench.model_speed`, 2-vCPU development machine):
+
+| batch | GEMM graph | this graph | speed-up |
+| ---: | ---: | ---: | ---: |
+{rows}
+"""
+
+
 def render_model_card(result: TrainingResult, folds: int) -> str:
     """The model card of a training run."""
     features = "\n".join(
@@ -144,12 +187,7 @@ def render_model_card(result: TrainingResult, folds: int) -> str:
     layers = " → ".join(map(str, (NUM_FEATURES, *mlp.HIDDEN_SIZES)))
     ap_gain = shipped.mean("average_precision")[0] - other.mean("average_precision")[0]
     counts = ", ".join(f"{name} {result.scenario_rows[name]}" for name in SCENARIOS)
-    ops = (
-        "`Concat`, `Gather`, `Greater`, `Cast`, `Reshape`, `Transpose`, `MatMul`, `Equal`, "
-        "`ReduceSum`, `Add`, `Sigmoid`, `Slice`"
-        if result.winner == "gbdt"
-        else "`Gemm`, `Relu`, `Sigmoid`, `Reshape`"
-    )
+    ops = ", ".join(f"`{op}`" for op in operators(result.model))
     return f"""# Model card: {result.model_name}
 
 | | |
@@ -169,9 +207,9 @@ handbook's {DELAY_DAYS}-day delay). It was trained only on simulated traffic.
 
 Two candidates were trained on the same folds: gradient-boosted trees (LightGBM,
 {gbdt.NUM_TREES} trees of at most {gbdt.PARAMS["num_leaves"]} leaves, compiled to tensor
-operations as Hummingbird's GEMM strategy does) and an MLP ({layers} → 1). The shipped one,
-**{MODEL_NAMES[result.winner]}**, has the higher mean average precision on the
-handbook-comparable test rows, by {ap_gain:+.3f}.
+operations as Hummingbird's PerfectTreeTraversal strategy does) and an MLP ({layers} → 1).
+The shipped one, **{MODEL_NAMES[result.winner]}**, has the higher mean average precision on
+the handbook-comparable test rows, by {ap_gain:+.3f}.
 
 ## Intended use
 
@@ -209,7 +247,7 @@ latest test week (all rows, known-compromised cards removed):
 The compromised-terminal scenario is the hard one, as in the handbook: its terminals' frauds
 become visible to the risk features only once confirmed outcomes older than the delay exist, so
 about the first week of each 28-day compromise goes undetected by design.
-
+{_cost_section(result)}
 ## Training data
 
 - `simulator.transactions.TransactionSimulator`, seed {result.seed}: the handbook's world (5,000

@@ -202,10 +202,8 @@ def _train(kind: str, stream: Stream, train: npt.NDArray[np.int64], seed: int) -
     legit = features[~is_fraud]
     if kind == "gbdt":
         trees = gbdt.fit(features, is_fraud, seed)
-        shift = _review_shift(gbdt.raw_scores(trees, legit))
-        trees = trees._replace(base=trees.base + shift)
-        arrays: list[npt.NDArray[np.generic]] = list(trees[:-1])
-        arrays.append(np.array([trees.base], np.float32))
+        trees = gbdt.shifted(trees, _review_shift(gbdt.raw_scores(trees, legit)))
+        arrays: list[npt.NDArray[np.generic]] = list(trees)
     else:
         layers = mlp.fit(features, is_fraud, rng)
         shift = _review_shift(mlp.raw_scores(layers, legit))

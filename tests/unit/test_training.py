@@ -35,6 +35,7 @@ CUDA_OPS = {
     "Sigmoid",
     "Reshape",
     "Gather",
+    "GatherElements",
     "Greater",
     "Cast",
     "Transpose",
@@ -69,6 +70,18 @@ def test_reduced_run_trains_both_candidates_and_ships_the_better(small: Training
         assert metadata["model_version"] == candidate.model_version
 
 
+def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
+    shape = gbdt.graph_shape(small.candidates["gbdt"].model)
+    assert shape.trees == gbdt.NUM_TREES
+    assert 1 <= shape.depth <= gbdt.PARAMS["max_depth"]
+    card = render_model_card(small, 1)
+    if small.winner == "gbdt":
+        assert f"each of the {shape.splits} distinct splits" in card
+        assert f"One call runs {shape.nodes} operators" in card
+    else:
+        assert "## Scoring cost" not in card
+
+
 def test_training_is_deterministic(small: TrainingResult) -> None:
     again = train_model(**SMALL)
     assert again.model == small.model
@@ -91,6 +104,41 @@ def test_compiled_trees_score_exactly_as_lightgbm() -> None:
     assert np.allclose(scores, 1.0 / (1.0 + np.exp(-expected)), atol=1e-5)
     assert score_with_onnxruntime(model, features[:0]).shape == (0,)
     assert score_with_onnxruntime(model, features[:1]).shape == (1,)
+
+
+def test_unbalanced_and_single_leaf_trees_are_padded_to_the_same_scores() -> None:
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(2_000, NUM_FEATURES)).astype(np.float32)
+    labels = features[:, 0] * features[:, 1] + features[:, 2] > 0.8
+    # Leaf-wise growth without a depth limit: trees of 1 to 7 levels, leaves at every depth.
+    params = {**gbdt.PARAMS, "num_leaves": 8, "max_depth": -1, "seed": 2}
+    booster = lightgbm.train(params, lightgbm.Dataset(features, labels.astype(float)), 20)
+    dump = booster.dump_model()
+    stump = {"tree_structure": {"leaf_value": 0.25}}  # a tree that never split
+    dump["tree_info"].append(stump)
+    trees = gbdt.compile_trees(dump)
+    assert trees.depth > 3
+    expected = booster.predict(features, raw_score=True) + 0.25
+    assert np.allclose(gbdt.raw_scores(trees, features), expected, atol=1e-4)
+    model = gbdt.export_onnx(trees, NUM_FEATURES, "t", {"model_version": "t"})
+    scores = score_with_onnxruntime(model, features)
+    assert np.allclose(scores, 1.0 / (1.0 + np.exp(-expected)), atol=1e-5)
+    shifted = gbdt.shifted(trees, -1.5)
+    assert np.allclose(gbdt.raw_scores(shifted, features), expected - 1.5, atol=1e-4)
+
+
+def test_an_ensemble_of_stumps_or_too_deep_trees() -> None:
+    stumps = gbdt.compile_trees({"tree_info": [{"tree_structure": {"leaf_value": -0.5}}] * 2})
+    assert stumps.depth == 1
+    rows = np.zeros((3, NUM_FEATURES), np.float32)
+    assert np.allclose(gbdt.raw_scores(stumps, rows), -1.0)
+    model = gbdt.export_onnx(stumps, NUM_FEATURES, "t", {"model_version": "t"})
+    assert np.allclose(score_with_onnxruntime(model, rows), 1.0 / (1.0 + np.exp(1.0)))
+    node: dict[str, object] = {"leaf_value": 0.0}
+    for _ in range(gbdt.MAX_DEPTH + 1):
+        node = {"split_feature": 0, "threshold": 0.5, "left_child": node, "right_child": node}
+    with pytest.raises(ValueError, match="levels deep"):
+        gbdt.compile_trees({"tree_info": [{"tree_structure": node}]})
 
 
 def test_replay_uses_the_service_code_whatever_the_batch_size() -> None:
