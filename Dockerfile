@@ -55,6 +55,7 @@ COPY pyproject.toml README.md /src/
 COPY contracts /src/contracts
 COPY simulator /src/simulator
 COPY stream /src/stream
+COPY terminals /src/terminals
 COPY scorer /src/scorer
 COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen

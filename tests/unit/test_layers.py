@@ -19,7 +19,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"contracts"}),
     frozenset({"scorer"}),
     frozenset({"deadletter"}),
-    frozenset({"stream"}),
+    frozenset({"stream", "terminals"}),
     frozenset({"simulator"}),
     frozenset({"training", "loadgen"}),
     frozenset({"bench"}),

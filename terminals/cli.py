@@ -1,0 +1,197 @@
+"""`fraud-features`: the features worker's command line (run it, create its topics).
+
+Faust's own command line (`faust worker`) is not used: the worker takes the project's flags and
+environment variables like every other command, and starts faust's `Worker` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaException
+
+from contracts.errors import ConfigurationError
+from terminals.config import OPTIONS, WorkerConfig, from_sources
+from terminals.metrics import WorkerMetrics
+from terminals.topics import ensure_topics, prepare_topics
+
+log = logging.getLogger("terminals.cli")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+_FAUST_PACKAGES = ("faust", "mode", "aiokafka", "aiohttp", "venusian", "croniter")
+MISSING_FAUST = (
+    "fraud-features: faust-streaming is not installed ({name}): it is a dependency of "
+    "fraud-scorer, so reinstall the package (pip install -e .) or pip install "
+    "'faust-streaming>=0.11'"
+)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    defaults = WorkerConfig()
+    for option in OPTIONS:
+        default = getattr(defaults, option.name)
+        if option.name == "instance_id":
+            default = "<host>-<pid>"
+        elif option.name == "data_dir":
+            default = "<tmp>/fraud-features"
+        help_text = f"{option.help} [env {option.env}; default: {default}]".replace("%", "%%")
+        parser.add_argument(
+            "--" + option.name.replace("_", "-"),
+            dest=option.name,
+            metavar=option.name.upper(),
+            help=help_text,
+        )
+    parser.add_argument(
+        "-X",
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Kafka client setting in librdkafka's names, repeatable; over the file named by "
+        "FRAUD_KAFKA_CONFIG_FILE (one key=value a line: the place for secrets) [env "
+        "FRAUD_KAFKA_OPTIONS, k=v,k=v]. The worker's client is aiokafka: it applies "
+        "security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism (PLAIN, "
+        "SCRAM-SHA-256, SCRAM-SHA-512), sasl.username, sasl.password, ssl.ca.location, "
+        "ssl.certificate.location, ssl.key.location, ssl.key.password, "
+        "ssl.endpoint.identification.algorithm and enable.ssl.certificate.verification; "
+        "another sasl.* or ssl.* key is an error, any other key is not applied (warned)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fraud-features",
+        description="The features worker (faust-streaming): per-terminal transaction and "
+        "confirmed-fraud counts over 1, 7 and 30 days, 7 days behind, in tables with changelogs, "
+        "fed by the transactions and labels topics; publishes each terminal's risk to a "
+        "compacted topic that the scorer reads whole.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run one replica of the worker",
+        description="Run one replica (replicas with the same app id share the work). Every "
+        "option can also be set by the environment variable named in its help; a flag wins.",
+    )
+    _add_options(run)
+    topics = commands.add_parser(
+        "create-topics",
+        help="create the labels and the compacted terminal-risk topics if missing",
+        description="Create the worker's labels and terminal-risk (cleanup.policy=compact) "
+        "topics where missing; `run` does the same at start. The transactions and dead-letter "
+        "topics are the scorer's (fraud-scorer create-topics).",
+    )
+    topics.add_argument(
+        "--partitions", type=int, default=3, help="partitions per topic (default: 3)"
+    )
+    topics.add_argument(
+        "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
+    )
+    _add_options(topics)
+    return parser
+
+
+class _JsonLines(logging.Formatter):
+    """One JSON object per line (as the scorer's FRAUD_LOG_FORMAT=json writes them)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def _configure_logging(level: str, log_format: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonLines()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Run one replica until SIGTERM or SIGINT; return the exit status."""
+    try:
+        from faust.worker import Worker
+
+        from terminals.app import build_app
+        from terminals.kafka_auth import faust_kafka_auth
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in _FAUST_PACKAGES:
+            raise
+        print(MISSING_FAUST.format(name=exc.name), file=sys.stderr)
+        return EXIT_USAGE
+    auth = faust_kafka_auth(config.kafka_settings)
+    if auth.ignored:
+        log.warning("Kafka settings not applied by fraud-features (aiokafka): %s", auth.ignored)
+    prepare_topics(config)
+    metrics = WorkerMetrics()
+    if config.metrics_port:
+        try:
+            metrics.serve(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
+                "choose another --metrics-port, or 0 to disable"
+            ) from exc
+    log.info(
+        "starting app_id=%s instance=%s bootstrap=%s partitions=%s day_ms=%s kafka=%s",
+        config.app_id,
+        config.instance_id,
+        config.bootstrap_servers,
+        config.table_partitions,
+        config.day_ms,
+        config.redacted_kafka_settings(),
+    )
+    app = build_app(config, auth, metrics)
+    worker = Worker(
+        app,
+        loglevel=config.log_level,
+        quiet=True,
+        redirect_stdouts=False,
+        override_logging=False,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_FAILURE
+    return EXIT_OK  # pragma: no cover (execute_from_commandline always exits)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    flags = {option.name: getattr(args, option.name) for option in OPTIONS}
+    try:
+        config = from_sources(flags, args.kafka_options)
+    except ConfigurationError as exc:
+        print(f"fraud-features: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(config.log_level, config.log_format)
+    try:
+        if args.command == "create-topics":
+            ensure_topics(config, args.partitions, args.replication_factor)
+            return EXIT_OK
+        return run_worker(config)
+    except ConfigurationError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    except KafkaException as exc:
+        log.error("stopping on a Kafka error: %s", exc)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The worker's own topics: `labels` (its input) and the compacted `terminal-risk` (its output).
+
+`fraud-features create-topics` creates them, and `fraud-features run` does too where they are
+missing, so the worker starts on a broker that has only the scorer's topics. `terminal-risk`
+must be compacted: the scorer rebuilds its copy by reading the whole topic, and under the
+default delete policy a terminal whose risk has not changed for the retention time would lose
+its record. An existing `terminal-risk` without `cleanup.policy=compact` stops the worker.
+
+The internal topics, `<app id>-terminal-events` (the re-keyed events) and
+`<app id>-terminal-state-changelog` (the table's changelog, compacted), with
+FRAUD_FEATURES_TABLE_PARTITIONS partitions, are created here too before faust starts, and `run`
+waits until the broker's metadata lists every topic the worker reads: faust would create its
+internal topics itself, but a consumer group that forms before a brand-new topic shows in the
+metadata is assigned none of its partitions, and nothing would be read from it until the next
+metadata refresh (minutes). An internal topic with another partition count stops the worker
+(the count is fixed once they exist).
+
+The transactions and dead-letter topics belong to the scorer (`fraud-scorer create-topics`); a
+missing transactions topic stops the worker with a message that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from contracts.errors import ConfigurationError
+from terminals.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+ADMIN_TIMEOUT_S = 30.0
+#: How often the metadata is read while waiting for new internal topics to show.
+METADATA_POLL_S = 0.2
+COMPACT = {"cleanup.policy": "compact"}
+#: faust's name of the table (its changelog is <app id>-<table>-changelog).
+TABLE_NAME = "terminal-state"
+
+
+def events_topic_name(app_id: str) -> str:
+    """The internal topic of re-keyed terminal events."""
+    return f"{app_id}-terminal-events"
+
+
+def changelog_topic_name(app_id: str) -> str:
+    """The table's changelog topic (faust's naming)."""
+    return f"{app_id}-{TABLE_NAME}-changelog"
+
+
+def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int) -> list[str]:
+    """Create the labels and terminal-risk topics where missing; return those created.
+
+    Raises ConfigurationError when a topic cannot be created, or terminal-risk exists without
+    compaction.
+    """
+    if partitions < 1 or replication_factor < 1:
+        raise ConfigurationError(
+            "partitions and replication factor must be >= 1, "
+            f"got {partitions} and {replication_factor}"
+        )
+    admin = _admin(config)
+    created = _create(
+        admin,
+        [
+            NewTopic(config.labels_topic, partitions, replication_factor),
+            NewTopic(config.terminal_risk_topic, partitions, replication_factor, config=COMPACT),
+        ],
+    )
+    if config.terminal_risk_topic not in created:
+        _check_compacted(admin, config.terminal_risk_topic)
+    return created
+
+
+def prepare_topics(config: WorkerConfig) -> None:
+    """Before faust starts: create what is missing of the labels, terminal-risk and internal
+    topics, and wait until the metadata lists them all and the transactions topic.
+
+    Raises ConfigurationError when a topic cannot be created, the transactions topic does not
+    exist, terminal-risk is not compacted, an internal topic has another partition count than
+    FRAUD_FEATURES_TABLE_PARTITIONS, or a new topic does not show within ADMIN_TIMEOUT_S.
+    """
+    partitions, replicas = config.table_partitions, config.internal_replication_factor
+    ensure_topics(config, partitions, replicas)
+    admin = _admin(config)
+    internal = [events_topic_name(config.app_id), changelog_topic_name(config.app_id)]
+    _create(
+        admin,
+        [
+            NewTopic(internal[0], partitions, replicas),
+            NewTopic(internal[1], partitions, replicas, config=COMPACT),
+        ],
+    )
+    names = [config.labels_topic, config.terminal_risk_topic, *internal]
+    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+    while True:
+        topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        source = topics.get(config.input_topic)
+        if source is None or source.error is not None:
+            raise ConfigurationError(
+                f"input topic {config.input_topic!r} does not exist: create it first "
+                "(fraud-scorer create-topics)"
+            )
+        shown = {name: topics[name] for name in names if name in topics}
+        if len(shown) == len(names) and all(t.error is None for t in shown.values()):
+            break
+        if time.monotonic() > deadline:
+            raise ConfigurationError(f"the topics {names} do not all show in the metadata")
+        time.sleep(METADATA_POLL_S)
+    for name in internal:
+        if len(shown[name].partitions) != partitions:
+            raise ConfigurationError(
+                f"internal topic {name!r} has {len(shown[name].partitions)} partitions, "
+                f"FRAUD_FEATURES_TABLE_PARTITIONS is {partitions}: the count is fixed once the "
+                "topics exist (set it back, or start afresh with a new FRAUD_FEATURES_APP_ID)"
+            )
+
+
+def _admin(config: WorkerConfig) -> AdminClient:
+    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings})
+
+
+def _create(admin: AdminClient, topics: list[NewTopic]) -> list[str]:
+    """Create the topics that are missing; return the names of those created."""
+    futures = admin.create_topics(
+        topics, operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
+    )
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=ADMIN_TIMEOUT_S)
+            created.append(name)
+            log.info("created topic=%s", name)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise ConfigurationError(f"cannot create topic {name!r}: {exc}") from exc
+    return created
+
+
+def _check_compacted(admin: AdminClient, topic: str) -> None:
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        described = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        raise ConfigurationError(f"cannot read the configuration of {topic!r}: {exc}") from exc
+    policy = described.get("cleanup.policy")
+    if policy is None or "compact" not in str(policy.value).split(","):
+        raise ConfigurationError(
+            f"topic {topic!r} exists without cleanup.policy=compact, so terminals would lose "
+            "their risk after the retention time: alter it (kafka-configs.sh --alter "
+            "--entity-type topics --entity-name "
+            f"{topic} --add-config cleanup.policy=compact) or choose another "
+            "FRAUD_TERMINAL_RISK_TOPIC"
+        )

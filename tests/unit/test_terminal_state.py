@@ -1,0 +1,200 @@
+"""The features worker's pure logic: re-keying records into terminal events (terminals/events.py)
+and one terminal's table entry (terminals/state.py): counting once, the delay, when to publish."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from contracts.errors import DecodeError, ValidationError
+from scorer.terminal_risk import DELAY_DAYS, MS_PER_DAY, TerminalRisk
+from terminals.events import (
+    LABEL,
+    TRANSACTION,
+    TerminalEvent,
+    decode_event,
+    route_label,
+    route_transaction,
+)
+from terminals.state import NO_DAY, TerminalState
+
+DAY0 = 20_000
+TRANSACTION_RECORD: dict[str, Any] = {
+    "transaction_id": "t-1",
+    "card_id": "c-1",
+    "merchant_id": "m-1",
+    "terminal_id": "P",
+    "amount": 10.0,
+    "currency": "EUR",
+    "mcc": 5411,
+    "country": "DE",
+    "channel": "pos",
+    "card_present": True,
+    "event_time": DAY0 * MS_PER_DAY + 5,
+}
+LABEL_RECORD: dict[str, Any] = {
+    "transaction_id": "t-1",
+    "card_id": "c-1",
+    "terminal_id": "P",
+    "fraud": True,
+    "event_time": DAY0 * MS_PER_DAY + 5,
+    "reported_at": (DAY0 + 9) * MS_PER_DAY,
+}
+
+
+def tx(offset: int, day: int, partition: int = 0) -> TerminalEvent:
+    return TerminalEvent(TRANSACTION, partition, offset, day * MS_PER_DAY + 1)
+
+
+def lab(
+    offset: int, day: int, reported: int, fraud: bool = True, partition: int = 0
+) -> TerminalEvent:
+    return TerminalEvent(
+        LABEL, partition, offset, day * MS_PER_DAY + 1, fraud, reported * MS_PER_DAY + 2
+    )
+
+
+# ── re-keying ────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_transaction_becomes_an_event_of_its_terminal() -> None:
+    routed = route_transaction(msgspec.json.encode(TRANSACTION_RECORD), 3, 41)
+    assert routed is not None and routed.terminal_id == "P" and not routed.fraud
+    assert decode_event(routed.event) == TerminalEvent(
+        TRANSACTION, 3, 41, TRANSACTION_RECORD["event_time"]
+    )
+
+
+def test_a_label_becomes_an_event_of_its_terminal() -> None:
+    routed = route_label(msgspec.json.encode(LABEL_RECORD), 1, 7)
+    assert routed is not None and routed.terminal_id == "P" and routed.fraud
+    assert decode_event(routed.event) == TerminalEvent(
+        LABEL, 1, 7, LABEL_RECORD["event_time"], True, LABEL_RECORD["reported_at"]
+    )
+
+
+@pytest.mark.parametrize("terminal", [None, ""])
+def test_records_without_a_terminal_route_nowhere(terminal: str | None) -> None:
+    assert route_transaction(encode(TRANSACTION_RECORD, terminal_id=terminal), 0, 0) is None
+    assert route_label(encode(LABEL_RECORD, terminal_id=terminal), 0, 0) is None
+
+
+def test_invalid_records_raise_the_contract_errors() -> None:
+    with pytest.raises(DecodeError):
+        route_label(b"{", 0, 0)
+    with pytest.raises(ValidationError):
+        route_label(encode(LABEL_RECORD, fraud="yes"), 0, 0)
+    with pytest.raises(ValidationError):
+        route_transaction(encode(TRANSACTION_RECORD, amount=-1), 0, 0)
+
+
+def test_an_internal_event_that_is_not_one_is_a_value_error() -> None:
+    for value in (None, b"", b"[1]", b'{"source": "t"}', b'["x", 0, 0, 0]'):
+        with pytest.raises(ValueError, match="not a terminal event"):
+            decode_event(value)
+
+
+def encode(record: dict[str, Any], **changes: object) -> bytes:
+    return msgspec.json.encode({**record, **changes})
+
+
+# ── one terminal's entry ─────────────────────────────────────────────────────────────────────
+
+
+def test_the_first_event_publishes_and_a_same_day_transaction_does_not() -> None:
+    state = TerminalState()
+    assert state.as_of_day == NO_DAY
+    first = state.apply(tx(0, DAY0), MS_PER_DAY)
+    assert first.counted and first.publish and state.as_of_day == DAY0
+    again = state.apply(tx(1, DAY0), MS_PER_DAY)
+    assert again.counted and not again.publish  # today's bucket is in no window yet
+
+
+def test_a_new_day_publishes() -> None:
+    state = TerminalState()
+    state.apply(tx(0, DAY0), MS_PER_DAY)
+    assert state.apply(tx(1, DAY0 + 1), MS_PER_DAY).publish
+    assert state.as_of_day == DAY0 + 1
+
+
+def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
+    state = TerminalState()
+    for offset in range(4):
+        state.apply(tx(offset, DAY0), MS_PER_DAY)
+    reported = DAY0 + DELAY_DAYS + 2
+    applied = state.apply(lab(0, DAY0, reported), MS_PER_DAY)
+    assert applied.counted and applied.publish and state.as_of_day == reported
+    features = state.features()
+    assert features[4] == pytest.approx(0.25)  # terminal_risk_7d: 1 of 4
+    assert features[1] == 0.0  # terminal_risk_1d reads only DAY0 + 2
+    expected = TerminalRisk()
+    for _ in range(4):
+        expected.add_transaction(DAY0)
+    expected.add_label(DAY0, True)
+    np.testing.assert_array_equal(features, expected.features(reported))
+
+
+def test_a_fraud_inside_the_delay_counts_but_publishes_only_when_its_day_is_read() -> None:
+    state = TerminalState()
+    state.apply(tx(0, DAY0 + 10), MS_PER_DAY)
+    applied = state.apply(lab(0, DAY0 + 8, DAY0 + 10), MS_PER_DAY)
+    assert applied.counted and not applied.publish  # day DAY0 + 8 is inside the delay
+    assert state.features()[2] == 0.0
+    assert state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), MS_PER_DAY).publish
+    assert state.features()[2] == pytest.approx(np.log1p(1))  # terminal_frauds_1d
+
+
+def test_a_legitimate_outcome_changes_no_count_and_publishes_only_a_new_day() -> None:
+    state = TerminalState()
+    state.apply(tx(0, DAY0 + 9), MS_PER_DAY)
+    before = state.features()
+    assert not state.apply(lab(0, DAY0, DAY0 + 9, fraud=False), MS_PER_DAY).publish
+    np.testing.assert_array_equal(state.features(), before)
+    assert state.apply(lab(1, DAY0, DAY0 + 10, fraud=False), MS_PER_DAY).publish
+
+
+def test_an_event_read_again_is_not_counted_twice() -> None:
+    state = TerminalState()
+    state.apply(tx(5, DAY0, partition=1), MS_PER_DAY)
+    state.apply(lab(2, DAY0, DAY0 + 9, partition=1), MS_PER_DAY)
+    counts = state.features()
+    for again in (
+        tx(5, DAY0, partition=1),
+        tx(4, DAY0, partition=1),
+        lab(2, DAY0, DAY0 + 9, partition=1),
+    ):
+        assert state.apply(again, MS_PER_DAY) == (False, False)
+    np.testing.assert_array_equal(state.features(), counts)
+    # Positions are per input and partition: these are new records.
+    assert state.apply(tx(5, DAY0, partition=0), MS_PER_DAY).counted
+    assert state.apply(lab(5, DAY0, DAY0 + 9, partition=0), MS_PER_DAY).counted
+    assert state.positions == {"t1": 5, "l1": 2, "t0": 5, "l0": 5}
+
+
+def test_a_shorter_day_for_compressed_time() -> None:
+    state = TerminalState()
+    day_ms = 3_200
+    state.apply(TerminalEvent(TRANSACTION, 0, 0, 10 * day_ms + 5), day_ms)
+    assert state.as_of_day == 10
+
+
+def test_the_table_value_round_trips() -> None:
+    state = TerminalState()
+    state.apply(tx(0, DAY0), MS_PER_DAY)
+    state.apply(lab(3, DAY0, DAY0 + 9, partition=2), MS_PER_DAY)
+    copy = TerminalState.from_bytes(state.to_bytes())
+    assert (copy.as_of_day, copy.positions) == (state.as_of_day, state.positions)
+    np.testing.assert_array_equal(copy.features(), state.features())
+    assert copy.to_bytes() == state.to_bytes()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"{}", b"[]", b'{"as_of_day": 1, "positions": {}, "risk": {"days": [1]}}', b"\xff"],
+)
+def test_a_table_value_it_did_not_write_is_a_value_error(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        TerminalState.from_bytes(value)
