@@ -164,6 +164,7 @@ def run_worker(config: WorkerConfig) -> int:
         redirect_stdouts=False,
         override_logging=False,
     )
+    worker.spinner = None  # a progress spinner writes terminal escapes into the logs
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
