@@ -1,0 +1,164 @@
+"""`fraud-loadgen`'s command line: the flags, their environment variables and defaults, and
+their validation into the run's schedule."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from loadgen.shapes import (
+    DEFAULT_BURST_EVERY_S,
+    DEFAULT_BURST_FACTOR,
+    DEFAULT_BURST_LENGTH_S,
+    DEFAULT_RATES,
+    SHAPES,
+    Schedule,
+    make_shape,
+)
+from simulator.transactions import MAX_FRAUD_SCALE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    rates = ", ".join(f"{name} {rate:g}" for name, rate in DEFAULT_RATES.items())
+    parser = argparse.ArgumentParser(
+        prog="fraud-loadgen",
+        description="Open-loop load generator for fraud-scorer: simulated transactions in, "
+        "decisions and dead letters read back and matched by transaction.",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        help="Kafka bootstrap servers [env KAFKA_BOOTSTRAP_SERVERS; default: %(default)s]",
+    )
+    parser.add_argument(
+        "--input-topic",
+        default=env("FRAUD_INPUT_TOPIC", "transactions"),
+        help="topic to produce transactions to [env FRAUD_INPUT_TOPIC; default: %(default)s]",
+    )
+    parser.add_argument(
+        "--output-topic",
+        default=env("FRAUD_OUTPUT_TOPIC", "decisions"),
+        help="topic to read decisions from [env FRAUD_OUTPUT_TOPIC; default: %(default)s]",
+    )
+    parser.add_argument(
+        "--dlq-topic",
+        default=env("FRAUD_DLQ_TOPIC", "transactions.dlq"),
+        help="dead-letter topic to read [env FRAUD_DLQ_TOPIC; default: %(default)s]",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="constant",
+        help="traffic shape: constant (--rate throughout), ramp (0 to --rate), diurnal (a day "
+        "compressed into --duration, starting at midnight: --rate at lunch, 1%% of it at 3 AM), "
+        "burst (--rate with periodic bursts; see --burst-*) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help=f"transactions per second: the rate of constant and burst, the end of ramp, the "
+        f"peak of diurnal (default by shape: {rates})",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="seconds to send for (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--burst-every",
+        type=float,
+        default=DEFAULT_BURST_EVERY_S,
+        help="burst shape: seconds from one burst to the next; each burst closes its period "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--burst-seconds",
+        type=float,
+        default=DEFAULT_BURST_LENGTH_S,
+        help="burst shape: length of a burst in seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--burst-factor",
+        type=float,
+        default=DEFAULT_BURST_FACTOR,
+        help="burst shape: rate during a burst as a multiple of --rate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bad-ratio",
+        type=float,
+        default=0.0,
+        help="share of records sent malformed on purpose, 0..1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fraud-scale",
+        type=float,
+        default=1.0,
+        help="multiplies the simulator's compromised terminals and cards per day (the "
+        "handbook's rates at 1; 0 for no fraud) (default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for outstanding outcomes after sending (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-url",
+        default="http://127.0.0.1:9102/metrics",
+        help="scorer /metrics to scrape every second during the run (batch sizes, batch cap, "
+        "consumer lag); empty to skip (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON line last on stdout"
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write an HTML page with plots (viewable offline) and the summary JSON into DIR",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser  # fmt: skip
+
+
+def validate(args: argparse.Namespace) -> Schedule:
+    """Check the arguments and build the run's schedule; ValueError naming the flag."""
+    if args.rate is None:
+        args.rate = DEFAULT_RATES[args.shape]
+    if not args.rate > 0:
+        raise ValueError(f"--rate must be > 0, got {args.rate}")
+    if not args.duration > 0:
+        raise ValueError(f"--duration must be > 0, got {args.duration}")
+    if not 0.0 <= args.bad_ratio <= 1.0:
+        raise ValueError(f"--bad-ratio must be within 0..1, got {args.bad_ratio}")
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not 0.0 <= args.fraud_scale <= MAX_FRAUD_SCALE:
+        raise ValueError(
+            f"--fraud-scale must be within 0..{MAX_FRAUD_SCALE}, got {args.fraud_scale}"
+        )
+    if not 0 < args.burst_seconds <= args.burst_every:
+        raise ValueError(
+            f"--burst-seconds must be in (0, --burst-every={args.burst_every}], "
+            f"got {args.burst_seconds}"
+        )
+    if not args.burst_factor > 0:
+        raise ValueError(f"--burst-factor must be > 0, got {args.burst_factor}")
+    shape = make_shape(
+        args.shape,
+        args.rate,
+        args.duration,
+        burst_every_s=args.burst_every,
+        burst_length_s=args.burst_seconds,
+        burst_factor=args.burst_factor,
+    )
+    schedule = Schedule(shape, args.duration)
+    if schedule.total < 1:
+        raise ValueError(
+            f"--rate {args.rate} over --duration {args.duration} s schedules no record at all"
+        )
+    return schedule
