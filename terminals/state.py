@@ -11,6 +11,8 @@ already run the same code.
 Around the buckets the entry keeps:
 - `as_of_day`: the terminal's current day, the latest day of any of its transactions or of a
   label's report; the published features are those as of this day.
+- `published`: the features last published, so a terminal whose features did not change (its
+  day advanced, but no window gained or lost a count) is not published again.
 - `positions`: per input partition ("t3": transactions partition 3, "l0": labels partition 0),
   the offset of the last record counted. An input record read again (a replay after a crash or
   a rebalance, which re-sends it to the re-keyed topic) has an offset at or below it and is not
@@ -19,8 +21,8 @@ Around the buckets the entry keeps:
   what it sent before a rebalance hands the partition on). The positions live in the same table
   value (one changelog record) as the counts they describe, so a restart recovers both together.
 
-Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "risk"}` with `risk`
-the `TerminalRisk.to_bytes()` document.
+Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "published", "risk"}`
+with `risk` the `TerminalRisk.to_bytes()` document.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class _Stored(msgspec.Struct, frozen=True):
     as_of_day: int
     positions: dict[str, int]
     risk: msgspec.Raw
+    published: list[float] | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -61,12 +64,13 @@ _decoder = msgspec.json.Decoder(_Stored)
 class TerminalState:
     """One terminal's counts, current day and input positions: the worker's table value."""
 
-    __slots__ = ("as_of_day", "positions", "risk")
+    __slots__ = ("as_of_day", "positions", "published", "risk")
 
     def __init__(self) -> None:
         self.risk = TerminalRisk()
         self.as_of_day = NO_DAY
         self.positions: dict[str, int] = {}
+        self.published: list[float] | None = None
 
     def apply(self, event: TerminalEvent, day_ms: int) -> Applied:
         """Count one transaction or label of this terminal, once.
@@ -74,7 +78,8 @@ class TerminalState:
         A transaction counts on its day; a fraud label adds a confirmed fraud on its
         transaction's day, a legitimate one changes no count. The terminal's day advances to the
         transaction's day, or to the day a label was reported. `publish` is True when the day
-        advanced or the event landed in a day some window reads as of the current day.
+        advanced or the event landed in a day some window reads as of the current day: the
+        features may have changed (`changed_features` tells).
         """
         position = f"{event.source}{event.partition}"
         if event.offset <= self.positions.get(position, -1):
@@ -99,9 +104,21 @@ class TerminalState:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`."""
         return self.risk.features(max(self.as_of_day, 0))
 
+    def changed_features(self) -> npt.NDArray[np.float32] | None:
+        """The features as of `as_of_day` if they differ from the last published ones (which
+        they then become), else None: the record to publish, if any."""
+        features = self.features()
+        values = features.tolist()
+        if values == self.published:
+            return None
+        self.published = values
+        return features
+
     def to_bytes(self) -> bytes:
         """The table value (JSON)."""
-        stored = _Stored(self.as_of_day, self.positions, msgspec.Raw(self.risk.to_bytes()))
+        stored = _Stored(
+            self.as_of_day, self.positions, msgspec.Raw(self.risk.to_bytes()), self.published
+        )
         return _encoder.encode(stored)
 
     @classmethod
@@ -115,4 +132,5 @@ class TerminalState:
         state.risk = TerminalRisk.from_bytes(bytes(stored.risk))
         state.as_of_day = stored.as_of_day
         state.positions = dict(stored.positions)
+        state.published = stored.published
         return state

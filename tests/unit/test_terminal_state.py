@@ -14,8 +14,11 @@ from scorer.terminal_risk import DELAY_DAYS, MS_PER_DAY, TerminalRisk
 from terminals.events import (
     LABEL,
     TRANSACTION,
+    Routed,
     TerminalEvent,
-    decode_event,
+    batch_by_partition,
+    decode_batch,
+    partition_of,
     route_label,
     route_transaction,
 )
@@ -62,18 +65,34 @@ def lab(
 
 def test_a_transaction_becomes_an_event_of_its_terminal() -> None:
     routed = route_transaction(msgspec.json.encode(TRANSACTION_RECORD), 3, 41)
-    assert routed is not None and routed.terminal_id == "P" and not routed.fraud
-    assert decode_event(routed.event) == TerminalEvent(
-        TRANSACTION, 3, 41, TRANSACTION_RECORD["event_time"]
+    assert routed == Routed(
+        "P", TerminalEvent(TRANSACTION, 3, 41, TRANSACTION_RECORD["event_time"])
     )
 
 
 def test_a_label_becomes_an_event_of_its_terminal() -> None:
     routed = route_label(msgspec.json.encode(LABEL_RECORD), 1, 7)
-    assert routed is not None and routed.terminal_id == "P" and routed.fraud
-    assert decode_event(routed.event) == TerminalEvent(
+    expected = TerminalEvent(
         LABEL, 1, 7, LABEL_RECORD["event_time"], True, LABEL_RECORD["reported_at"]
     )
+    assert routed == Routed("P", expected)
+
+
+def test_events_travel_in_one_record_per_partition_in_their_order() -> None:
+    routed = [Routed(f"term-{i % 7}", TerminalEvent(TRANSACTION, 0, i, i)) for i in range(50)]
+    records = batch_by_partition(routed, 4)
+    assert set(records) <= set(range(4))
+    for partition, value in records.items():
+        events = decode_batch(value)
+        assert all(partition_of(terminal, 4) == partition for terminal, _ in events)
+        offsets = [event.offset for _, event in events]
+        assert offsets == sorted(offsets)
+    assert sum(len(decode_batch(v)) for v in records.values()) == 50
+
+
+def test_a_terminals_partition_is_stable() -> None:
+    # The changelog is laid out by it: CRC-32, never Python's per-process string hash.
+    assert [partition_of(t, 6) for t in ("a", "merch-00001-t0", "P")] == [3, 1, 1]
 
 
 @pytest.mark.parametrize("terminal", [None, ""])
@@ -91,10 +110,10 @@ def test_invalid_records_raise_the_contract_errors() -> None:
         route_transaction(encode(TRANSACTION_RECORD, amount=-1), 0, 0)
 
 
-def test_an_internal_event_that_is_not_one_is_a_value_error() -> None:
-    for value in (None, b"", b"[1]", b'{"source": "t"}', b'["x", 0, 0, 0]'):
-        with pytest.raises(ValueError, match="not a terminal event"):
-            decode_event(value)
+def test_an_internal_record_that_is_not_one_is_a_value_error() -> None:
+    for value in (None, b"", b"[1]", b'{"events": []}', b'[[["P", ["x", 0, 0, 0]]]]'):
+        with pytest.raises(ValueError, match="not a batch of terminal events"):
+            decode_batch(value)
 
 
 def encode(record: dict[str, Any], **changes: object) -> bytes:
