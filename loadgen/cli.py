@@ -25,6 +25,7 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
 from loadgen.html_report import write_report
+from loadgen.labels import LabelFeed
 from loadgen.malformed import malform
 from loadgen.options import build_parser, validate
 from loadgen.reader import OutcomeReader
@@ -48,6 +49,15 @@ FLUSH_TIMEOUT_S = 30.0
 QUEUE_FULL_BACKOFF_S = 0.01
 DRAIN_CHECK_S = 0.1
 READER_JOIN_TIMEOUT_S = 10.0
+METADATA_TIMEOUT_S = 10.0
+#: The summary's label figures when no labels were sent.
+NO_LABELS: dict[str, object] = {
+    "labels_topic": None,
+    "labels_sent": 0,
+    "labels_fraud_sent": 0,
+    "labels_failed": 0,
+    "labels_pending": 0,
+}
 #: 1: a record went unanswered, or the run could not be done or reported.
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -60,27 +70,32 @@ class SendResult(NamedTuple):
     send_seconds: float
     #: The most the sender ever was behind its schedule (its own slowness, not the service's).
     worst_lag_s: float
+    #: Simulated seconds per event-time second (FRAUD_HISTORY_TIME_SCALE for the services).
+    time_scale: float
+    #: The label feed's figures (LabelFeed.summary), or NO_LABELS.
+    labels: dict[str, object]
 
 
 def send(
     args: argparse.Namespace, schedule: Schedule, sent: SentLog, reader: OutcomeReader
 ) -> SendResult:
     """Produce the schedule's records when they are due, recording each in `sent`."""
-    producer = Producer({
-        "bootstrap.servers": args.bootstrap_servers,
-        "linger.ms": 1,
-        "enable.idempotence": True,
-    })  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": args.bootstrap_servers, "linger.ms": 1, "enable.idempotence": True}
+    )
     # The simulated clock starts now and is compressed to the sending rate (simulated days
     # pass in seconds; batch.time_scale says by how much).
+    id_prefix = f"lg{uuid.uuid4().hex[:8]}"
     simulator = TransactionSimulator(
         args.seed,
         fraud_scale=args.fraud_scale,
         start_time_ms=time.time_ns() // 1_000_000,
-        id_prefix=f"lg{uuid.uuid4().hex[:8]}",
+        id_prefix=id_prefix,
     )
+    feed = _label_feed(args, producer, id_prefix, sent)
     rng = np.random.default_rng(args.seed + 1)
     buffer: list[tuple[dict[str, object], bool, str]] = []
+    time_scale = 1.0
 
     started = time.monotonic()
     sent.started_ms = time.time_ns() // 1_000_000
@@ -91,6 +106,8 @@ def send(
     while i < schedule.total:
         now = time.monotonic()
         elapsed = now - started
+        if feed is not None:
+            feed.send_due(time.time_ns() // 1_000_000)
         due = schedule.due_by(elapsed)
         if i >= due:
             producer.poll(min(TICK_S, max(0.0, schedule.due_at(i) - elapsed)))
@@ -100,6 +117,9 @@ def send(
         while i < due:
             if not buffer:
                 batch = simulator.generate(CHUNK, rate_per_s=schedule.mean_rate)
+                time_scale = batch.time_scale
+                if feed is not None:
+                    feed.add(batch.labels)
                 buffer = list(
                     zip(
                         batch.records, batch.is_fraud.tolist(), batch.scenario.tolist(), strict=True
@@ -130,11 +150,34 @@ def send(
             gc.freeze()
             if not args.quiet:
                 target = float(schedule.shape.rate_at(np.array([elapsed]))[0])
-                _progress(i, i - sent_at_progress, target, elapsed, reader.count)
+                labels_sent = None if feed is None else feed.sent
+                _progress(i, i - sent_at_progress, target, elapsed, reader.count, labels_sent)
             sent_at_progress = i
     send_seconds = time.monotonic() - started
+    if feed is not None:
+        feed.send_due(time.time_ns() // 1_000_000)
     producer.flush(FLUSH_TIMEOUT_S)
-    return SendResult(started, send_seconds, worst_lag_s)
+    labels = NO_LABELS if feed is None else feed.summary()
+    return SendResult(started, send_seconds, worst_lag_s, time_scale, labels)
+
+
+def _label_feed(
+    args: argparse.Namespace, producer: Producer, id_prefix: str, sent: SentLog
+) -> LabelFeed | None:
+    """The run's label feed, or None with --no-labels or when the labels topic is missing."""
+    if args.no_labels:
+        return None
+    topic = producer.list_topics(args.labels_topic, timeout=METADATA_TIMEOUT_S).topics.get(
+        args.labels_topic
+    )
+    if topic is None or topic.error is not None:
+        print(
+            f"fraud-loadgen: labels topic {args.labels_topic!r} does not exist: no labels sent "
+            "(fraud-features create-topics creates it; --no-labels silences this)",
+            file=sys.stderr,
+        )
+        return None
+    return LabelFeed(producer, args.labels_topic, id_prefix, sent.sent_ms)
 
 
 def _produce(
@@ -154,10 +197,13 @@ def _produce(
             producer.poll(QUEUE_FULL_BACKOFF_S)
 
 
-def _progress(sent: int, last_second: int, target: float, elapsed_s: float, outcomes: int) -> None:
+def _progress(
+    sent: int, last_second: int, target: float, elapsed_s: float, outcomes: int, labels: int | None
+) -> None:
     print(
         f"[{elapsed_s:6.1f}s] sent {sent:>9} ({last_second:>6}/s, due {target:6.0f}/s)  "
-        f"outcomes {outcomes:>9}  outstanding {sent - outcomes:>7}",
+        f"outcomes {outcomes:>9}  outstanding {sent - outcomes:>7}"
+        + ("" if labels is None else f"  labels {labels:>6}"),
         file=sys.stderr,
         flush=True,
     )
@@ -206,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started_at=started_at,
         target_rate=round(schedule.mean_rate, 1),
         schedule_lag_max_ms=round(result.worst_lag_s * 1000.0, 1),
+        time_scale=round(result.time_scale, 1),
+        **result.labels,
     )
     if scraper is not None:
         scraper.stop()

@@ -48,6 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="dead-letter topic to read [env FRAUD_DLQ_TOPIC; default: %(default)s]",
     )
     parser.add_argument(
+        "--labels-topic",
+        default=env("FRAUD_LABELS_TOPIC", "labels"),
+        help="topic to produce the simulator's confirmed outcomes (labels) to, each once it is "
+        "known in simulated time; if the topic does not exist, no labels are sent [env "
+        "FRAUD_LABELS_TOPIC; default: %(default)s]",
+    )
+    parser.add_argument(
+        "--no-labels", action="store_true", help="send no labels (only transactions)"
+    )
+    parser.add_argument(
         "--shape",
         choices=SHAPES,
         default="constant",
@@ -120,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write an HTML page with plots (viewable offline) and the summary JSON into DIR",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser  # fmt: skip
+    return parser
 
 
 def validate(args: argparse.Namespace) -> Schedule:

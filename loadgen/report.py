@@ -14,6 +14,8 @@ _MS_PER_S = 1000
 #: The text summary prints the per-second table only up to this many rows (the JSON line and
 #: the HTML report always hold all of them).
 MAX_TEXT_ROWS = 60
+#: The fraud recall over time is shown per this many seconds of the run.
+RECALL_EVERY_S = 10
 
 
 @dataclass
@@ -92,6 +94,44 @@ def over_time(
     return rows
 
 
+def recall_over_time(
+    started_ms: int,
+    sent_ms: npt.NDArray[np.int64],
+    is_fraud: npt.NDArray[np.bool_],
+    caught: npt.NDArray[np.bool_],
+    every_s: int = RECALL_EVERY_S,
+) -> list[dict[str, float | None]]:
+    """Recall of the fraud sent in each `every_s` seconds of the run (by send time), so a run
+    shows recall rising once labels feed the terminal risk; recall is None without fraud."""
+    period = _seconds_since(started_ms, sent_ms) // every_s
+    periods = int(period.max()) + 1 if len(period) else 0
+    frauds = np.bincount(period[is_fraud], minlength=periods)
+    hits = np.bincount(period[is_fraud & caught], minlength=periods)
+    return [
+        {
+            "from_s": i * every_s,
+            "to_s": (i + 1) * every_s,
+            "fraud": int(frauds[i]),
+            "caught": int(hits[i]),
+            "recall": round(float(hits[i] / frauds[i]), 4) if frauds[i] else None,
+        }
+        for i in range(periods)
+    ]
+
+
+def _halves(
+    sent_ms: npt.NDArray[np.int64], is_fraud: npt.NDArray[np.bool_], caught: npt.NDArray[np.bool_]
+) -> list[float | None]:
+    """Fraud recall in the first and the second half of the sending time."""
+    if not len(sent_ms):
+        return [None, None]
+    second = sent_ms >= (int(sent_ms.min()) + int(sent_ms.max())) / 2
+    return [
+        round(float(caught[is_fraud & half].mean()), 4) if (is_fraud & half).any() else None
+        for half in (~second, second)
+    ]
+
+
 def summarize(
     sent: SentLog,
     received: ReceivedLog,
@@ -162,6 +202,10 @@ def summarize(
         "fraud_recall": round(float(caught[is_fraud].mean()), 4) if is_fraud.any() else None,
         "false_positive_rate": round(float(caught[legit].mean()), 4) if legit.any() else None,
         "recall_by_scenario": by_scenario,
+        "fraud_recall_halves": _halves(np.array(sent.sent_ms, np.int64), is_fraud, caught),
+        "recall_over_time": recall_over_time(
+            sent.started_ms, np.array(sent.sent_ms, np.int64), is_fraud, caught
+        ),
         "over_time": over_time(
             sent.started_ms, np.array(sent.sent_ms, np.int64), events, decideds, target_per_s
         ),
@@ -206,6 +250,24 @@ def render_text(summary: dict[str, object]) -> str:
         f"legit flagged   false-positive rate {summary['false_positive_rate']}",
         f"recall by scenario {summary['recall_by_scenario']}",
     ]
+    rows = summary.get("recall_over_time")
+    if isinstance(rows, list) and rows:
+        periods = ", ".join(
+            f"{row['from_s']}-{row['to_s']} s {row['recall']} ({row['caught']}/{row['fraud']})"
+            for row in rows
+        )
+        halves = summary.get("fraud_recall_halves") or [None, None]
+        lines.append(f"recall by time  halves {halves}; {periods}")
+    if "labels_sent" in summary:
+        lines.append(
+            f"labels sent     {summary['labels_sent']:>10}   (fraud {summary['labels_fraud_sent']}"
+            f", failed {summary['labels_failed']}, still to come {summary['labels_pending']}; "
+            f"topic {summary['labels_topic']})"
+        )
+    if "time_scale" in summary:
+        lines.append(
+            f"simulated time  {summary['time_scale']} x real time (FRAUD_HISTORY_TIME_SCALE)"
+        )
     if "shape" in summary:
         lines.append(
             f"schedule        {summary['shape']}, {summary['target_rate']} tx/s on average; "
