@@ -1,0 +1,51 @@
+"""The compose `features` service agrees with fraud-features: its command parses, it sets only
+variables the worker reads (with values the worker accepts), it starts after the topics, and its
+health check reads the worker's metrics port. Nothing here needs Docker."""
+
+from __future__ import annotations
+
+from terminals import cli as features_cli
+from terminals.config import OPTIONS, from_sources
+from tests.deploy.test_compose import (
+    KAFKA,
+    SCORER,
+    TOPICS,
+    environment,
+    our_services,
+    pyproject,
+    service,
+)
+
+FEATURES = "features"
+#: Read by every command besides the declared options (contracts/kafka_settings.py).
+KAFKA_SETTINGS_ENVS = {"FRAUD_KAFKA_OPTIONS", "FRAUD_KAFKA_CONFIG_FILE"}
+
+
+def test_the_features_worker_runs_from_our_image_with_its_console_script() -> None:
+    features = our_services()[FEATURES]
+    assert features["image"] == service(SCORER)["image"]
+    (program,) = features["entrypoint"]
+    assert pyproject()["project"]["scripts"][program] == "terminals.cli:main"
+    args = features_cli.build_parser().parse_args(features["command"])
+    assert args.command == "run"
+
+
+def test_it_sets_only_variables_the_worker_reads_with_valid_values() -> None:
+    env = environment(service(FEATURES))
+    known = {option.env for option in OPTIONS} | KAFKA_SETTINGS_ENVS
+    unknown = {k for k in env if k.startswith(("FRAUD_", "KAFKA_"))} - known
+    assert not unknown, f"features sets {sorted(unknown)}, which terminals/config.py never reads"
+    config = from_sources({}, None, env)
+    assert config.bootstrap_servers == environment(service(SCORER))["KAFKA_BOOTSTRAP_SERVERS"]
+    assert config.input_topic == environment(service(SCORER))["FRAUD_INPUT_TOPIC"]
+    assert config.dlq_topic == environment(service(SCORER))["FRAUD_DLQ_TOPIC"]
+
+
+def test_it_starts_after_the_topics_and_its_health_check_reads_its_metrics() -> None:
+    features = service(FEATURES)
+    assert features["depends_on"][KAFKA]["condition"] == "service_healthy"
+    assert features["depends_on"][TOPICS]["condition"] == "service_completed_successfully"
+    port = from_sources({}, None, environment(features)).metrics_port
+    assert port and str(port) in {str(p) for p in features.get("expose", [])}
+    assert f"127.0.0.1:{port}/metrics" in " ".join(features["healthcheck"]["test"])
+    assert not features.get("profiles"), "the worker starts with a plain `up`"
