@@ -1,5 +1,6 @@
 """`fraud-features` against the real broker: late labels change a terminal's published risk, the
-table survives a kill -9 (recovered from its changelog), and bad labels are dead-lettered.
+table survives a kill -9 (recovered from its changelog), and bad labels are dead-lettered; and
+`fraud-loadgen` feeds it labels that match the transactions it sent.
 
 Each test has its own topics and app id (so its own consumer group and internal topics), and runs
 the worker as a child process. Event times are whole UTC days far in the past, so the windows are
@@ -8,6 +9,7 @@ plain to read: on day d the 1-, 7- and 30-day windows end on day d - 7.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -24,6 +26,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.dead_letter import decode_headers
+from contracts.label import decode_label
+from contracts.transaction import decode_transaction
 from scorer.terminal_risk import DELAY_DAYS, MS_PER_DAY, decode_terminal_risk
 from terminals.topics import changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
@@ -384,3 +388,52 @@ def test_bad_labels_are_dead_lettered_with_the_scorers_headers(
     finally:
         reader.close()
     assert worker.metric('fraud_features_labels_total{outcome="dead_lettered"}') == len(bad)
+
+
+def test_loadgen_sends_labels_that_match_the_transactions_it_sent(
+    worker_topics: WorkerTopics, admin: AdminClient
+) -> None:
+    # No scorer: nothing is decided (exit status 1), but every label must be a valid label of a
+    # transaction the run sent, with that transaction's event time.
+    topics = worker_topics
+    decisions = f"decisions-{topics.app_id}"
+    admin.create_topics([NewTopic(decisions, 1, 1)])[decisions].result(timeout=30)
+    try:
+        result = _run_loadgen(topics, decisions)
+    finally:
+        admin.delete_topics([decisions])[decisions].result(timeout=30)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["labels_topic"] == topics.labels and summary["labels_failed"] == 0
+    assert summary["labels_sent"] > 0, result.stderr
+    sent = {
+        decode_transaction(m.value()).transaction_id: decode_transaction(m.value())
+        for m in read_topic(topics.transactions, summary["sent"], settle_s=0.2)
+    }
+    labels = read_topic(topics.labels, summary["labels_sent"], settle_s=1.0)
+    assert len(labels) == summary["labels_sent"]
+    for message in labels:
+        label = decode_label(message.value())
+        transaction = sent[label.transaction_id]
+        assert message.key() == label.card_id.encode() == transaction.card_id.encode()
+        assert (label.event_time, label.terminal_id) == (
+            transaction.event_time,
+            transaction.terminal_id,
+        )
+        assert label.reported_at >= label.event_time
+
+
+def _run_loadgen(topics: WorkerTopics, decisions: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "loadgen.cli", "--bootstrap-servers", BOOTSTRAP),
+            *("--input-topic", topics.transactions, "--output-topic", decisions),
+            *("--dlq-topic", topics.dlq, "--labels-topic", topics.labels),
+            *("--rate", "2000", "--duration", "4", "--drain-timeout", "0"),
+            *("--metrics-url", "", "--json", "--quiet"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
