@@ -203,6 +203,10 @@ def summarize(
         "false_positive_rate": round(float(caught[legit].mean()), 4) if legit.any() else None,
         "recall_by_scenario": by_scenario,
         "fraud_recall_halves": _halves(np.array(sent.sent_ms, np.int64), is_fraud, caught),
+        "recall_by_scenario_halves": {
+            name: _halves(np.array(sent.sent_ms, np.int64), is_fraud & (scenario == name), caught)
+            for name in by_scenario
+        },
         "recall_over_time": recall_over_time(
             sent.started_ms, np.array(sent.sent_ms, np.int64), is_fraud, caught
         ),
@@ -258,6 +262,7 @@ def render_text(summary: dict[str, object]) -> str:
         )
         halves = summary.get("fraud_recall_halves") or [None, None]
         lines.append(f"recall by time  halves {halves}; {periods}")
+        lines.append(f"  by scenario   halves {summary.get('recall_by_scenario_halves')}")
     if "labels_sent" in summary:
         lines.append(
             f"labels sent     {summary['labels_sent']:>10}   (fraud {summary['labels_fraud_sent']}"

@@ -112,6 +112,7 @@ def test_the_summary_shows_recall_by_time_and_the_labels() -> None:
     received = ReceivedLog(decisions=[(tx, d, i, i + 5) for i, (tx, d) in enumerate(decisions)])
     summary = summarize(sent, received, 30.0, 31.0)
     assert summary["fraud_recall_halves"] == [0.0, 1.0]
+    assert summary["recall_by_scenario_halves"] == {"compromised_terminal": [0.0, 1.0]}
     summary.update(labels_topic="labels", labels_sent=7, labels_fraud_sent=5)
     summary.update(labels_failed=0, labels_pending=2, time_scale=27_000.0)
     text = render_text(summary)
