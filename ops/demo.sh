@@ -1,23 +1,43 @@
 #!/usr/bin/env bash
-# `make demo`: a local Kafka, the topics, one scorer replica and a short simulated load, then the
-# load generator's summary. Stops what it started. Tunable: DEMO_RATE (tx/s), DEMO_DURATION (s),
-# DEMO_METRICS_PORT.
+# `make demo`: a local Kafka, the topics, one scorer replica, the features worker and a simulated
+# load with its labels, then the load generator's summary. Stops what it started. Tunable:
+# DEMO_RATE (tx/s), DEMO_DURATION (s), DEMO_METRICS_PORT, DEMO_FEATURES_METRICS_PORT.
+#
+# Simulated time runs compressed (a day in seconds, FRAUD_HISTORY_TIME_SCALE for both services),
+# and terminal risk reads windows that end 7 simulated days back: the labels start to count
+# after about 7 days plus their delay, so the run lasts long enough for that, at a rate one
+# shared 2-core machine keeps up with (scorer, worker and load generator together).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 py="$repo/.venv/bin/python"
-rate="${DEMO_RATE:-3000}"
-duration="${DEMO_DURATION:-30}"
+rate="${DEMO_RATE:-1000}"
+duration="${DEMO_DURATION:-120}"
 port="${DEMO_METRICS_PORT:-9102}"
+features_port="${DEMO_FEATURES_METRICS_PORT:-9103}"
 out="$repo/.kafka/demo"
 mkdir -p "$out"
 
 kafka_started=0
 scorer_pid=""
+features_pid=""
+# A worker of its own per run, reading from now on: its days are those of this run's time scale.
+export FRAUD_FEATURES_APP_ID="fraud-features-demo-$(date +%s)"
+export FRAUD_FEATURES_AUTO_OFFSET_RESET=latest
 cleanup() {
-  if [[ -n "$scorer_pid" ]] && kill -0 "$scorer_pid" 2>/dev/null; then
-    kill -TERM "$scorer_pid"
-    wait "$scorer_pid" || echo "demo: scorer exited with status $?" >&2
+  for pid in "$scorer_pid" "$features_pid"; do
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      wait "$pid" || echo "demo: process $pid exited with status $?" >&2
+    fi
+  done
+  if [[ -n "$features_pid" ]]; then  # the run's internal topics
+    "$py" -c "import sys; from confluent_kafka.admin import AdminClient
+from terminals.topics import changelog_topic_name, events_topic_name
+app = sys.argv[1]
+AdminClient({'bootstrap.servers': '127.0.0.1:9092'}).delete_topics(
+    [events_topic_name(app), changelog_topic_name(app)], operation_timeout=30)" \
+      "$FRAUD_FEATURES_APP_ID" || true
   fi
   if [[ "$kafka_started" == 1 ]]; then ops/kafka/kafka.sh down; fi
 }
@@ -28,6 +48,21 @@ if ! ops/kafka/kafka.sh status >/dev/null 2>&1; then
   kafka_started=1
 fi
 "$py" -m stream create-topics --partitions 3
+"$py" -m terminals create-topics --partitions 3
+# Simulated seconds per second at this rate: what the load generator will run at.
+FRAUD_HISTORY_TIME_SCALE="$("$py" -c "from simulator.transactions import TransactionSimulator
+print(round($rate / TransactionSimulator(7).natural_rate_per_s, 1))")"
+export FRAUD_HISTORY_TIME_SCALE
+
+echo "demo: starting fraud-features (log: $out/features.log, metrics: http://127.0.0.1:$features_port/metrics)"
+"$py" -m terminals run --table-partitions 3 --metrics-port "$features_port" >"$out/features.log" 2>&1 &
+features_pid=$!
+for _ in $(seq 120); do
+  grep -q "Worker ready" "$out/features.log" && break
+  kill -0 "$features_pid" 2>/dev/null || { cat "$out/features.log" >&2; echo "demo: fraud-features died" >&2; exit 1; }
+  sleep 0.5
+done
+grep -q "Worker ready" "$out/features.log" || { echo "demo: fraud-features not ready in 60 s" >&2; exit 1; }
 
 echo "demo: starting the scorer (log: $out/scorer.log, metrics: http://127.0.0.1:$port/metrics)"
 "$py" -m stream run --metrics-port "$port" >"$out/scorer.log" 2>&1 &
@@ -39,6 +74,7 @@ for _ in $(seq 120); do
 done
 grep -q "assigned" "$out/scorer.log" || { echo "demo: the scorer got no partitions in 60 s" >&2; exit 1; }
 
-echo "demo: sending ${rate} tx/s for ${duration} s (the handbook's fraud scenarios, 0.5% malformed)"
+echo "demo: sending ${rate} tx/s for ${duration} s (the handbook's fraud scenarios, 0.5% malformed),"
+echo "      simulated time x${FRAUD_HISTORY_TIME_SCALE}, labels as they become known"
 "$py" -m loadgen.cli --rate "$rate" --duration "$duration" --bad-ratio 0.005 \
   --metrics-url "http://127.0.0.1:$port/metrics"
