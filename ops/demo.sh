@@ -35,8 +35,10 @@ cleanup() {
     "$py" -c "import sys; from confluent_kafka.admin import AdminClient
 from terminals.topics import changelog_topic_name, events_topic_name
 app = sys.argv[1]
-AdminClient({'bootstrap.servers': '127.0.0.1:9092'}).delete_topics(
-    [events_topic_name(app), changelog_topic_name(app)], operation_timeout=30)" \
+names = [events_topic_name(app), changelog_topic_name(app)]
+for future in AdminClient({'bootstrap.servers': '127.0.0.1:9092'}).delete_topics(
+        names, operation_timeout=30).values():
+    future.result(timeout=30)" \
       "$FRAUD_FEATURES_APP_ID" || true
   fi
   if [[ "$kafka_started" == 1 ]]; then ops/kafka/kafka.sh down; fi
