@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
+from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
 from loadgen.malformed import malform
@@ -33,7 +34,6 @@ from loadgen.report import SentLog, render_text, summarize
 from loadgen.scrape import MetricsScraper, batch_size_distribution, metrics_over_time
 from loadgen.shapes import Schedule
 from simulator.transactions import TransactionSimulator
-from stream.logs import configure_logging
 
 log = logging.getLogger("loadgen")
 

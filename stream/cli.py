@@ -14,6 +14,7 @@ from confluent_kafka import KafkaException
 
 from contracts.errors import ClientFailure, ConfigurationError
 from contracts.kafka_settings import parse_kafka_options
+from contracts.logs import configure_logging
 from scorer.model import OnnxScorer
 from stream.config import ServiceConfig, settings
 from stream.health import HealthServer, HealthState
@@ -26,7 +27,6 @@ from stream.kafka_clients import (
     reader_settings,
 )
 from stream.lag import LagMonitor
-from stream.logs import configure_logging
 from stream.metrics import ServiceMetrics
 from stream.service import ScoringService
 from stream.supervisor import supervise

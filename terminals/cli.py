@@ -7,15 +7,14 @@ environment variables like every other command, and starts faust's `Worker` itse
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
 
 from contracts.errors import ConfigurationError
+from contracts.logs import configure_logging
 from terminals.config import OPTIONS, WorkerConfig, from_sources
 from terminals.metrics import WorkerMetrics
 from terminals.topics import ensure_topics, prepare_topics
@@ -96,32 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _JsonLines(logging.Formatter):
-    """One JSON object per line (as the scorer's FRAUD_LOG_FORMAT=json writes them)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def _configure_logging(level: str, log_format: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        _JsonLines()
-        if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
 def run_worker(config: WorkerConfig) -> int:
     """Run one replica until SIGTERM or SIGINT; return the exit status."""
     try:
@@ -180,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"fraud-features: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(config.log_level, config.log_format)
+    configure_logging(config.log_level, config.log_format)
     try:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)

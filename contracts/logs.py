@@ -1,4 +1,4 @@
-"""Logging set-up for the entry points: plain text for people, JSON lines for log pipelines."""
+"""How every command of the project logs: plain text for people, JSON lines for log pipelines."""
 
 from __future__ import annotations
 
