@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from stream.config import ServiceConfig
 from stream.health import HealthServer, HealthState
+from terminals.config import OPTIONS as WORKER_OPTIONS
 from tests.deploy.repo import (
     CHART,
     ROOT,
@@ -49,6 +51,15 @@ def all_templates() -> str:
     return "\n".join(path.read_text() for path in sorted(TEMPLATES.glob("*")))
 
 
+#: The fraud-features worker's Deployment: the worker's settings, not the scorer's.
+FEATURES_TEMPLATE = "features.yaml"
+
+
+def scorer_templates() -> str:
+    paths = sorted(p for p in TEMPLATES.glob("*") if p.name != FEATURES_TEMPLATE)
+    return "\n".join(path.read_text() for path in paths)
+
+
 def env_value_expr(variable: str) -> str:
     """The template expression the chart sets an environment variable to."""
     match = re.search(
@@ -75,7 +86,7 @@ def values_ref(expression: str) -> str:
 
 
 def test_every_variable_the_chart_sets_is_one_the_service_reads() -> None:
-    set_in_templates = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", all_templates()))
+    set_in_templates = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", scorer_templates()))
     set_in_values = {name for path in VALUES_FILES for name in load_yaml(path).get("env", {})}
     assert set_in_templates, "the chart sets no environment"
     unknown = (set_in_templates | set_in_values) - config_envs()
@@ -93,10 +104,18 @@ def test_the_values_env_passes_the_services_validation(overlays: tuple[str, ...]
 def test_the_free_form_env_cannot_override_what_the_chart_derives() -> None:
     helpers = template("_helpers.tpl")
     reserved = set(re.findall(r'"((?:FRAUD|KAFKA)_\w+)"', helpers.split("$reserved := list")[1]))
-    derived = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", all_templates()))
+    derived = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", scorer_templates()))
     assert derived <= reserved, f"not reserved: {sorted(derived - reserved)}"
     for path in VALUES_FILES:
         assert not reserved & set(load_yaml(path).get("env", {})), path.name
+
+
+def test_every_variable_the_features_worker_gets_is_one_it_reads() -> None:
+    set_there = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", template(FEATURES_TEMPLATE)))
+    assert set_there, "the features worker gets no environment"
+    # The shared librdkafka settings are read by every command (contracts/kafka_settings.py).
+    unknown = set_there - {option.env for option in WORKER_OPTIONS} - {CONFIG_FILE_ENV, OPTIONS_ENV}
+    assert not unknown, f"the chart sets {sorted(unknown)}, which fraud-features never reads"
 
 
 # ── KEDA ─────────────────────────────────────────────────────────────────────────────────────
