@@ -13,15 +13,35 @@ from typing import Any
 
 import yaml
 
+from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from stream.config import ServiceConfig, settings
+from terminals.config import OPTIONS as WORKER_OPTIONS
+
+
+def _component(doc: dict[str, Any]) -> str:
+    return str(doc["metadata"].get("labels", {}).get("app.kubernetes.io/component", "scorer"))
+
+
+def check_features(deployment: dict[str, Any]) -> list[str]:
+    """The features worker's pods get only settings fraud-features reads."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"] for e in container["env"]}
+    known = {option.env for option in WORKER_OPTIONS} | {CONFIG_FILE_ENV, OPTIONS_ENV}
+    unknown = env - known
+    return [f"the features pods get {sorted(unknown)}, which fraud-features does not read"] * bool(
+        unknown
+    )
 
 
 def check(docs: list[dict[str, Any]]) -> list[str]:
     problems: list[str] = []
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    deployments = [d for (kind, _), d in by_kind.items() if kind == "Deployment"]
+    all_deployments = [d for (kind, _), d in by_kind.items() if kind == "Deployment"]
+    for features in (d for d in all_deployments if _component(d) == "features"):
+        problems += check_features(features)
+    deployments = [d for d in all_deployments if _component(d) != "features"]
     if len(deployments) != 1:
-        return [f"{len(deployments)} Deployments rendered, expected 1"]
+        return [f"{len(deployments)} scorer Deployments rendered, expected 1"]
     (deployment,) = deployments
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
