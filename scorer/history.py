@@ -31,6 +31,7 @@ with a handful of vectorised numpy passes. Responsibilities and decisions:
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -256,8 +257,10 @@ class CardHistory:
         index = self._index
         rows = [index.get(card_id, -1) for card_id in card_ids]
         if -1 in rows:
-            rows = [self._allocate(c) if r < 0 else r for c, r in zip(card_ids, rows, strict=True)]
-            # A card new to this batch and seen twice in it must get one row.
+            # New cards get their rows first and are cleared in one pass; a card new to this
+            # batch and seen twice in it gets one row.
+            fresh = [self._take_row(c) for c, r in zip(card_ids, rows, strict=True) if r < 0]
+            self._clear(np.array([r for r in fresh if r >= 0], np.int64))
             rows = [index[card_id] for card_id in card_ids]
         return np.array(rows, np.int64)
 
@@ -265,6 +268,14 @@ class CardHistory:
         row = self._index.get(card_id)
         if row is not None:
             return row
+        row = self._take_row(card_id)
+        self._clear(np.array([row]))
+        return row
+
+    def _take_row(self, card_id: str) -> int:
+        """A row for a card not seen before (not cleared yet); -1 if it has one already."""
+        if card_id in self._index:
+            return -1
         if not self._free:
             self._grow()
         row = self._free.pop()
@@ -272,7 +283,6 @@ class CardHistory:
         self._ids[row] = card_id
         self._used[row] = True
         self._key_bytes += sys.getsizeof(card_id)
-        self._clear(np.array([row]))
         return row
 
     def _clear(self, rows: npt.NDArray[np.int64]) -> None:
@@ -395,9 +405,20 @@ class CardHistory:
         )
 
 
+_SCRATCH = threading.local()
+
+
 def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
-    """The history features of a batch whose every card is new (history unknown)."""
-    history = CardHistory()
+    """The history features of a batch whose every card is new (history unknown).
+
+    A scratch history per thread keeps one card per row of the largest batch seen, reset
+    before each use, so no card is allocated on the way."""
     n = len(columns.amount)
-    ids = [str(i) for i in range(n)]
-    return history.update_and_features(ids, columns, ids, np.zeros(n, np.int64))
+    ids: list[str] = getattr(_SCRATCH, "ids", [])
+    if len(ids) < n:
+        ids = [str(i) for i in range(max(n, 2 * len(ids), 256))]
+        _SCRATCH.ids, _SCRATCH.history = ids, CardHistory()
+    history: CardHistory = _SCRATCH.history
+    batch_ids = ids[:n]
+    history._clear(history._rows_for(batch_ids))
+    return history.update_and_features(batch_ids, columns, batch_ids, np.zeros(n, np.int64))
