@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import sys
 import time
 import uuid
@@ -24,6 +25,8 @@ import msgspec
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
+from contracts.errors import ConfigurationError
+from contracts.kafka_settings import tool_kafka_settings
 from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
@@ -77,12 +80,15 @@ class SendResult(NamedTuple):
 
 
 def send(
-    args: argparse.Namespace, schedule: Schedule, sent: SentLog, reader: OutcomeReader
+    args: argparse.Namespace,
+    kafka: dict[str, str],
+    schedule: Schedule,
+    sent: SentLog,
+    reader: OutcomeReader,
 ) -> SendResult:
-    """Produce the schedule's records when they are due, recording each in `sent`."""
-    producer = Producer(
-        {"bootstrap.servers": args.bootstrap_servers, "linger.ms": 1, "enable.idempotence": True}
-    )
+    """Produce the schedule's records when they are due, recording each in `sent`; `kafka` holds
+    the librdkafka settings every client of the run shares."""
+    producer = Producer({**kafka, "linger.ms": 1, "enable.idempotence": True})
     # The simulated clock starts now and is compressed to the sending rate (simulated days
     # pass in seconds; batch.time_scale says by how much).
     id_prefix = f"lg{uuid.uuid4().hex[:8]}"
@@ -213,25 +219,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         schedule = validate(args)
-    except ValueError as exc:
+        extra = tool_kafka_settings(args.kafka_options, os.environ)
+    except (ValueError, ConfigurationError) as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    kafka = {**extra, "bootstrap.servers": args.bootstrap_servers}
     configure_logging("WARNING", "text")
     scraper = MetricsScraper(args.metrics_url) if args.metrics_url else None
     if scraper is not None:
         scraper.scrape_now()
         scraper.start()
     try:
-        reader = OutcomeReader(
-            args.bootstrap_servers, [args.output_topic, args.dlq_topic], args.output_topic
-        )
+        reader = OutcomeReader(kafka, [args.output_topic, args.dlq_topic], args.output_topic)
     except Exception as exc:
         print(f"fraud-loadgen: cannot read the outcome topics: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     reader.start()
     sent = SentLog()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    result = send(args, schedule, sent, reader)
+    result = send(args, kafka, schedule, sent, reader)
 
     deadline = time.monotonic() + args.drain_timeout
     while reader.count < len(sent.transaction_ids) and time.monotonic() < deadline:

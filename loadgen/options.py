@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from loadgen.shapes import (
     DEFAULT_BURST_EVERY_S,
     DEFAULT_BURST_FACTOR,
@@ -31,6 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-servers",
         default=env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
         help="Kafka bootstrap servers [env KAFKA_BOOTSTRAP_SERVERS; default: %(default)s]",
+    )
+    parser.add_argument(
+        "-X",
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra librdkafka setting for the producer and the outcome reader, e.g. "
+        f"security.protocol=SASL_SSL; repeat for several [env {OPTIONS_ENV}, comma-separated; "
+        f"default: none]; secrets belong in the properties file named by {CONFIG_FILE_ENV}, "
+        "which these override. Outcomes are read with isolation.level=read_committed whatever "
+        "is given: with FRAUD_PROCESSING_GUARANTEE=exactly-once, only decisions of committed "
+        "transactions count",
     )
     parser.add_argument(
         "--input-topic",

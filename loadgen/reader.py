@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import cast
 
 import msgspec
@@ -23,17 +24,22 @@ METADATA_TIMEOUT_S = 10.0
 class OutcomeReader(threading.Thread):
     """Reads decisions and dead letters produced after the run started."""
 
-    def __init__(self, bootstrap: str, topics: list[str], decision_topic: str) -> None:
+    def __init__(self, kafka: Mapping[str, str], topics: list[str], decision_topic: str) -> None:
+        """`kafka`: librdkafka settings (bootstrap servers, security) for the reader's consumer."""
         super().__init__(name="outcome-reader", daemon=True)
         self.received = ReceivedLog()
         self._decision_topic = decision_topic
         self._stop_event = threading.Event()
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fraud-loadgen-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        })  # fmt: skip
+        self._consumer = Consumer(
+            {
+                **kafka,
+                "group.id": f"fraud-loadgen-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+                # Exactly-once: decisions of aborted transactions are not outcomes.
+                "isolation.level": "read_committed",
+            }
+        )
         # Start at today's end of every partition: earlier runs' outcomes are not ours.
         assignment = []
         for topic in topics:

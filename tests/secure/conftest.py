@@ -43,6 +43,7 @@ from confluent_kafka.admin import (
 from ops.kafka import acls as acl_tools
 from ops.kafka.acls import ServiceAcls
 from ops.kafka.kafka_ready import AuthenticationError, broker_count, read_properties
+from tests.integration.conftest import ServiceProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SECURE_BOOTSTRAP = os.environ.get("KAFKA_SECURE_BOOTSTRAP_SERVERS", "127.0.0.1:9192")
@@ -311,3 +312,59 @@ def raised_error(exc: KafkaException) -> KafkaError:
     error = exc.args[0]
     assert isinstance(error, KafkaError), exc
     return error
+
+
+SOURCES = ["file", "env"]
+
+
+def credential_env(
+    broker: SecureBroker, user: Credentials, source: str, path: Path, extra: dict[str, str]
+) -> dict[str, str]:
+    """The environment that hands `user`'s settings (and `extra`) to the service."""
+    if source == "file":
+        return {"FRAUD_KAFKA_CONFIG_FILE": str(broker.write_properties(path, user, extra))}
+    settings = {**broker.security_settings(user), **extra}
+    return {"FRAUD_KAFKA_OPTIONS": ",".join(f"{k}={v}" for k, v in settings.items())}
+
+
+@pytest.fixture
+def start_service(
+    secure_broker: SecureBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., ServiceProcess]]:
+    """`start(user, topics, group, source, *flags, extra={})`: `fraud-scorer run` on the secured
+    broker with `user`'s credentials from `source` ("file" or "env")."""
+    started: list[ServiceProcess] = []
+
+    def start(
+        user: Credentials,
+        topics: SecureTopics,
+        group: str,
+        source: str,
+        *flags: str,
+        extra: dict[str, str] | None = None,
+    ) -> ServiceProcess:
+        env = credential_env(
+            secure_broker, user, source, tmp_path / f"{user.username}.properties", extra or {}
+        )
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)  # the child inherits it
+        port = free_port()
+        args = [
+            "--bootstrap-servers", secure_broker.bootstrap,
+            "--input-topic", topics.input,
+            "--output-topic", topics.output,
+            "--dlq-topic", topics.dlq,
+            "--group-id", group,
+            "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(port),
+            *flags,
+        ]  # fmt: skip
+        service = ServiceProcess(args, tmp_path / f"service-{len(started)}.log", port).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        if service.process.poll() is None:
+            service.process.kill()
+            service.process.wait(timeout=30)

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -25,9 +25,10 @@ from confluent_kafka.admin import AclOperation
 
 from ops.kafka.acls import ServiceAcls
 from simulator.transactions import TransactionSimulator
-from tests.integration.conftest import ServiceProcess, free_port
+from tests.integration.conftest import ServiceProcess
 from tests.secure.conftest import (
     REPO,
+    SOURCES,
     Acls,
     Credentials,
     SecureBroker,
@@ -35,61 +36,6 @@ from tests.secure.conftest import (
     only,
     service_acls,
 )
-
-SOURCES = ["file", "env"]
-
-
-def credential_env(
-    broker: SecureBroker, user: Credentials, source: str, path: Path, extra: dict[str, str]
-) -> dict[str, str]:
-    """The environment that hands `user`'s settings (and `extra`) to the service."""
-    if source == "file":
-        return {"FRAUD_KAFKA_CONFIG_FILE": str(broker.write_properties(path, user, extra))}
-    settings = {**broker.security_settings(user), **extra}
-    return {"FRAUD_KAFKA_OPTIONS": ",".join(f"{k}={v}" for k, v in settings.items())}
-
-
-@pytest.fixture
-def start_service(
-    secure_broker: SecureBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., ServiceProcess]]:
-    """`start(user, topics, group, source, *flags, extra={})`: `fraud-scorer run` on the secured
-    broker with `user`'s credentials from `source` ("file" or "env")."""
-    started: list[ServiceProcess] = []
-
-    def start(
-        user: Credentials,
-        topics: SecureTopics,
-        group: str,
-        source: str,
-        *flags: str,
-        extra: dict[str, str] | None = None,
-    ) -> ServiceProcess:
-        env = credential_env(
-            secure_broker, user, source, tmp_path / f"{user.username}.properties", extra or {}
-        )
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)  # the child inherits it
-        port = free_port()
-        args = [
-            "--bootstrap-servers", secure_broker.bootstrap,
-            "--input-topic", topics.input,
-            "--output-topic", topics.output,
-            "--dlq-topic", topics.dlq,
-            "--group-id", group,
-            "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(port),
-            *flags,
-        ]  # fmt: skip
-        service = ServiceProcess(args, tmp_path / f"service-{len(started)}.log", port).start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        if service.process.poll() is None:
-            service.process.kill()
-            service.process.wait(timeout=30)
 
 
 def produce_as(broker: SecureBroker, user: Credentials, topic: str, records: list[bytes]) -> None:
