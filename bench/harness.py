@@ -171,16 +171,19 @@ def _produced(consumer: Consumer, topic: str, partitions: Sequence[int]) -> int:
 def steady_rate(
     samples: Sequence[tuple[float, int]], warmup_s: float, window_s: float
 ) -> tuple[float, float | None]:
-    """(window seconds, records per second) of (time, outputs) samples: from `warmup_s` after
-    the first output to `window_s` later, or to the last sample if it comes sooner."""
+    """(window seconds, records per second) of (time, outputs) samples, over the samples that
+    enclose `warmup_s` after the first output to `window_s` later (so the window is at least
+    `window_s` long), or that end at the last sample if it comes sooner."""
     first = next((t for t, produced in samples if produced > 0), None)
     if first is None:
         return 0.0, None
     begin = first + warmup_s
-    inside = [(t, p) for t, p in samples if begin <= t <= begin + window_s]
-    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+    end = begin + window_s
+    start = max((i for i, (t, _) in enumerate(samples) if t <= begin), default=None)
+    stop = min((i for i, (t, _) in enumerate(samples) if t >= end), default=len(samples) - 1)
+    if start is None or stop <= start:
         return 0.0, None
-    (t0, p0), (t1, p1) = inside[0], inside[-1]
+    (t0, p0), (t1, p1) = samples[start], samples[stop]
     return t1 - t0, (p1 - p0) / (t1 - t0)
 
 
