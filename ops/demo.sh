@@ -36,8 +36,8 @@ cleanup() {
 from terminals.topics import changelog_topic_name, events_topic_name
 app = sys.argv[1]
 names = [events_topic_name(app), changelog_topic_name(app)]
-for future in AdminClient({'bootstrap.servers': '127.0.0.1:9092'}).delete_topics(
-        names, operation_timeout=30).values():
+admin = AdminClient({'bootstrap.servers': '127.0.0.1:9092'})  # held until the futures resolve
+for future in admin.delete_topics(names, operation_timeout=30).values():
     future.result(timeout=30)" \
       "$FRAUD_FEATURES_APP_ID" || true
   fi
