@@ -231,3 +231,24 @@ def test_the_supervisor_restarts_a_process_that_dies(topics_factory, service_fac
     assert decided == {r["transaction_id"] for r in sent}
     service.signal(signal.SIGTERM)
     assert service.wait() == 0
+
+
+def test_processes_drain_and_exit_when_their_supervisor_is_killed(topics_factory, service_factory):
+    topics = topics_factory(partitions=2)
+    service = service_factory(topics, "--processes", "2")
+    deadline = time.monotonic() + 60
+    while service.log().count("INFO stream.service: assigned tx") < 2:
+        assert time.monotonic() < deadline, service.log()
+        time.sleep(0.2)
+    pid = service.process.pid
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert len(children) == 2
+
+    os.kill(pid, signal.SIGKILL)
+    service.process.wait(timeout=10)
+
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{child}").exists() for child in children):
+        assert time.monotonic() < deadline, f"orphaned processes still running:\n{service.log()}"
+        time.sleep(0.2)
+    assert service.log().count("stopped; records left uncommitted: 0") == 2, service.log()
