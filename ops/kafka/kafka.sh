@@ -6,6 +6,8 @@
 #   ops/kafka/kafka.sh status  say whether it runs
 #
 # Jars, data, logs and the pid file live under $KAFKA_STATE_DIR (default: .kafka/ in the repo).
+# A second broker beside it (the fault-injection suite's) takes other ports and its own state:
+#   KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh up
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +17,9 @@ libs="$state/libs"
 data="$state/data"
 logs="$state/logs"
 pidfile="$state/kafka.pid"
-bootstrap="127.0.0.1:9092"
+port="${KAFKA_PORT:-9092}"
+controller_port="${KAFKA_CONTROLLER_PORT:-9093}"
+bootstrap="127.0.0.1:$port"
 # A dev/CI broker on a 2-core, 24 GiB machine: 1 GiB heap is ample and leaves room for the tests.
 heap="${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}"
 ready_timeout_s="${KAFKA_READY_TIMEOUT_S:-90}"
@@ -67,7 +71,9 @@ up() {
   fi
   resolve_jars
   mkdir -p "$data" "$logs"
-  { cat "$here/server.properties"; echo "log.dirs=$data"; } >"$state/server.properties"
+  # server.properties names the default ports; the copy gets ours.
+  { sed -e "s/:9092\b/:$port/g" -e "s/:9093\b/:$controller_port/g" "$here/server.properties"
+    echo "log.dirs=$data"; } >"$state/server.properties"
   if [[ ! -f "$data/meta.properties" ]]; then
     local cluster_id
     cluster_id="$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
