@@ -3,6 +3,11 @@
 librdkafka already tracks each assigned partition's log end and committed offsets; its
 statistics callback hands them over once per `statistics.interval.ms` on the consumer's own
 poll, so measuring lag costs the hot path nothing and no extra broker requests.
+
+librdkafka's statistics keep listing a partition after it was revoked (fetch state "stopped"),
+with this consumer's last, stale view of its committed offset. Only the partitions the replica
+owns are reported: another replica reports the others, and a sum over replicas (what KEDA
+scales on) must count each partition once.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class LagMonitor:
         self._topic = topic
         self._metrics = metrics
         self._lags: dict[PartitionKey, int] = {}
+        self._owned: set[PartitionKey] = set()
 
     @property
     def total(self) -> int | None:
@@ -41,13 +47,18 @@ class LagMonitor:
         for name, partition in partitions.items():
             number = int(name)
             lag = partition.get("consumer_lag", -1)
-            if number < 0 or lag < 0:  # -1: librdkafka's internal "unassigned" partition
+            if lag < 0 or (self._topic, number) not in self._owned:
                 continue
             self._lags[self._topic, number] = lag
             self._metrics.set_consumer_lag(self._topic, number, lag)
 
+    def assign(self, partitions: list[PartitionKey]) -> None:
+        """Report these partitions from now on: the replica owns them."""
+        self._owned.update(partitions)
+
     def forget(self, partitions: list[PartitionKey]) -> None:
         """Stop reporting partitions this replica no longer owns."""
         for key in partitions:
+            self._owned.discard(key)
             if self._lags.pop(key, None) is not None:
                 self._metrics.forget_consumer_lag(*key)

@@ -316,6 +316,7 @@ class ScoringService:
     def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
         self._flow.on_assign(partitions)
+        self._lag.assign([(p.topic, p.partition) for p in partitions])
 
     def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
