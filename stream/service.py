@@ -166,13 +166,14 @@ class ScoringService:
         self._record_progress()
 
     def _apply_backpressure(self) -> None:
-        stalled = self._redelivery.stalled
+        uncommitted = self._transactions is not None and self._transactions.commit_pending
+        stalled = self._redelivery.stalled or uncommitted  # exactly-once: the commit delivers
         self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
         blocked_by = None
-        if self._redelivery.busy or stalled:
-            blocked_by = "outputs not acknowledged, retrying"
-        elif self._transactions is not None and self._transactions.commit_pending:
+        if uncommitted:
             blocked_by = "transaction commit not confirmed, retrying"
+        elif self._redelivery.busy or stalled:
+            blocked_by = "outputs not acknowledged, retrying"
         elif (
             self._handoff_full_since is not None
             and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S

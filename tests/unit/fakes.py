@@ -288,6 +288,8 @@ class FakeTransactionalProducer:
         self.in_transaction = False
         self.commits = 0
         self.fail_next_commit: KafkaError | None = None
+        #: Every commit fails with this while it is set (a transaction coordinator gone).
+        self.commit_error: KafkaError | None = None
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
@@ -307,6 +309,8 @@ class FakeTransactionalProducer:
         self._offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
 
     def commit_transaction(self, timeout: float) -> None:
+        if self.commit_error is not None:
+            raise KafkaException(self.commit_error)
         if self.fail_next_commit is not None:
             error, self.fail_next_commit = self.fail_next_commit, None
             raise KafkaException(error)

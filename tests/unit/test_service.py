@@ -332,3 +332,24 @@ def test_an_aborted_transaction_is_decided_again_and_nothing_becomes_durable_twi
         until(lambda: replica.committed() == {(TOPIC, 0): 120})
     assert replica.consumer.seeks, "the consumer went back to the committed offset"
     assert len(replica.decided()) == 120
+
+
+def test_exactly_once_is_unready_while_a_commit_is_not_confirmed() -> None:
+    # Found by the fault suite (broker killed): commits timed out for the whole outage and
+    # fetching stopped, but /readyz stayed 200, so nothing outside knew the replica was stuck.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        until(lambda: replica.health.ready()[0])
+        replica.producer.commit_error = KafkaError(
+            KafkaError._TIMED_OUT, "coordinator unreachable", retriable=True
+        )
+        replica.consumer.feed(messages(0, range(50, 100)))
+        until(lambda: not replica.health.ready()[0])
+        assert replica.health.ready()[1] == "outputs cannot be delivered; fetching stopped"
+        until(lambda: replica.consumer.paused == {(TOPIC, 0)})
+        replica.producer.commit_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 100})
+        until(lambda: replica.health.ready()[0])
+    assert len(replica.decided()) == 100
