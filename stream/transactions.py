@@ -11,7 +11,8 @@
   the transaction is committed, every `commit_interval_s` or at `max_records` records;
 - on failure: retry what librdkafka calls retriable, abort what requires it (`TransactionAborted`:
   the caller rewinds the consumer to the committed offsets and reads again), raise what is
-  fatal (another replica took over this transactional id: the process must restart);
+  fatal (another replica took over this transactional id: the process must restart); an abort
+  that times out is tried again (`confirm_abort`) before the rewind ends;
 - remember outputs the broker rejected for themselves (too large), so that when their record is
   read again after the abort it is dead-lettered instead (reason `produce`).
 
@@ -82,6 +83,8 @@ class TransactionalSink:
         self._rejected: dict[SourceOffset, RecordRejectedError] = {}
         #: Set while a commit failed in a way that may pass: fetching waits for it.
         self.commit_pending = False
+        #: Set while an abort timed out: no transaction may begin until it is confirmed.
+        self.abort_pending = False
 
     def initialize(self, timeout_s: float) -> None:
         """Register the transactional id with the broker, fencing any older producer that had
@@ -185,16 +188,43 @@ class TransactionalSink:
         """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""
         with self._lock:
             self._discarding = True
-            if self._open or self.commit_pending:
-                try:
-                    self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
-                except KafkaException as exc:
-                    if cast(KafkaError, exc.args[0]).fatal():
-                        raise
-                    log.error("abort failed, the broker aborts it on timeout: %s", exc)
+            if self._open or self.commit_pending or self.abort_pending:
+                self.abort_pending = True
+                self.confirm_abort()
             self._open = False
             self._records = 0
             self.commit_pending = False
+
+    def confirm_abort(self) -> bool:
+        """Whether no abort waits to be confirmed; if one does, try it again now.
+
+        An abort that times out (the broker unreachable) is still under way in librdkafka,
+        which refuses to begin another transaction (`_CONFLICT`) until a call of
+        abort_transaction() returns: the rewind waits for this to say True.
+        """
+        with self._lock:
+            if not self.abort_pending:
+                return True
+            try:
+                self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                error = cast(KafkaError, exc.args[0])
+                if error.fatal():
+                    raise
+                if error.retriable():
+                    log.warning("abort not confirmed yet (%s): retrying", error.str())
+                    self._metrics.set_delivery_stalled(True)
+                    return False
+                log.error("abort failed, the broker aborts it on timeout: %s", exc)
+            self.abort_pending = False
+            self._metrics.set_delivery_stalled(False)
+            return True
+
+    @property
+    def stalled(self) -> bool:
+        """Whether outputs cannot be made durable now: a commit or an abort waits for another
+        try (fetching waits, and the replica is not ready)."""
+        return self.commit_pending or self.abort_pending
 
     def end_rewind(self) -> None:
         """The consumer is back at the committed offsets: accept outputs again."""

@@ -290,11 +290,19 @@ class FakeTransactionalProducer:
         self.fail_next_commit: KafkaError | None = None
         #: Every commit fails with this while it is set (a transaction coordinator gone).
         self.commit_error: KafkaError | None = None
+        #: Every abort fails with this while it is set; as in librdkafka, the abort then stays
+        #: under way and no transaction begins until a call of abort_transaction() returns.
+        self.abort_error: KafkaError | None = None
+        self._aborting = False
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
 
     def begin_transaction(self) -> None:
+        if self._aborting:
+            raise KafkaException(
+                KafkaError(KafkaError._CONFLICT, "Conflicting abort_transaction API call")
+            )
         assert not self.in_transaction, "a transaction is already open"
         self.in_transaction = True
 
@@ -321,6 +329,10 @@ class FakeTransactionalProducer:
         self.commits += 1
 
     def abort_transaction(self, timeout: float) -> None:
+        if self.abort_error is not None:
+            self._aborting = True
+            raise KafkaException(self.abort_error)
+        self._aborting = False
         self._open, self._offsets = [], {}
         self.in_transaction = False
 

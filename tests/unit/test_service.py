@@ -353,3 +353,29 @@ def test_exactly_once_is_unready_while_a_commit_is_not_confirmed() -> None:
         until(lambda: replica.committed() == {(TOPIC, 0): 100})
         until(lambda: replica.health.ready()[0])
     assert len(replica.decided()) == 100
+
+
+def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() -> None:
+    # Found by the fault suite (broker killed, exactly-once): abort_transaction() timed out
+    # ("retry call to resume"), the service took the abort for done, the next
+    # begin_transaction() failed with _CONFLICT and the scoring thread died in both replicas.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.abort_error = KafkaError(
+            KafkaError._TIMED_OUT, "Timed out, retry call to resume", retriable=True
+        )
+        replica.producer.fail_next_commit = KafkaError(
+            KafkaError._STATE, "transaction failed", txn_requires_abort=True
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        until(lambda: not replica.health.ready()[0])
+        polls = replica.consumer.polls
+        until(lambda: replica.consumer.polls > polls + 20)
+        assert replica.service.failure is None and replica.committed() == {(TOPIC, 0): 50}
+        replica.producer.abort_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        until(lambda: replica.health.ready()[0])
+    assert replica.service.failure is None
+    assert len(replica.producer.committed) == len(replica.decided()) == 120
