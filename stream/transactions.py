@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from contracts.errors import RecordRejectedError
 from contracts.kafka_errors import translate_kafka_error
-from contracts.offsets import OffsetTracker, SourceOffset, position_of
+from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
@@ -66,8 +66,11 @@ class TransactionalSink:
         max_records: int,
         max_message_bytes: int,
         metrics: ServiceMetrics,
+        on_committed: Callable[[dict[PartitionKey, int]], None] = lambda _positions: None,
     ) -> None:
         self._producer = producer
+        #: Told the positions of every committed transaction (the lag metric needs them).
+        self._on_committed = on_committed
         self._consumer = consumer
         self._tracker = tracker
         self._router = router
@@ -183,6 +186,7 @@ class TransactionalSink:
             self._records = 0
             self.commit_pending = False
             self._metrics.set_delivery_stalled(False)
+            self._on_committed(positions)
 
     def abort(self) -> None:
         """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""

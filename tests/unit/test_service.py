@@ -3,6 +3,7 @@ revoke, lost partitions and shutdown, driven deterministically from the test."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -90,6 +91,7 @@ class Replica:
         self.health = HealthState()
         tracker = OffsetTracker()
         self.producer = FakeTransactionalProducer(self.consumer)
+        lag = LagMonitor(TOPIC, self.metrics)
         self.transactions = (
             TransactionalSink(
                 self.producer,  # type: ignore[arg-type]
@@ -100,6 +102,7 @@ class Replica:
                 max_records=self.config.transaction_max_records,
                 max_message_bytes=1_000_000,
                 metrics=self.metrics,
+                on_committed=lag.committed,
             )
             if self.config.exactly_once
             else None
@@ -111,7 +114,7 @@ class Replica:
             redelivery=self.redelivery,
             router=router,
             health=self.health,
-            lag=LagMonitor(TOPIC, self.metrics),
+            lag=lag,
             metrics=self.metrics,
             tracker=tracker,
             transactions=self.transactions,
@@ -379,3 +382,15 @@ def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() ->
         until(lambda: replica.health.ready()[0])
     assert replica.service.failure is None
     assert len(replica.producer.committed) == len(replica.decided()) == 120
+
+
+def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        # What librdkafka reports: the committed offset it fetched when the partition came.
+        stale = {"fetch_state": "active", "committed_offset": 0, "ls_offset": 50}
+        partitions = {"0": {**stale, "consumer_lag": 50}}
+        replica.parts.lag.on_statistics(json.dumps({"topics": {TOPIC: {"partitions": partitions}}}))
+        assert replica.parts.lag.total == 0
