@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench clean
+.PHONY: help venv kafka-up kafka-down kafka-status test unit check demo model bench faults clean
 
 help:
 	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
@@ -17,6 +17,7 @@ help:
 	@echo "make kafka-down  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
 
 $(INSTALLED): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11+" >&2; exit 1; }
@@ -74,6 +75,14 @@ bench: $(BENCH_INSTALLED)
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
 
+# The fault-injection suite (faults/): every scenario in both modes against a broker of its own
+# (127.0.0.1:9292, state in .kafka-faults/), which it starts and stops. FAULTS_ARGS, e.g.
+# --short, --mode exactly-once, --scenario 2 3 (python -m faults -h).
+FAULTS_ARGS ?=
+faults: venv
+	$(PY) -m faults $(FAULTS_ARGS)
+
 clean:
 	-ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
+	rm -rf $(VENV) .kafka .kafka-faults .faults-logs .pytest_cache .mypy_cache .ruff_cache *.egg-info
