@@ -75,6 +75,8 @@ class ScenarioRun:
         self.faults: list[FaultWindow] = []
         #: Dead letters a scenario saved before destroying them (scenario 5 deletes the topic).
         self.saved_dead_letters: list[DeadLetter] = []
+        #: Scenario 3: when the zombie was frozen and thawed (epoch ms).
+        self.frozen: tuple[int, int] | None = None
         self.admin = self.new_admin()
         self.load = OpenLoopLoad(
             self.bootstrap, self.input_topic, settings.rate, seed=settings.seed
@@ -339,6 +341,18 @@ class ScenarioRun:
         )
         result.report = report
         result.check("verifier", not report.violations(), "; ".join(report.violations()))
+        if self.frozen is not None:
+            # Produced before the freeze, first visible after the thaw: the zombie's late writes.
+            stop, thaw = self.frozen
+            late = sum(
+                d.produced_ms is not None
+                and d.produced_ms <= stop
+                and (d.visible_at_ms or d.decided_at_ms) >= thaw
+                for d in decisions
+            )
+            result.figures["zombie_late_writes_visible"] = f"{late}"
+            if self.settings.exactly_once:
+                result.check("the zombie's late writes are never visible", late == 0, f"{late}")
         for example in report.examples:
             log.info("%s %s: %s", result.scenario, result.mode, example)
 

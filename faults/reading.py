@@ -148,7 +148,16 @@ def read_decisions(
         content = (d.card_id, d.score, d.decision, d.model_version, d.degraded, d.event_time)
         seen = visibility.seen_at(partition, offset) if visibility else None
         decisions.append(
-            Decision(partition, offset, d.transaction_id, d.card_id, content, d.decided_at, seen)
+            Decision(
+                partition,
+                offset,
+                d.transaction_id,
+                d.card_id,
+                content,
+                d.decided_at,
+                seen,
+                m.timestamp()[1],
+            )
         )
     return decisions
 

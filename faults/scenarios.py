@@ -146,13 +146,14 @@ def zombie(run: ScenarioRun, t: Timing) -> None:
     time.sleep(t.warm_s)
     with run.fault("SIGSTOP zombie"):
         frozen.signal(signal.SIGSTOP)
-        stopped = time.monotonic()
+        stopped, stopped_ms = time.monotonic(), time.time_ns() // 1_000_000
         try:
             run.wait_assigned([other], RECOVERY_TIMEOUT_S)
             time.sleep(max(0.0, stopped + 1.5 * ZOMBIE_TIMEOUTS_MS / 1000 - time.monotonic()))
         finally:
             frozen.signal(signal.SIGCONT)
         frozen_s = time.monotonic() - stopped
+        run.frozen = (stopped_ms, time.time_ns() // 1_000_000)
         run.wait_assigned([frozen, other], RECOVERY_TIMEOUT_S)
     time.sleep(t.tail_s)
     run.result.figures["frozen_s"] = f"{frozen_s:.1f}"

@@ -55,6 +55,8 @@ class Decision(NamedTuple):
     #: When a live read_committed reader first saw it (None: not observed, `decided_at` stands
     #: in).
     visible_at_ms: int | None = None
+    #: When its producer produced it (the record's timestamp), where known.
+    produced_ms: int | None = None
 
 
 class DeadLetter(NamedTuple):
