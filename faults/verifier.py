@@ -288,8 +288,9 @@ def _recovery_s(
     index: int,
     recovered_latency_ms: int,
 ) -> float:
-    """Seconds from fault `index` until the last late record (produced before the next fault,
-    its first outcome after this one began) got its outcome."""
+    """Seconds from fault `index` until the last late record (its first outcome after this
+    fault began) got its outcome. A record sent less than `recovered_latency_ms` before the
+    next fault began was not late yet when it did: it counts for that one."""
     start = faults[index].started_ms
     until = faults[index + 1].started_ms if index + 1 < len(faults) else None
     recovered = start
@@ -297,7 +298,7 @@ def _recovery_s(
         outcome = first_outcome_ms.get((record.partition, record.offset))
         if outcome is None or outcome < start:
             continue
-        if until is not None and record.timestamp_ms >= until:
+        if until is not None and record.timestamp_ms >= until - recovered_latency_ms:
             continue
         if outcome - record.timestamp_ms > recovered_latency_ms:
             recovered = max(recovered, outcome)

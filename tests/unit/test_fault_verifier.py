@@ -180,3 +180,19 @@ def test_recovery_uses_when_a_live_reader_saw_the_decision() -> None:
     decisions = decide_all(records)
     decisions[1] = decisions[1]._replace(visible_at_ms=T0 + 3_000)
     assert check(records, decisions, faults=[fault]).recovery_s == (pytest.approx(3.0),)
+
+
+def test_a_record_caught_by_the_next_fault_counts_for_that_one() -> None:
+    records = inputs(300, partitions=1)  # one every 10 ms, from T0 to T0 + 2,990
+    first = FaultWindow("kill a", T0 + 100, T0 + 100, {0: 10})
+    second = FaultWindow("kill b", T0 + 2_000, T0 + 2_000, {0: 200})
+    # Late after the first fault: sent from +100 to +500, decided at +1,500. Sent at +1,500
+    # (before the second fault, but within a second of it): decided at +6,000.
+    late = {r.offset: T0 + 1_500 for r in records if 10 <= r.offset <= 50}
+    late[150] = T0 + 6_000
+    decisions = [
+        decision(r, r.offset, at=late[r.offset] - r.timestamp_ms if r.offset in late else 5)
+        for r in records
+    ]
+    report = check(records, decisions, faults=[first, second])
+    assert report.recovery_s == (pytest.approx(1.4), pytest.approx(4.0))
