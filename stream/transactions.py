@@ -88,6 +88,9 @@ class TransactionalSink:
         self.commit_pending = False
         #: Set while an abort timed out: no transaction may begin until it is confirmed.
         self.abort_pending = False
+        #: Set when librdkafka refused an output because the open transaction already failed
+        #: in the background: nothing more goes into it, and the next commit aborts it.
+        self._doomed = False
 
     def initialize(self, timeout_s: float) -> None:
         """Register the transactional id with the broker, fencing any older producer that had
@@ -151,11 +154,15 @@ class TransactionalSink:
     def commit_if_due(self, now: float) -> None:
         """Commit when the transaction has been open `commit_interval_s` or holds `max_records`
         (or a failed commit waits for another try)."""
-        if self.commit_pending or (
-            self._open
-            and (
-                now - self._opened_at >= self._commit_interval_s
-                or self._records >= self._max_records
+        if (
+            self.commit_pending
+            or self._doomed
+            or (
+                self._open
+                and (
+                    now - self._opened_at >= self._commit_interval_s
+                    or self._records >= self._max_records
+                )
             )
         ):
             self.commit()
@@ -167,6 +174,10 @@ class TransactionalSink:
         for a fatal error. A retriable failure leaves `commit_pending` set for the next call.
         """
         with self._lock:
+            if self._doomed:
+                log.warning("the transaction failed in the background: aborting it")
+                self.abort()
+                raise TransactionAborted("the transaction failed while outputs went into it")
             positions = self._tracker.take_commit_positions()
             if not self._open and not positions and not self.commit_pending:
                 return
@@ -192,6 +203,7 @@ class TransactionalSink:
         """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""
         with self._lock:
             self._discarding = True
+            self._doomed = False
             if self._open or self.commit_pending or self.abort_pending:
                 self.abort_pending = True
                 self.confirm_abort()
@@ -306,14 +318,22 @@ class TransactionalSink:
         headers: Any,
         report: Callable[[KafkaError | None, Message], None],
     ) -> KafkaError | None:
-        while True:
+        while not self._doomed:
             try:
                 self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
                 return None
             except BufferError:
                 self._producer.poll(QUEUE_FULL_BACKOFF_S)
             except KafkaException as exc:
-                return cast(KafkaError, exc.args[0])
+                error = cast(KafkaError, exc.args[0])
+                if error.code() != KafkaError._STATE or self.commit_pending:
+                    return error
+                # No commit is under way, so the open transaction failed (e.g. a partition
+                # could not be added to it): its outputs are void whatever happens next, and
+                # the next commit aborts it, so the records are decided again.
+                log.warning("output refused, the transaction failed: %s", error.str())
+                self._doomed = True
+        return None
 
     def _on_delivery_error(self, output: Output, error: KafkaError) -> None:
         translated = translate_kafka_error(error, output.topic)

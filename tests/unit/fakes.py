@@ -294,6 +294,8 @@ class FakeTransactionalProducer:
         #: under way and no transaction begins until a call of abort_transaction() returns.
         self.abort_error: KafkaError | None = None
         self._aborting = False
+        #: Every produce fails with this while it is set.
+        self.produce_error: KafkaError | None = None
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
@@ -307,6 +309,8 @@ class FakeTransactionalProducer:
         self.in_transaction = True
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None, **_kw: object) -> None:
+        if self.produce_error is not None:
+            raise KafkaException(self.produce_error)
         assert self.in_transaction, "produce outside a transaction"
         self._open.append((topic, key, value))
 

@@ -394,3 +394,23 @@ def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
         partitions = {"0": {**stale, "consumer_lag": 50}}
         replica.parts.lag.on_statistics(json.dumps({"topics": {TOPIC: {"partitions": partitions}}}))
         assert replica.parts.lag.total == 0
+
+
+def test_outputs_refused_by_a_failed_transaction_abort_it_instead_of_killing_the_replica() -> None:
+    # Found by the fault suite (dead-letter topic deleted, exactly-once): librdkafka failed the
+    # open transaction in the background ("Failed to add partition(s) to transaction: Unknown
+    # topic or partition"), the next produce() raised _STATE ("Erroneous state") on the
+    # scoring thread, which died, and the replica exited with 1.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.produce_error = KafkaError(
+            KafkaError._STATE, "Unable to produce message: Local: Erroneous state"
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        until(lambda: bool(replica.consumer.seeks))
+        replica.producer.produce_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+    assert replica.service.failure is None
+    assert len(replica.producer.committed) == len(replica.decided()) == 120
