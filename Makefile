@@ -16,7 +16,7 @@ UV := $(TOOLS)/uv/bin/uv
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
-	kafka-status-secure test test-secure unit check demo model bench clean \
+	kafka-status-secure test test-secure unit check demo model bench faults clean \
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
@@ -32,6 +32,7 @@ help:
 	@echo "make kafka-down-secure  stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
@@ -151,8 +152,16 @@ $(TOOLS)/bin/helm:
 helm-check: venv $(TOOLS)/bin/helm
 	ops/k8s/helm-check.sh
 
+# The fault-injection suite (faults/): every scenario in both modes against a broker of its own
+# (127.0.0.1:9292, state in .kafka-faults/), which it starts and stops. FAULTS_ARGS, e.g.
+# --short, --mode exactly-once, --scenario 2 3 (python -m faults -h).
+FAULTS_ARGS ?=
+faults: venv
+	$(PY) -m faults $(FAULTS_ARGS)
+
 clean:
 	-ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka $(TOOLS) .pytest_cache .mypy_cache .ruff_cache *.egg-info
 	-ops/kafka/kafka.sh down --secure
-	rm -rf $(VENV) .kafka .kafka-secure .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
+	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs $(TOOLS) .pytest_cache \
+		.mypy_cache .ruff_cache *.egg-info

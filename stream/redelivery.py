@@ -133,7 +133,12 @@ class Redelivery:
         self._metrics.record_delivery_retry(getattr(error, "code", "unknown"))
 
     def _take(self) -> list[Output]:
-        """Drain the failed outputs; rejected records become dead letters, retriable ones stay."""
+        """Drain the failed outputs; rejected records become dead letters, retriable ones stay.
+
+        They are sent again in the order of their records, not in the order their failures
+        were reported: librdkafka reports timed-out messages in no particular order, and a
+        card's decisions must keep the order of its transactions.
+        """
         outputs: list[Output] = []
         while self._failed:
             output, error = self._failed.popleft()
@@ -141,6 +146,7 @@ class Redelivery:
             if isinstance(error, RecordRejectedError):
                 output = self._reroute(output, error)
             outputs.append(output)
+        outputs.sort(key=lambda output: position_of(output.source))
         return outputs
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:

@@ -165,23 +165,23 @@ class ScoringService:
         self._record_progress()
 
     def _apply_backpressure(self) -> None:
-        stalled = self._redelivery.stalled
+        uncommitted = self._transactions is not None and self._transactions.stalled
+        stalled = self._redelivery.stalled or uncommitted  # exactly-once: the commit delivers
         if self._access_denied is not None:
             self._health.set_ready(False, self._access_denied)
         else:
             self._health.set_ready(not stalled, "outputs cannot be delivered; fetching stopped")
         blocked_by = None
-        if self._redelivery.busy or stalled:
+        if uncommitted:
+            blocked_by = "transaction commit or abort not confirmed, retrying"
+        elif self._redelivery.busy or stalled:
             blocked_by = "outputs not acknowledged, retrying"
-        elif self._transactions is not None and self._transactions.commit_pending:
-            blocked_by = "transaction commit not confirmed, retrying"
         elif (
             self._handoff_full_since is not None
             and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S
         ):
             blocked_by = "scoring thread busy"
-        tracker = self._tracker
-        self._flow.update(tracker.in_flight, tracker.in_flight_bytes, blocked_by)
+        self._flow.update(self._tracker.in_flight, self._tracker.in_flight_bytes, blocked_by)
 
     def _wait_for_scoring_thread(self) -> None:
         """The scoring thread is a batch behind: wait a moment for room rather than fetch more."""
@@ -273,9 +273,10 @@ class ScoringService:
             self._rewind_pending = True
 
     def _rewind(self) -> None:
-        """Exactly-once, after an abort: drop what is held and go back to the committed
-        offsets, so every record since the last commit is decided again in a new transaction."""
-        assert self._transactions is not None
+        """Exactly-once, once the abort is confirmed (fetching waits meanwhile): drop what is
+        held and go back to the committed offsets; what followed is decided again."""
+        if self._transactions is None or not self._transactions.confirm_abort():
+            return
         assignment = self._consumer.assignment()
         released = self._release_records({(tp.topic, tp.partition) for tp in assignment})
         self._handoff.wait_until_done(time.monotonic() + self._config.shutdown_timeout_s)
@@ -316,6 +317,7 @@ class ScoringService:
             # Before the partitions' first batch: their records are fetched after this returns.
             self._card_state.restore([p.partition for p in partitions])
         self._flow.on_assign(partitions)
+        self._lag.assign([(p.topic, p.partition) for p in partitions])
 
     def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}

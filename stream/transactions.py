@@ -11,7 +11,8 @@
   the transaction is committed, every `commit_interval_s` or at `max_records` records;
 - on failure: retry what librdkafka calls retriable, abort what requires it (`TransactionAborted`:
   the caller rewinds the consumer to the committed offsets and reads again), raise what is
-  fatal (another replica took over this transactional id: the process must restart);
+  fatal (another replica took over this transactional id: the process must restart); an abort
+  that times out is tried again (`confirm_abort`) before the rewind ends;
 - remember outputs the broker rejected for themselves (too large), so that when their record is
   read again after the abort it is dead-lettered instead (reason `produce`).
 
@@ -34,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from contracts.errors import RecordRejectedError
 from contracts.kafka_errors import translate_kafka_error
-from contracts.offsets import OffsetTracker, SourceOffset, position_of
+from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
@@ -65,8 +66,11 @@ class TransactionalSink:
         max_records: int,
         max_message_bytes: int,
         metrics: ServiceMetrics,
+        on_committed: Callable[[dict[PartitionKey, int]], None] = lambda _positions: None,
     ) -> None:
         self._producer = producer
+        #: Told the positions of every committed transaction (the lag metric needs them).
+        self._on_committed = on_committed
         self._consumer = consumer
         self._tracker = tracker
         self._router = router
@@ -82,6 +86,11 @@ class TransactionalSink:
         self._rejected: dict[SourceOffset, RecordRejectedError] = {}
         #: Set while a commit failed in a way that may pass: fetching waits for it.
         self.commit_pending = False
+        #: Set while an abort timed out: no transaction may begin until it is confirmed.
+        self.abort_pending = False
+        #: Set when librdkafka refused an output because the open transaction already failed
+        #: in the background: nothing more goes into it, and the next commit aborts it.
+        self._doomed = False
 
     def initialize(self, timeout_s: float) -> None:
         """Register the transactional id with the broker, fencing any older producer that had
@@ -122,7 +131,7 @@ class TransactionalSink:
                 if self._rejected:
                     self._produce(self._instead_of_rejected(output_of(index)))
                 else:
-                    refused = produce(self._producer, topic, key, value, None, report, partition)
+                    refused = self._try_produce(topic, key, value, None, report, partition)
                     if refused is not None:
                         self._produce(self._rerouted(output_of(index), refused))
                 delivered()
@@ -145,11 +154,15 @@ class TransactionalSink:
     def commit_if_due(self, now: float) -> None:
         """Commit when the transaction has been open `commit_interval_s` or holds `max_records`
         (or a failed commit waits for another try)."""
-        if self.commit_pending or (
-            self._open
-            and (
-                now - self._opened_at >= self._commit_interval_s
-                or self._records >= self._max_records
+        if (
+            self.commit_pending
+            or self._doomed
+            or (
+                self._open
+                and (
+                    now - self._opened_at >= self._commit_interval_s
+                    or self._records >= self._max_records
+                )
             )
         ):
             self.commit()
@@ -161,6 +174,10 @@ class TransactionalSink:
         for a fatal error. A retriable failure leaves `commit_pending` set for the next call.
         """
         with self._lock:
+            if self._doomed:
+                log.warning("the transaction failed in the background: aborting it")
+                self.abort()
+                raise TransactionAborted("the transaction failed while outputs went into it")
             positions = self._tracker.take_commit_positions()
             if not self._open and not positions and not self.commit_pending:
                 return
@@ -180,21 +197,50 @@ class TransactionalSink:
             self._records = 0
             self.commit_pending = False
             self._metrics.set_delivery_stalled(False)
+            self._on_committed(positions)
 
     def abort(self) -> None:
         """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""
         with self._lock:
             self._discarding = True
-            if self._open or self.commit_pending:
-                try:
-                    self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
-                except KafkaException as exc:
-                    if cast(KafkaError, exc.args[0]).fatal():
-                        raise
-                    log.error("abort failed, the broker aborts it on timeout: %s", exc)
+            self._doomed = False
+            if self._open or self.commit_pending or self.abort_pending:
+                self.abort_pending = True
+                self.confirm_abort()
             self._open = False
             self._records = 0
             self.commit_pending = False
+
+    def confirm_abort(self) -> bool:
+        """Whether no abort waits to be confirmed; if one does, try it again now.
+
+        An abort that times out (the broker unreachable) is still under way in librdkafka,
+        which refuses to begin another transaction (`_CONFLICT`) until a call of
+        abort_transaction() returns: the rewind waits for this to say True.
+        """
+        with self._lock:
+            if not self.abort_pending:
+                return True
+            try:
+                self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                error = cast(KafkaError, exc.args[0])
+                if error.fatal():
+                    raise
+                if error.retriable():
+                    log.warning("abort not confirmed yet (%s): retrying", error.str())
+                    self._metrics.set_delivery_stalled(True)
+                    return False
+                log.error("abort failed, the broker aborts it on timeout: %s", exc)
+            self.abort_pending = False
+            self._metrics.set_delivery_stalled(False)
+            return True
+
+    @property
+    def stalled(self) -> bool:
+        """Whether outputs cannot be made durable now: a commit or an abort waits for another
+        try (fetching waits, and the replica is not ready)."""
+        return self.commit_pending or self.abort_pending
 
     def end_rewind(self) -> None:
         """The consumer is back at the committed offsets: accept outputs again."""
@@ -234,8 +280,7 @@ class TransactionalSink:
                 self._on_delivery_error(output, error)
 
         while True:
-            refused = produce(
-                self._producer,
+            refused = self._try_produce(
                 output.topic,
                 output.key,
                 output.value,
@@ -276,6 +321,28 @@ class TransactionalSink:
                 )
             )
         return Output.dead_letter(smaller, output.source, output.group)
+
+    def _try_produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        report: Callable[[KafkaError | None, Message], None],
+        partition: int | None,
+    ) -> KafkaError | None:
+        """`produce`, except that nothing more goes into a transaction that already failed."""
+        if self._doomed:
+            return None
+        error = produce(self._producer, topic, key, value, headers, report, partition)
+        if error is None or error.code() != KafkaError._STATE or self.commit_pending:
+            return error
+        # No commit is under way, so the open transaction failed (e.g. a partition could not be
+        # added to it): its outputs are void whatever happens next, and the next commit aborts
+        # it, so the records are decided again.
+        log.warning("output refused, the transaction failed: %s", error.str())
+        self._doomed = True
+        return None
 
     def _on_delivery_error(self, output: Output, error: KafkaError) -> None:
         translated = translate_kafka_error(error, output.topic)

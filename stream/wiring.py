@@ -120,6 +120,7 @@ def build_collaborators(
             max_records=config.transaction_max_records,
             max_message_bytes=max_message_bytes,
             metrics=metrics,
+            on_committed=lag.committed,
         )
         if config.exactly_once
         else None

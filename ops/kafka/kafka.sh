@@ -18,6 +18,8 @@
 #         properties file per user (clients/<user>.properties). They are dev values, never real
 #         secrets; delete the folder to start over.
 # Both use the broker jars in $KAFKA_STATE_DIR/libs (resolved once).
+# A further plain broker beside them (the fault-injection suite's) takes other ports and its own
+# state:  KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh up
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -51,8 +53,10 @@ if [[ $secure == 1 ]]; then
 else
   state="$plain_state"
   template="$here/server.properties"
-  bootstrap="127.0.0.1:9092"
-  ports=(9092 9093)
+  port="${KAFKA_PORT:-9092}"
+  controller_port="${KAFKA_CONTROLLER_PORT:-9093}"
+  bootstrap="127.0.0.1:$port"
+  ports=("$port" "$controller_port")
   name="broker"
 fi
 data="$state/data"
@@ -198,7 +202,12 @@ up() {
   fi
   mkdir -p "$data" "$logs"
   {
-    cat "$template"
+    if [[ $secure == 1 ]]; then
+      cat "$template"
+    else
+      # server.properties names the default ports; the copy gets ours.
+      sed -e "s/:9092\b/:$port/g" -e "s/:9093\b/:$controller_port/g" "$template"
+    fi
     echo "log.dirs=$data"
     if [[ $secure == 1 ]]; then
       echo "ssl.keystore.location=$tls/broker.pem"

@@ -290,15 +290,29 @@ class FakeTransactionalProducer:
         self.in_transaction = False
         self.commits = 0
         self.fail_next_commit: KafkaError | None = None
+        #: Every commit fails with this while it is set (a transaction coordinator gone).
+        self.commit_error: KafkaError | None = None
+        #: Every abort fails with this while it is set; as in librdkafka, the abort then stays
+        #: under way and no transaction begins until a call of abort_transaction() returns.
+        self.abort_error: KafkaError | None = None
+        self._aborting = False
+        #: Every produce fails with this while it is set.
+        self.produce_error: KafkaError | None = None
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
 
     def begin_transaction(self) -> None:
+        if self._aborting:
+            raise KafkaException(
+                KafkaError(KafkaError._CONFLICT, "Conflicting abort_transaction API call")
+            )
         assert not self.in_transaction, "a transaction is already open"
         self.in_transaction = True
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None, **_kw: object) -> None:
+        if self.produce_error is not None:
+            raise KafkaException(self.produce_error)
         assert self.in_transaction, "produce outside a transaction"
         self._open.append((topic, key, value))
 
@@ -309,6 +323,8 @@ class FakeTransactionalProducer:
         self._offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
 
     def commit_transaction(self, timeout: float) -> None:
+        if self.commit_error is not None:
+            raise KafkaException(self.commit_error)
         if self.fail_next_commit is not None:
             error, self.fail_next_commit = self.fail_next_commit, None
             raise KafkaException(error)
@@ -319,6 +335,10 @@ class FakeTransactionalProducer:
         self.commits += 1
 
     def abort_transaction(self, timeout: float) -> None:
+        if self.abort_error is not None:
+            self._aborting = True
+            raise KafkaException(self.abort_error)
+        self._aborting = False
         self._open, self._offsets = [], {}
         self.in_transaction = False
 

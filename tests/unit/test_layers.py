@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"deadletter"}),
     frozenset({"stream", "terminals"}),
     frozenset({"simulator"}),
-    frozenset({"training", "loadgen"}),
+    frozenset({"training", "loadgen", "faults"}),
     frozenset({"bench"}),
 )
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from prometheus_client import CollectorRegistry
@@ -153,3 +154,23 @@ def test_refusals_shrink_a_dead_letter_at_most_twice_and_never_grow_its_headers(
     assert stuck.key is None and stuck.value is None
     assert {"dlq.value.dropped", "dlq.key.dropped"} <= set(names)
     assert redelivery.stalled and tracker.take_commit_positions() == {}
+
+
+def test_failed_outputs_are_sent_again_in_the_order_of_their_records() -> None:
+    # Found by the fault suite (broker killed, at-least-once): librdkafka reported the timed-out
+    # decisions of one card in another order than they were produced, and the retry sent
+    # them in that order, so the card's decisions came out of order.
+    sink, redelivery, tracker, first = setup(0, TransientDeliveryError("down", "_TRANSPORT"))
+    outputs = [first]
+    for offset in (8, 9, 10):
+        tracker.track(("tx", 0), offset)
+        group = OutcomeGroup(
+            tracker, [(("tx", 0), offset)], Counter({("decision", "approve"): 1}), lambda _: None
+        )
+        outputs.append(dataclasses.replace(first, source=message(offset), group=group))
+    timed_out = TransientDeliveryError("timed out", "_MSG_TIMED_OUT")
+    for output in (outputs[0], outputs[3], outputs[1], outputs[2]):
+        redelivery.failed(output, timed_out)
+    assert redelivery.retry(sink) is True
+    assert [o.source.offset() for o in sink.delivered] == [7, 8, 9, 10]
+    assert tracker.take_commit_positions() == {("tx", 0): 11}

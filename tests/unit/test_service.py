@@ -3,6 +3,7 @@ revoke, lost partitions and shutdown, driven deterministically from the test."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -90,6 +91,7 @@ class Replica:
         self.health = HealthState()
         tracker = OffsetTracker()
         self.producer = FakeTransactionalProducer(self.consumer)
+        lag = LagMonitor(TOPIC, self.metrics)
         self.transactions = (
             TransactionalSink(
                 self.producer,  # type: ignore[arg-type]
@@ -100,6 +102,7 @@ class Replica:
                 max_records=self.config.transaction_max_records,
                 max_message_bytes=1_000_000,
                 metrics=self.metrics,
+                on_committed=lag.committed,
             )
             if self.config.exactly_once
             else None
@@ -111,7 +114,7 @@ class Replica:
             redelivery=self.redelivery,
             router=router,
             health=self.health,
-            lag=LagMonitor(TOPIC, self.metrics),
+            lag=lag,
             metrics=self.metrics,
             tracker=tracker,
             transactions=self.transactions,
@@ -332,3 +335,82 @@ def test_an_aborted_transaction_is_decided_again_and_nothing_becomes_durable_twi
         until(lambda: replica.committed() == {(TOPIC, 0): 120})
     assert replica.consumer.seeks, "the consumer went back to the committed offset"
     assert len(replica.decided()) == 120
+
+
+def test_exactly_once_is_unready_while_a_commit_is_not_confirmed() -> None:
+    # Found by the fault suite (broker killed): commits timed out for the whole outage and
+    # fetching stopped, but /readyz stayed 200, so nothing outside knew the replica was stuck.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        until(lambda: replica.health.ready()[0])
+        replica.producer.commit_error = KafkaError(
+            KafkaError._TIMED_OUT, "coordinator unreachable", retriable=True
+        )
+        replica.consumer.feed(messages(0, range(50, 100)))
+        until(lambda: not replica.health.ready()[0])
+        assert replica.health.ready()[1] == "outputs cannot be delivered; fetching stopped"
+        until(lambda: replica.consumer.paused == {(TOPIC, 0)})
+        replica.producer.commit_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 100})
+        until(lambda: replica.health.ready()[0])
+    assert len(replica.decided()) == 100
+
+
+def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() -> None:
+    # Found by the fault suite (broker killed, exactly-once): abort_transaction() timed out
+    # ("retry call to resume"), the service took the abort for done, the next
+    # begin_transaction() failed with _CONFLICT and the scoring thread died in both replicas.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.abort_error = KafkaError(
+            KafkaError._TIMED_OUT, "Timed out, retry call to resume", retriable=True
+        )
+        replica.producer.fail_next_commit = KafkaError(
+            KafkaError._STATE, "transaction failed", txn_requires_abort=True
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        until(lambda: not replica.health.ready()[0])
+        polls = replica.consumer.polls
+        until(lambda: replica.consumer.polls > polls + 20)
+        assert replica.service.failure is None and replica.committed() == {(TOPIC, 0): 50}
+        replica.producer.abort_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        until(lambda: replica.health.ready()[0])
+    assert replica.service.failure is None
+    assert len(replica.producer.committed) == len(replica.decided()) == 120
+
+
+def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        # What librdkafka reports: the committed offset it fetched when the partition came.
+        stale = {"fetch_state": "active", "committed_offset": 0, "ls_offset": 50}
+        partitions = {"0": {**stale, "consumer_lag": 50}}
+        replica.parts.lag.on_statistics(json.dumps({"topics": {TOPIC: {"partitions": partitions}}}))
+        assert replica.parts.lag.total == 0
+
+
+def test_outputs_refused_by_a_failed_transaction_abort_it_instead_of_killing_the_replica() -> None:
+    # Found by the fault suite (dead-letter topic deleted, exactly-once): librdkafka failed the
+    # open transaction in the background ("Failed to add partition(s) to transaction: Unknown
+    # topic or partition"), the next produce() raised _STATE ("Erroneous state") on the
+    # scoring thread, which died, and the replica exited with 1.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.produce_error = KafkaError(
+            KafkaError._STATE, "Unable to produce message: Local: Erroneous state"
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        until(lambda: bool(replica.consumer.seeks))
+        replica.producer.produce_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+    assert replica.service.failure is None
+    assert len(replica.producer.committed) == len(replica.decided()) == 120

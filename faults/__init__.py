@@ -1,0 +1,1 @@
+"""Fault injection: scenarios against a real broker, each checked by a verifier."""

@@ -1,0 +1,267 @@
+"""The five fault scenarios. Each runs against the suite's own broker under an open-loop load,
+injects its fault, waits for the service to recover, and leaves the checks to
+`ScenarioRun.finish()` (the verifier, lag, pauses, memory) plus its own.
+
+1. kill -9 of one of two replicas, several times, each replaced at once;
+2. the broker killed with kill -9 mid-stream and restarted after a pause: the replicas must
+   ride through (readiness 503 while they cannot deliver, 200 again after, same processes);
+3. a zombie: a replica frozen (SIGSTOP) past `max.poll.interval.ms` until the group has moved its
+   partitions, then thawed (SIGCONT);
+4. a rebalance storm: replicas joining and leaving (SIGTERM) every few seconds;
+5. the dead-letter topic deleted mid-stream and created again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+from faults.harness import ADMIN_TIMEOUT_S, ScenarioRun
+from faults.reading import read_dead_letters
+from faults.replicas import Replica
+
+log = logging.getLogger(__name__)
+
+#: Outputs fail after 3 s and are tried twice, so a replica that cannot deliver turns unready
+#: within seconds (the defaults take minutes: 30 s per try, 5 tries).
+FAIL_FAST = (
+    *("-X", "message.timeout.ms=3000", "--delivery-attempts", "2"),
+    *("--retry-backoff-max-ms", "1000"),
+)
+#: Scenario 3: the group gives a silent member up after 6 s (the least max.poll.interval.ms may
+#: be is session.timeout.ms).
+ZOMBIE_TIMEOUTS_MS = 6_000
+ZOMBIE = (
+    *("-X", f"session.timeout.ms={ZOMBIE_TIMEOUTS_MS}"),
+    *("-X", f"max.poll.interval.ms={ZOMBIE_TIMEOUTS_MS}"),
+)
+RECOVERY_TIMEOUT_S = 120.0
+#: Evidence in a zombie's log that its transaction was fenced and aborted (exactly-once).
+FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long each phase lasts, and the load: the full suite, or the short one CI runs."""
+
+    rate: float
+    warm_s: float
+    tail_s: float
+    kills: int
+    kill_every_s: float
+    broker_down_s: float
+    storm_s: float
+    storm_every_s: float
+    dlq_gone_s: float
+
+
+FULL = Timing(
+    rate=5_000,
+    warm_s=10,
+    tail_s=10,
+    kills=3,
+    kill_every_s=15,
+    broker_down_s=10,
+    storm_s=60,
+    storm_every_s=4,
+    dlq_gone_s=10,
+)
+#: CI's version: a fifth of the load, one kill, a 12 s storm, shorter windows.
+SHORT = Timing(
+    rate=1_000,
+    warm_s=3,
+    tail_s=3,
+    kills=1,
+    kill_every_s=3,
+    broker_down_s=10,
+    storm_s=12,
+    storm_every_s=3,
+    dlq_gone_s=4,
+)
+
+
+def kill_replicas(run: ScenarioRun, t: Timing) -> None:
+    """1. kill -9 one of two replicas, `t.kills` times, alternating; each is replaced at once
+    (same instance id: in exactly-once mode the newcomer fences the dead one's transaction)."""
+    replicas = {"a": run.replica("a"), "b": run.replica("b")}
+    run.wait_assigned(list(replicas.values()))
+    run.start_load()
+    time.sleep(t.warm_s)
+    for i in range(t.kills):
+        name = "ab"[i % 2]
+        with run.fault(f"kill -9 {name}"):
+            replicas[name].kill()
+        replicas[name] = run.replica(name)
+        waited = run.wait_assigned(list(replicas.values()), RECOVERY_TIMEOUT_S)
+        time.sleep(max(0.0, t.kill_every_s - waited))
+    time.sleep(t.tail_s)
+
+
+def kill_broker(run: ScenarioRun, t: Timing) -> None:
+    """2. kill -9 the broker, restart it `t.broker_down_s` later; the replicas ride through."""
+    replicas = [run.replica("a", *FAIL_FAST), run.replica("b", *FAIL_FAST)]
+    run.wait_assigned(replicas)
+    pids = {r.name: r.pid for r in replicas}
+    run.start_load()
+    time.sleep(t.warm_s)
+    with run.fault("broker kill -9"):
+        killed_ms = time.time_ns() // 1_000_000
+        run.broker.kill()
+        time.sleep(t.broker_down_s)
+        restart_started = time.monotonic()
+        run.broker.up()
+        restart_s = time.monotonic() - restart_started
+        run.admin = run.new_admin()
+        back_ms = time.time_ns() // 1_000_000
+        ready_s = run.wait_until(_all_ready(run), RECOVERY_TIMEOUT_S, "replicas ready again")
+        run.wait_assigned(None, RECOVERY_TIMEOUT_S)
+    time.sleep(t.tail_s)
+    result = run.result
+    result.figures["broker_restart_s"] = f"{restart_s:.1f}"
+    result.figures["ready_after_restart_s"] = f"{ready_s:.1f}"
+    _check_same_processes(run, pids)
+    for name in pids:
+        unready = [
+            at
+            for at, replica, ready in run.sampler.peaks.readiness
+            if replica == name and not ready and killed_ms <= at <= back_ms + 1_000 * ready_s
+        ]
+        result.check(f"{name}: /readyz 503 while it could not deliver", bool(unready), "")
+        again = any(r.name == name and r.ready() for r in run.live())
+        result.check(f"{name}: /readyz 200 again", again, "")
+
+
+def zombie(run: ScenarioRun, t: Timing) -> None:
+    """3. SIGSTOP a replica past max.poll.interval.ms until the other owns every partition,
+    then SIGCONT it."""
+    frozen, other = run.replica("zombie", *ZOMBIE), run.replica("b", *ZOMBIE)
+    run.wait_assigned([frozen, other])
+    run.start_load()
+    time.sleep(t.warm_s)
+    with run.fault("SIGSTOP zombie"):
+        frozen.signal(signal.SIGSTOP)
+        stopped, stopped_ms = time.monotonic(), time.time_ns() // 1_000_000
+        try:
+            run.wait_assigned([other], RECOVERY_TIMEOUT_S)
+            time.sleep(max(0.0, stopped + 1.5 * ZOMBIE_TIMEOUTS_MS / 1000 - time.monotonic()))
+        finally:
+            frozen.signal(signal.SIGCONT)
+        frozen_s = time.monotonic() - stopped
+        run.frozen = (stopped_ms, time.time_ns() // 1_000_000)
+        run.wait_assigned([frozen, other], RECOVERY_TIMEOUT_S)
+    time.sleep(t.tail_s)
+    run.result.figures["frozen_s"] = f"{frozen_s:.1f}"
+    if run.settings.exactly_once:
+        text = frozen.log_path.read_text(errors="replace")
+        found = [e for e in FENCING_EVIDENCE if e in text]
+        run.result.check("zombie fenced (its log)", bool(found), f"log shows {found}")
+
+
+def rebalance_storm(run: ScenarioRun, t: Timing) -> None:
+    """4. One replica throughout; others join, or leave (SIGTERM), every `t.storm_every_s`
+    for `t.storm_s`: two joins then two leaves, over and over, none waiting for the group to
+    settle. Each event's fault lasts until the next one; the last, until the group is stable."""
+    base = run.replica("a")
+    run.wait_assigned([base])
+    run.start_load()
+    time.sleep(t.warm_s)
+    joined: list[Replica] = []
+    exits: list[int] = []
+    deadline = time.monotonic() + t.storm_s
+    settled_s, event, last = 0.0, 0, False
+    while not last:
+        join = (event % 4 < 2 and len(joined) < 3) or not joined
+        next_event = time.monotonic() + t.storm_every_s
+        last = next_event >= deadline
+        with run.fault(f"{'join' if join else 'leave'} {event}"):
+            if join:
+                joined.append(run.replica(f"s{event}"))
+            else:
+                exits.append(joined.pop(0).stop())
+            time.sleep(max(0.0, next_event - time.monotonic()))
+            if last:
+                settled_s = run.wait_assigned(None, RECOVERY_TIMEOUT_S)
+        event += 1
+    time.sleep(t.tail_s)
+    run.result.figures["events"] = f"{event}"
+    run.result.figures["settled_after_storm_s"] = f"{settled_s:.1f}"
+    run.result.check("leavers exited cleanly", all(e == 0 for e in exits), f"exit codes {exits}")
+
+
+def delete_dlq(run: ScenarioRun, t: Timing) -> None:
+    """5. Delete the dead-letter topic mid-stream, create it again `t.dlq_gone_s` later."""
+    replicas = [run.replica("a", *FAIL_FAST), run.replica("b", *FAIL_FAST)]
+    run.wait_assigned(replicas)
+    pids = {r.name: r.pid for r in replicas}
+    run.start_load()
+    time.sleep(t.warm_s)
+    # What the topic holds is destroyed with it: wait until every malformed record sent so far
+    # has its dead letter, and keep a copy for the verifier.
+    run.load.bad_paused.set()
+    run.wait_until(
+        lambda: len(read_dead_letters(run.bootstrap, run.dlq_topic)) >= run.load.bad_sent,
+        RECOVERY_TIMEOUT_S,
+        "dead letters of the malformed records so far",
+    )
+    run.saved_dead_letters = read_dead_letters(run.bootstrap, run.dlq_topic)
+    with run.fault("DLQ deleted"):
+        run.admin.delete_topics([run.dlq_topic])[run.dlq_topic].result(timeout=ADMIN_TIMEOUT_S)
+        run.load.bad_paused.clear()
+        time.sleep(t.dlq_gone_s)
+        run.wait_until(_recreate(run), RECOVERY_TIMEOUT_S, "dead-letter topic created again")
+        run.wait_until(_all_ready(run), RECOVERY_TIMEOUT_S, "replicas ready again")
+    time.sleep(t.tail_s)
+    run.result.figures["saved_dead_letters"] = f"{len(run.saved_dead_letters)}"
+    _check_same_processes(run, pids)
+
+
+def _recreate(run: ScenarioRun) -> Callable[[], bool]:
+    def create() -> bool:
+        topic = NewTopic(run.dlq_topic, run.settings.partitions, 1)
+        future = run.admin.create_topics([topic])[run.dlq_topic]
+        try:
+            future.result(timeout=ADMIN_TIMEOUT_S)
+        except Exception as exc:  # still being deleted: try again
+            log.info("creating %s again: %s", run.dlq_topic, exc)
+            return False
+        return True
+
+    return create
+
+
+def _all_ready(run: ScenarioRun) -> Callable[[], bool]:
+    """Every replica the scenario keeps running is alive and ready."""
+    return lambda: all(r.alive and r.ready() for r in run.replicas if not r.retired)
+
+
+def _check_same_processes(run: ScenarioRun, pids: dict[str, int]) -> None:
+    """The replicas rode through: the same processes run, none exited or was restarted."""
+    now = {r.name: r.pid for r in run.live()}
+    exits = [
+        f"{r.name} exited {r.process.returncode}" for r in run.replicas if r.process and not r.alive
+    ]
+    run.result.check("replicas rode through (same processes)", now == pids, ", ".join(exits))
+
+
+class Scenario(NamedTuple):
+    number: int
+    name: str
+    run: Callable[[ScenarioRun, Timing], None]
+
+
+SCENARIOS = {
+    s.number: s
+    for s in (
+        Scenario(1, "kill -9 a replica", kill_replicas),
+        Scenario(2, "kill -9 the broker", kill_broker),
+        Scenario(3, "zombie (SIGSTOP)", zombie),
+        Scenario(4, "rebalance storm", rebalance_storm),
+        Scenario(5, "DLQ deleted", delete_dlq),
+    )
+}

@@ -1,0 +1,51 @@
+"""The short fault-injection suite (`python -m faults --short`), each mode, against a broker of
+its own on 127.0.0.1:9292 that this module starts and stops (`make test` runs it; CI has no
+broker running). Each scenario's figures are printed; `make faults` runs the full suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faults.broker import Broker
+
+REPO = Path(__file__).resolve().parents[2]
+#: One mode of the short suite takes about 2 minutes on a busy 2-core machine.
+MODE_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[Broker]:
+    broker = Broker()
+    started = not broker.running
+    broker.up()
+    yield broker
+    if started:
+        broker.down()
+
+
+@pytest.mark.timeout(MODE_TIMEOUT_S + 60)
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_the_short_fault_suite_passes(
+    broker: Broker, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "faults",
+        "--short",
+        "--mode",
+        mode,
+        "--port",
+        str(broker.port),
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=MODE_TIMEOUT_S, check=False
+    )
+    with capsys.disabled():
+        print(f"\n{result.stdout}")
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-6000:]}"
