@@ -120,7 +120,8 @@ def figures_line(scenario: Scenario, result: Result) -> str:
             f"dead-lettered={report.dead_lettered}",
             f"lost={report.lost}",
             f"duplicates={report.duplicates} (outside faults {report.duplicates_outside_faults},"
-            f" differing {report.duplicates_not_identical})",
+            f" differing {report.duplicates_not_identical},"
+            f" rescored {report.duplicates_rescored})",
             f"order-violations={report.order_violations}",
             f"recover=[{recovery}]s",
             f"max-latency={report.max_latency_s:.1f}s",

@@ -145,7 +145,7 @@ def read_decisions(
     for m in read_to_end(bootstrap, topic, timeout_s):
         d = decode(m.value() or b"")
         partition, offset = cast(int, m.partition()), cast(int, m.offset())
-        content = (d.card_id, d.score, d.decision, d.model_version, d.degraded, d.event_time)
+        content = (d.card_id, d.model_version, d.degraded, d.event_time)
         seen = visibility.seen_at(partition, offset) if visibility else None
         decisions.append(
             Decision(
@@ -157,6 +157,7 @@ def read_decisions(
                 d.decided_at,
                 seen,
                 m.timestamp()[1],
+                (d.score, d.decision),
             )
         )
     return decisions

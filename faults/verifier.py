@@ -9,7 +9,11 @@ checks:
   input record;
 - duplicates: none at all in exactly-once mode; in at-least-once mode only among records in
   flight at a fault (at or past the group's committed offset when the fault began, and produced
-  before it ended), and every duplicate identical to the first outcome (`decided_at` aside);
+  before it ended), and every duplicate identical to the first outcome (`decided_at` aside). With
+  card history (`rescoring_allowed`) a duplicate may carry another score and verdict, everything
+  else identical: the record was read again after a crash against a history that already counts
+  it (its card state reached the changelog, its offset commit did not). Such duplicates are
+  counted, not violations; exactly-once has none, and without history they are identical;
 - per-card order: a card's decisions, in the order of the decision topic, first appear in the
   order of its transactions in their input partition;
 - time to recover, per fault: from the fault until the last record that waited longer than
@@ -49,7 +53,7 @@ class Decision(NamedTuple):
     offset: int
     transaction_id: str
     card_id: str
-    #: What a duplicate must repeat exactly (everything but `decided_at`).
+    #: What a duplicate must repeat exactly (everything but `decided_at` and `verdict`).
     content: Hashable
     decided_at_ms: int
     #: When a live read_committed reader first saw it (None: not observed, `decided_at` stands
@@ -57,6 +61,8 @@ class Decision(NamedTuple):
     visible_at_ms: int | None = None
     #: When its producer produced it (the record's timestamp), where known.
     produced_ms: int | None = None
+    #: Score and decision: what a duplicate repeats unless rescoring is allowed.
+    verdict: Hashable = None
 
 
 class DeadLetter(NamedTuple):
@@ -97,6 +103,8 @@ class Report:
     #: Of those, duplicates of records in no fault's in-flight window.
     duplicates_outside_faults: int
     duplicates_not_identical: int
+    #: Duplicates identical but for their score and verdict (allowed with card history).
+    duplicates_rescored: int
     order_violations: int
     #: Outcomes that name no input record (an unknown transaction id or input position).
     unexpected: int
@@ -136,6 +144,7 @@ class _Outcome(NamedTuple):
     visible_at_ms: int
     #: Where it is, for the examples: "decisions 3/1234", "dead letters 0/12".
     where: str
+    verdict: Hashable = None
 
 
 def verify(
@@ -145,6 +154,7 @@ def verify(
     faults: Sequence[FaultWindow],
     *,
     exactly_once: bool,
+    rescoring_allowed: bool = False,
     recovered_latency_ms: int = RECOVERED_LATENCY_MS,
 ) -> Report:
     """Check the outcomes of `inputs`; see the module docstring for what is checked."""
@@ -176,7 +186,8 @@ def verify(
             continue
         visible = d.visible_at_ms if d.visible_at_ms is not None else d.decided_at_ms
         where = f"decisions {d.partition}/{d.offset}"
-        decided[source.partition, source.offset].append(_Outcome(d.content, visible, where))
+        outcome = _Outcome(d.content, visible, where, d.verdict)
+        decided[source.partition, source.offset].append(outcome)
     for letter in sorted(dead_letters, key=lambda x: (x.partition, x.offset)):
         key = (letter.source_partition, letter.source_offset)
         if key not in by_position:
@@ -186,7 +197,7 @@ def verify(
         where = f"dead letters {letter.partition}/{letter.offset}"
         lettered[key].append(_Outcome(letter.content, letter.failed_at_ms, where))
 
-    lost = both = duplicates = outside = not_identical = 0
+    lost = both = duplicates = outside = not_identical = rescored = 0
     first_outcome_ms: dict[tuple[int, int], int] = {}
     for record in inputs:
         key = (record.partition, record.offset)
@@ -207,7 +218,15 @@ def verify(
             if not _in_flight(record, faults):
                 outside += extra
                 note("duplicate outside faults", seen)
-            differing = sum(o.content != outcomes[0].content for o in outcomes[1:])
+            first = outcomes[0]
+            differing = sum(o.content != first.content for o in outcomes[1:])
+            rescores = sum(
+                o.content == first.content and o.verdict != first.verdict for o in outcomes[1:]
+            )
+            if rescoring_allowed:
+                rescored += rescores
+            else:
+                differing += rescores
             if differing:
                 not_identical += differing
                 note("duplicate not identical", seen)
@@ -232,6 +251,7 @@ def verify(
         duplicates=duplicates,
         duplicates_outside_faults=outside,
         duplicates_not_identical=not_identical,
+        duplicates_rescored=rescored,
         order_violations=order_violations,
         unexpected=unexpected,
         input_repeats=input_repeats,

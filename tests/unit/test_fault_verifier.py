@@ -117,6 +117,26 @@ def test_a_duplicate_that_differs_from_the_first_is_reported() -> None:
     assert report.violations() == ["1 duplicates differ from the first"]
 
 
+def test_a_rescored_duplicate_passes_only_where_rescoring_is_allowed() -> None:
+    records = inputs()
+    fault = FaultWindow("kill", T0, T0 + 1_000, {0: 0, 1: 0})
+    base = [d._replace(verdict=(0.1, "approve")) for d in decide_all(records)]
+    rescored = base[3]._replace(offset=10, verdict=(0.2, "approve"))
+    other_card = rescored._replace(content="other card")
+    duplicates = [*base, rescored]
+
+    strict = verify(records, duplicates, [], [fault], exactly_once=False)
+    assert (strict.duplicates_not_identical, strict.duplicates_rescored) == (1, 0)
+    allowed = verify(records, duplicates, [], [fault], exactly_once=False, rescoring_allowed=True)
+    assert allowed.violations() == []
+    assert (allowed.duplicates_not_identical, allowed.duplicates_rescored) == (0, 1)
+    # Rescoring never excuses a duplicate that differs in anything else.
+    changed = verify(
+        records, [*base, other_card], [], [fault], exactly_once=False, rescoring_allowed=True
+    )
+    assert changed.violations() == ["1 duplicates differ from the first"]
+
+
 def test_a_duplicate_dead_letter_must_repeat_reason_and_value() -> None:
     records = [InputRecord(0, 0, T0, None, None)]
     fault = FaultWindow("kill", T0, T0 + 1_000, {0: 0})
