@@ -89,8 +89,10 @@ class ServiceAcls:
             f"{self.group}-" if self.changelog_prefix is None else self.changelog_prefix
         )
         topic, literal, prefixed = (
-            ResourceType.TOPIC, ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED,
-        )  # fmt: skip
+            ResourceType.TOPIC,
+            ResourcePatternType.LITERAL,
+            ResourcePatternType.PREFIXED,
+        )
         wanted: list[tuple[ResourceType, str, ResourcePatternType, Sequence[AclOperation]]] = [
             *((topic, name, literal, _READ) for name in self.input_topics),
             *((topic, name, literal, _WRITE) for name in self.output_topics),

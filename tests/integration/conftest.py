@@ -237,16 +237,24 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     def start(topics: Topics, *extra: str, instance: str = "a") -> ServiceProcess:
         port = free_port()
         args = [
-            "--bootstrap-servers", BOOTSTRAP,
-            "--input-topic", topics.input,
-            "--output-topic", topics.output,
-            "--dlq-topic", topics.dlq,
-            "--group-id", group,
-            "--instance-id", instance,
-            "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(port),
+            "--bootstrap-servers",
+            BOOTSTRAP,
+            "--input-topic",
+            topics.input,
+            "--output-topic",
+            topics.output,
+            "--dlq-topic",
+            topics.dlq,
+            "--group-id",
+            group,
+            "--instance-id",
+            instance,
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
             *extra,
-        ]  # fmt: skip
+        ]
         service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port).start()
         started.append(service)
         return service

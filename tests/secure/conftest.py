@@ -350,15 +350,22 @@ def start_service(
             monkeypatch.setenv(name, value)  # the child inherits it
         port = free_port()
         args = [
-            "--bootstrap-servers", secure_broker.bootstrap,
-            "--input-topic", topics.input,
-            "--output-topic", topics.output,
-            "--dlq-topic", topics.dlq,
-            "--group-id", group,
-            "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(port),
+            "--bootstrap-servers",
+            secure_broker.bootstrap,
+            "--input-topic",
+            topics.input,
+            "--output-topic",
+            topics.output,
+            "--dlq-topic",
+            topics.dlq,
+            "--group-id",
+            group,
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
             *flags,
-        ]  # fmt: skip
+        ]
         service = ServiceProcess(args, tmp_path / f"service-{len(started)}.log", port).start()
         started.append(service)
         return service

@@ -22,10 +22,22 @@ from tests.secure.conftest import (
 
 def acl_tool(broker: SecureBroker, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.kafka.acls", "--config", str(config),
-         "--bootstrap-servers", broker.bootstrap, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ops.kafka.acls",
+            "--config",
+            str(config),
+            "--bootstrap-servers",
+            broker.bootstrap,
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
@@ -45,11 +57,21 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         tmp_path / "admin.properties", secure_broker.admin
     )
     resources = [
-        "--principal", user.username,
-        "--input-topic", topics.input, "--input-topic", topics.labels,
-        "--output-topic", topics.output, "--output-topic", topics.dlq,
-        "--group", group, "--transactional-id-prefix", group,
-    ]  # fmt: skip
+        "--principal",
+        user.username,
+        "--input-topic",
+        topics.input,
+        "--input-topic",
+        topics.labels,
+        "--output-topic",
+        topics.output,
+        "--output-topic",
+        topics.dlq,
+        "--group",
+        group,
+        "--transactional-id-prefix",
+        group,
+    ]
     try:
         granted = acl_tool(
             secure_broker, admin_config, *resources, "grant", "--create-topics", "--partitions", "2"

@@ -268,16 +268,26 @@ def test_the_service_principal_may_do_nothing_else(
     # No reading ACLs, not even its own: the broker denies DescribeAcls (DESCRIBE on the
     # cluster), which librdkafka reports as an empty list.
     any_acl = AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
-        AclOperation.ANY, AclPermissionType.ANY,
-    )  # fmt: skip
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
     assert admin.describe_acls(any_acl).result(timeout=30) == []
     assert len(acls.of(user)) == len(spec.bindings())
     # No changing ACLs: it cannot grant itself more.
     more = AclBinding(
-        ResourceType.TOPIC, others.input, ResourcePatternType.LITERAL, f"User:{user.username}",
-        "*", AclOperation.READ, AclPermissionType.ALLOW,
-    )  # fmt: skip
+        ResourceType.TOPIC,
+        others.input,
+        ResourcePatternType.LITERAL,
+        f"User:{user.username}",
+        "*",
+        AclOperation.READ,
+        AclPermissionType.ALLOW,
+    )
     for future in admin.create_acls([more]).values():
         with pytest.raises(KafkaException) as raised:
             future.result(timeout=30)

@@ -30,14 +30,29 @@ def test_loadgen_sends_and_reads_back_with_credentials_from_its_properties_file(
         tmp_path / "loadgen.properties", secure_broker.admin, {}
     )
     command = [
-        sys.executable, "-m", "loadgen.cli",
-        "--bootstrap-servers", secure_broker.bootstrap,
-        "--input-topic", topics.input,
-        "--output-topic", topics.output,
-        "--dlq-topic", topics.dlq,
-        "--rate", "100", "--duration", "2", "--drain-timeout", "60",
-        "--no-labels", "--metrics-url", "", "--json", "--quiet",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "loadgen.cli",
+        "--bootstrap-servers",
+        secure_broker.bootstrap,
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dlq-topic",
+        topics.dlq,
+        "--rate",
+        "100",
+        "--duration",
+        "2",
+        "--drain-timeout",
+        "60",
+        "--no-labels",
+        "--metrics-url",
+        "",
+        "--json",
+        "--quiet",
+    ]
     env = {"PATH": "/usr/bin:/bin", "FRAUD_KAFKA_CONFIG_FILE": str(properties)}
 
     run = subprocess.run(
@@ -50,8 +65,13 @@ def test_loadgen_sends_and_reads_back_with_credentials_from_its_properties_file(
 
     # Without the credentials the same run cannot even reach the outcome topics.
     refused = subprocess.run(
-        command, cwd=REPO, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-        timeout=180, check=False,
-    )  # fmt: skip
+        command,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert refused.returncode == 1
     assert "cannot read the outcome topics" in refused.stderr

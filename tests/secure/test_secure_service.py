@@ -124,8 +124,12 @@ def test_the_service_decides_with_its_acls_and_shows_its_secret_nowhere(
     assert user.password not in service.metrics()
     helped = subprocess.run(
         [sys.executable, "-m", "stream", "run", "--help"],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert helped.returncode == 0
     assert user.password not in helped.stdout + helped.stderr
     service.signal(signal.SIGTERM)
@@ -185,10 +189,18 @@ def test_without_write_on_the_dlq_it_turns_unready_commits_nothing_past_it_then_
     )
 
     service = start_service(
-        user, topics, group_id, source,
-        "--delivery-attempts", "2", "--retry-backoff-ms", "100", "--retry-backoff-max-ms", "300",
+        user,
+        topics,
+        group_id,
+        source,
+        "--delivery-attempts",
+        "2",
+        "--retry-backoff-ms",
+        "100",
+        "--retry-backoff-max-ms",
+        "300",
         extra={"message.timeout.ms": "1500"},
-    )  # fmt: skip
+    )
 
     def refused_and_unready() -> bool:
         refused = "TOPIC_AUTHORIZATION_FAILED" in service.log()

@@ -24,9 +24,13 @@ def decision(
 ) -> Decision:
     assert record.transaction_id is not None and record.card_id is not None
     return Decision(
-        record.partition, offset, record.transaction_id, record.card_id, content,
+        record.partition,
+        offset,
+        record.transaction_id,
+        record.card_id,
+        content,
         record.timestamp_ms + at,
-    )  # fmt: skip
+    )
 
 
 def decide_all(records: list[InputRecord]) -> list[Decision]:

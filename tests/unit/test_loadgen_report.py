@@ -209,14 +209,30 @@ def _run_summary(seconds: int, rate: int, drain: list[int]) -> dict[str, object]
     """A constant run of `seconds` at `rate` decided within the second, then `drain`: the
     decisions of the seconds after sending stopped."""
     rows = [
-        {"t_s": t, "target": float(rate), "sent": rate, "decided": rate, "p50_ms": 5.0,
-         "p95_ms": 9.0, "p99_ms": 12.0, "max_ms": 20.0}
+        {
+            "t_s": t,
+            "target": float(rate),
+            "sent": rate,
+            "decided": rate,
+            "p50_ms": 5.0,
+            "p95_ms": 9.0,
+            "p99_ms": 12.0,
+            "max_ms": 20.0,
+        }
         for t in range(seconds)
     ] + [
-        {"t_s": seconds + i, "target": 0.0, "sent": 0, "decided": decided, "p50_ms": None,
-         "p95_ms": None, "p99_ms": None, "max_ms": None}
+        {
+            "t_s": seconds + i,
+            "target": 0.0,
+            "sent": 0,
+            "decided": decided,
+            "p50_ms": None,
+            "p95_ms": None,
+            "p99_ms": None,
+            "max_ms": None,
+        }
         for i, decided in enumerate(drain)
-    ]  # fmt: skip
+    ]
     return {"over_time": rows, "duration_s": float(seconds), "sent": seconds * rate}
 
 
