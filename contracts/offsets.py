@@ -116,6 +116,18 @@ class OffsetTracker:
                     state.advanced = False
         return positions
 
+    def first_unfinished(self, partition: PartitionKey) -> int | None:
+        """The lowest tracked offset of `partition` still waiting for its outcome."""
+        with self._lock:
+            state = self._partitions.get(partition)
+            return state.pending[0] if state is not None and state.pending else None
+
+    def commit_position(self, partition: PartitionKey) -> int | None:
+        """Where a commit of `partition` would stand now: after its finished prefix."""
+        with self._lock:
+            state = self._partitions.get(partition)
+            return None if state is None else state.commit_position
+
     def pending_in(self, partitions: Iterable[PartitionKey]) -> int:
         """How many tracked records of these partitions still wait for their outcome."""
         with self._lock:

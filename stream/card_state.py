@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -45,6 +45,10 @@ EVICT_INTERVAL_S = 60.0
 #: A restore's reads give up after this long without progress.
 RESTORE_IDLE_TIMEOUT_S = 30.0
 RESTORE_BATCH = 10_000
+
+
+def _nothing() -> None:
+    pass
 
 
 class StatefulRecord(Protocol):
@@ -89,12 +93,13 @@ class CardState:
 
     # -- consuming thread: rebalances --------------------------------------------------------
 
-    def restore(self, partitions: Sequence[int]) -> None:
-        """Load the state of newly assigned partitions from their changelog."""
+    def restore(self, partitions: Sequence[int], progress: Callable[[], None] = _nothing) -> None:
+        """Load the state of newly assigned partitions from their changelog; `progress` is
+        called after every chunk read (a long restore is not a stuck replica)."""
         for partition in partitions:
             started = time.monotonic()
             history = CardHistory(time_scale=self._time_scale)
-            records = self._read_changelog(partition, history)
+            records = self._read_changelog(partition, history, progress)
             with self._lock:
                 self._histories[partition] = history
                 self._last_eviction[partition] = time.monotonic()
@@ -118,11 +123,11 @@ class CardState:
                 self._last_eviction.pop(partition, None)
         self._report()
 
-    def reload(self) -> None:
+    def reload(self, progress: Callable[[], None] = _nothing) -> None:
         """Restore every owned partition again (its in-memory updates were aborted)."""
         with self._lock:
             partitions = sorted(self._histories)
-        self.restore(partitions)
+        self.restore(partitions, progress)
 
     # -- scoring thread: batches -------------------------------------------------------------
 
@@ -180,7 +185,9 @@ class CardState:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _read_changelog(self, partition: int, history: CardHistory) -> int:
+    def _read_changelog(
+        self, partition: int, history: CardHistory, progress: Callable[[], None]
+    ) -> int:
         consumer = Consumer(
             {
                 **self._kafka,
@@ -201,6 +208,7 @@ class CardState:
             idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
             while True:
                 messages = consumer.consume(RESTORE_BATCH, 0.5)
+                progress()
                 if not messages and time.monotonic() > idle_until:
                     raise TimeoutError(f"changelog {self.changelog_topic}[{partition}] stalled")
                 for message in messages:

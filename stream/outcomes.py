@@ -51,6 +51,11 @@ class OutcomeGroup:
             self._tracker.finish_all(self._sources)
             self._on_complete(self.labels)
 
+    @property
+    def sources(self) -> list[SourceOffset]:
+        """The consumed records the group is the outcome of."""
+        return self._sources
+
     def relabel(self, old: OutputLabel, new: OutputLabel) -> None:
         """One output changed what it is (a refused decision became a dead letter)."""
         self.labels[old] -= 1

@@ -48,7 +48,7 @@ ACCESS_DENIED = frozenset(
     {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED}
 )
 #: How long a rewind waits for the committed offsets.
-REWIND_TIMEOUT_S = 30.0
+REWIND_TIMEOUT_S = 5.0
 
 
 class ScoringService:
@@ -278,16 +278,24 @@ class ScoringService:
         if self._transactions is None or not self._transactions.confirm_abort():
             return
         assignment = self._consumer.assignment()
+        committed: list[TopicPartition] = []
+        if assignment:
+            try:
+                committed = self._consumer.committed(assignment, timeout=REWIND_TIMEOUT_S)
+            except KafkaException as exc:
+                # A replica back from a freeze or a broker restart: the coordinator answers once
+                # the group settles. Asked again next pass; the loop (and /healthz) goes on.
+                log.warning("committed offsets not known yet (%s): rewinding later", exc)
+                return
         released = self._release_records({(tp.topic, tp.partition) for tp in assignment})
         self._handoff.wait_until_done(time.monotonic() + self._config.shutdown_timeout_s)
         self._tracker.forget([(tp.topic, tp.partition) for tp in assignment])
-        if assignment:
-            committed = self._consumer.committed(assignment, timeout=REWIND_TIMEOUT_S)
-            for tp in committed:
-                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         if self._card_state is not None:
-            self._card_state.reload()  # the aborted updates never reached the changelog
+            # The aborted updates never reached the changelog.
+            self._card_state.reload(self._health.beat)
         self._transactions.end_rewind()
         self._rewind_pending = False
         log.warning(
@@ -315,7 +323,7 @@ class ScoringService:
         log.info("assigned %s", _describe(partitions))
         if self._card_state is not None:
             # Before the partitions' first batch: their records are fetched after this returns.
-            self._card_state.restore([p.partition for p in partitions])
+            self._card_state.restore([p.partition for p in partitions], self._health.beat)
         self._flow.on_assign(partitions)
         self._lag.assign([(p.topic, p.partition) for p in partitions])
 
@@ -353,6 +361,8 @@ class ScoringService:
     def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
         if self._card_state is not None:
             self._card_state.drop([p.partition for p in partitions])
+        if self._transactions is not None:
+            self._transactions.forget(keys)
         unfinished = self._tracker.forget(keys)
         if unfinished:
             log.warning(

@@ -14,7 +14,13 @@
   fatal (another replica took over this transactional id: the process must restart); an abort
   that times out is tried again (`confirm_abort`) before the rewind ends;
 - remember outputs the broker rejected for themselves (too large), so that when their record is
-  read again after the abort it is dead-lettered instead (reason `produce`).
+  read again after the abort it is dead-lettered instead (reason `produce`);
+- never commit an outcome past the offsets committed with it (its record would be read and
+  decided again after a crash or by the partition's next owner: a duplicate). The consuming
+  thread dead-letters a record at once, while earlier records of its partition may still be in
+  a batch: such a dead letter is held until they have their outcomes (`_hold`). A commit that
+  would fall inside a batch's outputs waits for the next pass; one that must happen now
+  (revoke, shutdown) aborts instead.
 
 Key design decisions:
 - Delivery reports come for errors only (`delivery.report.only.error`): a success costs no
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -91,6 +98,10 @@ class TransactionalSink:
         #: Set when librdkafka refused an output because the open transaction already failed
         #: in the background: nothing more goes into it, and the next commit aborts it.
         self._doomed = False
+        #: Dead letters waiting for earlier records of their partition, in offset order.
+        self._held: dict[PartitionKey, deque[tuple[int, Output]]] = {}
+        #: The highest source offset per partition with an output in the open transaction.
+        self._written: dict[PartitionKey, int] = {}
 
     def initialize(self, timeout_s: float) -> None:
         """Register the transactional id with the broker, fencing any older producer that had
@@ -101,12 +112,10 @@ class TransactionalSink:
 
     def send(self, output: Output) -> None:
         with self._lock:
-            if self._discarding:
+            if self._discarding or self._hold(output):
                 return
-            self._begin()
-            self._produce(self._instead_of_rejected(output))
-            output.group.delivered()
-            self._records += 1
+            self._write(output)
+            self._release_held()
 
     def send_batch(
         self,
@@ -126,6 +135,7 @@ class TransactionalSink:
             if self._discarding:
                 return
             self._begin()
+            self._note_written(group.sources)
             delivered = group.delivered
             for index, (key, value) in enumerate(zip(keys, values, strict=True)):
                 if self._rejected:
@@ -136,6 +146,13 @@ class TransactionalSink:
                         self._produce(self._rerouted(output_of(index), refused))
                 delivered()
             self._records += len(values)
+            self._release_held()
+
+    def forget(self, partitions: set[PartitionKey]) -> None:
+        """Drop what is held for partitions that are gone (their next owner re-reads them)."""
+        with self._lock:
+            for key in partitions:
+                self._held.pop(key, None)
 
     def poll(self) -> None:
         self._producer.poll(0)
@@ -153,7 +170,8 @@ class TransactionalSink:
 
     def commit_if_due(self, now: float) -> None:
         """Commit when the transaction has been open `commit_interval_s` or holds `max_records`
-        (or a failed commit waits for another try)."""
+        (or a failed commit waits for another try), unless a batch is halfway through its
+        outputs: then on a later pass."""
         if (
             self.commit_pending
             or self._doomed
@@ -163,6 +181,7 @@ class TransactionalSink:
                     now - self._opened_at >= self._commit_interval_s
                     or self._records >= self._max_records
                 )
+                and self._outputs_covered()
             )
         ):
             self.commit()
@@ -178,6 +197,10 @@ class TransactionalSink:
                 log.warning("the transaction failed in the background: aborting it")
                 self.abort()
                 raise TransactionAborted("the transaction failed while outputs went into it")
+            if not self.commit_pending and not self._outputs_covered():
+                log.warning("the transaction holds outcomes past the finished offsets: aborting")
+                self.abort()
+                raise TransactionAborted("outcomes past the finished offsets")
             positions = self._tracker.take_commit_positions()
             if not self._open and not positions and not self.commit_pending:
                 return
@@ -195,6 +218,7 @@ class TransactionalSink:
                 return
             self._open = False
             self._records = 0
+            self._written.clear()
             self.commit_pending = False
             self._metrics.set_delivery_stalled(False)
             self._on_committed(positions)
@@ -204,6 +228,8 @@ class TransactionalSink:
         with self._lock:
             self._discarding = True
             self._doomed = False
+            self._held.clear()  # their records are read again after the rewind
+            self._written.clear()
             if self._open or self.commit_pending or self.abort_pending:
                 self.abort_pending = True
                 self.confirm_abort()
@@ -248,6 +274,59 @@ class TransactionalSink:
             self._discarding = False
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _write(self, output: Output) -> None:
+        self._begin()
+        self._note_written([position_of(output.source)])
+        self._produce(self._instead_of_rejected(output))
+        output.group.delivered()
+        self._records += 1
+
+    def _note_written(self, sources: list[SourceOffset]) -> None:
+        written = self._written
+        for key, offset in sources:
+            if offset > written.get(key, -1):
+                written[key] = offset
+
+    def _outputs_covered(self) -> bool:
+        """Whether the offsets a commit would carry now cover every output in the
+        transaction."""
+        position = self._tracker.commit_position
+        return all(
+            (committed := position(key)) is not None and committed > offset
+            for key, offset in self._written.items()
+        )
+
+    def _hold(self, output: Output) -> bool:
+        """Hold a record's own dead letter while an earlier record of its partition (or an
+        earlier held letter) waits for its outcome; True if held. A batch's poison letters
+        share the batch's group and go out with it."""
+        if output.kind != "dead_letter" or len(output.group.sources) != 1:
+            return False
+        key, offset = output.group.sources[0]
+        held = self._held.get(key)
+        if held is None:
+            first = self._tracker.first_unfinished(key)
+            if first is None or first >= offset:
+                return False
+            held = self._held[key] = deque()
+        held.append((offset, output))
+        return True
+
+    def _release_held(self) -> None:
+        """Write the held dead letters whose earlier records now have their outcomes."""
+        for key in list(self._held):
+            held = self._held[key]
+            while held:
+                offset, output = held[0]
+                first = self._tracker.first_unfinished(key)
+                if first is not None and first < offset:
+                    break
+                held.popleft()
+                if first == offset:
+                    self._write(output)
+            if not held:
+                del self._held[key]
 
     def _begin(self) -> None:
         if not self._open:
@@ -335,12 +414,14 @@ class TransactionalSink:
         if self._doomed:
             return None
         error = produce(self._producer, topic, key, value, headers, report, partition)
-        if error is None or error.code() != KafkaError._STATE or self.commit_pending:
+        if error is None or error.code() != KafkaError._STATE:
             return error
-        # No commit is under way, so the open transaction failed (e.g. a partition could not be
-        # added to it): its outputs are void whatever happens next, and the next commit aborts
-        # it, so the records are decided again.
-        log.warning("output refused, the transaction failed: %s", error.str())
+        # The open transaction failed (e.g. a partition could not be added to it), or its
+        # commit is not confirmed (the broker went away mid-commit): either way this output
+        # cannot join it. The next commit aborts instead, and the rewind reads the committed
+        # offsets back from the broker, so the records are decided again exactly once (if the
+        # unconfirmed commit did land, its records stay decided).
+        log.warning("output refused, the transaction failed or awaits its commit: %s", error.str())
         self._doomed = True
         return None
 

@@ -287,6 +287,14 @@ class FakeTransactionalProducer:
         self._open: list[tuple[str, bytes | None, bytes | None]] = []
         self._offsets: dict[tuple[str, int], int] = {}
         self.committed: list[tuple[str, bytes | None, bytes | None]] = []
+        self._open_headers: list[list[tuple[str, bytes]]] = []
+        #: Per committed transaction: its outputs (topic, value, headers) and the group's
+        #: committed offsets right after it.
+        self.transactions: list[
+            tuple[
+                list[tuple[str, bytes | None, list[tuple[str, bytes]]]], dict[tuple[str, int], int]
+            ]
+        ] = []
         self.in_transaction = False
         self.commits = 0
         self.fail_next_commit: KafkaError | None = None
@@ -310,11 +318,19 @@ class FakeTransactionalProducer:
         assert not self.in_transaction, "a transaction is already open"
         self.in_transaction = True
 
-    def produce(self, topic: str, value: bytes | None, key: bytes | None, **_kw: object) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+        **_kw: object,
+    ) -> None:
         if self.produce_error is not None:
             raise KafkaException(self.produce_error)
         assert self.in_transaction, "produce outside a transaction"
         self._open.append((topic, key, value))
+        self._open_headers.append(list(headers or []))
 
     def send_offsets_to_transaction(
         self, offsets: list[TopicPartition], metadata: object, timeout: float
@@ -330,7 +346,12 @@ class FakeTransactionalProducer:
             raise KafkaException(error)
         self.committed.extend(self._open)
         self._consumer.committed_offsets.update(self._offsets)
-        self._open, self._offsets = [], {}
+        outputs = [
+            (topic, value, headers)
+            for (topic, _key, value), headers in zip(self._open, self._open_headers, strict=True)
+        ]
+        self.transactions.append((outputs, dict(self._consumer.committed_offsets)))
+        self._open, self._offsets, self._open_headers = [], {}, []
         self.in_transaction = False
         self.commits += 1
 
@@ -339,7 +360,7 @@ class FakeTransactionalProducer:
             self._aborting = True
             raise KafkaException(self.abort_error)
         self._aborting = False
-        self._open, self._offsets = [], {}
+        self._open, self._offsets, self._open_headers = [], {}, []
         self.in_transaction = False
 
     def poll(self, timeout: float = 0) -> int:
