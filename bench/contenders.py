@@ -180,10 +180,16 @@ def contender(
 
 
 def latency(
-    run: Run, broker: Broker, report_dir: Path, *, exactly_once: bool = False
+    run: Run,
+    broker: Broker,
+    report_dir: Path,
+    *,
+    exactly_once: bool = False,
+    role: str | None = None,
 ) -> dict[str, Any]:
-    """The service's event→decision latency under fraud-loadgen at LATENCY_RATE, open loop."""
-    role = "latency-eos" if exactly_once else "latency"
+    """The service's event→decision latency under fraud-loadgen at LATENCY_RATE, open loop;
+    `role` names its topics and group (one per latency run of a bench)."""
+    role = role or ("latency-eos" if exactly_once else "latency")
     topics = (
         broker.topic(f"{role}-in", run.partitions),
         broker.topic(f"{role}-out", run.partitions),

@@ -3,8 +3,10 @@
 - `processes`: pipeline throughput with `--processes 1` and `--processes 2` on this host
   (rounds interleaved, medians and spreads), the across-cores curve's first step;
 - `models`: pipeline throughput and p99 event→decision at 5,000 tx/s with the shipped model and
-  with synthetic models of about 10x and 100x its multiply-adds per row (an MLP of the width
-  that gets there), to find where batching and the scoring thread pay, and where a GPU would.
+  with synthetic models costing about 10x and 100x its CPU time per row at batch 256 (MLPs of
+  the width that gets there, calibrated on this machine: the shipped model is trees, whose cost
+  is lookups, not multiply-adds), to find where batching and the scoring thread pay, and where
+  a GPU would.
 
     python -m bench.scaling processes [--records N] [--rounds 3]
     python -m bench.scaling models [--records N]
@@ -29,12 +31,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bench.contenders import Run, contender, latency
 from bench.harness import Broker, produce_backlog
+from bench.model_speed import measure
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.model import OnnxScorer
 from stream.config import SHIPPED_MODEL_PATH
 from training.onnx_export import INPUT_NAME, OUTPUT_NAME, finish_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL_FACTORS = (10, 100)
+#: Size of the MLP that measures this machine's CPU time per multiply-add.
+PROBE_MULTIPLY_ADDS = 200_000
+#: Batch size of the calibration: the service's cap.
+CALIBRATION_BATCH = 256
 
 
 def multiply_adds_per_row(model: onnx.ModelProto) -> int:
@@ -48,6 +56,13 @@ def multiply_adds_per_row(model: onnx.ModelProto) -> int:
                 if name in weights:
                     total += int(np.prod(weights[name]))
     return total
+
+
+def _cpu_s_per_row(path: Path) -> float:
+    """Best CPU seconds per row of one ONNX Runtime call at CALIBRATION_BATCH, one thread."""
+    scorer = OnnxScorer(path, "cpu", cpu_threads=1)
+    scorer.warm_up()
+    return measure([scorer], [CALIBRATION_BATCH], rounds=5)[0][0] / CALIBRATION_BATCH
 
 
 def synthetic_model(path: Path, multiply_adds: int) -> Path:
@@ -122,18 +137,23 @@ def _processes(args: argparse.Namespace, broker: Broker, backlog: str, scratch: 
 
 
 def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Path) -> Any:
-    base = multiply_adds_per_row(onnx.load(str(SHIPPED_MODEL_PATH)))
-    models = {"shipped": (SHIPPED_MODEL_PATH, base)}
+    # The shipped model is trees (lookups, no MatMul), so "10x its cost" is calibrated in CPU
+    # time per row at batch 256: a probe MLP gives this machine's time per multiply-add.
+    shipped_s = _cpu_s_per_row(SHIPPED_MODEL_PATH)
+    probe = synthetic_model(scratch / "probe.onnx", PROBE_MULTIPLY_ADDS)
+    s_per_multiply_add = _cpu_s_per_row(probe) / multiply_adds_per_row(onnx.load(str(probe)))
+    models = {"shipped": SHIPPED_MODEL_PATH}
     for factor in MODEL_FACTORS:
-        path = synthetic_model(scratch / f"x{factor}.onnx", base * factor)
-        models[f"{factor}x"] = (path, base * factor)
+        macs = int(factor * shipped_s / s_per_multiply_add)
+        models[f"{factor}x"] = synthetic_model(scratch / f"x{factor}.onnx", macs)
     table: dict[str, Any] = {}
-    for name, (path, macs) in models.items():
+    for name, path in models.items():
         run = _run(args, scratch, ("--model-path", str(path)))
         m = contender(run, broker, "pipeline", backlog, f"model-{name}")
-        lat = latency(run, broker, RESULTS / f"latency-report-{name}")
+        lat = latency(run, broker, RESULTS / f"latency-report-{name}", role=f"latency-{name}")
         table[name] = {
-            "multiply_adds_per_row": macs,
+            "multiply_adds_per_row": multiply_adds_per_row(onnx.load(str(path))),
+            "cpu_us_per_row_at_256": round(_cpu_s_per_row(path) * 1e6, 2),
             "pipeline_tps": m.records_per_s,
             "p99_ms_at_5000": lat.get("p99_ms"),
             "lost": lat.get("lost"),

@@ -15,12 +15,10 @@
   that times out is tried again (`confirm_abort`) before the rewind ends;
 - remember outputs the broker rejected for themselves (too large), so that when their record is
   read again after the abort it is dead-lettered instead (reason `produce`);
-- never commit an outcome past the offsets committed with it (its record would be read and
-  decided again after a crash or by the partition's next owner: a duplicate). The consuming
-  thread dead-letters a record at once, while earlier records of its partition may still be in
-  a batch: such a dead letter is held until they have their outcomes (`_hold`). A commit that
-  would fall inside a batch's outputs waits for the next pass; one that must happen now
-  (revoke, shutdown) aborts instead.
+- never commit an outcome past the offsets committed with it (`stream/outcome_order.py`: a
+  record's own dead letter waits for the records before it; a commit that would fall inside a
+  batch's outputs waits for the next pass, and one that must happen now, on a revoke or at
+  shutdown, aborts instead).
 
 Key design decisions:
 - Delivery reports come for errors only (`delivery.report.only.error`): a success costs no
@@ -34,7 +32,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -45,6 +42,7 @@ from contracts.kafka_errors import translate_kafka_error
 from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
 from stream.metrics import ServiceMetrics
+from stream.outcome_order import OutcomeOrder
 from stream.outcomes import OutcomeGroup
 from stream.sink import Output, index_of, produce
 
@@ -98,10 +96,7 @@ class TransactionalSink:
         #: Set when librdkafka refused an output because the open transaction already failed
         #: in the background: nothing more goes into it, and the next commit aborts it.
         self._doomed = False
-        #: Dead letters waiting for earlier records of their partition, in offset order.
-        self._held: dict[PartitionKey, deque[tuple[int, Output]]] = {}
-        #: The highest source offset per partition with an output in the open transaction.
-        self._written: dict[PartitionKey, int] = {}
+        self._order = OutcomeOrder(tracker)
 
     def initialize(self, timeout_s: float) -> None:
         """Register the transactional id with the broker, fencing any older producer that had
@@ -112,7 +107,7 @@ class TransactionalSink:
 
     def send(self, output: Output) -> None:
         with self._lock:
-            if self._discarding or self._hold(output):
+            if self._discarding or self._order.hold(output):
                 return
             self._write(output)
             self._release_held()
@@ -135,7 +130,7 @@ class TransactionalSink:
             if self._discarding:
                 return
             self._begin()
-            self._note_written(group.sources)
+            self._order.written(group.sources)
             delivered = group.delivered
             for index, (key, value) in enumerate(zip(keys, values, strict=True)):
                 if self._rejected:
@@ -151,8 +146,7 @@ class TransactionalSink:
     def forget(self, partitions: set[PartitionKey]) -> None:
         """Drop what is held for partitions that are gone (their next owner re-reads them)."""
         with self._lock:
-            for key in partitions:
-                self._held.pop(key, None)
+            self._order.forget(partitions)
 
     def poll(self) -> None:
         self._producer.poll(0)
@@ -181,7 +175,7 @@ class TransactionalSink:
                     now - self._opened_at >= self._commit_interval_s
                     or self._records >= self._max_records
                 )
-                and self._outputs_covered()
+                and self._order.covered()
             )
         ):
             self.commit()
@@ -197,7 +191,7 @@ class TransactionalSink:
                 log.warning("the transaction failed in the background: aborting it")
                 self.abort()
                 raise TransactionAborted("the transaction failed while outputs went into it")
-            if not self.commit_pending and not self._outputs_covered():
+            if not self.commit_pending and not self._order.covered():
                 log.warning("the transaction holds outcomes past the finished offsets: aborting")
                 self.abort()
                 raise TransactionAborted("outcomes past the finished offsets")
@@ -218,7 +212,7 @@ class TransactionalSink:
                 return
             self._open = False
             self._records = 0
-            self._written.clear()
+            self._order.committed()
             self.commit_pending = False
             self._metrics.set_delivery_stalled(False)
             self._on_committed(positions)
@@ -228,8 +222,7 @@ class TransactionalSink:
         with self._lock:
             self._discarding = True
             self._doomed = False
-            self._held.clear()  # their records are read again after the rewind
-            self._written.clear()
+            self._order.aborted()
             if self._open or self.commit_pending or self.abort_pending:
                 self.abort_pending = True
                 self.confirm_abort()
@@ -277,56 +270,15 @@ class TransactionalSink:
 
     def _write(self, output: Output) -> None:
         self._begin()
-        self._note_written([position_of(output.source)])
+        self._order.written([position_of(output.source)])
         self._produce(self._instead_of_rejected(output))
         output.group.delivered()
         self._records += 1
 
-    def _note_written(self, sources: list[SourceOffset]) -> None:
-        written = self._written
-        for key, offset in sources:
-            if offset > written.get(key, -1):
-                written[key] = offset
-
-    def _outputs_covered(self) -> bool:
-        """Whether the offsets a commit would carry now cover every output in the
-        transaction."""
-        position = self._tracker.commit_position
-        return all(
-            (committed := position(key)) is not None and committed > offset
-            for key, offset in self._written.items()
-        )
-
-    def _hold(self, output: Output) -> bool:
-        """Hold a record's own dead letter while an earlier record of its partition (or an
-        earlier held letter) waits for its outcome; True if held. A batch's poison letters
-        share the batch's group and go out with it."""
-        if output.kind != "dead_letter" or len(output.group.sources) != 1:
-            return False
-        key, offset = output.group.sources[0]
-        held = self._held.get(key)
-        if held is None:
-            first = self._tracker.first_unfinished(key)
-            if first is None or first >= offset:
-                return False
-            held = self._held[key] = deque()
-        held.append((offset, output))
-        return True
-
     def _release_held(self) -> None:
         """Write the held dead letters whose earlier records now have their outcomes."""
-        for key in list(self._held):
-            held = self._held[key]
-            while held:
-                offset, output = held[0]
-                first = self._tracker.first_unfinished(key)
-                if first is not None and first < offset:
-                    break
-                held.popleft()
-                if first == offset:
-                    self._write(output)
-            if not held:
-                del self._held[key]
+        for output in self._order.releasable():
+            self._write(output)
 
     def _begin(self) -> None:
         if not self._open:
