@@ -18,6 +18,7 @@ from typing import Any, cast
 import msgspec
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from contracts.decision import Decision as DecisionRecord
 from faults.verifier import DeadLetter, Decision, InputRecord
 
 #: Records per consume() call, and how long one call may wait.
@@ -29,17 +30,6 @@ METADATA_TIMEOUT_S = 15.0
 class _Transaction(msgspec.Struct):
     transaction_id: str
     card_id: str
-
-
-class _Decision(msgspec.Struct):
-    transaction_id: str
-    card_id: str
-    score: float
-    decision: str
-    model_version: str
-    degraded: bool
-    event_time: int
-    decided_at: int
 
 
 def _consumer(bootstrap: str, **settings: Any) -> Consumer:
@@ -140,7 +130,7 @@ def read_decisions(
     visibility: VisibilityLog | None = None,
     timeout_s: float = 120.0,
 ) -> list[Decision]:
-    decode = msgspec.json.Decoder(_Decision).decode
+    decode = msgspec.json.Decoder(DecisionRecord).decode
     decisions = []
     for m in read_to_end(bootstrap, topic, timeout_s):
         d = decode(m.value() or b"")
