@@ -137,9 +137,16 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
     )
 
     wait_until(lambda: stalled(service), 60, "deliveries stalled")
-    assert http_status(service.metrics_port, "/readyz") == 503
+    # The stream loop turns unready and pauses on its next pass after the stall (ms later).
+    wait_until(
+        lambda: (
+            http_status(service.metrics_port, "/readyz") == 503
+            and service.metric("fraud_paused_partitions") == 1
+        ),
+        10,
+        "unready and paused once stalled",
+    )
     assert service.metric("fraud_delivery_stalled") == 1
-    assert service.metric("fraud_paused_partitions") == 1
     assert service.metric_total("fraud_delivery_retries_total") >= 1
     assert service.metric_total("fraud_dead_letter_produce_failures_total") >= 2
     # The invalid record is offset 10: nothing at or after it may be committed.
