@@ -7,6 +7,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 
 #: The stream loop runs at least every poll timeout; silence this long means it is stuck.
 STALL_AFTER_S = 30.0
+#: A loop silent this long is inside a blocking Kafka call (a transaction commit while the broker
+#: is away): not ready, whatever it last said, though not yet stuck.
+READY_SILENCE_S = 5.0
 #: Connections served at once. Prometheus and two probes need three; more are refused with a
 #: 503 at once, so a flood of connections cannot start a thread each.
 MAX_CONNECTIONS = 8
@@ -26,20 +30,21 @@ CONNECTION_TIMEOUT_S = 10.0
 class HealthState:
     """What the endpoints report; the stream loop updates it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._ready = False
         self._reason = "starting"
-        self._last_beat = time.monotonic()
+        self._clock = clock
+        self._last_beat = clock()
 
     def beat(self) -> None:
         """Called by the stream loop on every pass."""
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock()
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         self._ready, self._reason = ready, reason
 
     def alive(self) -> tuple[bool, str]:
-        stalled_s = time.monotonic() - self._last_beat
+        stalled_s = self._clock() - self._last_beat
         if stalled_s > STALL_AFTER_S:
             return False, f"stream loop silent for {stalled_s:.0f}s"
         return True, "ok"
@@ -48,6 +53,9 @@ class HealthState:
         alive, why = self.alive()
         if not alive:
             return False, why
+        silent_s = self._clock() - self._last_beat
+        if self._ready and silent_s > READY_SILENCE_S:
+            return False, f"stream loop busy for {silent_s:.0f}s"
         return self._ready, ("ok" if self._ready else self._reason)
 
 

@@ -39,6 +39,22 @@ def test_readiness_follows_the_state_and_liveness_stays_up() -> None:
         server.close()
 
 
+def test_a_loop_silent_for_seconds_is_unready_then_dead() -> None:
+    # Found by the fault suite (broker restarted, exactly-once): the loop blocked inside a
+    # transaction call while /readyz kept its last answer, 200.
+    now = [100.0]
+    state = HealthState(clock=lambda: now[0])
+    state.set_ready(True)
+    assert state.ready() == (True, "ok")
+    now[0] += 6.0
+    assert state.ready() == (False, "stream loop busy for 6s")
+    assert state.alive() == (True, "ok")
+    now[0] += 30.0
+    assert state.ready() == (False, "stream loop silent for 36s")
+    state.beat()
+    assert state.ready() == (True, "ok")
+
+
 def test_idle_connections_beyond_the_bound_get_no_thread_and_scrapes_still_work() -> None:
     # Finding 8 of the review: ThreadingHTTPServer started one thread per connection, without
     # limit; idle sockets held them open.
