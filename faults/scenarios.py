@@ -141,6 +141,8 @@ def zombie(run: ScenarioRun, t: Timing) -> None:
     """3. SIGSTOP a replica past max.poll.interval.ms until the other owns every partition,
     then SIGCONT it."""
     frozen, other = run.replica("zombie", *ZOMBIE), run.replica("b", *ZOMBIE)
+    if run.settings.exactly_once:
+        run.may_exit_fenced.add(frozen.name)
     run.wait_assigned([frozen, other])
     run.start_load()
     time.sleep(t.warm_s)
