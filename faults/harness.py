@@ -78,9 +78,10 @@ class ScenarioRun:
         self.saved_dead_letters: list[DeadLetter] = []
         #: Scenario 3: when the zombie was frozen and thawed (epoch ms).
         self.frozen: tuple[int, int] | None = None
-        #: Replicas allowed to exit on a fatal transaction error (a fenced exactly-once zombie
-        #: must stop, and its orchestrator restarts it): counted, not failed.
-        self.may_exit_fenced: set[str] = set()
+        #: Exactly-once replicas that exited 1 on a fatal transaction error and were restarted:
+        #: what the service must do then (fenced, or a transaction the broker refuses to end),
+        #: so counted (`fatal_exits`), not failed.
+        self.fatal_exits: list[str] = []
         self.admin = self.new_admin()
         self.load = OpenLoopLoad(
             self.bootstrap, self.input_topic, settings.rate, seed=settings.seed
@@ -178,8 +179,8 @@ class ScenarioRun:
         """Do what Kubernetes does with a replica whose stream loop is stuck (/healthz 503, the
         liveness probe) or that exited on its own (restartPolicy): start it again, same
         instance id. Each restart fails the scenario (the service must recover without one),
-        but for a fenced exit where allowed (`may_exit_fenced`); the verifier still shows what
-        it cost. A frozen replica (scenario 3) answers nothing
+        but for an exactly-once replica's exit on a fatal transaction error (`fatal_exits`);
+        the verifier still shows what it cost. A frozen replica (scenario 3) answers nothing
         and is left alone."""
         for replica in list(self.replicas):
             if replica.retired:
@@ -198,9 +199,9 @@ class ScenarioRun:
             replica.retired = True
             log.error("%s %s: %s %s", self.result.scenario, self.result.mode, replica.name, why)
             self.replicas.append(Replica(replica.name, replica.args, replica.log_path).start())
-            if replica.name in self.may_exit_fenced and _exited_fenced(replica):
-                exits = int(self.result.figures.get("fenced_exits", "0")) + 1
-                self.result.figures["fenced_exits"] = str(exits)
+            if self.settings.exactly_once and _exited_on_fatal_error(replica):
+                self.fatal_exits.append(replica.name)
+                self.result.figures["fatal_exits"] = str(len(self.fatal_exits))
                 continue
             self.result.check(f"{replica.name}: needs no restart", False, why)
 
@@ -371,8 +372,8 @@ class ScenarioRun:
             log.info("%s %s: %s", result.scenario, result.mode, example)
 
 
-def _exited_fenced(replica: Replica) -> bool:
-    """Whether the replica exited 1 on a fatal transaction error, as it must when fenced."""
+def _exited_on_fatal_error(replica: Replica) -> bool:
+    """Whether the replica exited 1 on a fatal transaction error (its log says so)."""
     if replica.process is None or replica.process.returncode != 1:
         return False
     text = replica.log_path.read_text(errors="replace")
