@@ -19,7 +19,8 @@ from typing import Annotated
 
 import msgspec
 
-from contracts.errors import DecodeError, ValidationError
+from contracts.decoding import decode_value
+from contracts.errors import ValidationError
 from contracts.transaction import MAX_EVENT_TIME_MS, MAX_ID_CHARS
 
 #: How far `reported_at` may precede `event_time`: clock differences between two systems, not
@@ -55,26 +56,7 @@ def decode_label(value: bytes | None) -> Label:
         DecodeError: the value is missing, not UTF-8 or not well-formed JSON.
         ValidationError: the JSON breaks a rule of the label contract.
     """
-    if value is None:
-        raise DecodeError("record has no value (tombstone)")
-    try:
-        label = _decoder.decode(value)
-    except msgspec.ValidationError as exc:
-        # As for transactions: the typed decoder stops at the first wrong type even in
-        # malformed JSON; an untyped pass (on this failure path only) tells the causes apart.
-        try:
-            msgspec.json.decode(value)
-        except RecursionError:
-            raise DecodeError("JSON nested too deeply") from exc
-        except msgspec.ValidationError:
-            pass  # well-formed, but a number beyond what any type holds (1e999)
-        except msgspec.DecodeError as malformed:
-            raise DecodeError(str(malformed)) from exc
-        raise ValidationError(str(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
-    except RecursionError as exc:
-        raise DecodeError("JSON nested too deeply") from exc
+    label = decode_value(_decoder, value)
     if label.reported_at < label.event_time - MAX_REPORT_SKEW_MS:
         raise ValidationError(
             f"reported_at {label.reported_at} is before event_time {label.event_time} "

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from contracts.errors import DecodeError, ValidationError
+from contracts.decoding import decode_value
 
 MAX_ID_CHARS = 64
 MAX_AMOUNT = 1_000_000.0
@@ -50,23 +50,4 @@ def decode_transaction(value: bytes | None) -> Transaction:
         DecodeError: the value is missing, not UTF-8 or not well-formed JSON.
         ValidationError: the JSON breaks a rule of the transaction contract.
     """
-    if value is None:
-        raise DecodeError("record has no value (tombstone)")
-    try:
-        return _decoder.decode(value)
-    except msgspec.ValidationError as exc:
-        # The typed decoder stops at the first wrong type, even in malformed JSON such as
-        # `[1, 2`; an untyped pass (on this failure path only) tells the two causes apart.
-        try:
-            msgspec.json.decode(value)
-        except RecursionError:
-            raise DecodeError("JSON nested too deeply") from exc
-        except msgspec.ValidationError:
-            pass  # well-formed, but a number beyond what any type holds (1e999)
-        except msgspec.DecodeError as malformed:
-            raise DecodeError(str(malformed)) from exc
-        raise ValidationError(str(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
-    except RecursionError as exc:  # nesting deeper than any transaction has, e.g. [[[[…]]]]
-        raise DecodeError("JSON nested too deeply") from exc
+    return decode_value(_decoder, value)
