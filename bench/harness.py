@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -90,12 +90,18 @@ class Broker:
         """A consumer group name of this run for `role`."""
         return f"bench-{self.run_id}-{role}"
 
-    def delete_topics(self) -> None:
-        """Delete every topic this run created."""
-        if self._created:
-            for future in self._admin.delete_topics(self._created).values():
+    def delete_topics(self, keep: Collection[str] = ()) -> None:
+        """Delete every topic of this run but `keep`: those it created and those its services
+        created (their card-state changelogs, which once piled up on the dev broker: 62 topics,
+        gigabytes of logs, after a few runs)."""
+        prefix = f"bench-{self.run_id}-"
+        existing = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        names = {*self._created, *(name for name in existing if name.startswith(prefix))}
+        doomed = sorted(names - set(keep))
+        if doomed:
+            for future in self._admin.delete_topics(doomed).values():
                 future.result(timeout=ADMIN_TIMEOUT_S)
-            self._created.clear()
+        self._created = [name for name in self._created if name in keep]
 
 
 def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
