@@ -1,0 +1,193 @@
+"""Where `CardHistory` keeps its cards: one fixed-size row per card in a few numpy columns,
+an index from card id to row, and the row's changelog form.
+
+Responsibilities and decisions:
+- Rows are taken from a free list and the columns double when it runs out, so a new card costs
+  no allocation in the common case and memory per card is fixed (`STATE_BYTES` serialized).
+- A card's changelog record is its row as one `STATE_DTYPE` record behind a version byte; a
+  reader refuses any other version or length rather than guess.
+- Rows changed since the changelog last took them are marked dirty, so a batch writes each
+  changed card once.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from scorer.card_record import (
+    INITIAL_CAPACITY,
+    NUM_SUMS,
+    RING_SIZE,
+    STATE_BYTES,
+    STATE_DTYPE,
+    STATE_VERSION,
+)
+
+_T = TypeVar("_T", bound=np.generic)
+
+
+class CardStore:
+    """The rows of one partition's cards. Not thread-safe: one owner calls it."""
+
+    def __init__(self) -> None:
+        capacity = INITIAL_CAPACITY
+        self._times = np.full((capacity, 2), -1, np.int64)  # last_ms, offset
+        self._sums = np.zeros((capacity, NUM_SUMS), np.float32)
+        self._ring_minute = np.zeros((capacity, RING_SIZE), np.uint32)
+        self._ring_merchant = np.zeros((capacity, RING_SIZE), np.uint32)
+        self._ring_country = np.zeros((capacity, RING_SIZE), np.uint16)
+        self._ring_next = np.zeros(capacity, np.uint8)
+        self._dirty = np.zeros(capacity, np.bool_)
+        self._used = np.zeros(capacity, np.bool_)
+        self._index: dict[str, int] = {}
+        self._ids: list[str | None] = [None] * capacity
+        self._free: list[int] = list(range(capacity - 1, -1, -1))
+        self._key_bytes = 0
+
+    def _rows_for(self, card_ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        index = self._index
+        rows = [index.get(card_id, -1) for card_id in card_ids]
+        if -1 in rows:
+            # New cards get their rows first and are cleared in one pass; a card new to this
+            # batch and seen twice in it gets one row.
+            fresh = [self._take_row(c) for c, r in zip(card_ids, rows, strict=True) if r < 0]
+            self._clear(np.array([r for r in fresh if r >= 0], np.int64))
+            rows = [index[card_id] for card_id in card_ids]
+        return np.array(rows, np.int64)
+
+    def _allocate(self, card_id: str) -> int:
+        row = self._index.get(card_id)
+        if row is not None:
+            return row
+        row = self._take_row(card_id)
+        self._clear(np.array([row]))
+        return row
+
+    def _take_row(self, card_id: str) -> int:
+        """A row for a card not seen before (not cleared yet); -1 if it has one already."""
+        if card_id in self._index:
+            return -1
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self._index[card_id] = row
+        self._ids[row] = card_id
+        self._used[row] = True
+        self._key_bytes += sys.getsizeof(card_id)
+        return row
+
+    def _clear(self, rows: npt.NDArray[np.int64]) -> None:
+        self._times[rows] = -1
+        self._sums[rows] = 0.0
+        self._ring_minute[rows] = 0
+        self._ring_merchant[rows] = 0
+        self._ring_country[rows] = 0
+        self._ring_next[rows] = 0
+
+    def _grow(self) -> None:
+        old = len(self._times)
+
+        def doubled(array: npt.NDArray[_T]) -> npt.NDArray[_T]:
+            return np.concatenate((array, np.zeros_like(array)))
+
+        self._times = np.concatenate((self._times, np.full_like(self._times, -1)))
+        self._sums = doubled(self._sums)
+        self._ring_minute = doubled(self._ring_minute)
+        self._ring_merchant = doubled(self._ring_merchant)
+        self._ring_country = doubled(self._ring_country)
+        self._ring_next = doubled(self._ring_next)
+        self._dirty = doubled(self._dirty)
+        self._used = doubled(self._used)
+        self._ids.extend([None] * old)
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def _forget(self, card_id: str) -> None:
+        row = self._index.pop(card_id, None)
+        if row is None:
+            return
+        self._ids[row] = None
+        self._used[row] = False
+        self._dirty[row] = False
+        self._key_bytes -= sys.getsizeof(card_id)
+        self._free.append(row)
+
+    def _records(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
+        records = np.empty(len(rows), STATE_DTYPE)
+        records["last_ms"] = self._times[rows, 0]
+        records["offset"] = self._times[rows, 1]
+        records["sums"] = self._sums[rows]
+        records["ring_minute"] = self._ring_minute[rows]
+        records["ring_merchant"] = self._ring_merchant[rows]
+        records["ring_country"] = self._ring_country[rows]
+        records["ring_next"] = self._ring_next[rows]
+        return records
+
+    def take_dirty(self) -> list[tuple[str, bytes]]:
+        """(card_id, serialized state) of every card changed since the last call."""
+        rows = np.flatnonzero(self._dirty)
+        self._dirty[rows] = False
+        data = self._records(rows).tobytes()
+        size = STATE_DTYPE.itemsize
+        prefix = bytes((STATE_VERSION,))
+        ids = self._ids
+        return [
+            (str(ids[row]), prefix + data[i * size : (i + 1) * size])
+            for i, row in enumerate(rows.tolist())
+        ]
+
+    def restore(self, card_id: str, state: bytes | None) -> None:
+        """Load one card's state from the changelog (None: a tombstone, forget the card).
+
+        Raises ValueError for bytes that are not a state this version wrote (wrong length or
+        version); the card is then left as it was.
+        """
+        if state is None:
+            self._forget(card_id)
+            return
+        if len(state) != STATE_BYTES or state[0] != STATE_VERSION:
+            raise ValueError(
+                f"card {card_id!r}: not a version {STATE_VERSION} card state "
+                f"({len(state)} bytes, expected {STATE_BYTES})"
+            )
+        record = np.frombuffer(state, STATE_DTYPE, count=1, offset=1)[0]
+        row = self._allocate(card_id)
+        self._times[row] = (record["last_ms"], record["offset"])
+        self._sums[row] = record["sums"]
+        self._ring_minute[row] = record["ring_minute"]
+        self._ring_merchant[row] = record["ring_merchant"]
+        self._ring_country[row] = record["ring_country"]
+        self._ring_next[row] = record["ring_next"] % RING_SIZE
+        self._dirty[row] = False
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, card_id: object) -> bool:
+        return card_id in self._index
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the state columns and flags (all rows, free ones too), the index
+        (dict, row → id list, free list) and the id strings it keeps alive."""
+        arrays = (
+            self._times,
+            self._sums,
+            self._ring_minute,
+            self._ring_merchant,
+            self._ring_country,
+            self._ring_next,
+            self._dirty,
+            self._used,
+        )
+        return (
+            sum(array.nbytes for array in arrays)
+            + sys.getsizeof(self._index)
+            + sys.getsizeof(self._ids)
+            + sys.getsizeof(self._free)
+            + self._key_bytes
+        )
