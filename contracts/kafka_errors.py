@@ -22,6 +22,11 @@ RECORD_REJECTIONS = frozenset(
     }
 )
 
+#: Consume errors that mean an ACL is missing: a replica reports unready until records flow.
+ACCESS_DENIED = frozenset(
+    {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED}
+)
+
 
 def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:
     """librdkafka's verdict on one output → the project's error, by cause."""

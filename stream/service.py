@@ -21,6 +21,7 @@ from collections import Counter
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DecodeError, RecordError
+from contracts.kafka_errors import ACCESS_DENIED
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import decode_transaction
 from stream.batcher import MicroBatcher
@@ -43,10 +44,6 @@ IDLE_POLL_S = 0.1
 #: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
 #: scoring thread is stuck, and the group must not evict this replica for silence.
 HANDOFF_WAIT_MAX_S = 1.0
-#: Consume errors that mean an ACL is missing: the replica reports unready until records flow.
-ACCESS_DENIED = frozenset(
-    {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED}
-)
 #: How long a rewind waits for the committed offsets.
 REWIND_TIMEOUT_S = 5.0
 
@@ -137,8 +134,7 @@ class ScoringService:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        c = self._config
-        log.info("consuming topic=%s group=%s", c.input_topic, c.group_id)
+        log.info("consuming topic=%s group=%s", self._config.input_topic, self._config.group_id)
         try:
             while not self._stopping.is_set() and self._worker.error is None:
                 self._step()
@@ -160,7 +156,9 @@ class ScoringService:
             self._wait_for_scoring_thread()
         else:
             self._accept(self._fetch())
-            self._hand_off_due_batch()
+            due = self._batcher.take_due(time.monotonic())
+            if due is not None:
+                self._handoff.offer(due)
         self._sink.poll()
         self._record_progress()
 
@@ -237,11 +235,6 @@ class ScoringService:
             if full is not None:
                 self._handoff.offer(full)
         self._metrics.record_consumed(len(records))
-
-    def _hand_off_due_batch(self) -> None:
-        due = self._batcher.take_due(time.monotonic())
-        if due is not None:
-            self._handoff.offer(due)
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -345,9 +338,8 @@ class ScoringService:
             # so it is aborted, and the partitions kept are read again from their commit.
             self._transactions.abort()
             self._rewind_pending = True
-        released = self._release_records(keys)
-        what = f"lost {_describe(partitions)}: {released} undecided records released"
-        log.warning("%s, nothing of them is committed", what)
+        what = f"lost {_describe(partitions)}: {self._release_records(keys)} undecided records"
+        log.warning("%s released, nothing of them is committed", what)
         self._forget(keys, partitions)
 
     def _release_records(self, keys: set[PartitionKey]) -> int:
