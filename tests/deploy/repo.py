@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import tomllib
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
+from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -26,6 +30,9 @@ ALERTS_TEST = PROMETHEUS_DIR / "alerts_test.yml"
 GRAFANA = ROOT / "ops" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "fraud-scorer.json"
 CHART = ROOT / "deploy" / "helm" / "fraud-scorer"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+LOCKS = ROOT / "requirements"
 
 
 def load_yaml(path: Path) -> Any:
@@ -136,3 +143,103 @@ def dashboard_targets() -> Iterator[tuple[str, dict[str, Any]]]:
 def alert_rules() -> list[dict[str, Any]]:
     groups = load_yaml(ALERTS)["groups"]
     return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+# ── the Dockerfile, .dockerignore, pyproject.toml and the image locks ─────────────────────
+
+
+@cache
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    current = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        keyword, _, rest = (current + line).partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        current = ""
+    assert not current, "Dockerfile ends inside a continuation line"
+    return instructions
+
+
+def instructions(keyword: str) -> list[str]:
+    return [rest for kw, rest in dockerfile() if kw == keyword]
+
+
+def exec_form(rest: str) -> list[str]:
+    value = json.loads(rest)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), rest
+    return value
+
+
+def copy_sources() -> list[str]:
+    """Sources of the COPY instructions that read the build context (not --from a stage)."""
+    sources: list[str] = []
+    for rest in instructions("COPY"):
+        parts = shlex.split(rest)
+        flags = [p for p in parts if p.startswith("--")]
+        if any(f.startswith("--from") for f in flags):
+            continue
+        operands = [p for p in parts if not p.startswith("--")]
+        assert len(operands) >= 2, f"COPY {rest}"
+        sources.extend(operands[:-1])
+    return sources
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()]
+    patterns = [line.lstrip("/") for line in lines if line and not line.startswith("#")]
+    assert not any(p.startswith("!") for p in patterns), "exceptions are not modelled here"
+    return patterns
+
+
+def ignored(relative: str) -> bool:
+    """Whether .dockerignore keeps a path (or a folder above it) out of the build context."""
+    path = PurePosixPath(relative)
+    candidates = [str(path), *(str(p) for p in path.parents if str(p) != ".")]
+    for pattern in dockerignore_patterns():
+        variants = [pattern, pattern[3:]] if pattern.startswith("**/") else [pattern]
+        if any(fnmatchcase(c, v) for c in candidates for v in variants):
+            return True
+    return False
+
+
+@cache
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def build_args() -> dict[str, str]:
+    """The Dockerfile's ARGs and their defaults."""
+    args = {}
+    for rest in instructions("ARG"):
+        name, _, default = rest.partition("=")
+        args[name] = default
+    return args
+
+
+def expand(source: str, **overrides: str) -> str:
+    values = {**build_args(), **overrides}
+    return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], source)
+
+
+def variants() -> set[str]:
+    """The image variants: one lock each under requirements/."""
+    return {lock.stem for lock in LOCKS.glob("*.txt")}
+
+
+def locked(variant: str) -> dict[str, str]:
+    """Package name → pinned version of a lock (the last pin wins where markers split one)."""
+    pins = re.findall(
+        r"^([A-Za-z0-9_.-]+)==([^\s;]+)", (LOCKS / f"{variant}.txt").read_text(), re.M
+    )
+    return {name.lower(): version for name, version in pins}
+
+
+def runtime_requirements() -> list[Requirement]:
+    return [Requirement(r) for r in pyproject()["project"]["dependencies"]]

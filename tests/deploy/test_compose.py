@@ -1,5 +1,5 @@
-"""The container files agree with the code: docker-compose.yml, docker-compose.gpu.yml, the
-compose-check override, the Dockerfile, .dockerignore and the image locks.
+"""The compose files agree with the code: docker-compose.yml, docker-compose.gpu.yml and the
+compose-check override (the image they run: test_image.py).
 
 Nothing here needs Docker: the files are parsed and checked against what the code declares
 (ServiceConfig's settings and their environment variables, fraud-loadgen's parser, the console
@@ -10,239 +10,58 @@ compose-check` runs the stack itself.
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 import socket
-import tomllib
-from fnmatch import fnmatchcase
-from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from packaging.requirements import Requirement
 
 from loadgen import cli as loadgen_cli
 from stream import cli as scorer_cli
 from stream.config import ServiceConfig
+from tests.deploy.compose_file import (
+    COMPOSE,
+    GPU_OVERRIDE,
+    KAFKA,
+    LOADGEN,
+    PROMETHEUS_SERVICE,
+    REPORTS,
+    SCORER,
+    STANDINS,
+    TOPICS,
+    bind_mounts,
+    compose,
+    environment,
+    host_path,
+    merged_service,
+    metrics_port,
+    our_services,
+    raw_compose,
+    service,
+    through_mounts,
+)
 from tests.deploy.repo import (
     DASHBOARD,
+    DOCKERFILE,
     GRAFANA,
     PROMETHEUS,
     PROMETHEUS_DIR,
     ROOT,
+    build_args,
     config_default,
     config_envs,
     dashboard_targets,
+    exec_form,
+    instructions,
+    locked,
+    pyproject,
+    variants,
 )
 
-COMPOSE = ROOT / "docker-compose.yml"
-GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
-STANDINS = ROOT / "ops" / "compose" / "standins.yml"
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
-LOCKS = ROOT / "requirements"
 README = ROOT / "README.md"
-
-#: Services whose names other files rely on (Prometheus DNS, the loadgen's metrics URL, README).
-SCORER, TOPICS, LOADGEN, KAFKA, REPORTS = "scorer", "topics", "loadgen", "kafka", "reports"
-PROMETHEUS_SERVICE = "prometheus"
-
-
-# ── loading ──────────────────────────────────────────────────────────────────────────────────
-
-
-_DEFAULTED = re.compile(r"\$\{(?P<name>\w+):?-(?P<default>[^}]*)\}")
-
-
-def interpolate(value: Any) -> Any:
-    """Resolve compose interpolation to the defaults; a variable without a default fails."""
-    if isinstance(value, dict):
-        return {k: interpolate(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v) for v in value]
-    if not isinstance(value, str):
-        return value
-    resolved = _DEFAULTED.sub(lambda m: m.group("default"), value)
-    assert "$" not in resolved.replace("$$", ""), (
-        f"{value!r}: every compose variable needs a default (${{NAME:-default}}), so the stack "
-        "runs without a .env file"
-    )
-    return resolved.replace("$$", "$")
-
-
-@cache
-def raw_compose(path: Path = COMPOSE) -> dict[str, Any]:
-    document = yaml.safe_load(path.read_text())
-    assert isinstance(document, dict) and isinstance(document.get("services"), dict), path
-    return document
-
-
-@cache
-def compose(path: Path = COMPOSE) -> dict[str, Any]:
-    resolved = interpolate(raw_compose(path))
-    assert isinstance(resolved, dict)
-    return resolved
-
-
-def service(name: str, path: Path = COMPOSE) -> dict[str, Any]:
-    services = compose(path)["services"]
-    assert name in services, f"{path.name} has no service {name!r}"
-    result = services[name]
-    assert isinstance(result, dict)
-    return result
-
-
-def merged_service(name: str) -> dict[str, Any]:
-    """The service as `docker compose -f docker-compose.yml -f docker-compose.gpu.yml` sees it
-    (mappings merged key by key, anything else replaced: enough for what is checked here)."""
-
-    def merge(base: Any, override: Any) -> Any:
-        if not (isinstance(base, dict) and isinstance(override, dict)):
-            return override
-        merged = dict(base)
-        for key, value in override.items():
-            merged[key] = merge(base[key], value) if key in base else value
-        return merged
-
-    result = merge(service(name), service(name, GPU_OVERRIDE))
-    assert isinstance(result, dict)
-    return result
-
-
-def environment(svc: dict[str, Any]) -> dict[str, str]:
-    """A service's environment as the container sees it (list or mapping form)."""
-    env = svc.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
-    result: dict[str, str] = {}
-    for key, value in env.items():
-        # Compose accepts strings and numbers; YAML true/false is rejected ("invalid type").
-        valid = isinstance(value, str | int | float) and not isinstance(value, bool)
-        assert value is None or valid, f"environment {key}={value!r}: quote it"
-        if value is not None:
-            result[key] = str(value)
-    return result
-
-
-def metrics_port() -> int:
-    """The port the compose scorer serves metrics on: its env, else ServiceConfig's default."""
-    return int(
-        environment(service(SCORER)).get("FRAUD_METRICS_PORT", config_default("metrics_port"))
-    )
-
-
-def host_path(source: str, base: Path = ROOT) -> Path | None:
-    """The host path of a bind-mount source, or None for a named volume."""
-    if source.startswith((".", "/")):
-        return (base / source).resolve()
-    return None
-
-
-def bind_mounts(svc: dict[str, Any]) -> dict[str, Path]:
-    """container path → host path of a service's bind mounts (short and long syntax)."""
-    mounts: dict[str, Path] = {}
-    for volume in svc.get("volumes") or []:
-        if isinstance(volume, str):
-            source, target = volume.split(":")[:2]
-        else:
-            source, target = volume.get("source", ""), volume["target"]
-        path = host_path(source)
-        if path is not None:
-            mounts[target.rstrip("/")] = path
-    return mounts
-
-
-def through_mounts(svc: dict[str, Any], container_path: str) -> Path | None:
-    """Where a container path of a service lives on the host, if a bind mount provides it."""
-    path = PurePosixPath(container_path)
-    for target, source in bind_mounts(svc).items():
-        if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
-            return source / path.relative_to(target)
-    return None
-
-
-def _uses_our_image(svc: dict[str, Any]) -> bool:
-    build = svc.get("build")
-    context = build if isinstance(build, str) else (build or {}).get("context")
-    return context is not None and (ROOT / context).resolve() == ROOT
-
-
-def our_services() -> dict[str, dict[str, Any]]:
-    """Services that run the image built from this repository's Dockerfile."""
-    return {name: svc for name, svc in compose()["services"].items() if _uses_our_image(svc)}
-
-
-# ── Dockerfile ───────────────────────────────────────────────────────────────────────────────
-
-
-@cache
-def dockerfile() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    instructions: list[tuple[str, str]] = []
-    current = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            current += line[:-1] + " "
-            continue
-        keyword, _, rest = (current + line).partition(" ")
-        instructions.append((keyword.upper(), rest.strip()))
-        current = ""
-    assert not current, "Dockerfile ends inside a continuation line"
-    return instructions
-
-
-def instructions(keyword: str) -> list[str]:
-    return [rest for kw, rest in dockerfile() if kw == keyword]
-
-
-def exec_form(rest: str) -> list[str]:
-    value = json.loads(rest)
-    assert isinstance(value, list) and all(isinstance(v, str) for v in value), rest
-    return value
-
-
-def copy_sources() -> list[str]:
-    """Sources of the COPY instructions that read the build context (not --from a stage)."""
-    sources: list[str] = []
-    for rest in instructions("COPY"):
-        parts = shlex.split(rest)
-        flags = [p for p in parts if p.startswith("--")]
-        if any(f.startswith("--from") for f in flags):
-            continue
-        operands = [p for p in parts if not p.startswith("--")]
-        assert len(operands) >= 2, f"COPY {rest}"
-        sources.extend(operands[:-1])
-    return sources
-
-
-def dockerignore_patterns() -> list[str]:
-    lines = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()]
-    patterns = [line.lstrip("/") for line in lines if line and not line.startswith("#")]
-    assert not any(p.startswith("!") for p in patterns), "exceptions are not modelled here"
-    return patterns
-
-
-def ignored(relative: str) -> bool:
-    """Whether .dockerignore keeps a path (or a folder above it) out of the build context."""
-    path = PurePosixPath(relative)
-    candidates = [str(path), *(str(p) for p in path.parents if str(p) != ".")]
-    for pattern in dockerignore_patterns():
-        variants = [pattern, pattern[3:]] if pattern.startswith("**/") else [pattern]
-        if any(fnmatchcase(c, v) for c in candidates for v in variants):
-            return True
-    return False
-
-
-@cache
-def pyproject() -> dict[str, Any]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 # ── environment variables ────────────────────────────────────────────────────────────────────
@@ -498,101 +317,10 @@ def test_every_mounted_file_exists(path: Path) -> None:
         assert ROOT in mount.parents, f"{mount} is outside the repository"
 
 
-def build_args() -> dict[str, str]:
-    """The Dockerfile's ARGs and their defaults."""
-    args = {}
-    for rest in instructions("ARG"):
-        name, _, default = rest.partition("=")
-        args[name] = default
-    return args
-
-
-def expand(source: str, **overrides: str) -> str:
-    values = {**build_args(), **overrides}
-    return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], source)
-
-
-def variants() -> set[str]:
-    """The image variants: one lock each under requirements/."""
-    return {lock.stem for lock in LOCKS.glob("*.txt")}
-
-
-def test_dockerfile_copies_exactly_the_package_and_nothing_ignored() -> None:
-    assert {"cpu", "gpu"} <= variants()
-    for variant in variants():
-        sources = [expand(source, VARIANT=variant) for source in copy_sources()]
-        for source in sources:
-            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
-            assert not ignored(source), f"COPY {source}: excluded by .dockerignore"
-        project = pyproject()
-        packages = project["tool"]["setuptools"]["packages"]
-        needed = {"pyproject.toml", project["project"]["readme"], f"requirements/{variant}.txt"}
-        assert set(sources) == needed | set(packages), "copy what `pip install .` needs, no more"
-    for package, globs in project["tool"]["setuptools"]["package-data"].items():
-        for pattern in globs:
-            matches = list((ROOT / package).glob(pattern))
-            assert matches, f"package-data {package}/{pattern} matches nothing"
-            for match in matches:
-                assert not ignored(str(match.relative_to(ROOT))), match
-    for package in packages:
-        for module in (ROOT / package).rglob("*.py"):
-            if "__pycache__" not in module.parts:
-                assert not ignored(str(module.relative_to(ROOT))), module
-
-
-def test_dependencies_are_installed_before_the_source_is_copied() -> None:
-    # An edit of the source or the README must not reinstall the dependencies: everything
-    # before the first COPY of a package depends on the lock alone.
-    packages = set(pyproject()["tool"]["setuptools"]["packages"])
-    steps = dockerfile()
-    first_source = next(
-        i
-        for i, (kw, rest) in enumerate(steps)
-        if kw == "COPY" and set(shlex.split(rest)) & packages
-    )
-    lock_copy = next(
-        i for i, (kw, rest) in enumerate(steps) if kw == "COPY" and "requirements/" in rest
-    )
-    installs = [(i, rest) for i, (kw, rest) in enumerate(steps) if kw == "RUN" and " -r " in rest]
-    assert installs, "no `pip install -r <lock>` step"
-    for i, rest in installs:
-        assert lock_copy < i < first_source, "the lock's install must come before the source"
-        assert "--require-hashes" in rest and "--mount=type=cache" in rest, rest
-    project_install = [rest for kw, rest in steps[first_source:] if kw == "RUN" and "/src" in rest]
-    assert project_install and all("--no-deps" in rest for rest in project_install), (
-        "the project itself is installed without dependencies: the lock gave the variant's"
-    )
-
-
-def test_dockerignore_keeps_local_state_out() -> None:
-    local_state = [
-        *(".venv/bin/python", ".kafka/data", ".git/HEAD", "tests/deploy/test_compose.py"),
-        *(".mypy_cache/x", ".pytest_cache/x", ".ruff_cache/x", "fraud_scorer.egg-info/PKG-INFO"),
-        *(".tools/bin/helm", "stream/__pycache__/cli.cpython-312.pyc"),
-    ]
-    for path in local_state:
-        assert ignored(path), f".dockerignore lets {path} into the build context"
-
-
-def test_dockerfile_runs_as_non_root_on_a_selectable_base() -> None:
-    (user,) = instructions("USER")
-    assert user.split(":")[0] not in ("root", "0")
-    assert "BASE_IMAGE" in build_args()
-    assert any(rest.startswith("${BASE_IMAGE}") for rest in instructions("FROM"))
-
-
 #: The CUDA major that each onnxruntime-gpu release on PyPI links (libcudart.so.N in
 #: onnxruntime/capi/libonnxruntime_providers_cuda.so: `readelf -d`), for the releases the lock
 #: has held. After `make lock` moves to a release not listed, check it and add it.
 ONNXRUNTIME_GPU_CUDA_MAJOR = {"1.31": 13}
-
-
-def locked(variant: str) -> dict[str, str]:
-    """Package name → pinned version of a lock (the last pin wins where markers split one)."""
-    pins = re.findall(
-        r"^([A-Za-z0-9_.-]+)==([^\s;]+)", (LOCKS / f"{variant}.txt").read_text(), re.M
-    )
-    return {name.lower(): version for name, version in pins}
 
 
 def test_gpu_override_builds_one_cuda_image_of_the_locked_cuda_major() -> None:
@@ -631,58 +359,6 @@ def test_the_compose_check_override_only_swaps_images() -> None:
         assert name in compose()["services"], name
         assert set(svc) <= {"image", "pull_policy"}, f"{name}: {sorted(svc)}"
         assert svc["pull_policy"] == "never"
-
-
-# ── packaging: ONNX Runtime per platform, locks ──────────────────────────────────────────────
-
-#: (sys_platform, platform_machine) of the hosts users install on.
-PLATFORMS = [
-    ("linux", "x86_64"),
-    ("linux", "aarch64"),
-    ("darwin", "arm64"),
-    ("darwin", "x86_64"),
-    ("win32", "AMD64"),
-    ("win32", "ARM64"),
-]
-
-
-def runtime_requirements() -> list[Requirement]:
-    return [Requirement(r) for r in pyproject()["project"]["dependencies"]]
-
-
-@pytest.mark.parametrize("platform", PLATFORMS, ids="-".join)
-def test_exactly_one_onnx_runtime_build_installs_on_every_platform(
-    platform: tuple[str, str],
-) -> None:
-    system, machine = platform
-    environment = {"sys_platform": system, "platform_machine": machine, "python_version": "3.11"}
-    chosen = [
-        r.name
-        for r in runtime_requirements()
-        if r.name in ("onnxruntime", "onnxruntime-gpu")
-        and (r.marker is None or r.marker.evaluate(environment))
-    ]
-    # Both install the module `onnxruntime`; together they overwrite each other's files.
-    assert len(chosen) == 1, f"{platform}: {chosen}"
-
-
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
-def test_each_lock_pins_every_runtime_dependency_and_one_onnx_runtime(variant: str) -> None:
-    pins = locked(variant)
-    for requirement in runtime_requirements():
-        if requirement.name.startswith("onnxruntime"):
-            continue
-        assert requirement.name in pins, f"{variant}.txt lacks {requirement.name}: make lock"
-        assert requirement.specifier.contains(pins[requirement.name]), (
-            f"{variant}.txt pins {requirement.name}=={pins[requirement.name]}, pyproject.toml "
-            f"wants {requirement.specifier}: make lock"
-        )
-    runtime = {"cpu": "onnxruntime", "gpu": "onnxruntime-gpu"}[variant]
-    other = {"cpu": "onnxruntime-gpu", "gpu": "onnxruntime"}[variant]
-    assert runtime in pins and other not in pins, sorted(pins)
-    # The project is installed without build isolation: its build backend comes from the lock.
-    backend = Requirement(pyproject()["build-system"]["requires"][0])
-    assert backend.specifier.contains(pins[backend.name])
 
 
 # ── Grafana ──────────────────────────────────────────────────────────────────────────────────

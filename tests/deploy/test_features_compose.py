@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from terminals import cli as features_cli
 from terminals.config import OPTIONS, from_sources
-from tests.deploy.test_compose import (
-    KAFKA,
-    SCORER,
-    TOPICS,
-    environment,
-    our_services,
-    pyproject,
-    service,
-)
+from tests.deploy.compose_file import KAFKA, SCORER, TOPICS, environment, our_services, service
+from tests.deploy.repo import pyproject
 
 FEATURES = "features"
 #: Read by every command besides the declared options (contracts/kafka_settings.py).
