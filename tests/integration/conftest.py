@@ -253,6 +253,10 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
             "127.0.0.1",
             "--metrics-port",
             str(port),
+            # Its own (empty) risk table: a shared one filled by a demo makes scores depend on
+            # when the replica read it.
+            "--terminal-risk-topic",
+            f"{topics.input}-terminal-risk",
             *extra,
         ]
         service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port).start()
