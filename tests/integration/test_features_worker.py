@@ -1,6 +1,7 @@
 """`fraud-features` against the real broker: late labels change a terminal's published risk, the
-table survives a kill -9 (recovered from its changelog), and bad labels are dead-lettered; and
-`fraud-loadgen` feeds it labels that match the transactions it sent.
+table survives a kill -9 (recovered from its changelog), and bad labels are dead-lettered; the
+scorer joins that risk, so late labels change the scores of later transactions at the terminal;
+and `fraud-loadgen` feeds it labels that match the transactions it sent.
 
 Each test has its own topics and app id (so its own consumer group and internal topics), and runs
 the worker as a child process (tests/integration/features_worker.py). Event times are whole UTC
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +31,8 @@ from terminals.topics import changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,
+    ServiceProcess,
+    Topics,
     encode,
     end_offsets,
     produce,
@@ -160,6 +164,95 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         assert restarted.metric(duplicate) >= 5
     finally:
         reader.close()
+
+
+def _probe(n: int, day: int, terminal: str) -> tuple[bytes, bytes]:
+    """A transaction of a card never seen before: two probes at one terminal differ in nothing
+    the card history or the transaction itself feeds the model, only in the terminal's risk."""
+    _key, value = transaction(0, day, terminal)
+    record = msgspec.json.decode(value) | {"transaction_id": f"probe-{n}", "card_id": f"new-{n}"}
+    return f"new-{n}".encode(), encode(record)
+
+
+class Prober:
+    """Sends one probe at P and one at Q to the scorer; returns their scores."""
+
+    def __init__(self, topics: Topics, day: int) -> None:
+        self._topics, self._day, self.sent = topics, day, 0
+
+    def __call__(self) -> dict[str, float]:
+        first = self.sent
+        produce(
+            self._topics.input, [_probe(first, self._day, "P"), _probe(first + 1, self._day, "Q")]
+        )
+        self.sent += 2
+        wanted = {f"probe-{first}": "P", f"probe-{first + 1}": "Q"}
+        scores: dict[str, float] = {}
+        for message in read_topic(self._topics.output, self.sent, timeout_s=30, settle_s=0):
+            decision = json.loads(message.value())
+            if decision["transaction_id"] in wanted:
+                assert not decision["degraded"], decision
+                scores[wanted[decision["transaction_id"]]] = float(decision["score"])
+        assert len(scores) == 2, f"no decision for some of {sorted(wanted)}"
+        return scores
+
+
+def _until(probe: Prober, done: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    deadline = time.monotonic() + 30
+    while not done(scores := probe()):
+        assert time.monotonic() < deadline, f"scores stay {scores}"
+        time.sleep(0.5)
+    return scores
+
+
+def _settled(probe: Prober) -> dict[str, float]:
+    """Probe until two pairs in a row agree: the scorer has read the risk as it stands."""
+    deadline = time.monotonic() + 30
+    previous, scores = probe(), probe()
+    while not all(_same(scores[t], previous[t]) for t in scores):
+        assert time.monotonic() < deadline, f"scores keep moving: {previous} then {scores}"
+        previous, scores = scores, probe()
+    return scores
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6
+
+
+def test_late_labels_change_the_scores_of_later_transactions_at_that_terminal(
+    worker_topics: WorkerTopics,
+    start_worker: Callable[[], WorkerProcess],
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+) -> None:
+    topics = worker_topics
+    today = DAY0 + DELAY_DAYS + 2  # the windows end on DAY0 + 2
+    # Terminals P and Q: ten transactions each on DAY0, and one today (the terminal's day).
+    history = [transaction(i, DAY0, "P") for i in range(10)]
+    history += [transaction(i, DAY0, "Q") for i in range(10, 20)]
+    history += [transaction(20, today, "P"), transaction(21, today, "Q")]
+    produce(topics.transactions, history)
+    start_worker()
+    scorer_topics = topics_factory(partitions=PARTITIONS)
+    # Event times far in the past: without a deadline, so the model (not the rules) decides.
+    flags = ("--terminal-risk-topic", topics.risk, "--decision-deadline-ms", "0")
+    scorer = service_factory(scorer_topics, *flags)
+    reader = RiskReader(topics.risk)
+    probe = Prober(scorer_topics, today)
+    try:
+        for terminal in ("P", "Q"):
+            reader.wait_for(terminal, {"as_of_day": today} | risk(10, 0, 7))
+        scorer.wait_for_metric("fraud_terminal_risk_terminals", 2)
+        before = _settled(probe)
+
+        # Chargebacks for half of P's DAY0 transactions arrive a week late.
+        produce(topics.labels, [label(i, DAY0, "P", fraud=True, reported=today) for i in range(5)])
+        reader.wait_for("P", {"as_of_day": today} | risk(10, 5, 7))
+        after = _until(probe, lambda s: not _same(s["P"], before["P"]))
+    finally:
+        reader.close()
+    assert after["P"] > before["P"], "confirmed fraud at P must raise the score of P's next tx"
+    assert _same(after["Q"], before["Q"]), "P's labels must not move another terminal's scores"
 
 
 def test_bad_labels_are_dead_lettered_with_the_scorers_headers(
