@@ -256,14 +256,12 @@ class ScoringService:
         self._sink.send(Output.dead_letter(letter, message, group))
 
     def _record_progress(self) -> None:
-        if self._commits.record_progress():
-            self._rewind_pending = True
+        self._rewind_pending |= self._commits.record_progress()  # True: a transaction aborted
         self._metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
 
     def _commit(self) -> None:
         """Commit now what is finished (rebalance, shutdown)."""
-        if self._commits.commit_now():
-            self._rewind_pending = True
+        self._rewind_pending |= self._commits.commit_now()
 
     def _rewind(self) -> None:
         """Exactly-once, once the abort is confirmed (fetching waits meanwhile): drop what is
@@ -313,6 +311,8 @@ class ScoringService:
     # -- rebalance (called on the consuming thread, inside poll or close) ----------------
 
     def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
+        if self._card_state is not None:  # unready until the loop's next pass, after the restore
+            self._health.set_ready(False, "restoring card state")
         log.info("assigned %s", _describe(partitions))
         if self._card_state is not None:
             # Before the partitions' first batch: their records are fetched after this returns.

@@ -62,10 +62,35 @@ def record_value(partition: int, offset: int) -> bytes:
     return msgspec.json.encode(RECORDS[(partition * 1_000 + offset) % len(RECORDS)])
 
 
+class RestoringCardState:
+    """Card state whose restore of new partitions lasts until `release` is set."""
+
+    changelog_topic = "changelog"
+
+    def __init__(self) -> None:
+        self.restoring, self.release = threading.Event(), threading.Event()
+
+    def restore(self, partitions: list[int], progress: Callable[[], None]) -> None:
+        self.restoring.set()
+        assert self.release.wait(10), "never released"
+
+    def drop(self, partitions: list[int]) -> None:
+        pass
+
+    def update(self, records: list[object]) -> tuple[None, list[object]]:
+        return None, []  # neutral history features
+
+
 class Replica:
     """A ScoringService on fakes, running on its own thread."""
 
-    def __init__(self, scorer: FakeScorer | None = None, **settings: object) -> None:
+    def __init__(
+        self,
+        scorer: FakeScorer | None = None,
+        *,
+        card_state: RestoringCardState | None = None,
+        **settings: object,
+    ) -> None:
         defaults: dict[str, object] = {
             "input_topic": TOPIC,
             "max_wait_ms": 2.0,
@@ -118,6 +143,7 @@ class Replica:
             metrics=self.metrics,
             tracker=tracker,
             transactions=self.transactions,
+            card_state=card_state,  # type: ignore[arg-type]
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)
@@ -449,3 +475,18 @@ def test_no_transaction_commits_an_outcome_past_the_offsets_it_commits() -> None
             assert source < committed[TOPIC, 0], f"offset {source} committed past its offsets"
     assert sorted(letters) == sorted(bad)
     assert len(replica.decided()) == 120 - len(bad)
+
+
+def test_a_replica_is_unready_while_it_restores_the_card_state_of_new_partitions() -> None:
+    # A rollout or a load run that waits for /readyz must not send traffic to a replica that
+    # spends seconds restoring its partitions' card state before its first batch.
+    card_state = RestoringCardState()
+    with Replica(card_state=card_state) as replica:
+        until(lambda: replica.health.ready()[0])
+        replica.consumer.assign(tp(0))
+        until(card_state.restoring.is_set)
+        assert replica.health.ready() == (False, "restoring card state")
+        card_state.release.set()
+        until(lambda: replica.health.ready()[0])
+        replica.consumer.feed(messages(0, range(10)))
+        until(lambda: len(replica.decided()) == 10)
