@@ -20,7 +20,7 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
-	@echo "make demo        local Kafka + scorer + a 30 s simulated load, then a summary"
+	@echo "make demo        local Kafka + scorer + features worker + 5 min of simulated load, then a summary"
 	@echo "make test        install, start both brokers, run every test tier, stop the brokers"
 	@echo "make test-secure the secured-broker tests only (starts and stops that broker)"
 	@echo "make unit        unit tests only (no Kafka)"
