@@ -33,16 +33,24 @@ def check_features(deployment: dict[str, Any]) -> list[str]:
     )
 
 
+#: What the scorer may run as (the chart's `workload`).
+SCORER_KINDS = ("Deployment", "StatefulSet")
+
+
 def check(docs: list[dict[str, Any]]) -> list[str]:
     problems: list[str] = []
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    all_deployments = [d for (kind, _), d in by_kind.items() if kind == "Deployment"]
-    for features in (d for d in all_deployments if _component(d) == "features"):
+    workloads = [d for (kind, _), d in by_kind.items() if kind in SCORER_KINDS]
+    for features in (d for d in workloads if _component(d) == "features"):
         problems += check_features(features)
-    deployments = [d for d in all_deployments if _component(d) != "features"]
-    if len(deployments) != 1:
-        return [f"{len(deployments)} scorer Deployments rendered, expected 1"]
-    (deployment,) = deployments
+    scorers = [d for d in workloads if _component(d) != "features"]
+    if len(scorers) != 1:
+        return [f"{len(scorers)} scorer workloads rendered, expected 1"]
+    (deployment,) = scorers
+    if deployment["kind"] == "StatefulSet":
+        governing = deployment["spec"]["serviceName"]
+        if ("Service", governing) not in by_kind:
+            problems.append(f"the StatefulSet's serviceName {governing!r} is not rendered")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -69,8 +77,12 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
             actual = (meta["consumerGroup"], meta["topic"], meta["bootstrapServers"])
             if actual != expected:
                 problems.append(f"KEDA watches {actual}, the replicas consume {expected}")
-            if doc["spec"]["scaleTargetRef"]["name"] != deployment["metadata"]["name"]:
-                problems.append("the ScaledObject scales another Deployment")
+            target = doc["spec"]["scaleTargetRef"]
+            if (target["kind"], target["name"]) != (
+                deployment["kind"],
+                deployment["metadata"]["name"],
+            ):
+                problems.append(f"the ScaledObject scales {target['kind']}/{target['name']}")
             jobs = [d for (k, _), d in by_kind.items() if k == "Job"]
             for job in jobs:
                 args = job["spec"]["template"]["spec"]["containers"][0]["args"]

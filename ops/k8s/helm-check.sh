@@ -3,8 +3,8 @@
 #
 #   1. helm lint --strict, with the default values and with the GPU profile and options on;
 #   2. helm template for the combinations users run (default; GPU; Kafka secret +
-#      ServiceMonitor; existing secret + PodMonitor + fixed replicas + required anti-affinity),
-#      into .tools/helm-check/;
+#      ServiceMonitor; existing secret + PodMonitor + fixed replicas + required anti-affinity;
+#      exactly-once as a StatefulSet), into .tools/helm-check/;
 #   3. the rendered contracts (ops/k8s/check_rendered.py): env read and accepted by the service,
 #      KEDA on the replicas' group/topic, grace longer than the drain, max replicas <= partitions;
 #   4. a server-side dry run with strict field validation (ops/k8s/dry_run.py) against a real
@@ -57,6 +57,8 @@ render secret-servicemonitor --set metrics.serviceMonitor.enabled=true \
 render existing-secret-podmonitor --set metrics.podMonitor.enabled=true \
   --set kafka.config.existingSecret=kafka-client --set autoscaling.enabled=false \
   --set replicaCount=3 --set antiAffinity=required --set topics.create=false
+render statefulset-exactly-once --set workload=StatefulSet \
+  --set-string env.FRAUD_PROCESSING_GUARANTEE=exactly-once
 say "rendered $(ls "$out"/*.yaml | wc -l) value sets into $out"
 
 # ── 3. contracts ──────────────────────────────────────────────────────────────────────────────

@@ -150,6 +150,15 @@ def test_max_replicas_default_to_the_partitions_the_topics_job_creates() -> None
     assert 'allowIdleConsumers: "false"' in scaled, "replicas beyond the partitions idle"
 
 
+def test_keda_scales_the_workload_kind_the_scorer_runs_as() -> None:
+    # workload: StatefulSet (stable transactional ids for exactly-once) must move both.
+    assert "kind: {{ .Values.workload }}" in template("deployment.yaml")
+    assert "kind: {{ .Values.workload }}" in template("scaledobject.yaml")
+    assert values()["workload"] == "Deployment"
+    identity = re.search(r"- name: FRAUD_INSTANCE_ID\n(.*\n){3}", template("deployment.yaml"))
+    assert identity and "fieldPath: metadata.name" in identity.group(0), "the pod name is the id"
+
+
 def test_scaling_thresholds_are_sane() -> None:
     autoscaling = values()["autoscaling"]
     assert 0 < autoscaling["activationLagThreshold"] < autoscaling["lagThreshold"]
