@@ -8,190 +8,26 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import msgspec
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
-from prometheus_client import CollectorRegistry
+from confluent_kafka import KafkaError
 
 from contracts.errors import TransientDeliveryError
-from contracts.offsets import OffsetTracker
-from deadletter.policy import RetryPolicy
-from simulator.transactions import TransactionSimulator
-from stream.config import ServiceConfig
-from stream.health import HealthState
-from stream.lag import LagMonitor
-from stream.metrics import ServiceMetrics
-from stream.redelivery import Redelivery
-from stream.service import ScoringService
-from stream.transactions import TransactionalSink
-from stream.wiring import Collaborators, dead_letter_router
-from tests.unit.fakes import (
-    AutoSink,
-    FakeConsumer,
-    FakeScorer,
-    FakeTransactionalProducer,
-    message,
+from tests.unit.fakes import FakeScorer
+from tests.unit.replica import (
+    RECORDS,
+    TOPIC,
+    Replica,
+    RestoringCardState,
+    messages,
+    record_value,
+    tp,
+    until,
 )
-
-TOPIC = "tx"
-RECORDS = TransactionSimulator(17, id_prefix="svc").generate(2_000).records
-
-
-def tp(*partitions: int) -> list[TopicPartition]:
-    return [TopicPartition(TOPIC, p) for p in partitions]
-
-
-def messages(partition: int, offsets: range, value_of: Callable[[int], bytes] | None = None):
-    return [
-        message(
-            offset,
-            value_of(offset) if value_of else record_value(partition, offset),
-            partition=partition,
-            topic=TOPIC,
-        )
-        for offset in offsets
-    ]
-
-
-def record_value(partition: int, offset: int) -> bytes:
-    """A distinct transaction per partition and offset (up to 1,000 offsets a partition)."""
-    return msgspec.json.encode(RECORDS[(partition * 1_000 + offset) % len(RECORDS)])
-
-
-class RestoringCardState:
-    """Card state whose restore of new partitions lasts until `release` is set."""
-
-    changelog_topic = "changelog"
-
-    def __init__(self) -> None:
-        self.restoring, self.release = threading.Event(), threading.Event()
-
-    def restore(self, partitions: list[int], progress: Callable[[], None]) -> None:
-        self.restoring.set()
-        assert self.release.wait(10), "never released"
-
-    def drop(self, partitions: list[int]) -> None:
-        pass
-
-    def update(self, records: list[object]) -> tuple[None, list[object]]:
-        return None, []  # neutral history features
-
-
-class Replica:
-    """A ScoringService on fakes, running on its own thread."""
-
-    def __init__(
-        self,
-        scorer: FakeScorer | None = None,
-        *,
-        card_state: RestoringCardState | None = None,
-        **settings: object,
-    ) -> None:
-        defaults: dict[str, object] = {
-            "input_topic": TOPIC,
-            "max_wait_ms": 2.0,
-            "max_batch_size": 32,
-            "min_batch_size": 1,
-            "retry_backoff_ms": 1.0,
-            "retry_backoff_max_ms": 5.0,
-            "shutdown_timeout_s": 5.0,
-        }
-        self.config = ServiceConfig(**{**defaults, **settings})  # type: ignore[arg-type]
-        self.consumer = FakeConsumer()
-        router = dead_letter_router(self.config)
-        self.metrics = ServiceMetrics(CollectorRegistry())
-        self.redelivery = Redelivery(
-            RetryPolicy(self.config.delivery_attempts, 0.001, 0.005),
-            router,
-            delivery_timeout_s=0.01,
-            max_message_bytes=1_000_000,
-            metrics=self.metrics,
-        )
-        self.sink = AutoSink(self.redelivery.failed)
-        self.scorer = scorer or FakeScorer()
-        self.health = HealthState()
-        tracker = OffsetTracker()
-        self.producer = FakeTransactionalProducer(self.consumer)
-        lag = LagMonitor(TOPIC, self.metrics)
-        self.transactions = (
-            TransactionalSink(
-                self.producer,  # type: ignore[arg-type]
-                self.consumer,  # type: ignore[arg-type]
-                tracker,
-                router,
-                commit_interval_s=self.config.transaction_ms / 1000.0,
-                max_records=self.config.transaction_max_records,
-                max_message_bytes=1_000_000,
-                metrics=self.metrics,
-                on_committed=lag.committed,
-            )
-            if self.config.exactly_once
-            else None
-        )
-        self.parts = Collaborators(
-            consumer=self.consumer,  # type: ignore[arg-type]
-            sink=self.transactions or self.sink,
-            scorer=self.scorer,
-            redelivery=self.redelivery,
-            router=router,
-            health=self.health,
-            lag=lag,
-            metrics=self.metrics,
-            tracker=tracker,
-            transactions=self.transactions,
-            card_state=card_state,  # type: ignore[arg-type]
-        )
-        self.service = ScoringService(self.config, self.parts)
-        self.thread = threading.Thread(target=self.service.run, daemon=True)
-
-    def __enter__(self) -> Replica:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
-
-    def stop(self, timeout_s: float = 30.0) -> float:
-        started = time.monotonic()
-        self.service.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the replica did not stop"
-        return time.monotonic() - started
-
-    def outputs(self) -> list[tuple[str, bytes | None]]:
-        """(topic, value) of every output made durable: acknowledged, or committed."""
-        if self.transactions is not None:
-            return [(topic, value) for topic, _key, value in self.producer.committed]
-        return [(o.topic, o.value) for o in self.sink.delivered]
-
-    def decided(self) -> dict[str, dict[str, object]]:
-        values = [value for topic, value in self.outputs() if topic == self.config.output_topic]
-        decisions = [msgspec.json.decode(v) for v in values if v is not None]
-        by_id = {d["transaction_id"]: d for d in decisions}
-        assert len(by_id) == len(decisions), "a decision became durable twice"
-        return by_id
-
-    def committed(self) -> dict[tuple[str, int], int]:
-        """Offsets committed for the group: by the consumer, or by the transactions."""
-        if self.transactions is not None:
-            return self.consumer.committed_offsets
-        return self.consumer.consumer_commits
-
-    def progress(self) -> dict[tuple[str, int], int]:
-        """Positions made committable so far: stored offsets, or committed ones."""
-        return self.consumer.committed_offsets if self.transactions else self.consumer.stored
-
-
-def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
-
 
 MODES = pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 
