@@ -94,7 +94,9 @@ def _kafka_flags(run: Run) -> list[str]:
 def service_command(
     run: Run, topics: tuple[str, str, str], group: str, metrics_port: int, *flags: str
 ) -> list[str]:
-    """`fraud-scorer run` on (input, output, dead-letter) topics in `group`."""
+    """`fraud-scorer run` on (input, output, dead-letter) topics in `group`, with a terminal-risk
+    topic of its own that nothing fills: every contender scores with neutral terminal risk, and
+    none starts by reading a risk table left on the broker (a demo's held 294,359 records)."""
     input_topic, output_topic, dlq_topic = topics
     return [
         sys.executable,
@@ -111,6 +113,8 @@ def service_command(
         dlq_topic,
         "--group-id",
         group,
+        "--terminal-risk-topic",
+        f"{group}-terminal-risk",
         "--metrics-host",
         "127.0.0.1",
         "--metrics-port",
