@@ -78,17 +78,14 @@ grep -q "Worker ready" "$out/features.log" || { echo "demo: fraud-features not r
 echo "demo: starting the scorer (log: $out/scorer.log, metrics: http://127.0.0.1:$port/metrics)"
 "$py" -m stream run --metrics-port "$port" >"$out/scorer.log" 2>&1 &
 scorer_pid=$!
-# Ready once it has its partitions and their card state (/readyz is 503 while it restores).
-ready() {
-  grep -q "assigned" "$out/scorer.log" && "$py" -c "import sys, urllib.request
-urllib.request.urlopen(sys.argv[1], timeout=2)" "http://127.0.0.1:$port/readyz" 2>/dev/null
-}
+# Ready once the card state of its 3 partitions is restored (a restore logs one line each).
+ready() { [[ "$(grep -c "restored card state" "$out/scorer.log")" -ge 3 ]]; }
 for _ in $(seq 120); do
   ready && break
   kill -0 "$scorer_pid" 2>/dev/null || { cat "$out/scorer.log" >&2; echo "demo: the scorer died" >&2; exit 1; }
   sleep 0.5
 done
-ready || { echo "demo: the scorer was not ready with its partitions in 60 s" >&2; exit 1; }
+ready || { echo "demo: the scorer had not restored its 3 partitions in 60 s" >&2; exit 1; }
 
 echo "demo: sending ${rate} tx/s for ${duration} s (the handbook's fraud scenarios, 0.5% malformed),"
 echo "      simulated time x${FRAUD_HISTORY_TIME_SCALE}, labels as they become known"

@@ -311,8 +311,6 @@ class ScoringService:
     # -- rebalance (called on the consuming thread, inside poll or close) ----------------
 
     def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
-        if self._card_state is not None:  # unready until the loop's next pass, after the restore
-            self._health.set_ready(False, "restoring card state")
         log.info("assigned %s", _describe(partitions))
         if self._card_state is not None:
             # Before the partitions' first batch: their records are fetched after this returns.

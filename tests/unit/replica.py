@@ -55,35 +55,10 @@ def record_value(partition: int, offset: int) -> bytes:
     return msgspec.json.encode(RECORDS[(partition * 1_000 + offset) % len(RECORDS)])
 
 
-class RestoringCardState:
-    """Card state whose restore of new partitions lasts until `release` is set."""
-
-    changelog_topic = "changelog"
-
-    def __init__(self) -> None:
-        self.restoring, self.release = threading.Event(), threading.Event()
-
-    def restore(self, partitions: list[int], progress: Callable[[], None]) -> None:
-        self.restoring.set()
-        assert self.release.wait(10), "never released"
-
-    def drop(self, partitions: list[int]) -> None:
-        pass
-
-    def update(self, records: list[object]) -> tuple[None, list[object]]:
-        return None, []  # neutral history features
-
-
 class Replica:
     """A ScoringService on fakes, running on its own thread."""
 
-    def __init__(
-        self,
-        scorer: FakeScorer | None = None,
-        *,
-        card_state: RestoringCardState | None = None,
-        **settings: object,
-    ) -> None:
+    def __init__(self, scorer: FakeScorer | None = None, **settings: object) -> None:
         defaults: dict[str, object] = {
             "input_topic": TOPIC,
             "max_wait_ms": 2.0,
@@ -136,7 +111,6 @@ class Replica:
             metrics=self.metrics,
             tracker=tracker,
             transactions=self.transactions,
-            card_state=card_state,  # type: ignore[arg-type]
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)

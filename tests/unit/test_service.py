@@ -22,7 +22,6 @@ from tests.unit.replica import (
     RECORDS,
     TOPIC,
     Replica,
-    RestoringCardState,
     messages,
     record_value,
     tp,
@@ -311,18 +310,3 @@ def test_no_transaction_commits_an_outcome_past_the_offsets_it_commits() -> None
             assert source < committed[TOPIC, 0], f"offset {source} committed past its offsets"
     assert sorted(letters) == sorted(bad)
     assert len(replica.decided()) == 120 - len(bad)
-
-
-def test_a_replica_is_unready_while_it_restores_the_card_state_of_new_partitions() -> None:
-    # A rollout or a load run that waits for /readyz must not send traffic to a replica that
-    # spends seconds restoring its partitions' card state before its first batch.
-    card_state = RestoringCardState()
-    with Replica(card_state=card_state) as replica:
-        until(lambda: replica.health.ready()[0])
-        replica.consumer.assign(tp(0))
-        until(card_state.restoring.is_set)
-        assert replica.health.ready() == (False, "restoring card state")
-        card_state.release.set()
-        until(lambda: replica.health.ready()[0])
-        replica.consumer.feed(messages(0, range(10)))
-        until(lambda: len(replica.decided()) == 10)
