@@ -116,21 +116,25 @@ class Replica:
 
     def ready(self) -> bool:
         """Whether /readyz answers 200 (503: not ready)."""
+        return self.readiness()[0]
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: 200 or 503, and the replica's reason."""
         return self._probe("/readyz")
 
     def healthy(self) -> bool:
         """Whether /healthz answers 200 (503: the stream loop is stuck; a liveness probe would
         restart the replica)."""
-        return self._probe("/healthz")
+        return self._probe("/healthz")[0]
 
-    def _probe(self, path: str) -> bool:
+    def _probe(self, path: str) -> tuple[bool, str]:
         url = f"http://127.0.0.1:{self.metrics_port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-                return int(response.status) == 200
+                return int(response.status) == 200, response.read().decode().strip()
         except urllib.error.HTTPError as exc:
             if exc.code == 503:
-                return False
+                return False, exc.read().decode().strip()
             raise
 
     def lags(self) -> dict[int, float]:
@@ -160,8 +164,8 @@ class Peaks:
     in_flight_bytes: float = 0.0
     rss_mb: float = 0.0
     samples: int = 0
-    #: (epoch ms, replica, ready) each time a replica's readiness changed.
-    readiness: list[tuple[int, str, bool]] = field(default_factory=list)
+    #: (epoch ms, replica, ready, reason) each time a replica's readiness changed.
+    readiness: list[tuple[int, str, bool, str]] = field(default_factory=list)
 
 
 class Sampler(threading.Thread):
@@ -184,7 +188,7 @@ class Sampler(threading.Thread):
         peaks = self.peaks
         try:
             metrics = replica.metrics()
-            ready = replica.ready()
+            ready, reason = replica.readiness()
             rss = replica.rss_mb()
         except (OSError, HTTPException, ValueError):
             return  # starting, stopping, or frozen: nothing to read
@@ -194,7 +198,7 @@ class Sampler(threading.Thread):
         peaks.rss_mb = max(peaks.rss_mb, rss)
         if self._last_ready.get(replica.name) != ready:
             self._last_ready[replica.name] = ready
-            peaks.readiness.append((time.time_ns() // 1_000_000, replica.name, ready))
+            peaks.readiness.append((time.time_ns() // 1_000_000, replica.name, ready, reason))
 
     def stop(self) -> None:
         self._stop_event.set()

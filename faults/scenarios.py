@@ -127,14 +127,21 @@ def kill_broker(run: ScenarioRun, t: Timing) -> None:
     result.figures["ready_after_restart_s"] = f"{ready_s:.1f}"
     _check_same_processes(run, pids)
     for name in pids:
+        changes = [c for c in run.sampler.peaks.readiness if c[1] == name and c[0] >= killed_ms]
         unready = [
-            at
-            for at, replica, ready in run.sampler.peaks.readiness
-            if replica == name and not ready and killed_ms <= at <= back_ms + 1_000 * ready_s
+            at for at, _, ready, _ in changes if not ready and at <= back_ms + 1_000 * ready_s
         ]
         result.check(f"{name}: /readyz 503 while it could not deliver", bool(unready), "")
-        again = any(r.name == name and r.ready() for r in run.live())
-        result.check(f"{name}: /readyz 200 again", again, "")
+        now = [r.readiness() for r in run.live() if r.name == name]
+        since = "; ".join(
+            f"{(at - back_ms) / 1000:+.1f}s {'200' if ready else '503'} {why}"
+            for at, _, ready, why in changes[-6:]
+        )
+        result.check(
+            f"{name}: /readyz 200 again",
+            any(ok for ok, _ in now),
+            f"now {now}; changes (s after the restart): {since}",
+        )
 
 
 def zombie(run: ScenarioRun, t: Timing) -> None:
