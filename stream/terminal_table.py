@@ -11,7 +11,8 @@ Responsibilities and decisions:
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
 - The reader uses no consumer group and commits nothing: it always rebuilds from the topic.
-- A missing topic is waited for (the worker may start later); readiness does not depend on it.
+- A missing topic is waited for (the worker may start later), and so is a broker that went
+  away; readiness does not depend on it.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ class TerminalRiskTable:
             consumer.close()
 
     def _partitions(self, consumer: Consumer) -> set[int] | None:
-        metadata = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:  # the broker away: keep the table, ask again later
+            log.warning("terminal-risk metadata unavailable (%s): trying again", exc)
+            return None
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None or not topic.partitions:
             log.warning("topic %s not there yet: terminals get neutral risk meanwhile", self.topic)
