@@ -30,6 +30,7 @@ from bench.harness import (
     free_port,
     load_average,
     measure,
+    shown,
     stop,
     wait_for_assignment,
 )
@@ -256,6 +257,6 @@ def latency(
         "duration_s": run.latency_duration_s,
         "exactly_once": exactly_once,
         "load_average_before": load,
-        "report": str(report_dir / REPORT_FILE),
+        "report": shown(report_dir / REPORT_FILE),
         **{key: summary.get(key) for key in keys},
     }

@@ -50,6 +50,13 @@ READ_TIMEOUT_S = 1.0
 MS_PER_S = 1000.0
 
 
+def shown(path: Path) -> str:
+    """A path as results and output name it: relative to the repository when inside it, so a
+    results file says nothing about the machine it was written on."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now."""
     with socket.socket() as sock:

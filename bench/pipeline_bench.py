@@ -29,7 +29,7 @@ import onnxruntime
 
 from bench import profiling
 from bench.contenders import CONTENDERS, Run, contender, latency
-from bench.harness import REPO, Broker, load_average, produce_backlog
+from bench.harness import Broker, load_average, produce_backlog, shown
 from bench.summary import Round, check_bounds, figures, render_bounds, render_table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -209,7 +209,7 @@ def _profile(run: Run, broker: Broker, backlog: str) -> dict[str, Any]:
         return {"error": f"py-spy wrote no profile; see {run.logs / 'pipeline-profiled.log'}"}
     profile = profiling.summarize(raw_path.read_text())
     return {
-        "raw": str(raw_path),
+        "raw": shown(raw_path),
         "records_per_s_while_profiled": measurement.records_per_s,
         "samples": profile.samples,
         "all_samples": profile.all_samples,
@@ -246,7 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": _machine(),
             "settings": {
-                **{k: str(v) for k, v in run._asdict().items() if k != "scratch"},
+                **{
+                    k: shown(v) if isinstance(v, Path) else str(v)
+                    for k, v in run._asdict().items()
+                    if k != "scratch"
+                },
                 "quick": args.quick,
             },
         }
@@ -287,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "profile" in results:
         print(results["profile"].get("text") or results["profile"]["error"])
     print(render_bounds(checked))
-    print(f"results: {os.path.relpath(args.results, REPO)}")
+    print(f"results: {shown(args.results)}")
     met = all(bound["met"] for bound in checked)
     print(json.dumps({**values, "bounds_met": met}), flush=True)
     return 1 if args.strict and not met else 0
