@@ -336,8 +336,9 @@ class ScoringService:
             # so it is aborted, and the partitions kept are read again from their commit.
             self._transactions.abort()
             self._rewind_pending = True
-        what = f"lost {_describe(partitions)}: {self._release_records(keys)} undecided records"
-        log.warning("%s released, nothing of them is committed", what)
+        released = self._release_records(keys)
+        what = f"lost {_describe(partitions)}: {released} undecided records released"
+        log.warning("%s, nothing of them is committed", what)
         self._forget(keys, partitions)
 
     def _release_records(self, keys: set[PartitionKey]) -> int:
