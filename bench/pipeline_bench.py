@@ -256,8 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         try:
             broker.check()
-            # Latency first, on a broker that is not also writing, compacting or deleting the
-            # gigabytes of the throughput rounds (a run after them measured that too).
+            # Latency first, on a broker that holds none of the throughput rounds' gigabytes and
+            # is not deleting them (a run after the rounds measured that too).
             latency_alo = _latency(run, broker, exactly_once=False)
             latency_eos = _latency(run, broker, exactly_once=True)
             backlog = broker.topic("backlog", run.partitions)

@@ -150,7 +150,7 @@ def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Pat
     for name, path in models.items():
         run = _run(args, scratch, ("--model-path", str(path)))
         m = contender(run, broker, "pipeline", backlog, f"model-{name}")
-        broker.delete_topics(keep=(backlog,))  # nothing left for the broker to compact
+        broker.delete_topics(keep=(backlog,))  # the latency run shares the broker with less
         lat = latency(run, broker, RESULTS / f"latency-report-{name}", role=f"latency-{name}")
         table[name] = {
             "multiply_adds_per_row": multiply_adds_per_row(onnx.load(str(path))),
