@@ -46,12 +46,12 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
     scorers = [d for d in workloads if _component(d) != "features"]
     if len(scorers) != 1:
         return [f"{len(scorers)} scorer workloads rendered, expected 1"]
-    (deployment,) = scorers
-    if deployment["kind"] == "StatefulSet":
-        governing = deployment["spec"]["serviceName"]
+    (scorer,) = scorers
+    if scorer["kind"] == "StatefulSet":
+        governing = scorer["spec"]["serviceName"]
         if ("Service", governing) not in by_kind:
             problems.append(f"the StatefulSet's serviceName {governing!r} is not rendered")
-    pod = deployment["spec"]["template"]["spec"]
+    pod = scorer["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     known = {s.env for s in settings()}
@@ -78,10 +78,8 @@ def check(docs: list[dict[str, Any]]) -> list[str]:
             if actual != expected:
                 problems.append(f"KEDA watches {actual}, the replicas consume {expected}")
             target = doc["spec"]["scaleTargetRef"]
-            if (target["kind"], target["name"]) != (
-                deployment["kind"],
-                deployment["metadata"]["name"],
-            ):
+            scaled = (target["kind"], target["name"])
+            if scaled != (scorer["kind"], scorer["metadata"]["name"]):
                 problems.append(f"the ScaledObject scales {target['kind']}/{target['name']}")
             jobs = [d for (k, _), d in by_kind.items() if k == "Job"]
             for job in jobs:
