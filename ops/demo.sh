@@ -13,6 +13,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 py="$repo/.venv/bin/python"
 rate="${DEMO_RATE:-1000}"
+partitions=3
 duration="${DEMO_DURATION:-300}"
 port="${DEMO_METRICS_PORT:-9102}"
 features_port="${DEMO_FEATURES_METRICS_PORT:-9103}"
@@ -58,15 +59,15 @@ if ! ops/kafka/kafka.sh status >/dev/null 2>&1; then
   ops/kafka/kafka.sh up
   kafka_started=1
 fi
-"$py" -m stream create-topics --partitions 3
-"$py" -m terminals create-topics --partitions 3
+"$py" -m stream create-topics --partitions "$partitions"
+"$py" -m terminals create-topics --partitions "$partitions"
 # Simulated seconds per second at this rate: what the load generator will run at.
 FRAUD_HISTORY_TIME_SCALE="$("$py" -c "from simulator.transactions import TransactionSimulator
 print(round($rate / TransactionSimulator(7).natural_rate_per_s, 1))")"
 export FRAUD_HISTORY_TIME_SCALE
 
 echo "demo: starting fraud-features (log: $out/features.log, metrics: http://127.0.0.1:$features_port/metrics)"
-"$py" -m terminals run --table-partitions 3 --metrics-port "$features_port" >"$out/features.log" 2>&1 &
+"$py" -m terminals run --table-partitions "$partitions" --metrics-port "$features_port" >"$out/features.log" 2>&1 &
 features_pid=$!
 for _ in $(seq 120); do
   grep -q "Worker ready" "$out/features.log" && break
@@ -78,14 +79,14 @@ grep -q "Worker ready" "$out/features.log" || { echo "demo: fraud-features not r
 echo "demo: starting the scorer (log: $out/scorer.log, metrics: http://127.0.0.1:$port/metrics)"
 "$py" -m stream run --metrics-port "$port" >"$out/scorer.log" 2>&1 &
 scorer_pid=$!
-# Ready once the card state of its 3 partitions is restored (a restore logs one line each).
-ready() { [[ "$(grep -c "restored card state" "$out/scorer.log")" -ge 3 ]]; }
+# Ready once the card state of its partitions is restored (a restore logs one line each).
+ready() { [[ "$(grep -c "restored card state" "$out/scorer.log")" -ge "$partitions" ]]; }
 for _ in $(seq 120); do
   ready && break
   kill -0 "$scorer_pid" 2>/dev/null || { cat "$out/scorer.log" >&2; echo "demo: the scorer died" >&2; exit 1; }
   sleep 0.5
 done
-ready || { echo "demo: the scorer had not restored its 3 partitions in 60 s" >&2; exit 1; }
+ready || { echo "demo: the scorer had not restored its $partitions partitions in 60 s" >&2; exit 1; }
 
 echo "demo: sending ${rate} tx/s for ${duration} s (the handbook's fraud scenarios, 0.5% malformed),"
 echo "      simulated time x${FRAUD_HISTORY_TIME_SCALE}, labels as they become known"
