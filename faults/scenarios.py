@@ -42,6 +42,8 @@ ZOMBIE = (
     *("-X", f"max.poll.interval.ms={ZOMBIE_TIMEOUTS_MS}"),
 )
 RECOVERY_TIMEOUT_S = 120.0
+#: What a replica logs when its terminal-risk reader gives up (stream/terminal_table.py).
+TABLE_STOPPED = "terminal-risk reader stopped"
 #: Evidence in a zombie's log that its transaction was fenced and aborted (exactly-once).
 FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")
 
@@ -142,6 +144,13 @@ def kill_broker(run: ScenarioRun, t: Timing) -> None:
             any(ok for ok, _ in now),
             f"now {now}; changes (s after the restart): {since}",
         )
+        # Its terminal-risk reader must outlive the outage too (it once stopped for good).
+        stopped = [
+            r.name
+            for r in run.replicas
+            if r.name == name and TABLE_STOPPED in r.log_path.read_text(errors="replace")
+        ]
+        result.check(f"{name}: terminal-risk reader still reading", not stopped, TABLE_STOPPED)
 
 
 def zombie(run: ScenarioRun, t: Timing) -> None:
