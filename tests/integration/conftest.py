@@ -67,8 +67,11 @@ def topics_factory(admin: AdminClient) -> Iterator[Callable[..., Topics]]:
 
 
 def produce(topic: str, records: list[tuple[bytes | None, bytes | None]]) -> int:
-    """Produce (key, value) pairs and wait until all are acknowledged; return the send time (ms)."""
-    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+    """Produce (key, value) pairs, in order, and wait until all are acknowledged; return the send
+    time (ms). Idempotent, because a plain producer may reorder a retried batch past the next."""
+    producer = Producer(
+        {"bootstrap.servers": BOOTSTRAP, "linger.ms": 5, "enable.idempotence": True}
+    )
     sent_ms = time.time_ns() // 1_000_000
     for key, value in records:
         while True:
