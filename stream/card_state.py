@@ -16,7 +16,9 @@ Key design decisions:
   are, and moves with them on a rebalance.
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
-- The restore reads with isolation.level=read_committed, so it sees only what committed.
+- The restore reads with isolation.level=read_committed, so it sees only what committed, and
+  stops at the end the partition had when it started: a replica that still believes it owns a
+  partition (a zombie reloading after an abort) must not chase the new owner's writes.
 - A lock orders the consuming thread's restores and drops against the scoring thread's batches.
 """
 
@@ -217,6 +219,9 @@ class CardState:
                         if error.code() == KafkaError._PARTITION_EOF:
                             return read
                         raise RuntimeError(f"reading the card state changelog: {error.str()}")
+                    offset = message.offset()
+                    if offset is not None and offset >= high:  # written since the restore began
+                        return read
                     idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
                     read += 1
                     key = message.key()
