@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
@@ -215,26 +215,13 @@ class CardState:
                 progress()
                 if not messages and time.monotonic() > idle_until:
                     raise TimeoutError(f"changelog {self.changelog_topic}[{partition}] stalled")
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return read
-                        raise RuntimeError(f"reading the card state changelog: {error.str()}")
-                    offset = message.offset()
-                    if offset is not None and offset >= high:  # written since the restore began
-                        return read
+                chunk, done = _restorable(messages, high)
+                for problem in history.restore(chunk):
+                    log.warning("skipping a card state record (the card starts anew): %s", problem)
+                read += len(chunk)
+                if messages:
                     idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
-                    read += 1
-                    key = message.key()
-                    if key is None:
-                        continue
-                    try:
-                        history.restore(key.decode("utf-8", "replace"), message.value())
-                    except ValueError as exc:  # another version's record: the card starts anew
-                        log.warning("skipping a card state record: %s", exc)
-                        history.restore(key.decode("utf-8", "replace"), None)
-                if consumer.position([assigned])[0].offset >= high:
+                if done or consumer.position([assigned])[0].offset >= high:
                     return read
         finally:
             consumer.close()
@@ -244,3 +231,24 @@ class CardState:
             cards = sum(len(h) for h in self._histories.values())
             size = sum(h.nbytes for h in self._histories.values())
         self._metrics.set_card_state(cards, size)
+
+
+def _restorable(
+    messages: Sequence[Message], end: int
+) -> tuple[list[tuple[str, bytes | None]], bool]:
+    """The card records among `messages` that precede offset `end`, and whether the
+    partition's end (end-of-partition, or a record at `end` or past it) was reached."""
+    chunk: list[tuple[str, bytes | None]] = []
+    for message in messages:
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return chunk, True
+            raise RuntimeError(f"reading the card state changelog: {error.str()}")
+        offset = message.offset()
+        if offset is not None and offset >= end:  # written since the restore began
+            return chunk, True
+        key = message.key()
+        if key is not None:
+            chunk.append((key.decode("utf-8", "replace"), message.value()))
+    return chunk, False

@@ -141,17 +141,33 @@ def test_restore_from_the_changelog_gives_the_same_features() -> None:
     changelog = original.take_dirty()
     assert all(len(state) == STATE_BYTES for _, state in changelog)
     restored = CardHistory()
-    for card_id, state in changelog:
-        restored.restore(card_id, state)
+    assert restored.restore(changelog) == []
     assert len(restored) == 2 and restored.take_dirty() == []
     nxt = columns(["g", "h"], [MS_PER_HOUR, MS_PER_HOUR], [300.0, 1.0])
     assert np.array_equal(run(original, nxt, [3, 4]), run(restored, nxt, [3, 4]))
-    restored.restore("g", None)
+    assert restored.restore([("g", None)]) == []
     assert "g" not in restored and len(restored) == 1
-    with pytest.raises(ValueError, match="card state"):
-        restored.restore("h", b"\x02" + bytes(STATE_BYTES - 1))
-    with pytest.raises(ValueError, match="card state"):
-        restored.restore("h", b"\x01")
+    rejected = restored.restore([("h", b"\x02" + bytes(STATE_BYTES - 1)), ("i", b"\x01")])
+    assert len(rejected) == 2 and all("not a version 1 card state" in r for r in rejected)
+    assert len(restored) == 0, "a card whose state cannot be read starts anew"
+
+
+def test_a_restore_chunk_leaves_each_card_as_its_last_record_says() -> None:
+    original = CardHistory()
+    run(original, columns(["a", "b"], [0, 10], [5.0, 7.0]), [0, 1])
+    first = dict(original.take_dirty())
+    run(original, columns(["a"], [20], [9.0]), [2])
+    second = dict(original.take_dirty())
+    one_by_one, chunked = CardHistory(), CardHistory()
+    changelog = [("a", first["a"]), ("b", first["b"]), ("b", None), ("a", second["a"])]
+    for record in changelog:
+        one_by_one.restore([record])
+    chunked.restore(changelog)
+    assert "b" not in chunked and len(chunked) == 1
+    nxt = columns(["a"], [MS_PER_HOUR], [1.0])
+    expected = run(original, nxt, [3])
+    assert np.array_equal(run(one_by_one, nxt, [3]), expected)
+    assert np.array_equal(run(chunked, nxt, [3]), expected)
 
 
 def test_idle_cards_are_evicted_after_the_longest_window() -> None:
@@ -227,7 +243,6 @@ def test_extreme_valid_values_never_raise_nor_give_non_finite_features(
         assert out.shape == (n, len(HISTORY_FEATURE_NAMES))
         assert np.isfinite(out).all()
         assert np.isfinite(build_features(batch, out)).all()
-    for card_id, state in history.take_dirty():
-        CardHistory().restore(card_id, state)
+    assert CardHistory().restore(history.take_dirty()) == []
     history.evict_idle(MAX_EVENT_TIME_MS + 31 * MS_PER_DAY)
     assert len(history) == 0
