@@ -1,0 +1,112 @@
+"""How long a partition's card state takes to restore from its changelog, and what it holds in
+memory (issue: per-card state, "restore time for a partition is measured and reported").
+
+    python -m bench.state_restore [--cards 1000000] [--bootstrap 127.0.0.1:9092]
+
+It writes one state record per card to partition 0 of a fresh one-partition changelog, in
+exactly-once form (transactions of 10,000 records, so the restore also steps over markers),
+restores it with `CardState.restore` (what a replica runs on an assignment), prints the figures
+as one JSON line and writes them to bench/results/state-restore.json. The topic is deleted at
+the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+import uuid
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client import CollectorRegistry
+
+from bench.harness import REPO
+from scorer.card_record import STATE_BYTES, STATE_VERSION
+from stream.card_state import CardState
+from stream.metrics import ServiceMetrics
+
+RESULTS = REPO / "bench" / "results" / "state-restore.json"
+TRANSACTION_RECORDS = 10_000
+#: The restore only checks the version byte and length: every card can hold the same state.
+STATE = bytes([STATE_VERSION]) + bytes(STATE_BYTES - 1)
+
+
+def fill(bootstrap: str, topic: str, cards: int) -> float:
+    """Write `cards` card states to partition 0 of `topic`; return the seconds it took."""
+    started = time.monotonic()
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": topic, "linger.ms": 20}
+    )
+    producer.init_transactions(30)
+    for first in range(0, cards, TRANSACTION_RECORDS):
+        producer.begin_transaction()
+        for card in range(first, min(first + TRANSACTION_RECORDS, cards)):
+            while True:
+                try:
+                    producer.produce(topic, key=f"card-{card:08d}".encode(), value=STATE)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(60)
+        if first // TRANSACTION_RECORDS % 20 == 0:
+            print(
+                f"wrote {min(first + TRANSACTION_RECORDS, cards):,} of {cards:,} cards", flush=True
+            )
+    return time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.state_restore", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--cards", type=int, default=1_000_000, help="cards in the partition (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--bootstrap", default="127.0.0.1:9092", help="a running broker (default %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    if args.cards < 1:
+        parser.error("--cards must be at least 1")
+    topic = f"bench-state-restore-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    config = {"cleanup.policy": "compact"}
+    for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
+        future.result(timeout=30)
+    try:
+        fill_s = fill(args.bootstrap, topic, args.cards)
+        registry = CollectorRegistry()
+        state = CardState(
+            {"bootstrap.servers": args.bootstrap},
+            "transactions",
+            topic,
+            time_scale=1.0,
+            metrics=ServiceMetrics(registry),
+        )
+        rss_before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.monotonic()
+        state.restore([0])
+        restore_s = time.monotonic() - started
+        rss_after_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    finally:
+        for future in admin.delete_topics([topic]).values():
+            future.result(timeout=30)
+    restored = registry.get_sample_value("fraud_card_state_cards")
+    figures = {
+        "cards": args.cards,
+        "restored_cards": int(restored or 0),
+        "restore_s": round(restore_s, 3),
+        "cards_per_s": round(args.cards / restore_s),
+        "state_mb": round((registry.get_sample_value("fraud_card_state_bytes") or 0) / 1e6, 1),
+        "peak_rss_growth_mb": round((rss_after_kb - rss_before_kb) / 1024, 1),
+        "fill_s": round(fill_s, 1),
+    }
+    print(json.dumps(figures))
+    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if figures["restored_cards"] == args.cards else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
