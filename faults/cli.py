@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CI's version: a fifth of the load, shorter windows, one kill, and scenarios "
         f"{', '.join(map(str, SHORT_SCENARIOS))} unless --scenario says otherwise",
     )
-    parser.add_argument("--mode", choices=sorted(MODES), default="both")
+    parser.add_argument(
+        "--mode",
+        choices=sorted(MODES),
+        default="both",
+        help="processing guarantee of the replicas (default: both, one after the other)",
+    )
     parser.add_argument(
         "--scenario",
         type=int,
@@ -61,7 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help="the suite's broker (controller: +1)"
     )
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.add_argument(
+        "--max-in-flight-records",
+        type=int,
+        default=Settings.max_in_flight_records,
+        help="each replica's bound on undecided records (default: %(default)s, small so that "
+        "the bound is exercised; the service's own default is 10,000)",
+    )
+    parser.add_argument(
+        "--max-in-flight-bytes",
+        type=int,
+        default=Settings.max_in_flight_bytes,
+        help="each replica's bound on those records' bytes (default: %(default)s; the "
+        "service's own default is 67,108,864)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="the suite's broker's data and logs (default: %(default)s)",
+    )
     parser.add_argument(
         "--log-dir",
         type=Path,
@@ -155,6 +179,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rate is not None and not args.rate > 0:
         print(f"python -m faults: --rate must be > 0, got {args.rate}", file=sys.stderr)
         return EXIT_USAGE
+    if args.max_in_flight_records < Settings.max_batch_size:
+        print(
+            f"python -m faults: --max-in-flight-records must be >= the replicas' batch size "
+            f"{Settings.max_batch_size}, got {args.max_in_flight_records}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.max_in_flight_bytes < 1_048_576:
+        print(
+            f"python -m faults: --max-in-flight-bytes must be >= 1048576 (the service's "
+            f"least), got {args.max_in_flight_bytes}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -172,7 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for exactly_once in MODES[args.mode]:
             for number in numbers:
                 scenario = SCENARIOS[number]
-                settings = Settings(exactly_once, rate=timing.rate)
+                settings = Settings(
+                    exactly_once,
+                    rate=timing.rate,
+                    max_in_flight_records=args.max_in_flight_records,
+                    max_in_flight_bytes=args.max_in_flight_bytes,
+                )
                 result = run_one(broker, scenario, settings, timing, log_dir, args.keep_topics)
                 rows.append((scenario, result))
                 print(figures_line(scenario, result), flush=True)
