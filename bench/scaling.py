@@ -164,15 +164,53 @@ def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__)
-    parser.add_argument("study", choices=["processes", "models"])
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--records", type=int, default=2_000_000, help="backlog size")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (processes study)")
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--window", type=float, default=10.0)
-    parser.add_argument("--latency-duration", type=float, default=20.0)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scaling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "study",
+        choices=["processes", "models"],
+        help="processes: --processes 1 against 2; models: the shipped model against 10x and "
+        "100x heavier ones",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        default="127.0.0.1:9092",
+        help="a running broker (default: %(default)s; `make kafka-up` starts one)",
+    )
+    parser.add_argument(
+        "--records", type=int, default=2_000_000, help="backlog size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="partitions of the backlog topic (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds (processes study; default: %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=3.0,
+        help="seconds after a run's first output before its window opens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="seconds of steady state measured per run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--latency-duration",
+        type=float,
+        default=20.0,
+        help="seconds of each open-loop 5,000 tx/s latency run (models study; default: "
+        "%(default)s)",
+    )
     args = parser.parse_args(argv)
     (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
     broker = Broker(args.bootstrap_servers)
