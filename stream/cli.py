@@ -136,13 +136,12 @@ def run_service(config: ServiceConfig) -> int:
     if config.card_history == "on":
         ensure_changelog(config, errors)
     lag = LagMonitor(config.input_topic, metrics)
-    producer = create_producer(config, errors)
     service = ScoringService(
         config,
         build_collaborators(
             config,
             create_consumer(config, lag.on_statistics, errors),
-            producer,
+            lambda: create_producer(config, errors),
             scorer,
             health,
             lag,

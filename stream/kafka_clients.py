@@ -76,6 +76,7 @@ class ClientErrors:
 
     def __init__(self) -> None:
         self._failure: KafkaError | None = None
+        self._on_cluster_lost: list[Callable[[], None]] = []
 
     def __call__(self, error: KafkaError) -> None:
         log.error(
@@ -83,6 +84,13 @@ class ClientErrors:
         )
         if error.code() in CLIENT_FAILURES and self._failure is None:
             self._failure = error
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            for callback in self._on_cluster_lost:
+                callback()
+
+    def on_cluster_lost(self, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever a client reports every broker down."""
+        self._on_cluster_lost.append(callback)
 
     def raise_if_failed(self) -> None:
         """Raise ClientFailure, naming what to check, once a client failed for good."""

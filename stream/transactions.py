@@ -13,6 +13,11 @@
   the caller rewinds the consumer to the committed offsets and reads again), raise what is
   fatal (another replica took over this transactional id: the process must restart); an abort
   that times out is tried again (`confirm_abort`) before the rewind ends;
+- after the cluster went away (every broker down, `cluster_lost`), replace the producer at the
+  next commit and read again from the committed offsets, instead of trusting the old one:
+  librdkafka then blocked in send_offsets_to_transaction() past its timeout, on a group
+  coordinator it had cached (librdkafka #5456, #5511), until the replica was restarted. The
+  new producer's init_transactions() fences the old one and aborts what it left open;
 - remember outputs the broker rejected for themselves (too large), so that when their record is
   read again after the abort it is dead-lettered instead (reason `produce`);
 - never commit an outcome past the offsets committed with it (`stream/outcome_order.py`: a
@@ -62,7 +67,7 @@ class TransactionalSink:
 
     def __init__(
         self,
-        producer: Producer,
+        new_producer: Callable[[], Producer],
         consumer: Consumer,
         tracker: OffsetTracker,
         router: DeadLetterRouter,
@@ -73,7 +78,13 @@ class TransactionalSink:
         metrics: ServiceMetrics,
         on_committed: Callable[[dict[PartitionKey, int]], None] = lambda _positions: None,
     ) -> None:
-        self._producer = producer
+        self._new_producer = new_producer
+        self._producer = new_producer()
+        #: Set from any thread when every broker went away: the producer is replaced at the
+        #: next commit.
+        self._cluster_lost = False
+        #: Set while a replacement producer's init_transactions() is not confirmed yet.
+        self._registering = False
         #: Told the positions of every committed transaction (the lag metric needs them).
         self._on_committed = on_committed
         self._consumer = consumer
@@ -102,6 +113,11 @@ class TransactionalSink:
         """Register the transactional id with the broker, fencing any older producer that had
         it and aborting what it left open (a replica restarted after a crash)."""
         self._producer.init_transactions(timeout_s)
+
+    def cluster_lost(self) -> None:
+        """Every broker went away (a client's error callback, any thread): replace the producer
+        at the next commit (see the module docstring)."""
+        self._cluster_lost = True
 
     # -- writing (any thread) -------------------------------------------------------------
 
@@ -187,6 +203,9 @@ class TransactionalSink:
         for a fatal error. A retriable failure leaves `commit_pending` set for the next call.
         """
         with self._lock:
+            if self._cluster_lost:
+                self._replace_producer()
+                raise TransactionAborted("the producer was replaced after the cluster went away")
             if self._doomed:
                 log.warning("the transaction failed in the background: aborting it")
                 self.abort()
@@ -220,15 +239,11 @@ class TransactionalSink:
     def abort(self) -> None:
         """Abort the open transaction (partitions lost) and drop outputs until `end_rewind`."""
         with self._lock:
-            self._discarding = True
-            self._doomed = False
-            self._order.aborted()
-            if self._open or self.commit_pending or self.abort_pending:
+            started = self._open or self.commit_pending or self.abort_pending
+            self._discard_open()
+            if started:
                 self.abort_pending = True
                 self.confirm_abort()
-            self._open = False
-            self._records = 0
-            self.commit_pending = False
 
     def confirm_abort(self) -> bool:
         """Whether no abort waits to be confirmed; if one does, try it again now.
@@ -238,6 +253,8 @@ class TransactionalSink:
         abort_transaction() returns: the rewind waits for this to say True.
         """
         with self._lock:
+            if self._registering and not self._register():
+                return False
             if not self.abort_pending:
                 return True
             try:
@@ -258,8 +275,9 @@ class TransactionalSink:
     @property
     def stalled(self) -> bool:
         """Whether outputs cannot be made durable now: a commit or an abort waits for another
-        try (fetching waits, and the replica is not ready)."""
-        return self.commit_pending or self.abort_pending
+        try, or a replacement producer is not registered yet (fetching waits, and the replica
+        is not ready)."""
+        return self.commit_pending or self.abort_pending or self._registering
 
     def end_rewind(self) -> None:
         """The consumer is back at the committed offsets: accept outputs again."""
@@ -267,6 +285,45 @@ class TransactionalSink:
             self._discarding = False
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _discard_open(self) -> None:
+        """Forget the open transaction's bookkeeping; outputs are dropped until `end_rewind`."""
+        self._discarding = True
+        self._doomed = False
+        self._order.aborted()
+        self._open = False
+        self._records = 0
+        self.commit_pending = False
+
+    def _replace_producer(self) -> None:
+        """Drop the producer without another call that could block, and register a new one."""
+        self._cluster_lost = False
+        log.warning(
+            "the cluster went away: replacing the transactional producer; what followed the "
+            "last commit is read again"
+        )
+        self._discard_open()
+        self.abort_pending = False
+        self._producer = self._new_producer()
+        self._registering = True
+        self._register()
+
+    def _register(self) -> bool:
+        """init_transactions() of a replacement producer; whether it is confirmed."""
+        try:
+            self._producer.init_transactions(TRANSACTION_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            error = cast(KafkaError, exc.args[0])
+            if error.fatal() or not error.retriable():
+                raise
+            log.warning("new producer not registered yet (%s): retrying", error.str())
+            self._metrics.set_delivery_stalled(True)
+            return False
+        self._registering = False
+        # What was reported while it registered is the outage it replaced the old one for.
+        self._cluster_lost = False
+        self._metrics.set_delivery_stalled(False)
+        return True
 
     def _write(self, output: Output) -> None:
         self._begin()

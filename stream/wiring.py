@@ -7,7 +7,7 @@ for real with the objects `build_collaborators` makes here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,7 @@ def dead_letter_router(config: ServiceConfig) -> DeadLetterRouter:
 def build_collaborators(
     config: ServiceConfig,
     consumer: Consumer,
-    producer: Producer,
+    new_producer: Callable[[], Producer],
     scorer: Scorer,
     health: HealthState,
     lag: LagMonitor,
@@ -112,7 +112,7 @@ def build_collaborators(
     tracker = OffsetTracker()
     transactions = (
         TransactionalSink(
-            producer,
+            new_producer,
             consumer,
             tracker,
             router,
@@ -125,9 +125,11 @@ def build_collaborators(
         if config.exactly_once
         else None
     )
+    if transactions is not None:
+        client_errors.on_cluster_lost(transactions.cluster_lost)
     return Collaborators(
         consumer=consumer,
-        sink=transactions or KafkaSink(producer, redelivery.failed),
+        sink=transactions or KafkaSink(new_producer(), redelivery.failed),
         scorer=scorer,
         redelivery=redelivery,
         router=router,

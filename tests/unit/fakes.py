@@ -306,9 +306,15 @@ class FakeTransactionalProducer:
         self._aborting = False
         #: Every produce fails with this while it is set.
         self.produce_error: KafkaError | None = None
+        #: init_transactions() fails with this while it is set (the coordinator unreachable).
+        self.init_error: KafkaError | None = None
+        self.initialized = False
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
+        if self.init_error is not None:
+            raise KafkaException(self.init_error)
+        self.initialized = True
 
     def begin_transaction(self) -> None:
         if self._aborting:

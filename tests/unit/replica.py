@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from contracts.offsets import OffsetTracker
@@ -83,11 +83,16 @@ class Replica:
         self.scorer = scorer or FakeScorer()
         self.health = HealthState()
         tracker = OffsetTracker()
-        self.producer = FakeTransactionalProducer(self.consumer)
+        #: Every transactional producer the sink made (it replaces one after the cluster went
+        #: away); the last is the one in use.
+        self.producers = [FakeTransactionalProducer(self.consumer)]
+        self._producers_made = 0
+        #: The init_transactions() error of the next replacement producer, if any.
+        self.replacement_init_error: KafkaError | None = None
         lag = LagMonitor(TOPIC, self.metrics)
         self.transactions = (
             TransactionalSink(
-                self.producer,  # type: ignore[arg-type]
+                self._next_producer,  # type: ignore[arg-type]
                 self.consumer,  # type: ignore[arg-type]
                 tracker,
                 router,
@@ -115,6 +120,18 @@ class Replica:
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)
 
+    @property
+    def producer(self) -> FakeTransactionalProducer:
+        return self.producers[-1]
+
+    def _next_producer(self) -> FakeTransactionalProducer:
+        """The sink's producer factory: the first producer, then a new one per call."""
+        self._producers_made += 1
+        if self._producers_made > 1:
+            self.producers.append(FakeTransactionalProducer(self.consumer))
+            self.producer.init_error = self.replacement_init_error
+        return self.producer
+
     def __enter__(self) -> Replica:
         self.thread.start()
         return self
@@ -132,7 +149,11 @@ class Replica:
     def outputs(self) -> list[tuple[str, bytes | None]]:
         """(topic, value) of every output made durable: acknowledged, or committed."""
         if self.transactions is not None:
-            return [(topic, value) for topic, _key, value in self.producer.committed]
+            return [
+                (topic, value)
+                for producer in self.producers
+                for topic, _key, value in producer.committed
+            ]
         return [(o.topic, o.value) for o in self.sink.delivered]
 
     def decided(self) -> dict[str, dict[str, object]]:

@@ -219,6 +219,37 @@ def test_exactly_once_is_unready_while_a_commit_is_not_confirmed() -> None:
     assert len(replica.decided()) == 100
 
 
+def test_after_the_cluster_went_away_a_new_producer_takes_over_and_nothing_is_durable_twice():
+    # Found by the fault suite (broker killed, exactly-once): after the restart librdkafka
+    # blocked in send_offsets_to_transaction() past its timeout, on the group coordinator it had
+    # cached, until the replica was restarted. Now the producer is replaced in the process.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        old = replica.producer
+        old.commit_error = KafkaError(KafkaError._TRANSPORT, "broker down", retriable=True)
+        replica.consumer.feed(messages(0, range(50, 100)))
+        until(lambda: not replica.health.ready()[0])
+        unregistered = KafkaError(KafkaError._TIMED_OUT, "coordinator not found", retriable=True)
+        replica.replacement_init_error = unregistered
+        replica.transactions.cluster_lost()  # what the clients' error callback does
+        until(lambda: len(replica.producers) == 2)
+        replica.transactions.cluster_lost()  # still down: the replacement covers this too
+        polls = replica.consumer.polls
+        until(lambda: replica.consumer.polls > polls + 20)
+        assert not replica.health.ready()[0], "not ready while the new producer is unregistered"
+        assert replica.service.failure is None and replica.committed() == {(TOPIC, 0): 50}
+        replica.producer.init_error = None
+        until(lambda: replica.committed() == {(TOPIC, 0): 100})
+        until(lambda: replica.health.ready()[0])
+    assert replica.service.failure is None and replica.producer.initialized
+    assert len(replica.producers) == 2, "one replacement for one outage"
+    assert len(old.committed) == 50, "the old producer's open transaction never committed"
+    assert replica.consumer.seeks, "the consumer went back to the committed offset"
+    assert len(replica.decided()) == 100
+
+
 def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() -> None:
     # Found by the fault suite (broker killed, exactly-once): abort_transaction() timed out
     # ("retry call to resume"), the service took the abort for done, the next
