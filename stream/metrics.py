@@ -177,6 +177,11 @@ class ServiceMetrics:
             "1 while retries are exhausted and fetching is stopped",
             registry=r,
         )
+        self._producer_replacements = Counter(
+            "fraud_producer_replacements_total",
+            "Transactional producers replaced after every broker went away (exactly-once)",
+            registry=r,
+        )
         self._poison = Counter(
             "fraud_poison_records_total",
             "Records isolated by bisection as breaking the model",
@@ -269,6 +274,9 @@ class ServiceMetrics:
 
     def set_delivery_stalled(self, stalled: bool) -> None:
         self._stalled.set(1 if stalled else 0)
+
+    def record_producer_replaced(self) -> None:
+        self._producer_replacements.inc()
 
     def record_poison(self, count: int) -> None:
         self._poison.inc(count)

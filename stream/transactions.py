@@ -302,6 +302,7 @@ class TransactionalSink:
             "the cluster went away: replacing the transactional producer; what followed the "
             "last commit is read again"
         )
+        self._metrics.record_producer_replaced()
         self._discard_open()
         self.abort_pending = False
         self._producer = self._new_producer()

@@ -245,6 +245,8 @@ def test_after_the_cluster_went_away_a_new_producer_takes_over_and_nothing_is_du
         until(lambda: replica.health.ready()[0])
     assert replica.service.failure is None and replica.producer.initialized
     assert len(replica.producers) == 2, "one replacement for one outage"
+    replaced = replica.metrics.registry.get_sample_value("fraud_producer_replacements_total")
+    assert replaced == 1
     assert len(old.committed) == 50, "the old producer's open transaction never committed"
     assert replica.consumer.seeks, "the consumer went back to the committed offset"
     assert len(replica.decided()) == 100
