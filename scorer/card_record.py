@@ -66,7 +66,9 @@ STATE_DTYPE = np.dtype(
 )
 #: First byte of a serialized state; a reader refuses any other.
 STATE_VERSION = 1
-STATE_BYTES = 1 + STATE_DTYPE.itemsize
+#: A changelog value: the version byte, then the state.
+SERIALIZED_STATE_DTYPE = np.dtype([("version", "u1"), ("state", STATE_DTYPE)])
+STATE_BYTES = SERIALIZED_STATE_DTYPE.itemsize
 WINDOWS = len(WINDOWS_MS)
 SUM_COUNT, SUM_TESTING_COUNT, SUM_AMOUNT, SUM_SQUARES = 0, WINDOWS, WINDOWS + 1, 2 * WINDOWS + 1
 NUM_SUMS = 2 * WINDOWS + 2

@@ -23,16 +23,13 @@ from scorer.card_record import (
     INITIAL_CAPACITY,
     NUM_SUMS,
     RING_SIZE,
+    SERIALIZED_STATE_DTYPE,
     STATE_BYTES,
     STATE_DTYPE,
     STATE_VERSION,
 )
 
 _T = TypeVar("_T", bound=np.generic)
-
-
-#: A changelog value as it is: the version byte, then the state.
-_VERSIONED_STATE = np.dtype([("version", np.uint8), ("state", STATE_DTYPE)])
 
 
 class CardStore:
@@ -127,12 +124,13 @@ class CardStore:
         """(card_id, serialized state) of every card changed since the last call."""
         rows = np.flatnonzero(self._dirty)
         self._dirty[rows] = False
-        data = self._records(rows).tobytes()
-        size = STATE_DTYPE.itemsize
-        prefix = bytes((STATE_VERSION,))
+        serialized = np.empty(len(rows), SERIALIZED_STATE_DTYPE)
+        serialized["version"] = STATE_VERSION
+        serialized["state"] = self._records(rows)
+        data = serialized.tobytes()
         ids = self._ids
         return [
-            (str(ids[row]), prefix + data[i * size : (i + 1) * size])
+            (str(ids[row]), data[i * STATE_BYTES : (i + 1) * STATE_BYTES])
             for i, row in enumerate(rows.tolist())
         ]
 
@@ -162,7 +160,7 @@ class CardStore:
             return rejected
         rows = self._rows_for(kept)
         data = b"".join([state for state in last.values() if state is not None])
-        loaded = np.frombuffer(data, _VERSIONED_STATE)["state"]
+        loaded = np.frombuffer(data, SERIALIZED_STATE_DTYPE)["state"]
         self._times[rows, 0] = loaded["last_ms"]
         self._times[rows, 1] = loaded["offset"]
         self._sums[rows] = loaded["sums"]
