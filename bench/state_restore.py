@@ -1,7 +1,7 @@
 """How long a partition's card state takes to restore from its changelog, and what it holds in
 memory (issue: per-card state, "restore time for a partition is measured and reported").
 
-    python -m bench.state_restore [--cards 1000000] [--bootstrap 127.0.0.1:9092]
+    python -m bench.state_restore [--cards 1000000] [--bootstrap-servers 127.0.0.1:9092]
 
 It writes one state record per card to partition 0 of a fresh one-partition changelog, in
 exactly-once form (transactions of 10,000 records, so the restore also steps over markers),
@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import time
-import uuid
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 
-from bench.harness import REPO
+from bench.harness import REPO, Broker
 from scorer.card_record import STATE_BYTES, STATE_VERSION
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
@@ -65,21 +64,25 @@ def main(argv: list[str] | None = None) -> int:
         "--cards", type=int, default=1_000_000, help="cards in the partition (default 1,000,000)"
     )
     parser.add_argument(
-        "--bootstrap", default="127.0.0.1:9092", help="a running broker (default %(default)s)"
+        "--bootstrap-servers",
+        default="127.0.0.1:9092",
+        help="a running broker (default %(default)s; `make kafka-up` starts one)",
     )
     args = parser.parse_args(argv)
     if args.cards < 1:
         parser.error("--cards must be at least 1")
-    topic = f"bench-state-restore-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    config = {"cleanup.policy": "compact"}
-    for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
-        future.result(timeout=30)
+    broker = Broker(args.bootstrap_servers)
     try:
-        fill_s = fill(args.bootstrap, topic, args.cards)
+        broker.check()
+    except RuntimeError as exc:
+        print(f"bench.state_restore: {exc}", file=sys.stderr)
+        return 2
+    try:
+        topic = broker.topic("state-restore", 1)
+        fill_s = fill(args.bootstrap_servers, topic, args.cards)
         registry = CollectorRegistry()
         state = CardState(
-            {"bootstrap.servers": args.bootstrap},
+            {"bootstrap.servers": args.bootstrap_servers},
             "transactions",
             topic,
             time_scale=1.0,
@@ -90,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         state.restore([0])
         restore_s = time.monotonic() - started
         rss_after_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except RuntimeError as exc:
+        print(f"bench.state_restore: {exc}", file=sys.stderr)
+        return 2
     finally:
-        for future in admin.delete_topics([topic]).values():
-            future.result(timeout=30)
+        broker.delete_topics()
     restored = registry.get_sample_value("fraud_card_state_cards")
     figures = {
         "cards": args.cards,
