@@ -18,8 +18,9 @@ from collections import deque
 from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
-from deadletter.router import DeadLetterRouter, shrink
+from deadletter.router import DeadLetterRouter
 from stream.metrics import ServiceMetrics
+from stream.refusals import replacement
 from stream.sink import Output, OutputSink
 
 log = logging.getLogger(__name__)
@@ -150,20 +151,17 @@ class Redelivery:
         return outputs
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:
-        if output.kind == "changelog":  # a card state is small: a refusal is the topic's fault
+        found = replacement(output, error, self._router, self._max_message_bytes)
+        if found is not None:
+            if output.kind == "dead_letter":
+                log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
+            return found
+        if output.kind == "changelog":
             log.error("card state refused (%s): check the changelog topic; retrying", error.code)
-            return output
-        if output.kind == "decision":
-            output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
-            letter = self._router.dead_letter(output.source, error)
-            return Output.dead_letter(letter, output.source, output.group)
-        smaller = shrink(output.as_dead_letter(), self._max_message_bytes)
-        if smaller is None:
+        else:
             log.error(
                 "dead letter refused (%s) even without its value, key and original headers: "
                 "raise the dead-letter topic's max.message.bytes; retrying it as it is",
                 error.code,
             )
-            return output
-        log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
-        return Output.dead_letter(smaller, output.source, output.group)
+        return output

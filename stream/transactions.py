@@ -1,9 +1,8 @@
 """Exactly-once: outputs and input offsets committed together in Kafka transactions.
 
 `TransactionalSink` is the `OutputSink` of a replica in exactly-once mode. Its responsibilities:
-- write every output (decisions, dead letters) into the open transaction, begun on the first
-  output after a commit, one writer at a time (a lock: the scoring thread writes decisions,
-  rebalances and the commit run on the consuming thread);
+- write every output into the open transaction, begun on the first output after a commit,
+  one writer at a time (a lock: the scoring thread may write while the consuming thread commits);
 - count a record as finished once librdkafka has accepted its outputs: the transaction commit,
   not a delivery report, makes them durable, so outcome groups complete at once;
 - commit (`commit_if_due`, `commit`): the offsets the tracker says are finished are sent with the
@@ -18,8 +17,7 @@
   librdkafka then blocked in send_offsets_to_transaction() past its timeout, on a group
   coordinator it had cached (librdkafka #5456, #5511), until the replica was restarted. The
   new producer's init_transactions() fences the old one and aborts what it left open;
-- remember outputs the broker rejected for themselves (too large), so that when their record is
-  read again after the abort it is dead-lettered instead (reason `produce`);
+- send a replacement for an output the broker refused for itself (`stream/refusals.py`);
 - never commit an outcome past the offsets committed with it (`stream/outcome_order.py`: a
   record's own dead letter waits for the records before it; a commit that would fall inside a
   batch's outputs waits for the next pass, and one that must happen now, on a revoke or at
@@ -44,11 +42,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from contracts.errors import RecordRejectedError
 from contracts.kafka_errors import translate_kafka_error
-from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset, position_of
-from deadletter.router import DeadLetterRouter, shrink
+from contracts.offsets import OffsetTracker, PartitionKey, position_of
+from deadletter.router import DeadLetterRouter
 from stream.metrics import ServiceMetrics
 from stream.outcome_order import OutcomeOrder
 from stream.outcomes import OutcomeGroup
+from stream.refusals import RefusedOutputs
 from stream.sink import Output, index_of, produce
 
 log = logging.getLogger(__name__)
@@ -89,17 +88,15 @@ class TransactionalSink:
         self._on_committed = on_committed
         self._consumer = consumer
         self._tracker = tracker
-        self._router = router
         self._commit_interval_s = commit_interval_s
         self._max_records = max_records
-        self._max_message_bytes = max_message_bytes
         self._metrics = metrics
         self._lock = threading.RLock()
         self._open = False
         self._opened_at = 0.0
         self._records = 0
         self._discarding = False
-        self._rejected: dict[SourceOffset, RecordRejectedError] = {}
+        self._refused = RefusedOutputs(router, max_message_bytes)
         #: Set while a commit failed in a way that may pass: fetching waits for it.
         self.commit_pending = False
         #: Set while an abort timed out: no transaction may begin until it is confirmed.
@@ -149,12 +146,12 @@ class TransactionalSink:
             self._order.written(group.sources)
             delivered = group.delivered
             for index, (key, value) in enumerate(zip(keys, values, strict=True)):
-                if self._rejected:
-                    self._produce(self._instead_of_rejected(output_of(index)))
+                if self._refused:
+                    self._produce(self._refused.instead_of_remembered(output_of(index)))
                 else:
                     refused = self._try_produce(topic, key, value, None, report, partition)
                     if refused is not None:
-                        self._produce(self._rerouted(output_of(index), refused))
+                        self._produce(self._refused.instead_of_refused(output_of(index), refused))
                 delivered()
             self._records += len(values)
             self._release_held()
@@ -163,6 +160,7 @@ class TransactionalSink:
         """Drop what is held for partitions that are gone (their next owner re-reads them)."""
         with self._lock:
             self._order.forget(partitions)
+            self._refused.forget(partitions)
 
     def poll(self) -> None:
         self._producer.poll(0)
@@ -182,18 +180,9 @@ class TransactionalSink:
         """Commit when the transaction has been open `commit_interval_s` or holds `max_records`
         (or a failed commit waits for another try), unless a batch is halfway through its
         outputs: then on a later pass."""
-        if (
-            self.commit_pending
-            or self._doomed
-            or (
-                self._open
-                and (
-                    now - self._opened_at >= self._commit_interval_s
-                    or self._records >= self._max_records
-                )
-                and self._order.covered()
-            )
-        ):
+        full = self._records >= self._max_records
+        due = self._open and (now - self._opened_at >= self._commit_interval_s or full)
+        if self.commit_pending or self._doomed or (due and self._order.covered()):
             self.commit()
 
     def commit(self) -> None:
@@ -232,6 +221,7 @@ class TransactionalSink:
             self._open = False
             self._records = 0
             self._order.committed()
+            self._refused.committed()
             self.commit_pending = False
             self._metrics.set_delivery_stalled(False)
             self._on_committed(positions)
@@ -291,6 +281,7 @@ class TransactionalSink:
         self._discarding = True
         self._doomed = False
         self._order.aborted()
+        self._refused.aborted()
         self._open = False
         self._records = 0
         self.commit_pending = False
@@ -329,7 +320,7 @@ class TransactionalSink:
     def _write(self, output: Output) -> None:
         self._begin()
         self._order.written([position_of(output.source)])
-        self._produce(self._instead_of_rejected(output))
+        self._produce(self._refused.instead_of_remembered(output))
         output.group.delivered()
         self._records += 1
 
@@ -358,11 +349,6 @@ class TransactionalSink:
         self._metrics.set_delivery_stalled(True)
         self._metrics.record_delivery_retry(error.name())
 
-    def _instead_of_rejected(self, output: Output) -> Output:
-        """The output to send for a record whose output the broker rejected before."""
-        error = self._rejected.pop(position_of(output.source), None)
-        return output if error is None else self._rerouted_for(output, error)
-
     def _produce(self, output: Output) -> None:
         def report(error: KafkaError | None, _message: Message) -> None:
             if error is not None:
@@ -379,37 +365,7 @@ class TransactionalSink:
             )
             if refused is None:
                 return
-            output = self._rerouted(output, refused)
-
-    def _rerouted(self, output: Output, refused: KafkaError) -> Output:
-        error = translate_kafka_error(refused, output.topic)
-        if not isinstance(error, RecordRejectedError):
-            raise KafkaException(refused)
-        return self._rerouted_for(output, error)
-
-    def _rerouted_for(self, output: Output, error: RecordRejectedError) -> Output:
-        """What to send instead of an output refused for itself (too large)."""
-        if output.kind == "changelog":  # a card state is small: a refusal is the topic's fault
-            raise KafkaException(
-                KafkaError(
-                    KafkaError.MSG_SIZE_TOO_LARGE, f"card state refused: {error}", fatal=True
-                )
-            )
-        if output.kind == "decision":
-            output.group.relabel(("decision", output.label), ("dead_letter", error.reason))
-            letter = self._router.dead_letter(output.source, error)
-            return Output.dead_letter(letter, output.source, output.group)
-        smaller = shrink(output.as_dead_letter(), self._max_message_bytes)
-        if smaller is None:
-            raise KafkaException(
-                KafkaError(
-                    KafkaError.MSG_SIZE_TOO_LARGE,
-                    "a dead letter is refused even without its value, key and original "
-                    "headers: raise the dead-letter topic's max.message.bytes",
-                    fatal=True,
-                )
-            )
-        return Output.dead_letter(smaller, output.source, output.group)
+            output = self._refused.instead_of_refused(output, refused)
 
     def _try_produce(
         self,
@@ -439,6 +395,6 @@ class TransactionalSink:
         translated = translate_kafka_error(error, output.topic)
         if isinstance(translated, RecordRejectedError):
             # The commit will fail; the record is dead-lettered when it is read again.
-            self._rejected[position_of(output.source)] = translated
+            self._refused.remember(output, translated)
         if output.kind == "dead_letter":
             self._metrics.record_dead_letter_produce_failure(error.name())
