@@ -5,8 +5,8 @@
 - `models`: pipeline throughput and p99 event→decision at 5,000 tx/s with the shipped model and
   with synthetic models costing about 10x and 100x its CPU time per row at batch 256 (MLPs of
   the width that gets there, calibrated on this machine: the shipped model is trees, whose cost
-  is lookups, not multiply-adds), to find where batching and the scoring thread pay, and where
-  a GPU would.
+  is lookups, not multiply-adds), each with `--scoring inline` and `--scoring thread`, to find
+  where batching and the scoring thread pay, and where a GPU would.
 
     python -m bench.scaling processes [--records N] [--rounds 3]
     python -m bench.scaling models [--records N]
@@ -43,6 +43,8 @@ MODEL_FACTORS = (10, 100)
 PROBE_MULTIPLY_ADDS = 200_000
 #: Batch size of the calibration: the service's cap.
 CALIBRATION_BATCH = 256
+#: Each model is run with batches scored on the consuming thread and on the scoring thread.
+SCORING_MODES = ("inline", "thread")
 
 
 def multiply_adds_per_row(model: onnx.ModelProto) -> int:
@@ -148,18 +150,23 @@ def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Pat
         models[f"{factor}x"] = synthetic_model(scratch / f"x{factor}.onnx", macs)
     table: dict[str, Any] = {}
     for name, path in models.items():
-        run = _run(args, scratch, ("--model-path", str(path)))
-        m = contender(run, broker, "pipeline", backlog, f"model-{name}")
-        broker.delete_topics(keep=(backlog,))  # the latency run shares the broker with less
-        lat = latency(run, broker, RESULTS / f"latency-report-{name}", role=f"latency-{name}")
         table[name] = {
             "multiply_adds_per_row": multiply_adds_per_row(onnx.load(str(path))),
             "cpu_us_per_row_at_256": round(_cpu_s_per_row(path) * 1e6, 2),
-            "pipeline_tps": m.records_per_s,
-            "p99_ms_at_5000": lat.get("p99_ms"),
-            "lost": lat.get("lost"),
         }
-        print(f"{name}: {table[name]}", file=sys.stderr)
+        for scoring in SCORING_MODES:
+            run = _run(args, scratch, ("--model-path", str(path), "--scoring", scoring))
+            role = f"model-{name}-{scoring}"
+            m = contender(run, broker, "pipeline", backlog, role)
+            broker.delete_topics(keep=(backlog,))  # the latency run shares the broker with less
+            report = RESULTS / f"latency-report-{name}-{scoring}"
+            lat = latency(run, broker, report, role=f"latency-{name}-{scoring}")
+            table[name][scoring] = {
+                "pipeline_tps": m.records_per_s,
+                "p99_ms_at_5000": lat.get("p99_ms"),
+                "lost": lat.get("lost"),
+            }
+            print(f"{name}, scoring {scoring}: {table[name][scoring]}", file=sys.stderr)
     return table
 
 

@@ -15,12 +15,15 @@ import logging
 import time
 from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from contracts.offsets import OffsetTracker
 from stream.transactions import TransactionAborted, TransactionalSink
 
 log = logging.getLogger(__name__)
+
+#: How long a rewind waits for the committed offsets.
+REWIND_TIMEOUT_S = 5.0
 
 
 class Commits(Protocol):
@@ -80,3 +83,22 @@ class TransactionCommits:
         except TransactionAborted:
             return True
         return False
+
+
+def committed_positions(
+    consumer: Consumer, partitions: list[TopicPartition]
+) -> list[TopicPartition] | None:
+    """Where an exactly-once rewind takes `partitions` back to: their committed offsets (the
+    beginning where none is), or None while the group coordinator does not answer (a replica
+    back from a freeze or a broker restart: it does once the group settles; ask again)."""
+    if not partitions:
+        return []
+    try:
+        committed = consumer.committed(partitions, timeout=REWIND_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("committed offsets not known yet (%s): rewinding later", exc)
+        return None
+    return [
+        TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+        for tp in committed
+    ]

@@ -2,7 +2,9 @@
 order, with one lock and one owner per batch.
 
 Responsibilities:
-- hold closed batches in order until the scoring thread takes them (`offer`, `take`);
+- hold closed batches in order until the scoring thread takes them (`offer`, `take`), or let
+  the consuming thread score a batch itself when nothing is waiting or being scored (`claim`:
+  inline scoring, `stream/scoring.py`);
 - tell the consuming thread when the scoring thread is behind (`full`, `wait_for_room`), so it
   stops forming batches nobody can score yet;
 - drop the records of revoked or lost partitions from batches not yet taken (`discard`);
@@ -64,6 +66,16 @@ class Handoff(Generic[T]):
             self._waiting.append(batch)
             self._changed.notify_all()
 
+    def claim(self) -> bool:
+        """Own the next batch on the calling thread instead of offering it, which keeps batches
+        in order only while none is waiting or being scored: then True, and the caller owns
+        it until `done` (it counts as `unfinished` meanwhile); otherwise False (offer it)."""
+        with self._changed:
+            if self._waiting or self._taken or self._closed:
+                return False
+            self._taken += 1
+            return True
+
     def wait_for_room(self, timeout_s: float) -> bool:
         """Block until fewer than `capacity` batches wait, at most `timeout_s`; return whether
         there is room."""
@@ -86,7 +98,7 @@ class Handoff(Generic[T]):
             return batch
 
     def done(self, _batch: Batch[T]) -> None:
-        """The scoring thread finished a batch it took."""
+        """A batch taken or claimed is finished."""
         with self._changed:
             self._taken -= 1
             self._changed.notify_all()

@@ -25,6 +25,7 @@ SHIPPED_MODEL_PATH = (
 
 ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 OnOff = Literal["on", "off"]
+Scoring = Literal["inline", "thread"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -107,6 +108,14 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             le=1 << 40,
         ),
     ] = 64 * 1_048_576
+    scoring: Annotated[
+        Scoring,
+        meta(
+            "FRAUD_SCORING",
+            "where batches are scored: inline (on the consuming thread, the faster on CPU) or "
+            "thread (a scoring thread beside it, which overlaps consuming with model calls)",
+        ),
+    ] = "inline"
     handoff_batches: Annotated[
         int,
         meta(

@@ -1,10 +1,10 @@
-"""One replica: consume → decode + validate → micro-batch → hand off → score → produce →
-commit, with backpressure, rebalance handling and a graceful stop.
+"""One replica: consume → decode + validate → micro-batch → score → produce → commit, with
+backpressure, rebalance handling and a graceful stop.
 
-Two threads share the work. The consuming thread (the caller of `run`) owns the consumer: it
-polls, decodes, dead-letters invalid records, forms batches and offers them to the scoring
-thread through the hand-off (`stream/handoff.py`). Offsets are stored only for records whose
-outputs the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
+The consuming thread (the caller of `run`) owns the consumer: it polls, decodes, dead-letters
+invalid records, forms batches and scores them itself, or hands them to the scoring thread
+(`stream/scoring.py` says which, when). Offsets are stored only for records whose outputs the
+broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
 
 The consumer is polled on every pass of the loop, whatever else happens: while fetching must
 stop (outputs failing, the scoring thread stuck, the in-flight bound reached) its partitions are
@@ -18,14 +18,14 @@ import threading
 import time
 from collections import Counter
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DecodeError, RecordError
 from contracts.kafka_errors import ACCESS_DENIED
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import decode_transaction
-from stream.batcher import MicroBatcher
-from stream.commits import Commits, StoredOffsets, TransactionCommits
+from stream.batcher import Batch, MicroBatcher
+from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
 from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
@@ -44,8 +44,6 @@ IDLE_POLL_S = 0.1
 #: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
 #: scoring thread is stuck, and the group must not evict this replica for silence.
 HANDOFF_WAIT_MAX_S = 1.0
-#: How long a rewind waits for the committed offsets.
-REWIND_TIMEOUT_S = 5.0
 
 
 class ScoringService:
@@ -100,8 +98,9 @@ class ScoringService:
             parts.redelivery,
             config.retry_backoff_max_ms / 1000.0,
             self._adapt,
-            parts.scorer.warm_up,
+            None if config.scoring == "inline" else parts.scorer.warm_up,
         )
+        self._scorer = parts.scorer
         self._stopping = threading.Event()
         self._handoff_full_since: float | None = None
         #: Set when shutdown starts: the one deadline of everything that follows, rebalance
@@ -122,6 +121,8 @@ class ScoringService:
     def run(self) -> None:
         """Warm the model up, subscribe and process until stopped; then drain, commit and close
         the consumer."""
+        if self._config.scoring == "inline":  # the thread that scores warms up (CUDA graphs)
+            log.info("warmed up every batch shape in %.3fs", self._scorer.warm_up())
         self._worker.start()
         self._worker.warmed_up.wait()
         if self._transactions is not None:
@@ -158,9 +159,14 @@ class ScoringService:
             self._accept(self._fetch())
             due = self._batcher.take_due(time.monotonic())
             if due is not None:
-                self._handoff.offer(due)
+                self._hand_off(due)
         self._sink.poll()
         self._record_progress()
+
+    def _hand_off(self, batch: Batch[PendingRecord]) -> None:
+        """Score a closed batch here, or queue it for the scoring thread (`stream/scoring.py`)."""
+        if self._config.scoring != "inline" or not self._worker.score_inline(batch):
+            self._handoff.offer(batch)
 
     def _apply_backpressure(self) -> None:
         uncommitted = self._transactions is not None and self._transactions.stalled
@@ -233,7 +239,7 @@ class ScoringService:
                 continue
             full = self._batcher.add(PendingRecord(message, transaction, position), now_s)
             if full is not None:
-                self._handoff.offer(full)
+                self._hand_off(full)
         self._metrics.record_consumed(len(records))
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
@@ -269,21 +275,14 @@ class ScoringService:
         if self._transactions is None or not self._transactions.confirm_abort():
             return
         assignment = self._consumer.assignment()
-        committed: list[TopicPartition] = []
-        if assignment:
-            try:
-                committed = self._consumer.committed(assignment, timeout=REWIND_TIMEOUT_S)
-            except KafkaException as exc:
-                # A replica back from a freeze or a broker restart: the coordinator answers once
-                # the group settles. Asked again next pass; the loop (and /healthz) goes on.
-                log.warning("committed offsets not known yet (%s): rewinding later", exc)
-                return
+        committed = committed_positions(self._consumer, assignment)
+        if committed is None:  # asked again next pass; the loop (and /healthz) goes on
+            return
         released = self._release_records({(tp.topic, tp.partition) for tp in assignment})
         self._handoff.wait_until_done(time.monotonic() + self._config.shutdown_timeout_s)
         self._tracker.forget([(tp.topic, tp.partition) for tp in assignment])
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        for position in committed:
+            self._consumer.seek(position)
         if self._card_state is not None:
             # The aborted updates never reached the changelog.
             self._card_state.reload(self._health.beat)
@@ -296,7 +295,7 @@ class ScoringService:
             released,
         )
 
-    # -- adaptation (called on the scoring thread) ---------------------------------------
+    # -- adaptation (called by whichever thread scored the batch) ------------------------
 
     def _adapt(self, report: BatchReport) -> None:
         if self._controller is None:
@@ -375,7 +374,7 @@ class ScoringService:
         if self._worker.error is None:
             last = self._batcher.drain(time.monotonic())
             if last is not None:
-                self._handoff.offer(last)
+                self._hand_off(last)
         self._handoff.close()
         self._worker.stop_retrying()
         self._worker.join(max(0.0, deadline - time.monotonic()))

@@ -58,6 +58,11 @@ class Sampler(threading.Thread):
             time.sleep(0.05)
 
 
+#: A scoring thread that falls behind fetching is what fills the in-flight bound here: with
+#: batches scored inline, the loop fetches no more than it has scored.
+BEHIND = ("--scoring", "thread")
+
+
 def slow_model(path: Path) -> Path:
     """A valid fraud model made deliberately slow (two wide layers, tens of ms per 100 rows), so a
     backlog arrives faster than it is scored."""
@@ -91,6 +96,7 @@ def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat
         topics,
         "--model-path",
         str(slow_model(tmp_path / "slow.onnx")),
+        *BEHIND,
         # A hand-off deeper than the bound: the bound, not the hand-off, must stop fetching.
         "--max-in-flight-records",
         "1500",
@@ -126,6 +132,7 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
     tight = (
         "--model-path",
         model,
+        *BEHIND,
         "--max-in-flight-records",
         "600",
         "--max-batch-size",
@@ -231,6 +238,7 @@ def test_large_valid_records_are_bounded_by_bytes_not_only_by_count(
         topics,
         "--model-path",
         str(slow_model(tmp_path / "slow.onnx")),
+        *BEHIND,
         "--max-in-flight-bytes",
         str(bound),
         "--max-batch-size",

@@ -58,8 +58,12 @@ def record_value(partition: int, offset: int) -> bytes:
 class Replica:
     """A ScoringService on fakes, running on its own thread."""
 
+    #: Where batches are scored unless a test says (`FRAUD_SCORING`).
+    scoring = "inline"
+
     def __init__(self, scorer: FakeScorer | None = None, **settings: object) -> None:
         defaults: dict[str, object] = {
+            "scoring": self.scoring,
             "input_topic": TOPIC,
             "max_wait_ms": 2.0,
             "max_batch_size": 32,

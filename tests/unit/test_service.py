@@ -31,6 +31,13 @@ from tests.unit.replica import (
 MODES = pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 
 
+@pytest.fixture(autouse=True, params=["inline", "thread"])
+def scoring(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with batches scored on the consuming thread and on the scoring thread."""
+    monkeypatch.setattr(Replica, "scoring", request.param)
+    return str(request.param)
+
+
 @MODES
 def test_every_record_is_decided_and_committed_after_its_outputs_are_durable(mode: str) -> None:
     with Replica(processing_guarantee=mode) as replica:
@@ -85,23 +92,48 @@ def test_while_outputs_are_retried_partitions_pause_and_the_consumer_keeps_polli
         assert len(replica.decided()) == 200
 
 
-def test_a_stuck_scoring_thread_pauses_partitions_instead_of_silencing_the_consumer() -> None:
-    release = threading.Event()
+def test_a_stuck_model_call_pauses_partitions_on_the_thread_and_stops_the_loop_inline(
+    scoring: str,
+) -> None:
+    stuck, release = threading.Event(), threading.Event()
 
     class StuckScorer(FakeScorer):
         def score(self, features: np.ndarray) -> np.ndarray:
             if len(features) > 1:  # not the warm-up's canary
+                stuck.set()
                 release.wait(30)
             return super().score(features)
 
     with Replica(StuckScorer(), handoff_batches=1, max_batch_size=8) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(100)))
-        until(lambda: replica.consumer.paused == {(TOPIC, 0)}, timeout_s=10)
-        polls = replica.consumer.polls
-        until(lambda: replica.consumer.polls > polls + 20)
+        if scoring == "thread":  # the consumer keeps the group while the thread is stuck
+            until(lambda: replica.consumer.paused == {(TOPIC, 0)}, timeout_s=10)
+            polls = replica.consumer.polls
+            until(lambda: replica.consumer.polls > polls + 20)
+        else:  # the loop itself waits: no pass, so no heartbeat, and /healthz says so in time
+            until(stuck.is_set)
+            polls = replica.consumer.polls
+            time.sleep(0.3)
+            assert replica.consumer.polls == polls
         release.set()
         until(lambda: replica.consumer.stored == {(TOPIC, 0): 100})
+
+
+def test_batches_are_scored_on_the_thread_the_setting_names(scoring: str) -> None:
+    threads: set[str] = set()
+
+    class WhereScorer(FakeScorer):
+        def score(self, features: np.ndarray) -> np.ndarray:
+            threads.add(threading.current_thread().name)
+            return super().score(features)
+
+    with Replica(WhereScorer(), max_batch_size=8) as replica:
+        replica.thread.name = "consuming"
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(40)))
+        until(lambda: replica.consumer.stored == {(TOPIC, 0): 40})
+    assert threads == {"consuming" if scoring == "inline" else "scoring"}
 
 
 @MODES
