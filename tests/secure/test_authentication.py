@@ -62,7 +62,9 @@ def test_a_client_that_does_not_trust_the_local_ca_is_refused(
     errors: list[KafkaError] = []
     producer = Producer({**config, "error_cb": errors.append})
     error = wait_for_error(errors, producer.poll)
-    assert error.code() == KafkaError._SSL
+    # librdkafka reports the failed handshake as _SSL, or as _TRANSPORT when it fails while
+    # reading the handshake (seen once in CI): the message says why either way.
+    assert error.code() in (KafkaError._SSL, KafkaError._TRANSPORT)
     assert "certificate verify failed" in error.str()
 
 
