@@ -18,7 +18,9 @@ Key design decisions:
 - `offer` never blocks and never refuses: a batch is closed when it is due, and it must not be
   lost. The consuming thread keeps what it holds bounded by not fetching while `full`; the
   in-flight bound (`stream/flow.py`) bounds memory whatever happens.
-- Every wait is on one condition variable: no sleep polling.
+- Every wait is on a condition variable of the one lock, no sleep polling: `_changed` for the
+  waiting batches, `_finished` for batches done; a batch finished wakes only those that wait
+  for that (an idle scoring thread is not woken for every batch scored inline).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class Handoff(Generic[T]):
         self._waiting: deque[Batch[T]] = deque()
         self._taken = 0
         self._closed = False
-        self._changed = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._changed = threading.Condition(lock)
+        self._finished = threading.Condition(lock)
 
     @property
     def full(self) -> bool:
@@ -99,9 +103,9 @@ class Handoff(Generic[T]):
 
     def done(self, _batch: Batch[T]) -> None:
         """A batch taken or claimed is finished."""
-        with self._changed:
+        with self._finished:
             self._taken -= 1
-            self._changed.notify_all()
+            self._finished.notify_all()
 
     @property
     def drained(self) -> bool:
@@ -124,6 +128,7 @@ class Handoff(Generic[T]):
                     )
             self._waiting = kept
             self._changed.notify_all()
+            self._finished.notify_all()  # nothing may be left to wait for
         return removed
 
     def close(self) -> None:
@@ -135,8 +140,8 @@ class Handoff(Generic[T]):
     def wait_until_done(self, deadline_s: float) -> bool:
         """Block until every offered batch is done, or the `time.monotonic()` deadline passes;
         return whether all are done."""
-        with self._changed:
-            return self._changed.wait_for(
+        with self._finished:
+            return self._finished.wait_for(
                 lambda: not self._waiting and not self._taken,
                 max(0.0, deadline_s - time.monotonic()),
             )

@@ -296,12 +296,15 @@ class ScoringWorker(threading.Thread):
         redelivery: Redelivery,
         retry_pause_s: float,
         on_report: Callable[[BatchReport], None],
-        warm_up: Callable[[], float] | None,
+        warm_up: Callable[[], float],
+        *,
+        inline: bool,
     ) -> None:
-        """`warm_up` runs first on this thread; None when batches are scored inline (the
-        consuming thread warms the model up for itself)."""
+        """`inline`: the consuming thread scores batches itself (`score_inline`) and warms the
+        model up for itself (`warm_up_here`); otherwise this thread does both."""
         super().__init__(name="scoring", daemon=True)
         self._warm_up = warm_up
+        self._inline = inline
         #: Set once the model is warmed up on this thread (ONNX Runtime keeps CUDA graphs per
         #: thread), so consuming starts only then.
         self.warmed_up = threading.Event()
@@ -325,8 +328,9 @@ class ScoringWorker(threading.Thread):
         """Score `batch` on the calling thread (the consuming thread) if nothing is being
         scored, retried or waiting in the hand-off: True once it is done (or failed: `error`
         says why); False when it must be offered to the hand-off instead. Never waits for a
-        retry round, which may last minutes: the consumer must keep polling meanwhile."""
-        if not self._scoring.acquire(blocking=False):
+        retry round, which may last minutes: the consumer must keep polling meanwhile. Always
+        False unless batches are scored inline."""
+        if not self._inline or not self._scoring.acquire(blocking=False):
             return False
         try:
             if self._redelivery.busy or not self._handoff.claim():
@@ -343,10 +347,14 @@ class ScoringWorker(threading.Thread):
         self._sink.poll()
         return True
 
+    def warm_up_here(self) -> None:
+        """Warm the model up on the calling thread (ONNX Runtime keeps CUDA graphs per thread)."""
+        log.info("warmed up every batch shape in %.3fs", self._warm_up())
+
     def run(self) -> None:
         try:
-            if self._warm_up is not None:
-                log.info("warmed up every batch shape in %.3fs", self._warm_up())
+            if not self._inline:
+                self.warm_up_here()
             self.warmed_up.set()
             self._run()
         except BaseException as exc:

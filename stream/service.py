@@ -98,9 +98,9 @@ class ScoringService:
             parts.redelivery,
             config.retry_backoff_max_ms / 1000.0,
             self._adapt,
-            None if config.scoring == "inline" else parts.scorer.warm_up,
+            parts.scorer.warm_up,
+            inline=config.scoring == "inline",
         )
-        self._scorer = parts.scorer
         self._stopping = threading.Event()
         self._handoff_full_since: float | None = None
         #: Set when shutdown starts: the one deadline of everything that follows, rebalance
@@ -121,8 +121,8 @@ class ScoringService:
     def run(self) -> None:
         """Warm the model up, subscribe and process until stopped; then drain, commit and close
         the consumer."""
-        if self._config.scoring == "inline":  # the thread that scores warms up (CUDA graphs)
-            log.info("warmed up every batch shape in %.3fs", self._scorer.warm_up())
+        if self._config.scoring == "inline":
+            self._worker.warm_up_here()
         self._worker.start()
         self._worker.warmed_up.wait()
         if self._transactions is not None:
@@ -165,7 +165,7 @@ class ScoringService:
 
     def _hand_off(self, batch: Batch[PendingRecord]) -> None:
         """Score a closed batch here, or queue it for the scoring thread (`stream/scoring.py`)."""
-        if self._config.scoring != "inline" or not self._worker.score_inline(batch):
+        if not self._worker.score_inline(batch):
             self._handoff.offer(batch)
 
     def _apply_backpressure(self) -> None:
