@@ -30,15 +30,16 @@ HANDBOOK_BASELINES: dict[str, tuple[float, float, float]] = {
 }
 
 #: Rows/s of `OnnxScorer(model, "cpu", cpu_threads=1).score()` by batch size: (batch, the GEMM
-#: graph of fraud-gbdt-2.0.0-3dafe62a, the traversal graph of the same 300 trees).
-#: Measured with `python -m bench.model_speed` on the 2-vCPU development machine (shared, best
-#: of 15 rounds), not by the training run: measure again when the trees or the graph change.
+#: graph of fraud-gbdt-2.0.0-3dafe62a, an ensemble of the same size, the shipped traversal graph).
+#: Measured with `python -m bench.model_speed --rounds 15` on the 2-vCPU development machine
+#: (shared; both graphs in turns, best round), not by the training run: measure again when the
+#: trees or the graph change (last: fraud-gbdt-2.0.0-c5580da0).
 MEASURED_CPU_ROWS_PER_S: tuple[tuple[int, int, int], ...] = (
-    (1, 6_666, 20_222),
-    (16, 28_212, 128_850),
-    (64, 31_891, 217_593),
-    (256, 31_218, 242_927),
-    (1024, 33_205, 225_388),
+    (1, 7_863, 23_521),
+    (16, 34_470, 154_383),
+    (64, 39_741, 254_640),
+    (256, 39_957, 274_330),
+    (1024, 41_446, 250_223),
 )
 
 _TRANSACTION = {
@@ -166,8 +167,9 @@ def _cost_section(result: TrainingResult) -> str:
 One call runs {shape.nodes} operators: the {shape.trees} trees, padded to perfect trees of
 {shape.depth} levels, are walked one level per step for the whole batch, after one comparison per
 row of each of the {shape.splits} distinct splits (`training/gbdt.py`). On the CPU, one intra-op
-thread as the service runs it, against the GEMM graph that compiled the same trees before
-(rows/s, `python -m bench.model_speed`, 2-vCPU development machine):
+thread as the service runs it, against the GEMM graph that compiled an ensemble of the same
+size before (fraud-gbdt-2.0.0-3dafe62a; rows/s, `python -m bench.model_speed`, 2-vCPU
+development machine):
 
 | batch | GEMM graph | this graph | speed-up |
 | ---: | ---: | ---: | ---: |
