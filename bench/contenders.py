@@ -86,6 +86,8 @@ class Run(NamedTuple):
     logs: Path
     #: Throw-away state of the contenders (faust's data directory), removed after the run.
     scratch: Path
+    #: Seconds of unmeasured latency-run load before the latency runs (a cold broker is slow).
+    broker_warmup_s: float = 0.0
 
 
 def _kafka_flags(run: Run) -> list[str]:

@@ -1,0 +1,33 @@
+"""`make bench`'s settings: defaults, --quick, and refusals that name the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.contenders import Run
+from bench.pipeline_bench import DEFAULT_BROKER_WARMUP_S, QUICK, build_parser, settings
+
+
+def _settings(*argv: str) -> Run:
+    return settings(build_parser().parse_args(list(argv)), Path("/tmp/scratch"))
+
+
+def test_the_latency_runs_follow_a_broker_warm_up_unless_it_is_switched_off() -> None:
+    assert _settings().broker_warmup_s == DEFAULT_BROKER_WARMUP_S > 0
+    assert _settings("--quick").broker_warmup_s == QUICK["broker_warmup"]
+    assert _settings("--broker-warmup", "0").broker_warmup_s == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (("--broker-warmup", "-1"), "--broker-warmup"),
+        (("--window", "0"), "--window"),
+        (("--rounds", "0"), "--rounds"),
+    ],
+)
+def test_a_bad_setting_is_refused_by_its_name(argv: tuple[str, ...], option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        _settings(*argv)
