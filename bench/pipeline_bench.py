@@ -176,11 +176,15 @@ def settings(args: argparse.Namespace, scratch: Path) -> Run:
         ("--warmup", run.warmup_s),
         ("--window", run.window_s),
         ("--latency-duration", run.latency_duration_s),
-        ("--price-per-hour", run.price_per_hour + 1),
-        ("--broker-warmup", run.broker_warmup_s + 1),
     ):
         if not seconds > 0:
-            raise ValueError(f"{name} must be > 0, got {seconds}")
+            raise ValueError(f"{name} must be > 0, got {seconds:g}")
+    for name, amount in (
+        ("--price-per-hour", run.price_per_hour),
+        ("--broker-warmup", run.broker_warmup_s),
+    ):
+        if not amount >= 0:
+            raise ValueError(f"{name} must be >= 0, got {amount:g}")
     return run
 
 

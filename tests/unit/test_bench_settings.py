@@ -23,8 +23,9 @@ def test_the_latency_runs_follow_a_broker_warm_up_unless_it_is_switched_off() ->
 @pytest.mark.parametrize(
     ("argv", "option"),
     [
-        (("--broker-warmup", "-1"), "--broker-warmup"),
-        (("--window", "0"), "--window"),
+        (("--broker-warmup", "-1"), "--broker-warmup must be >= 0, got -1"),
+        (("--price-per-hour", "-0.5"), "--price-per-hour must be >= 0, got -0.5"),
+        (("--window", "0"), "--window must be > 0, got 0"),
         (("--rounds", "0"), "--rounds"),
     ],
 )
