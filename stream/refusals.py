@@ -60,7 +60,10 @@ class RefusedOutputs:
     def instead_of_remembered(self, output: Output) -> Output:
         """What to send for `output`, of a record read again: itself, or, when an output of
         this record was refused before, a replacement of that refused output, counted in
-        `output`'s group (that of this read)."""
+        `output`'s group (that of this read). Card states are sent as they are: they name a
+        record as their source (the batch's last of its partition) but are not its outcome."""
+        if output.kind == "changelog":
+            return output
         source = position_of(output.source)
         refusal = self._by_source.get(source)
         if refusal is None:

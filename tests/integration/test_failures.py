@@ -204,6 +204,37 @@ def test_a_dead_letter_too_large_for_the_broker_is_kept_without_its_value(
 
 
 @GUARANTEES
+def test_a_decision_too_large_for_the_broker_is_dead_lettered_once_and_its_card_state_kept(
+    topics_factory, service_factory, admin: AdminClient, guarantee: str
+):
+    # The batch's card state names the record as its source; in exactly-once mode the record is
+    # read again after the abort its refused decision causes, and that card state was sent as a
+    # second dead letter of the record instead (stream/refusals.py).
+    created = topics_factory(partitions=1)
+    tiny = f"tiny-{uuid.uuid4().hex[:8]}.decisions"
+    config = {"max.message.bytes": "100"}
+    for future in admin.create_topics([NewTopic(tiny, 1, 1, config=config)]).values():
+        future.result(timeout=30)
+    topics = Topics(created.input, tiny, created.dlq, 1)
+    group = f"tiny-{uuid.uuid4().hex[:8]}"
+    produce(topics.input, [(VALID["card_id"].encode(), encode(VALID))])
+    service_factory(topics, "--group-id", group, "--processing-guarantee", guarantee)
+
+    try:
+        letters = read_topic(topics.dlq, 1, committed_only=True)
+        states = read_topic(f"{group}-card-state-changelog", 1, committed_only=True)
+    finally:
+        for future in admin.delete_topics([tiny]).values():
+            future.result(timeout=30)
+
+    (letter,) = letters
+    headers = {k: v.decode() for k, v in letter.headers()}
+    assert headers["dlq.reason"] == "produce" and headers["dlq.original.offset"] == "0"
+    assert [m.key() for m in states] == [VALID["card_id"].encode()]
+    assert states[0].value() is not None
+
+
+@GUARANTEES
 def test_a_dead_letter_too_large_even_without_its_value_goes_without_its_key(
     topics_factory, service_factory, guarantee: str
 ):

@@ -72,6 +72,27 @@ def test_a_replacement_refused_in_turn_is_shrunk_further_and_then_the_topic_is_a
         refused.instead_of_remembered(decision(big_key))
 
 
+def test_card_states_sent_for_a_refused_record_are_sent_as_they_are() -> None:
+    # A batch's card states name its partition's last record as their source: when that
+    # record's decision was refused, they are still card states, not its dead letter.
+    refused = RefusedOutputs(ROUTER, max_message_bytes=1_000)
+    refused.remember(decision(), TOO_LARGE)
+    again = decision()
+    card_state = Output(
+        kind="changelog",
+        topic="g-card-state-changelog",
+        key=b"card",
+        value=b"state",
+        headers=None,
+        source=again.source,
+        group=again.group,
+        label="card_state",
+        partition=0,
+    )
+    assert refused.instead_of_remembered(card_state) is card_state
+    assert refused.instead_of_remembered(again).kind == "dead_letter"
+
+
 def test_refusals_of_partitions_gone_elsewhere_are_forgotten() -> None:
     refused = RefusedOutputs(ROUTER, max_message_bytes=1_000)
     refused.remember(decision(), TOO_LARGE)
