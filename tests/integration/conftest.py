@@ -136,23 +136,16 @@ def encode(record: dict[str, object]) -> bytes:
 
 
 def read_topic(
-    topic: str,
-    expected: int,
-    timeout_s: float = 60.0,
-    settle_s: float = 1.0,
-    *,
-    committed_only: bool = False,
+    topic: str, expected: int, timeout_s: float = 60.0, settle_s: float = 1.0
 ) -> list[Message]:
     """Read a topic from the start until `expected` records arrived (or the timeout), then
-    `settle_s` longer so that extra records (duplicates) would show too; `committed_only`
-    leaves out the records of aborted transactions."""
+    `settle_s` longer so that extra records (duplicates) would show too."""
     consumer = Consumer(
         {
             "bootstrap.servers": BOOTSTRAP,
             "group.id": f"reader-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
         }
     )
     consumer.subscribe([topic])

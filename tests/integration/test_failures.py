@@ -8,6 +8,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -175,25 +177,32 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
 GUARANTEES = pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 
 
+@contextmanager
+def limited_topic(admin: AdminClient, suffix: str, max_message_bytes: int) -> Iterator[str]:
+    """A one-partition topic whose broker refuses records over `max_message_bytes`; deleted on
+    the way out."""
+    name = f"limited-{uuid.uuid4().hex[:8]}.{suffix}"
+    config = {"max.message.bytes": str(max_message_bytes)}
+    for future in admin.create_topics([NewTopic(name, 1, 1, config=config)]).values():
+        future.result(timeout=30)
+    try:
+        yield name
+    finally:
+        for future in admin.delete_topics([name]).values():
+            future.result(timeout=30)
+
+
 @GUARANTEES
 def test_a_dead_letter_too_large_for_the_broker_is_kept_without_its_value(
     topics_factory, service_factory, admin: AdminClient, guarantee: str
 ):
     created = topics_factory(partitions=1)
-    small = f"small-{uuid.uuid4().hex[:8]}.dlq"
-    config = {"max.message.bytes": "2000"}
-    for future in admin.create_topics([NewTopic(small, 1, 1, config=config)]).values():
-        future.result(timeout=30)
-    topics = Topics(created.input, created.output, small, 1)
     huge_invalid = b'{"transaction_id": "' + b"x" * 5_000 + b'"}'
-    produce(topics.input, [(b"big", huge_invalid)])
-    service_factory(topics, "--processing-guarantee", guarantee)
-
-    try:
+    with limited_topic(admin, "dlq", 2000) as small:
+        topics = Topics(created.input, created.output, small, 1)
+        produce(topics.input, [(b"big", huge_invalid)])
+        service_factory(topics, "--processing-guarantee", guarantee)
         (letter,) = read_topic(topics.dlq, 1)
-    finally:
-        for future in admin.delete_topics([small]).values():
-            future.result(timeout=30)
 
     headers = {k: v.decode() for k, v in letter.headers()}
     assert letter.value() is None
@@ -209,23 +218,16 @@ def test_a_decision_too_large_for_the_broker_is_dead_lettered_once_and_its_card_
 ):
     # The batch's card state names the record as its source; in exactly-once mode the record is
     # read again after the abort its refused decision causes, and that card state was sent as a
-    # second dead letter of the record instead (stream/refusals.py).
+    # second dead letter of the record instead (stream/refusals.py). read_topic reads committed
+    # records only (librdkafka's default isolation level), so aborted tries do not count.
     created = topics_factory(partitions=1)
-    tiny = f"tiny-{uuid.uuid4().hex[:8]}.decisions"
-    config = {"max.message.bytes": "100"}
-    for future in admin.create_topics([NewTopic(tiny, 1, 1, config=config)]).values():
-        future.result(timeout=30)
-    topics = Topics(created.input, tiny, created.dlq, 1)
     group = f"tiny-{uuid.uuid4().hex[:8]}"
-    produce(topics.input, [(VALID["card_id"].encode(), encode(VALID))])
-    service_factory(topics, "--group-id", group, "--processing-guarantee", guarantee)
-
-    try:
-        letters = read_topic(topics.dlq, 1, committed_only=True)
-        states = read_topic(f"{group}-card-state-changelog", 1, committed_only=True)
-    finally:
-        for future in admin.delete_topics([tiny]).values():
-            future.result(timeout=30)
+    with limited_topic(admin, "decisions", 100) as tiny:
+        topics = Topics(created.input, tiny, created.dlq, 1)
+        produce(topics.input, [(VALID["card_id"].encode(), encode(VALID))])
+        service_factory(topics, "--group-id", group, "--processing-guarantee", guarantee)
+        letters = read_topic(topics.dlq, 1)
+        states = read_topic(f"{group}-card-state-changelog", 1)
 
     (letter,) = letters
     headers = {k: v.decode() for k, v in letter.headers()}
