@@ -1,7 +1,10 @@
 """Where `CardHistory` keeps its cards: one fixed-size row per card in a few numpy columns,
-an index from card id to row, and the row's changelog form.
+an index from card key to row, and the row's changelog form.
 
 Responsibilities and decisions:
+- A card's key is whatever identifies it to the owner: its id (training), or (partition, card
+  id) in the service, whose one store holds every partition the replica owns, so a batch's
+  cards are looked up and updated in one pass whatever the number of partitions.
 - Rows are taken from a free list and the columns double when it runs out, so a new card costs
   no allocation in the common case and memory per card is fixed (`STATE_BYTES` serialized).
 - A card's changelog record is its row as one `STATE_DTYPE` record behind a version byte; a
@@ -13,8 +16,8 @@ Responsibilities and decisions:
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from typing import Generic, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,10 +33,12 @@ from scorer.card_record import (
 )
 
 _T = TypeVar("_T", bound=np.generic)
+#: What identifies a card in a store.
+K = TypeVar("K", bound=Hashable)
 
 
-class CardStore:
-    """The rows of one partition's cards. Not thread-safe: one owner calls it."""
+class CardStore(Generic[K]):
+    """The rows of a set of cards, by key. Not thread-safe: one owner calls it."""
 
     def __init__(self) -> None:
         capacity = INITIAL_CAPACITY
@@ -45,33 +50,33 @@ class CardStore:
         self._ring_next = np.zeros(capacity, np.uint8)
         self._dirty = np.zeros(capacity, np.bool_)
         self._used = np.zeros(capacity, np.bool_)
-        self._index: dict[str, int] = {}
-        self._ids: list[str | None] = [None] * capacity
+        self._index: dict[K, int] = {}
+        self._ids: list[K | None] = [None] * capacity
         self._free: list[int] = list(range(capacity - 1, -1, -1))
         self._key_bytes = 0
 
-    def _rows_for(self, card_ids: Sequence[str]) -> npt.NDArray[np.int64]:
+    def _rows_for(self, keys: Sequence[K]) -> npt.NDArray[np.int64]:
         index = self._index
-        rows = [index.get(card_id, -1) for card_id in card_ids]
+        rows = [index.get(key, -1) for key in keys]
         if -1 in rows:
             # New cards get their rows first and are cleared in one pass; a card new to this
             # batch and seen twice in it gets one row.
-            fresh = [self._take_row(c) for c, r in zip(card_ids, rows, strict=True) if r < 0]
+            fresh = [self._take_row(k) for k, r in zip(keys, rows, strict=True) if r < 0]
             self._clear(np.array([r for r in fresh if r >= 0], np.int64))
-            rows = [index[card_id] for card_id in card_ids]
+            rows = [index[key] for key in keys]
         return np.array(rows, np.int64)
 
-    def _take_row(self, card_id: str) -> int:
+    def _take_row(self, key: K) -> int:
         """A row for a card not seen before (not cleared yet); -1 if it has one already."""
-        if card_id in self._index:
+        if key in self._index:
             return -1
         if not self._free:
             self._grow()
         row = self._free.pop()
-        self._index[card_id] = row
-        self._ids[row] = card_id
+        self._index[key] = row
+        self._ids[row] = key
         self._used[row] = True
-        self._key_bytes += sys.getsizeof(card_id)
+        self._key_bytes += _size_of(key)
         return row
 
     def _clear(self, rows: npt.NDArray[np.int64]) -> None:
@@ -99,15 +104,21 @@ class CardStore:
         self._ids.extend([None] * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-    def _forget(self, card_id: str) -> None:
-        row = self._index.pop(card_id, None)
-        if row is None:
-            return
-        self._ids[row] = None
-        self._used[row] = False
-        self._dirty[row] = False
-        self._key_bytes -= sys.getsizeof(card_id)
-        self._free.append(row)
+    def forget(self, keys: Iterable[K]) -> None:
+        """Drop these cards (unknown keys are ignored); their rows are reused."""
+        for key in keys:
+            row = self._index.pop(key, None)
+            if row is None:
+                continue
+            self._ids[row] = None
+            self._used[row] = False
+            self._dirty[row] = False
+            self._key_bytes -= _size_of(key)
+            self._free.append(row)
+
+    def __iter__(self) -> Iterator[K]:
+        """The keys of the cards held."""
+        return iter(self._index)
 
     def _records(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
         records = np.empty(len(rows), STATE_DTYPE)
@@ -120,8 +131,8 @@ class CardStore:
         records["ring_next"] = self._ring_next[rows]
         return records
 
-    def take_dirty(self) -> list[tuple[str, bytes]]:
-        """(card_id, serialized state) of every card changed since the last call."""
+    def take_dirty(self) -> list[tuple[K, bytes]]:
+        """(key, serialized state) of every card changed since the last call."""
         rows = np.flatnonzero(self._dirty)
         self._dirty[rows] = False
         serialized = np.empty(len(rows), SERIALIZED_STATE_DTYPE)
@@ -130,32 +141,30 @@ class CardStore:
         data = serialized.tobytes()
         ids = self._ids
         return [
-            (str(ids[row]), data[i * STATE_BYTES : (i + 1) * STATE_BYTES])
+            (cast(K, ids[row]), data[i * STATE_BYTES : (i + 1) * STATE_BYTES])
             for i, row in enumerate(rows.tolist())
         ]
 
-    def restore(self, records: Iterable[tuple[str, bytes | None]]) -> list[str]:
-        """Load a run of changelog records, in changelog order: (card_id, state), None being a
+    def restore(self, records: Iterable[tuple[K, bytes | None]]) -> list[str]:
+        """Load a run of changelog records, in changelog order: (key, state), None being a
         tombstone that forgets the card. A card ends as its last record says, so a chunk of a
         compacted changelog loads with a few numpy copies instead of one per record.
 
         A record that is not a state this version wrote (wrong length or version) forgets its
         card, which starts anew; the return value says why, one line per such record.
         """
-        last: dict[str, bytes | None] = {}
+        last: dict[K, bytes | None] = {}
         rejected: list[str] = []
-        for card_id, state in records:
+        for key, state in records:
             if state is not None and (len(state) != STATE_BYTES or state[0] != STATE_VERSION):
                 rejected.append(
-                    f"card {card_id!r}: not a version {STATE_VERSION} card state "
+                    f"card {key!r}: not a version {STATE_VERSION} card state "
                     f"({len(state)} bytes, expected {STATE_BYTES})"
                 )
                 state = None
-            last[card_id] = state
-        kept = [card_id for card_id, state in last.items() if state is not None]
-        for card_id, state in last.items():
-            if state is None:
-                self._forget(card_id)
+            last[key] = state
+        kept = [key for key, state in last.items() if state is not None]
+        self.forget(key for key, state in last.items() if state is None)
         if not kept:
             return rejected
         rows = self._rows_for(kept)
@@ -174,13 +183,13 @@ class CardStore:
     def __len__(self) -> int:
         return len(self._index)
 
-    def __contains__(self, card_id: object) -> bool:
-        return card_id in self._index
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
 
     @property
     def nbytes(self) -> int:
         """Memory held: the state columns and flags (all rows, free ones too), the index
-        (dict, row → id list, free list) and the id strings it keeps alive."""
+        (dict, row → key list, free list) and the keys it keeps alive."""
         arrays = (
             self._times,
             self._sums,
@@ -198,3 +207,11 @@ class CardStore:
             + sys.getsizeof(self._free)
             + self._key_bytes
         )
+
+
+def _size_of(key: Hashable) -> int:
+    """Memory a key keeps alive: the object, and the parts of a tuple key."""
+    size = sys.getsizeof(key)
+    if isinstance(key, tuple):
+        size += sum(sys.getsizeof(part) for part in key)
+    return size

@@ -74,6 +74,14 @@ class TransactionColumns(NamedTuple):
             terminal_id=[t.terminal_id for t in batch],
         )
 
+    def rows(self, index: npt.NDArray[np.int64]) -> TransactionColumns:
+        """The columns of the rows at `index`, in that order."""
+        listed = index.tolist()
+        return TransactionColumns._make(
+            column[index] if isinstance(column, np.ndarray) else [column[i] for i in listed]
+            for column in self
+        )
+
 
 def letters_index(codes: npt.NDArray[np.str_], width: int) -> npt.NDArray[np.int64]:
     """Map fixed-width upper-case codes ("US", "EUR") to 0 … 26**width - 1, vectorised.

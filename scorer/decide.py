@@ -88,17 +88,20 @@ class _Rules:
 
 
 class _State(NamedTuple):
-    """The batch's history and terminal columns (computed once per batch by the caller, since
-    state updates must apply once), sliced along with the records during isolation."""
+    """What the caller computed once per batch (state updates must apply once; columns are
+    read once): history and terminal features and the batch's columns, sliced along with the
+    records during isolation."""
 
     history: npt.NDArray[np.float32] | None
     terminal: npt.NDArray[np.float32] | None
+    columns: TransactionColumns | None
 
     def rows(self, part: Sequence[int]) -> _State:
         index = np.asarray(part, np.int64)
         return _State(
             None if self.history is None else self.history[index],
             None if self.terminal is None else self.terminal[index],
+            None if self.columns is None else self.columns.rows(index),
         )
 
 
@@ -110,14 +113,16 @@ def decide_batch(
     *,
     history: npt.NDArray[np.float32] | None = None,
     terminal: npt.NDArray[np.float32] | None = None,
+    columns: TransactionColumns | None = None,
 ) -> Verdicts:
     """Decide every transaction of a batch: a label, or a failure to dead-letter.
 
-    `history` [B, NUM_HISTORY_FEATURES] (from the partition's `CardHistory`) and `terminal`
+    `history` [B, NUM_HISTORY_FEATURES] (from the card state) and `terminal`
     [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) are row-aligned with `transactions`;
-    None: unknown, neutral values (`build_features`).
+    None: unknown, neutral values (`build_features`). `columns`: the transactions' columns,
+    when the caller has read them already.
     """
-    state = _State(history, terminal)
+    state = _State(history, terminal, columns)
     try:
         verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, False)
     except ModelUnavailableError as exc:
@@ -138,7 +143,11 @@ def _decide_isolating(
     parts, failed = bisect_failures(
         range(n),
         lambda part: _decide(
-            [transactions[i] for i in part], state.rows(part), scorer, policy, now_ms
+            [transactions[i] for i in part],
+            state if len(part) == n else state.rows(part),
+            scorer,
+            policy,
+            now_ms,
         ),
         lambda: check_canary(scorer),
     )
@@ -183,7 +192,9 @@ def _decide(
     now_ms: int,
 ) -> _Part:
     """Scores of one batch or part of it; raises whatever a record provokes."""
-    columns = TransactionColumns.from_transactions(transactions)
+    columns = state.columns
+    if columns is None:
+        columns = TransactionColumns.from_transactions(transactions)
     features = build_features(columns, state.history, state.terminal)
     late = np.zeros(len(features), bool)
     if policy.decision_deadline_ms:

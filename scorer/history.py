@@ -22,7 +22,7 @@ with a handful of vectorised numpy passes. Responsibilities and decisions:
 - Features are computed after the transaction is applied (windows include it, as in the
   handbook), except the amount's relation to the card's mean, which compares it with the card's
   history before it.
-- Bounded: cards idle past the longest window are evicted (`evict_idle`); the store never
+- Bounded: cards idle past the longest window are evicted (`idle`, `forget`); the store never
   holds more than the live cards' records plus the index.
 - Robust: any valid transaction (event_time 0 … 9999-12-31, amounts up to 1e6, any ids) gives
   finite features; nothing here raises for a valid record.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -73,7 +74,7 @@ from scorer.card_record import (
     merchant_hashes,
     validate_scale,
 )
-from scorer.card_store import CardStore
+from scorer.card_store import CardStore, K
 from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
 
 __all__ = [
@@ -88,9 +89,10 @@ __all__ = [
 ]
 
 
-class CardHistory(CardStore):
-    """Per-card state of ONE input partition: its features, and how a batch updates it (the
-    rows, their changelog form and restore are `CardStore`'s).
+class CardHistory(CardStore[K]):
+    """Per-card state, by card key: its features, and how a batch updates it (the rows, their
+    changelog form and restore are `CardStore`'s). Keys are card ids, or (partition, card id)
+    where one history serves several input partitions (the service).
 
     Not thread-safe: one owner (the partition's scoring path) calls it.
     """
@@ -110,19 +112,20 @@ class CardHistory(CardStore):
 
     def update_and_features(
         self,
-        card_ids: Sequence[str],
+        keys: Sequence[K],
         columns: TransactionColumns,
         merchant_ids: Sequence[str],
         offsets: npt.NDArray[np.int64],
     ) -> npt.NDArray[np.float32]:
-        """History features [B, len(HISTORY_FEATURE_NAMES)] of a batch of this partition's
-        transactions (in consumption order), applying each to its card's state in event-time
-        order per card. A record whose offset is <= the offset its card has applied is not
-        applied again (its features are read from the state as it is).
+        """History features [B, len(HISTORY_FEATURE_NAMES)] of a batch of transactions (in
+        consumption order; `keys` names each one's card), applying each to its card's state in
+        event-time order per card. A record whose offset is <= the offset its card has applied
+        is not applied again (its features are read from the state as it is): offsets are
+        compared per card only, so a card's records must come from one input partition.
 
         Raises ValueError only when the arguments disagree in length.
         """
-        n = len(card_ids)
+        n = len(keys)
         if not len(columns.amount) == len(merchant_ids) == len(offsets) == n:
             raise ValueError(
                 f"batch lengths differ: {n} card ids, {len(columns.amount)} transactions, "
@@ -131,7 +134,7 @@ class CardHistory(CardStore):
         out = np.empty((n, NUM_HISTORY_FEATURES), np.float32)
         if n == 0:
             return out
-        rows = self._rows_for(card_ids)
+        rows = self._rows_for(keys)
         offsets = np.asarray(offsets, np.int64)
         event_time = np.asarray(columns.event_time, np.int64)
         amount = np.asarray(columns.amount, np.float64)
@@ -236,12 +239,16 @@ class CardHistory(CardStore):
             self._dirty[target] = True
         return features.astype(np.float32)
 
-    def evict_idle(self, now_ms: int) -> list[str]:
-        """Remove cards idle for longer than the longest window (event time); return their ids."""
+    def idle(self, now_ms: int) -> list[K]:
+        """The cards idle for longer than the longest window at `now_ms` (event time)."""
         rows = np.flatnonzero(self._used & (self._times[:, 0] < now_ms - self._longest_ms))
-        evicted = [str(self._ids[row]) for row in rows.tolist()]
-        for card_id in evicted:
-            self._forget(card_id)
+        ids = self._ids
+        return [cast(K, ids[row]) for row in rows.tolist()]
+
+    def evict_idle(self, now_ms: int) -> list[K]:
+        """Forget the cards idle at `now_ms` (`idle`); return their keys."""
+        evicted = self.idle(now_ms)
+        self.forget(evicted)
         return evicted
 
 
@@ -257,8 +264,8 @@ def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
     ids: list[str] = getattr(_SCRATCH, "ids", [])
     if len(ids) < n:
         ids = [str(i) for i in range(max(n, 2 * len(ids), 256))]
-        _SCRATCH.ids, _SCRATCH.history = ids, CardHistory()
-    history: CardHistory = _SCRATCH.history
+        _SCRATCH.ids, _SCRATCH.history = ids, CardHistory[str]()
+    history: CardHistory[str] = _SCRATCH.history
     batch_ids = ids[:n]
     history._clear(history._rows_for(batch_ids))
     return history.update_and_features(batch_ids, columns, batch_ids, np.zeros(n, np.int64))

@@ -1,25 +1,30 @@
-"""Per-card history on the hot path: a `CardHistory` per assigned partition, kept durable in a
-compacted changelog topic.
+"""Per-card history on the hot path: one `CardHistory` for every partition this replica owns,
+kept durable in a compacted changelog topic.
 
 Responsibilities:
 - restore a partition's state from its changelog before the partition's first batch is scored
   (on assignment), and say how long that took;
-- turn a batch's records into their history feature rows (per partition, in consumption order)
-  and into the changelog records their updates produced (changed cards, and tombstones for
-  cards idle past the longest window), to be written with the batch's outputs: the commit that
-  covers a batch's input offsets covers its state too;
+- turn a batch's records into their history feature rows (in consumption order) and into the
+  changelog records their updates produced (changed cards, and tombstones for cards idle past
+  the longest window), to be written with the batch's outputs: the commit that covers a batch's
+  input offsets covers its state too;
 - drop a partition's state when it is revoked or lost, and reload every assigned partition
   after an aborted transaction (exactly-once), whose updates never became durable.
 
 Key design decisions:
 - The changelog partition is the input partition: a card's state lives where its transactions
   are, and moves with them on a rebalance.
+- One store keyed by (partition, card id), not one per partition: a batch's cards are updated
+  in one vectorised pass, so its cost does not grow with the partitions a replica owns (a
+  batch spread over 12 partitions cost 5 times one from a single partition). A card id seen
+  in two partitions (a producer that keys by something else) is two cards, as before.
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
 - The restore reads with isolation.level=read_committed, so it sees only what committed, and
   stops at the end the partition had when it started: a replica that still believes it owns a
   partition (a zombie reloading after an abort) must not chase the new owner's writes.
-- A lock orders the consuming thread's restores and drops against the scoring thread's batches.
+- A lock orders the consuming thread's restores and drops against the scoring thread's batches;
+  a restore takes it per chunk read, so batches of other partitions go on meanwhile.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ class ChangelogRecord(NamedTuple):
     batch_index: int
 
 
+#: A card in the replica's store: (input partition, card id).
+CardKey = tuple[int, str]
+
+
 class CardState:
     """The card histories of the partitions this replica owns."""
 
@@ -87,23 +96,27 @@ class CardState:
         self._kafka = dict(kafka)
         self._input_topic = input_topic
         self.changelog_topic = changelog_topic
-        self._time_scale = time_scale
         self._metrics = metrics
-        self._histories: dict[int, CardHistory] = {}
+        self._history: CardHistory[CardKey] = CardHistory(time_scale=time_scale)
+        #: Partitions whose state is restored, each with when its idle cards were last evicted.
         self._last_eviction: dict[int, float] = {}
         self._lock = threading.Lock()
 
     # -- consuming thread: rebalances --------------------------------------------------------
 
     def restore(self, partitions: Sequence[int], progress: Callable[[], None] = _nothing) -> None:
-        """Load the state of newly assigned partitions from their changelog; `progress` is
-        called after every chunk read (a long restore is not a stuck replica)."""
+        """Load the state of newly assigned partitions from their changelog, replacing any state
+        held for them; `progress` is called after every chunk read (a long restore is not a
+        stuck replica)."""
+        self._forget(set(partitions))
         for partition in partitions:
             started = time.monotonic()
-            history = CardHistory(time_scale=self._time_scale)
-            records = self._read_changelog(partition, history, progress)
+            try:
+                cards, records = self._read_changelog(partition, progress)
+            except BaseException:
+                self._forget({partition})  # no half-restored partition stays in memory
+                raise
             with self._lock:
-                self._histories[partition] = history
                 self._last_eviction[partition] = time.monotonic()
             seconds = time.monotonic() - started
             self._metrics.observe_state_restore(seconds)
@@ -111,7 +124,7 @@ class CardState:
                 "restored card state topic=%s partition=%s cards=%s changelog_records=%s in %.3fs",
                 self._input_topic,
                 partition,
-                len(history),
+                cards,
                 records,
                 seconds,
             )
@@ -119,77 +132,74 @@ class CardState:
 
     def drop(self, partitions: Sequence[int]) -> None:
         """Forget the state of partitions that went (their next owner restores it)."""
-        with self._lock:
-            for partition in partitions:
-                self._histories.pop(partition, None)
-                self._last_eviction.pop(partition, None)
+        self._forget(set(partitions))
         self._report()
 
     def reload(self, progress: Callable[[], None] = _nothing) -> None:
         """Restore every owned partition again (its in-memory updates were aborted)."""
         with self._lock:
-            partitions = sorted(self._histories)
+            partitions = sorted(self._last_eviction)
         self.restore(partitions, progress)
 
     # -- scoring thread: batches -------------------------------------------------------------
 
     def update(
-        self, records: Sequence[StatefulRecord]
+        self, records: Sequence[StatefulRecord], columns: TransactionColumns
     ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
-        """The history feature rows of `records` (batch order) and the changelog records their
-        updates produced. None for the rows when a partition's state is not loaded (the
-        features are then neutral)."""
-        by_partition: dict[int, list[int]] = {}
-        for index, record in enumerate(records):
-            by_partition.setdefault(record.position[0][1], []).append(index)
-        rows: npt.NDArray[np.float32] | None = None
-        changelog: list[ChangelogRecord] = []
+        """The history feature rows of `records` (batch order; `columns` are theirs) and the
+        changelog records their updates produced. None for the rows when a partition's state
+        is not loaded (the features are then neutral)."""
+        n = len(records)
+        partitions = [r.position[0][1] for r in records]
+        offsets = np.fromiter((r.position[1] for r in records), np.int64, n)
+        #: Each partition's last record in the batch, whose output group its changes join.
+        last = {partition: index for index, partition in enumerate(partitions)}
+        history = self._history
         with self._lock:
-            for partition, indices in by_partition.items():
-                history = self._histories.get(partition)
-                if history is None:
-                    return None, []
-                part = [records[i] for i in indices]
-                transactions = [r.transaction for r in part]
-                columns = TransactionColumns.from_transactions(transactions)
-                offsets = np.fromiter((r.position[1] for r in part), np.int64, len(part))
-                features = history.update_and_features(
-                    columns.card_id, columns, columns.merchant_id, offsets
-                )
-                if rows is None:
-                    rows = np.empty((len(records), features.shape[1]), np.float32)
-                rows[indices] = features
-                last = indices[-1]
-                changelog.extend(
-                    ChangelogRecord(partition, card, state, last)
-                    for card, state in history.take_dirty()
-                )
-                changelog.extend(self._evictions(partition, history, columns, last))
+            if any(partition not in self._last_eviction for partition in last):
+                return None, []
+            keys = list(zip(partitions, columns.card_id, strict=True))
+            rows = history.update_and_features(keys, columns, columns.merchant_id, offsets)
+            changelog = [
+                ChangelogRecord(partition, card, state, last[partition])
+                for (partition, card), state in history.take_dirty()
+            ]
+            changelog.extend(self._evictions(np.array(partitions), columns, last))
         self._report()
         return rows, changelog
 
     def _evictions(
         self,
-        partition: int,
-        history: CardHistory,
+        partitions: npt.NDArray[np.int64],
         columns: TransactionColumns,
-        batch_index: int,
+        last: Mapping[int, int],
     ) -> list[ChangelogRecord]:
+        """Tombstones for the idle cards of the batch's partitions due for eviction, each idle
+        as of its partition's newest event time in the batch."""
         now = time.monotonic()
-        if now - self._last_eviction.get(partition, now) < EVICT_INTERVAL_S:
-            return []
-        self._last_eviction[partition] = now
-        newest = int(columns.event_time.max())
-        return [
-            ChangelogRecord(partition, card, None, batch_index)
-            for card in history.evict_idle(newest)
-        ]
+        due = [p for p in last if now - self._last_eviction[p] >= EVICT_INTERVAL_S]
+        tombstones: list[ChangelogRecord] = []
+        for partition in due:
+            self._last_eviction[partition] = now
+            newest = int(columns.event_time[partitions == partition].max())
+            idle = [key for key in self._history.idle(newest) if key[0] == partition]
+            self._history.forget(idle)
+            tombstones.extend(
+                ChangelogRecord(partition, card, None, last[partition]) for _, card in idle
+            )
+        return tombstones
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _read_changelog(
-        self, partition: int, history: CardHistory, progress: Callable[[], None]
-    ) -> int:
+    def _forget(self, partitions: set[int]) -> None:
+        with self._lock:
+            self._history.forget([key for key in self._history if key[0] in partitions])
+            for partition in partitions:
+                self._last_eviction.pop(partition, None)
+
+    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int]:
+        """Load the partition's changelog into the store; return the partition's cards and the
+        changelog records read."""
         consumer = Consumer(
             {
                 **self._kafka,
@@ -199,12 +209,12 @@ class CardState:
                 "enable.partition.eof": True,
             }
         )
-        read = 0
+        read = cards = 0
         try:
             assigned = TopicPartition(self.changelog_topic, partition)
             low, high = consumer.get_watermark_offsets(assigned, timeout=RESTORE_IDLE_TIMEOUT_S)
             if high <= low:
-                return 0
+                return 0, 0
             consumer.assign([TopicPartition(self.changelog_topic, partition, OFFSET_BEGINNING)])
             idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
             while True:
@@ -216,20 +226,25 @@ class CardState:
                 if not messages and time.monotonic() > idle_until:
                     raise TimeoutError(f"changelog {self.changelog_topic}[{partition}] stalled")
                 chunk, done = _restorable(messages, high)
-                for problem in history.restore(chunk):
+                with self._lock:
+                    held = len(self._history)
+                    problems = self._history.restore(
+                        [((partition, card), state) for card, state in chunk]
+                    )
+                    cards += len(self._history) - held
+                for problem in problems:
                     log.warning("skipping a card state record (the card starts anew): %s", problem)
                 read += len(chunk)
                 if messages:
                     idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
                 if done or consumer.position([assigned])[0].offset >= high:
-                    return read
+                    return cards, read
         finally:
             consumer.close()
 
     def _report(self) -> None:
         with self._lock:
-            cards = sum(len(h) for h in self._histories.values())
-            size = sum(h.nbytes for h in self._histories.values())
+            cards, size = len(self._history), self._history.nbytes
         self._metrics.set_card_state(cards, size)
 
 

@@ -33,6 +33,7 @@ from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
+from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
@@ -106,7 +107,8 @@ class BatchScorer:
         started = time.perf_counter()
         records = batch.items
         transactions = [r.transaction for r in records]
-        history, changelog = self._history(records)
+        columns = _columns(transactions)
+        history, changelog = self._history(records, columns)
         terminal = (
             None
             if self._terminals is None
@@ -114,7 +116,13 @@ class BatchScorer:
         )
         now_ms = time.time_ns() // 1_000_000
         verdicts = decide_batch(
-            transactions, self._scorer, self._policy, now_ms, history=history, terminal=terminal
+            transactions,
+            self._scorer,
+            self._policy,
+            now_ms,
+            history=history,
+            terminal=terminal,
+            columns=columns,
         )
         decided_at = time.time_ns() // 1_000_000
         encoded = self._encode(records, verdicts, decided_at)
@@ -142,14 +150,14 @@ class BatchScorer:
         return BatchReport(len(records), latency_s, batch.closed_full)
 
     def _history(
-        self, records: list[PendingRecord]
+        self, records: list[PendingRecord], columns: TransactionColumns | None
     ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
         """The batch's history rows, once (outside the poison bisection: a state update
         applies once); neutral, with an error logged, should the state itself fail."""
-        if self._card_state is None:
+        if self._card_state is None or columns is None:
             return None, []
         try:
-            return self._card_state.update(records)
+            return self._card_state.update(records, columns)
         except Exception:
             log.exception("card history failed for a batch: its history features are neutral")
             return None, []
@@ -277,6 +285,16 @@ class BatchScorer:
             )
 
         self._sink.send_batch(topic, encoded.keys, encoded.values, group, output_of)
+
+
+def _columns(transactions: list[Transaction]) -> TransactionColumns | None:
+    """The batch's columns, read once for the state and the features; None when a record makes
+    reading them fail (the decision path then isolates it)."""
+    try:
+        return TransactionColumns.from_transactions(transactions)
+    except Exception:
+        log.exception("reading a batch into columns failed: deciding it record by record")
+        return None
 
 
 class ScoringWorker(threading.Thread):

@@ -2,8 +2,9 @@
 
 Training must see exactly the features the service computes, so nothing here computes a
 feature itself: the stream goes, in event-time order and in micro-batches like the service's,
-through `scorer.history.CardHistory` (one per partition, as the service keeps them; cards idle
-past the longest window are evicted each simulated day, as the service does), the terminal-risk
+through `scorer.history.CardHistory` (one per partition: the service keys one store by
+partition and card, which gives each partition's cards the same features; cards idle past the
+longest window are evicted each simulated day, as the service does), the terminal-risk
 buckets (`scorer.terminal_risk.add_events` / `window_features`, the functions behind the faust
 worker's per-terminal value) fed with the simulated outcomes at the time they are reported, and
 finally `scorer.features.build_features`.
@@ -120,7 +121,7 @@ def replay_history(
     partition = partition_of(list(columns.card_id), REPLAY_PARTITIONS)
     day = columns.event_time // MS_PER_DAY
     for p in range(REPLAY_PARTITIONS):
-        history = CardHistory()
+        history = CardHistory[str]()
         rows = np.flatnonzero(partition == p)
         evicted_through = int(day[rows[0]]) if len(rows) else 0
         for begin in range(0, len(rows), batch_size):
@@ -128,19 +129,9 @@ def replay_history(
             if int(day[part[0]]) > evicted_through:  # once a day, like the service
                 evicted_through = int(day[part[0]])
                 history.evict_idle(int(columns.event_time[part[0]]))
-            sub = _select(columns, part)
+            sub = columns.rows(part)
             out[part] = history.update_and_features(sub.card_id, sub, sub.merchant_id, part)
     return out
-
-
-def _select(columns: TransactionColumns, rows: _Ints) -> TransactionColumns:
-    listed = rows.tolist()
-    return TransactionColumns._make(
-        [getattr(columns, f)[i] for i in listed]
-        if f in ("card_id", "merchant_id", "terminal_id")
-        else getattr(columns, f)[rows]
-        for f in TransactionColumns._fields
-    )
 
 
 def replay_terminal_risk(

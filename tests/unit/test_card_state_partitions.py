@@ -1,0 +1,149 @@
+"""The replica's card state (stream/card_state.py) over batches that mix partitions: one store
+keyed by (partition, card) must behave as one history per partition. The changelog reads are
+Kafka's (tests/integration/test_card_state.py); here every changelog is empty."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.offsets import SourceOffset
+from contracts.transaction import Transaction, decode_transaction
+from scorer.columns import TransactionColumns
+from scorer.history import MS_PER_DAY, CardHistory
+from simulator.transactions import TransactionSimulator
+from stream import card_state as card_state_module
+from stream.card_state import CardState
+from stream.metrics import ServiceMetrics
+
+TOPIC = "transactions"
+
+
+class Record(NamedTuple):
+    transaction: Transaction
+    position: SourceOffset
+
+
+class EmptyChangelogs(CardState):
+    """Every partition's changelog is empty: restoring only marks it loaded."""
+
+    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int]:
+        return 0, 0
+
+
+def new_state(partitions: list[int], registry: CollectorRegistry | None = None) -> CardState:
+    state = EmptyChangelogs(
+        {},
+        TOPIC,
+        f"{TOPIC}.cards",
+        time_scale=1.0,
+        metrics=ServiceMetrics(registry or CollectorRegistry()),
+    )
+    state.restore(partitions)
+    return state
+
+
+def records(count: int, partitions: int, seed: int = 4) -> list[Record]:
+    """Simulated transactions of few cards (so cards repeat within a batch), each partition
+    given by its card, except that a card's every third transaction goes to the next
+    partition: the same card id in two partitions."""
+    batch = TransactionSimulator(seed, num_cards=40, num_terminals=80).generate(count)
+    out = []
+    offsets = [0] * partitions
+    for i, record in enumerate(batch.records):
+        transaction = decode_transaction(msgspec.json.encode(record))
+        partition = zlib.crc32(transaction.card_id.encode()) % partitions
+        if i % 3 == 0:
+            partition = (partition + 1) % partitions
+        out.append(Record(transaction, ((TOPIC, partition), offsets[partition])))
+        offsets[partition] += 1
+    return out
+
+
+def update(state: CardState, batch: list[Record]):
+    columns = TransactionColumns.from_transactions([r.transaction for r in batch])
+    return state.update(batch, columns)
+
+
+def test_a_mixed_batch_scores_as_one_history_per_partition() -> None:
+    stream = records(1_200, partitions=3)
+    state = new_state([0, 1, 2])
+    alone = {p: CardHistory[str]() for p in range(3)}
+    for start in range(0, len(stream), 256):
+        batch = stream[start : start + 256]
+        rows, changelog = update(state, batch)
+        assert rows is not None
+        for p, history in alone.items():
+            index = np.array([i for i, r in enumerate(batch) if r.position[0][1] == p])
+            part = TransactionColumns.from_transactions([batch[i].transaction for i in index])
+            offsets = np.array([batch[i].position[1] for i in index], np.int64)
+            expected = history.update_and_features(part.card_id, part, part.merchant_id, offsets)
+            np.testing.assert_array_equal(rows[index], expected)
+            # Every changed card of the partition, once, joining a record of its partition.
+            changed = sorted(card for card, _ in history.take_dirty())
+            mine = [c for c in changelog if c.partition == p]
+            assert sorted(c.card_id for c in mine) == changed
+            assert all(batch[c.batch_index].position[0][1] == p for c in mine)
+            assert all(c.batch_index == index[-1] for c in mine)
+
+
+def test_a_batch_read_again_changes_nothing() -> None:
+    stream = records(300, partitions=2)
+    state = new_state([0, 1])
+    first, changelog = update(state, stream)
+    again, nothing = update(state, stream)
+    assert changelog and nothing == []
+    assert first is not None and again is not None
+
+
+def test_a_dropped_partition_forgets_its_cards_only() -> None:
+    registry = CollectorRegistry()
+    stream = records(600, partitions=2)
+    state = new_state([0, 1], registry)
+    update(state, stream)
+    cards = registry.get_sample_value("fraud_card_state_cards")
+    in_zero = {r.transaction.card_id for r in stream if r.position[0][1] == 0}
+    in_one = {r.transaction.card_id for r in stream if r.position[0][1] == 1}
+    assert cards == len(in_zero) + len(in_one)
+
+    state.drop([0])
+
+    assert registry.get_sample_value("fraud_card_state_cards") == len(in_one)
+    rows, changelog = update(state, stream)
+    assert (rows, changelog) == (None, []), "a batch with a partition not loaded is neutral"
+    only_one = [r for r in stream if r.position[0][1] == 1]
+    rows, changelog = update(state, only_one)
+    assert rows is not None and changelog == [], "partition 1 kept its state"
+
+
+def later(record: Record, offset: int) -> Record:
+    """The record's card again, 40 days on (every other card is then idle)."""
+    event_time = record.transaction.event_time + 40 * MS_PER_DAY
+    partition = record.position[0]
+    return Record(
+        msgspec.structs.replace(record.transaction, event_time=event_time), (partition, offset)
+    )
+
+
+def test_idle_cards_get_tombstones_in_their_own_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = records(200, partitions=2)
+    state = new_state([0, 1])
+    update(state, stream)
+    cards = {p: {r.transaction.card_id for r in stream if r.position[0][1] == p} for p in (0, 1)}
+    first = {p: next(r for r in stream if r.position[0][1] == p) for p in (0, 1)}
+    monkeypatch.setattr(card_state_module, "EVICT_INTERVAL_S", 0.0)
+
+    for p in (0, 1):
+        # Only the batch's own partition is evicted, as of its own newest event time.
+        _, changelog = update(state, [later(first[p], 10_000)])
+        tombstones = [c for c in changelog if c.state is None]
+        assert {c.card_id for c in tombstones} == cards[p] - {first[p].transaction.card_id}
+        assert all(c.partition == p and c.batch_index == 0 for c in tombstones)
