@@ -2,9 +2,9 @@
 an index from card key to row, and the row's changelog form.
 
 Responsibilities and decisions:
-- A card's key is whatever identifies it to the owner: its id (training), or (partition, card
-  id) in the service, whose one store holds every partition the replica owns, so a batch's
-  cards are looked up and updated in one pass whatever the number of partitions.
+- A card's key is whatever string identifies it to the owner: its id (training), or its id
+  qualified by its input partition in the service, whose one store holds every partition the
+  replica owns (`stream/card_state.py`).
 - Rows are taken from a free list and the columns double when it runs out, so a new card costs
   no allocation in the common case and memory per card is fixed (`STATE_BYTES` serialized).
 - A card's changelog record is its row as one `STATE_DTYPE` record behind a version byte; a
@@ -16,8 +16,8 @@ Responsibilities and decisions:
 from __future__ import annotations
 
 import sys
-from collections.abc import Hashable, Iterable, Iterator, Sequence
-from typing import Generic, TypeVar, cast
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,11 +33,9 @@ from scorer.card_record import (
 )
 
 _T = TypeVar("_T", bound=np.generic)
-#: What identifies a card in a store.
-K = TypeVar("K", bound=Hashable)
 
 
-class CardStore(Generic[K]):
+class CardStore:
     """The rows of a set of cards, by key. Not thread-safe: one owner calls it."""
 
     def __init__(self) -> None:
@@ -50,12 +48,12 @@ class CardStore(Generic[K]):
         self._ring_next = np.zeros(capacity, np.uint8)
         self._dirty = np.zeros(capacity, np.bool_)
         self._used = np.zeros(capacity, np.bool_)
-        self._index: dict[K, int] = {}
-        self._ids: list[K | None] = [None] * capacity
+        self._index: dict[str, int] = {}
+        self._ids: list[str | None] = [None] * capacity
         self._free: list[int] = list(range(capacity - 1, -1, -1))
         self._key_bytes = 0
 
-    def _rows_for(self, keys: Sequence[K]) -> npt.NDArray[np.int64]:
+    def _rows_for(self, keys: Sequence[str]) -> npt.NDArray[np.int64]:
         index = self._index
         rows = [index.get(key, -1) for key in keys]
         if -1 in rows:
@@ -66,7 +64,7 @@ class CardStore(Generic[K]):
             rows = [index[key] for key in keys]
         return np.array(rows, np.int64)
 
-    def _take_row(self, key: K) -> int:
+    def _take_row(self, key: str) -> int:
         """A row for a card not seen before (not cleared yet); -1 if it has one already."""
         if key in self._index:
             return -1
@@ -76,7 +74,7 @@ class CardStore(Generic[K]):
         self._index[key] = row
         self._ids[row] = key
         self._used[row] = True
-        self._key_bytes += _size_of(key)
+        self._key_bytes += sys.getsizeof(key)
         return row
 
     def _clear(self, rows: npt.NDArray[np.int64]) -> None:
@@ -104,7 +102,7 @@ class CardStore(Generic[K]):
         self._ids.extend([None] * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-    def forget(self, keys: Iterable[K]) -> None:
+    def forget(self, keys: Iterable[str]) -> None:
         """Drop these cards (unknown keys are ignored); their rows are reused."""
         for key in keys:
             row = self._index.pop(key, None)
@@ -113,10 +111,10 @@ class CardStore(Generic[K]):
             self._ids[row] = None
             self._used[row] = False
             self._dirty[row] = False
-            self._key_bytes -= _size_of(key)
+            self._key_bytes -= sys.getsizeof(key)
             self._free.append(row)
 
-    def __iter__(self) -> Iterator[K]:
+    def __iter__(self) -> Iterator[str]:
         """The keys of the cards held."""
         return iter(self._index)
 
@@ -131,7 +129,7 @@ class CardStore(Generic[K]):
         records["ring_next"] = self._ring_next[rows]
         return records
 
-    def take_dirty(self) -> list[tuple[K, bytes]]:
+    def take_dirty(self) -> list[tuple[str, bytes]]:
         """(key, serialized state) of every card changed since the last call."""
         rows = np.flatnonzero(self._dirty)
         self._dirty[rows] = False
@@ -141,11 +139,11 @@ class CardStore(Generic[K]):
         data = serialized.tobytes()
         ids = self._ids
         return [
-            (cast(K, ids[row]), data[i * STATE_BYTES : (i + 1) * STATE_BYTES])
+            (str(ids[row]), data[i * STATE_BYTES : (i + 1) * STATE_BYTES])
             for i, row in enumerate(rows.tolist())
         ]
 
-    def restore(self, records: Iterable[tuple[K, bytes | None]]) -> list[str]:
+    def restore(self, records: Iterable[tuple[str, bytes | None]]) -> list[str]:
         """Load a run of changelog records, in changelog order: (key, state), None being a
         tombstone that forgets the card. A card ends as its last record says, so a chunk of a
         compacted changelog loads with a few numpy copies instead of one per record.
@@ -153,7 +151,7 @@ class CardStore(Generic[K]):
         A record that is not a state this version wrote (wrong length or version) forgets its
         card, which starts anew; the return value says why, one line per such record.
         """
-        last: dict[K, bytes | None] = {}
+        last: dict[str, bytes | None] = {}
         rejected: list[str] = []
         for key, state in records:
             if state is not None and (len(state) != STATE_BYTES or state[0] != STATE_VERSION):
@@ -207,11 +205,3 @@ class CardStore(Generic[K]):
             + sys.getsizeof(self._free)
             + self._key_bytes
         )
-
-
-def _size_of(key: Hashable) -> int:
-    """Memory a key keeps alive: the object, and the parts of a tuple key."""
-    size = sys.getsizeof(key)
-    if isinstance(key, tuple):
-        size += sum(sys.getsizeof(part) for part in key)
-    return size

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -74,7 +73,7 @@ from scorer.card_record import (
     merchant_hashes,
     validate_scale,
 )
-from scorer.card_store import CardStore, K
+from scorer.card_store import CardStore
 from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
 
 __all__ = [
@@ -89,10 +88,10 @@ __all__ = [
 ]
 
 
-class CardHistory(CardStore[K]):
+class CardHistory(CardStore):
     """Per-card state, by card key: its features, and how a batch updates it (the rows, their
-    changelog form and restore are `CardStore`'s). Keys are card ids, or (partition, card id)
-    where one history serves several input partitions (the service).
+    changelog form and restore are `CardStore`'s). Keys are card ids, or card ids qualified by
+    their input partition where one history serves several partitions (the service).
 
     Not thread-safe: one owner (the partition's scoring path) calls it.
     """
@@ -112,7 +111,7 @@ class CardHistory(CardStore[K]):
 
     def update_and_features(
         self,
-        keys: Sequence[K],
+        keys: Sequence[str],
         columns: TransactionColumns,
         merchant_ids: Sequence[str],
         offsets: npt.NDArray[np.int64],
@@ -239,13 +238,13 @@ class CardHistory(CardStore[K]):
             self._dirty[target] = True
         return features.astype(np.float32)
 
-    def idle(self, now_ms: int) -> list[K]:
+    def idle(self, now_ms: int) -> list[str]:
         """The cards idle for longer than the longest window at `now_ms` (event time)."""
         rows = np.flatnonzero(self._used & (self._times[:, 0] < now_ms - self._longest_ms))
         ids = self._ids
-        return [cast(K, ids[row]) for row in rows.tolist()]
+        return [str(ids[row]) for row in rows.tolist()]
 
-    def evict_idle(self, now_ms: int) -> list[K]:
+    def evict_idle(self, now_ms: int) -> list[str]:
         """Forget the cards idle at `now_ms` (`idle`); return their keys."""
         evicted = self.idle(now_ms)
         self.forget(evicted)
@@ -264,8 +263,8 @@ def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
     ids: list[str] = getattr(_SCRATCH, "ids", [])
     if len(ids) < n:
         ids = [str(i) for i in range(max(n, 2 * len(ids), 256))]
-        _SCRATCH.ids, _SCRATCH.history = ids, CardHistory[str]()
-    history: CardHistory[str] = _SCRATCH.history
+        _SCRATCH.ids, _SCRATCH.history = ids, CardHistory()
+    history: CardHistory = _SCRATCH.history
     batch_ids = ids[:n]
     history._clear(history._rows_for(batch_ids))
     return history.update_and_features(batch_ids, columns, batch_ids, np.zeros(n, np.int64))

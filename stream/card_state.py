@@ -14,10 +14,12 @@ Responsibilities:
 Key design decisions:
 - The changelog partition is the input partition: a card's state lives where its transactions
   are, and moves with them on a rebalance.
-- One store keyed by (partition, card id), not one per partition: a batch's cards are updated
-  in one vectorised pass, so its cost does not grow with the partitions a replica owns (a
-  batch spread over 12 partitions cost 5 times one from a single partition). A card id seen
-  in two partitions (a producer that keys by something else) is two cards, as before.
+- One store for every owned partition, not one per partition: a batch's cards are updated in
+  one vectorised pass, so its cost does not grow with the partitions it spans (a batch of 50
+  spread over 12 partitions cost 6 times as much). A card's key is its id behind its partition
+  (`card_key`): a card id seen in two partitions (a producer that keys by something else) is
+  two cards, as before, and a string key costs no more memory than the id alone (a
+  (partition, id) tuple cost 84 bytes a card more, and a 1,000,000-card restore 36 % more time).
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
 - The restore reads with isolation.level=read_committed, so it sees only what committed, and
@@ -77,8 +79,19 @@ class ChangelogRecord(NamedTuple):
     batch_index: int
 
 
-#: A card in the replica's store: (input partition, card id).
-CardKey = tuple[int, str]
+#: Between a card key's partition and card id: never in a partition number.
+KEY_SEPARATOR = "\x00"
+
+
+def card_key(partition: int, card_id: str) -> str:
+    """A card's key in the replica's store: its id, qualified by its input partition."""
+    return f"{partition}{KEY_SEPARATOR}{card_id}"
+
+
+def split_card_key(key: str) -> tuple[int, str]:
+    """(partition, card id) of a `card_key`."""
+    partition, _, card_id = key.partition(KEY_SEPARATOR)
+    return int(partition), card_id
 
 
 class CardState:
@@ -97,7 +110,7 @@ class CardState:
         self._input_topic = input_topic
         self.changelog_topic = changelog_topic
         self._metrics = metrics
-        self._history: CardHistory[CardKey] = CardHistory(time_scale=time_scale)
+        self._history = CardHistory(time_scale=time_scale)
         #: Partitions whose state is restored, each with when its idle cards were last evicted.
         self._last_eviction: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -158,12 +171,13 @@ class CardState:
         with self._lock:
             if any(partition not in self._last_eviction for partition in last):
                 return None, []
-            keys = list(zip(partitions, columns.card_id, strict=True))
+            prefix = {partition: card_key(partition, "") for partition in last}
+            keys = [prefix[p] + card for p, card in zip(partitions, columns.card_id, strict=True)]
             rows = history.update_and_features(keys, columns, columns.merchant_id, offsets)
-            changelog = [
-                ChangelogRecord(partition, card, state, last[partition])
-                for (partition, card), state in history.take_dirty()
-            ]
+            changelog = []
+            for key, state in history.take_dirty():
+                partition, card = split_card_key(key)
+                changelog.append(ChangelogRecord(partition, card, state, last[partition]))
             changelog.extend(self._evictions(np.array(partitions), columns, last))
         self._report()
         return rows, changelog
@@ -182,10 +196,12 @@ class CardState:
         for partition in due:
             self._last_eviction[partition] = now
             newest = int(columns.event_time[partitions == partition].max())
-            idle = [key for key in self._history.idle(newest) if key[0] == partition]
+            prefix = card_key(partition, "")
+            idle = [key for key in self._history.idle(newest) if key.startswith(prefix)]
             self._history.forget(idle)
             tombstones.extend(
-                ChangelogRecord(partition, card, None, last[partition]) for _, card in idle
+                ChangelogRecord(partition, key[len(prefix) :], None, last[partition])
+                for key in idle
             )
         return tombstones
 
@@ -193,7 +209,8 @@ class CardState:
 
     def _forget(self, partitions: set[int]) -> None:
         with self._lock:
-            self._history.forget([key for key in self._history if key[0] in partitions])
+            prefixes = tuple(card_key(partition, "") for partition in partitions)
+            self._history.forget([key for key in self._history if key.startswith(prefixes)])
             for partition in partitions:
                 self._last_eviction.pop(partition, None)
 
@@ -210,6 +227,7 @@ class CardState:
             }
         )
         read = cards = 0
+        prefix = card_key(partition, "")
         try:
             assigned = TopicPartition(self.changelog_topic, partition)
             low, high = consumer.get_watermark_offsets(assigned, timeout=RESTORE_IDLE_TIMEOUT_S)
@@ -229,7 +247,7 @@ class CardState:
                 with self._lock:
                     held = len(self._history)
                     problems = self._history.restore(
-                        [((partition, card), state) for card, state in chunk]
+                        [(prefix + card, state) for card, state in chunk]
                     )
                     cards += len(self._history) - held
                 for problem in problems:

@@ -121,7 +121,7 @@ def replay_history(
     partition = partition_of(list(columns.card_id), REPLAY_PARTITIONS)
     day = columns.event_time // MS_PER_DAY
     for p in range(REPLAY_PARTITIONS):
-        history = CardHistory[str]()
+        history = CardHistory()
         rows = np.flatnonzero(partition == p)
         evicted_through = int(day[rows[0]]) if len(rows) else 0
         for begin in range(0, len(rows), batch_size):

@@ -74,7 +74,7 @@ def update(state: CardState, batch: list[Record]):
 def test_a_mixed_batch_scores_as_one_history_per_partition() -> None:
     stream = records(1_200, partitions=3)
     state = new_state([0, 1, 2])
-    alone = {p: CardHistory[str]() for p in range(3)}
+    alone = {p: CardHistory() for p in range(3)}
     for start in range(0, len(stream), 256):
         batch = stream[start : start + 256]
         rows, changelog = update(state, batch)
