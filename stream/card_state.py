@@ -39,7 +39,14 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
@@ -54,6 +61,15 @@ EVICT_INTERVAL_S = 60.0
 #: A restore's reads give up after this long without progress.
 RESTORE_IDLE_TIMEOUT_S = 30.0
 RESTORE_BATCH = 10_000
+#: Errors of a partition whose leader is not known yet, and the pause before asking again.
+LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+LEADER_RETRY_S = 0.1
 
 
 def _nothing() -> None:
@@ -230,7 +246,7 @@ class CardState:
         prefix = card_key(partition, "")
         try:
             assigned = TopicPartition(self.changelog_topic, partition)
-            low, high = consumer.get_watermark_offsets(assigned, timeout=RESTORE_IDLE_TIMEOUT_S)
+            low, high = watermarks(consumer, assigned)
             if high <= low:
                 return 0, 0
             consumer.assign([TopicPartition(self.changelog_topic, partition, OFFSET_BEGINNING)])
@@ -264,6 +280,23 @@ class CardState:
         with self._lock:
             cards, size = len(self._history), self._history.nbytes
         self._metrics.set_card_state(cards, size)
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]:
+    """The partition's low and high watermarks. A partition whose leader is not elected or
+    known yet (its changelog just created, a broker restarting) answers "not leader" for a
+    moment: that is asked again, for up to RESTORE_IDLE_TIMEOUT_S."""
+    deadline = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=RESTORE_IDLE_TIMEOUT_S)
+            return low, high
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in LEADER_MOVING or time.monotonic() > deadline:
+                raise
+            log.info("changelog %s: %s; asking again", partition.partition, error.str())
+            time.sleep(LEADER_RETRY_S)
 
 
 def _restorable(

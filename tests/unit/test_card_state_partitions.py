@@ -1,6 +1,7 @@
 """The replica's card state (stream/card_state.py) over batches that mix partitions: one store
-keyed by (partition, card) must behave as one history per partition. The changelog reads are
-Kafka's (tests/integration/test_card_state.py); here every changelog is empty."""
+keyed by partition and card must behave as one history per partition; and a changelog whose
+leader is not known yet. The changelog reads are Kafka's (tests/integration/test_card_state.py);
+here every changelog is empty."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from contracts.offsets import SourceOffset
@@ -19,7 +21,7 @@ from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory
 from simulator.transactions import TransactionSimulator
 from stream import card_state as card_state_module
-from stream.card_state import CardState
+from stream.card_state import CardState, watermarks
 from stream.metrics import ServiceMetrics
 
 TOPIC = "transactions"
@@ -147,3 +149,34 @@ def test_idle_cards_get_tombstones_in_their_own_partition(
         tombstones = [c for c in changelog if c.state is None]
         assert {c.card_id for c in tombstones} == cards[p] - {first[p].transaction.card_id}
         assert all(c.partition == p and c.batch_index == 0 for c in tombstones)
+
+
+class LeaderElection:
+    """A consumer whose partition has no leader for its first `refusals` questions."""
+
+    def __init__(self, refusals: int, code: int = KafkaError.NOT_LEADER_FOR_PARTITION) -> None:
+        self.refusals = refusals
+        self.code = code
+        self.asked = 0
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        self.asked += 1
+        if self.asked <= self.refusals:
+            raise KafkaException(KafkaError(self.code))
+        return 0, 42
+
+
+def test_a_changelog_without_a_leader_yet_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(card_state_module, "LEADER_RETRY_S", 0.0)
+    consumer = LeaderElection(refusals=3)
+    assert watermarks(consumer, TopicPartition("changelog", 0)) == (0, 42)  # type: ignore[arg-type]
+    assert consumer.asked == 4
+
+
+def test_other_changelog_errors_are_not_asked_again() -> None:
+    consumer = LeaderElection(refusals=1, code=KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        watermarks(consumer, TopicPartition("changelog", 0))  # type: ignore[arg-type]
+    assert consumer.asked == 1
