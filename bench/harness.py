@@ -91,7 +91,19 @@ class Broker:
             except KafkaException as exc:
                 raise RuntimeError(f"cannot create topic {name}: {exc}") from exc
         self._created.append(name)
+        self._wait_for_leaders(name, partitions)
         return name
+
+    def _wait_for_leaders(self, name: str, partitions: int) -> None:
+        """A topic just created answers "not leader" until every partition has one."""
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            metadata = self._admin.list_topics(name, timeout=ADMIN_TIMEOUT_S).topics.get(name)
+            found = [] if metadata is None else list(metadata.partitions.values())
+            if len(found) == partitions and all(p.leader >= 0 for p in found):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"topic {name}: no leader for every partition after {ADMIN_TIMEOUT_S}s")
 
     def group(self, role: str) -> str:
         """A consumer group name of this run for `role`."""
@@ -111,6 +123,14 @@ class Broker:
         self._created = [name for name in self._created if name in keep]
 
 
+def backlog_templates(count: int) -> list[dict[str, object]]:
+    """The simulated transactions (contract records) a backlog repeats, starting now."""
+    simulator = TransactionSimulator(
+        BACKLOG_SEED, start_time_ms=time.time_ns() // 1_000_000, id_prefix="bench"
+    )
+    return simulator.generate(count, rate_per_s=BACKLOG_EVENT_RATE).records
+
+
 def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     """Produce `records` valid simulated transactions keyed by card; return the seconds taken.
 
@@ -121,12 +141,7 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", "batch.size": 1_000_000}
     )
-    simulator = TransactionSimulator(
-        BACKLOG_SEED, start_time_ms=time.time_ns() // 1_000_000, id_prefix="bench"
-    )
-    templates = simulator.generate(
-        min(BACKLOG_TEMPLATES, records), rate_per_s=BACKLOG_EVENT_RATE
-    ).records
+    templates = backlog_templates(min(BACKLOG_TEMPLATES, records))
     keys = [str(r["card_id"]).encode() for r in templates]
     # The id leads every record, so each copy only changes its first field.
     bodies = [

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import state_update
 from bench.contenders import Run
 from bench.pipeline_bench import DEFAULT_BROKER_WARMUP_S, QUICK, build_parser, settings
 
@@ -32,3 +33,21 @@ def test_the_latency_runs_follow_a_broker_warm_up_unless_it_is_switched_off() ->
 def test_a_bad_setting_is_refused_by_its_name(argv: tuple[str, ...], option: str) -> None:
     with pytest.raises(ValueError, match=option):
         _settings(*argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--partitions", "0,3"), "partition counts must be >= 1, got '0,3'"),
+        (("--partitions", "three"), "expected numbers like 1,3,12, got 'three'"),
+        (("--batch", "0"), "must be >= 1, got '0'"),
+        (("--rounds", "-2"), "must be >= 1, got '-2'"),
+    ],
+)
+def test_the_state_update_bench_refuses_a_bad_setting_before_it_starts(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        state_update.main(list(argv))
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
