@@ -10,10 +10,12 @@ shorter). Sampling watermarks costs the broker one small request and the contend
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Collection, Sequence
@@ -121,6 +123,29 @@ class Broker:
             for future in self._admin.delete_topics(doomed).values():
                 future.result(timeout=ADMIN_TIMEOUT_S)
         self._created = [name for name in self._created if name in keep]
+
+
+def tool_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a bench tool that needs the local broker (its docstring's first paragraph
+    as description), with its --bootstrap-servers."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    parser.add_argument(
+        "--bootstrap-servers",
+        default="127.0.0.1:9092",
+        help="a running broker (default %(default)s; `make kafka-up` starts one)",
+    )
+    return parser
+
+
+def connect(prog: str, bootstrap: str) -> Broker | None:
+    """The broker at `bootstrap`, or None after saying on stderr that none answers."""
+    broker = Broker(bootstrap)
+    try:
+        broker.check()
+    except RuntimeError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return broker
 
 
 def backlog_templates(count: int) -> list[dict[str, object]]:

@@ -12,7 +12,6 @@ the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import sys
@@ -21,7 +20,7 @@ import time
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from bench.harness import REPO, Broker
+from bench.harness import REPO, connect, tool_parser
 from scorer.card_record import STATE_BYTES, STATE_VERSION
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
@@ -57,25 +56,15 @@ def fill(bootstrap: str, topic: str, cards: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.state_restore", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("python -m bench.state_restore", __doc__)
     parser.add_argument(
         "--cards", type=int, default=1_000_000, help="cards in the partition (default 1,000,000)"
-    )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default="127.0.0.1:9092",
-        help="a running broker (default %(default)s; `make kafka-up` starts one)",
     )
     args = parser.parse_args(argv)
     if args.cards < 1:
         parser.error("--cards must be at least 1")
-    broker = Broker(args.bootstrap_servers)
-    try:
-        broker.check()
-    except RuntimeError as exc:
-        print(f"bench.state_restore: {exc}", file=sys.stderr)
+    broker = connect("bench.state_restore", args.bootstrap_servers)
+    if broker is None:
         return 2
     try:
         topic = broker.topic("state-restore", 1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import zlib
 from typing import NamedTuple
@@ -25,7 +24,7 @@ from typing import NamedTuple
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from bench.harness import BACKLOG_TEMPLATES, REPO, Broker, backlog_templates
+from bench.harness import BACKLOG_TEMPLATES, REPO, Broker, backlog_templates, connect, tool_parser
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
@@ -91,9 +90,7 @@ def microseconds_per_record(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.state_update", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("python -m bench.state_update", __doc__)
     parser.add_argument(
         "--batch", type=_positive, default=50, help="records per batch (default %(default)s)"
     )
@@ -106,17 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=_positive, default=4, help="measured rounds each (default %(default)s)"
     )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default="127.0.0.1:9092",
-        help="a running broker (default %(default)s; `make kafka-up` starts one)",
-    )
     args = parser.parse_args(argv)
-    broker = Broker(args.bootstrap_servers)
-    try:
-        broker.check()
-    except RuntimeError as exc:
-        print(f"bench.state_update: {exc}", file=sys.stderr)
+    broker = connect("bench.state_update", args.bootstrap_servers)
+    if broker is None:
         return 2
     transactions = [
         decode_transaction(msgspec.json.encode(record))
