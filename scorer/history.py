@@ -235,7 +235,7 @@ class CardHistory(CardStore):
             self._ring_merchant[target] = ring_merchant[applied]
             self._ring_country[target] = ring_country[applied]
             self._ring_next[target] = (slot[applied] + 1) % RING_SIZE
-            self._dirty[target] = True
+            self._mark_dirty(target)
         return features.astype(np.float32)
 
     def idle(self, now_ms: int) -> list[str]:

@@ -135,6 +135,21 @@ def test_a_record_read_again_is_not_applied_twice() -> None:
     assert set(saved) == {"e", "f"}
 
 
+def test_cards_changed_over_many_batches_are_taken_once_each() -> None:
+    # More rows marked than the store has (an owner that takes rarely, e.g. training): each
+    # changed card still comes out once, with its latest state.
+    history = CardHistory()
+    cards = [f"k{i}" for i in range(300)]
+    for batch in range(20):
+        run(history, columns(cards, [batch * 1_000] * 300), [batch] * 300)
+    taken = history.take_dirty()
+    assert sorted(card for card, _ in taken) == sorted(cards)
+    assert history.take_dirty() == []
+    run(history, columns(["k7"], [99_000]), [99])
+    history.evict_idle(99_000 + 40 * MS_PER_DAY)  # forgotten before it was taken
+    assert history.take_dirty() == []
+
+
 def test_restore_from_the_changelog_gives_the_same_features() -> None:
     original = CardHistory()
     run(original, columns(["g", "h", "g"], [0, 10, 20], [5.0, 7.0, 9.0]), [0, 1, 2])
