@@ -93,19 +93,7 @@ class Broker:
             except KafkaException as exc:
                 raise RuntimeError(f"cannot create topic {name}: {exc}") from exc
         self._created.append(name)
-        self._wait_for_leaders(name, partitions)
         return name
-
-    def _wait_for_leaders(self, name: str, partitions: int) -> None:
-        """A topic just created answers "not leader" until every partition has one."""
-        deadline = time.monotonic() + ADMIN_TIMEOUT_S
-        while time.monotonic() < deadline:
-            metadata = self._admin.list_topics(name, timeout=ADMIN_TIMEOUT_S).topics.get(name)
-            found = [] if metadata is None else list(metadata.partitions.values())
-            if len(found) == partitions and all(p.leader >= 0 for p in found):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"topic {name}: no leader for every partition after {ADMIN_TIMEOUT_S}s")
 
     def group(self, role: str) -> str:
         """A consumer group name of this run for `role`."""

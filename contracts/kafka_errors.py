@@ -7,7 +7,7 @@ forbidden topic: retried with backoff). Callers decide by the class of the trans
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 
@@ -26,6 +26,22 @@ RECORD_REJECTIONS = frozenset(
 ACCESS_DENIED = frozenset(
     {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED}
 )
+
+
+#: Answers of a partition whose leader is not elected or known yet (a topic just created, a
+#: leader election): asking again shortly succeeds.
+LEADER_UNKNOWN = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def leader_unknown(exc: BaseException) -> bool:
+    """Whether a client call failed only because its partition's leader is not known yet."""
+    return isinstance(exc, KafkaException) and exc.args[0].code() in LEADER_UNKNOWN
 
 
 def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:

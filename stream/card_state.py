@@ -40,15 +40,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+import tenacity
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
+from contracts.kafka_errors import leader_unknown
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
 from scorer.columns import TransactionColumns
@@ -62,14 +57,7 @@ EVICT_INTERVAL_S = 60.0
 #: A restore's reads give up after this long without progress.
 RESTORE_IDLE_TIMEOUT_S = 30.0
 RESTORE_BATCH = 10_000
-#: Errors of a partition whose leader is not known yet, and the pause before asking again.
-LEADER_MOVING = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-    }
-)
+#: The pause before asking a partition whose leader is not known yet again.
 LEADER_RETRY_S = 0.1
 
 
@@ -287,17 +275,19 @@ def watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]
     """The partition's low and high watermarks. A partition whose leader is not elected or
     known yet (its changelog just created, a broker restarting) answers "not leader" for a
     moment: that is asked again, for up to RESTORE_IDLE_TIMEOUT_S."""
-    deadline = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(partition, timeout=RESTORE_IDLE_TIMEOUT_S)
-            return low, high
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() not in LEADER_MOVING or time.monotonic() > deadline:
-                raise
-            log.info("changelog %s: %s; asking again", partition.partition, error.str())
-            time.sleep(LEADER_RETRY_S)
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(leader_unknown),
+        wait=tenacity.wait_fixed(LEADER_RETRY_S),
+        stop=tenacity.stop_after_delay(RESTORE_IDLE_TIMEOUT_S),
+        before_sleep=lambda state: log.info(
+            "changelog partition %s: %s; asking again",
+            partition.partition,
+            state.outcome.exception() if state.outcome else None,
+        ),
+        reraise=True,
+    )
+    low, high = retrying(consumer.get_watermark_offsets, partition, RESTORE_IDLE_TIMEOUT_S)
+    return low, high
 
 
 def _restorable(
