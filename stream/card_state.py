@@ -183,13 +183,13 @@ class CardState:
             for key, state in history.take_dirty():
                 partition, card = split_card_key(key)
                 changelog.append(ChangelogRecord(partition, card, state, last[partition]))
-            changelog.extend(self._evictions(np.array(partitions), columns, last))
+            changelog.extend(self._evictions(partitions, columns, last))
         self._report()
         return rows, changelog
 
     def _evictions(
         self,
-        partitions: npt.NDArray[np.int64],
+        partitions: Sequence[int],
         columns: TransactionColumns,
         last: Mapping[int, int],
     ) -> list[ChangelogRecord]:
@@ -197,10 +197,13 @@ class CardState:
         as of its partition's newest event time in the batch."""
         now = time.monotonic()
         due = [p for p in last if now - self._last_eviction[p] >= EVICT_INTERVAL_S]
+        if not due:
+            return []
+        batch_partitions = np.array(partitions)
         tombstones: list[ChangelogRecord] = []
         for partition in due:
             self._last_eviction[partition] = now
-            newest = int(columns.event_time[partitions == partition].max())
+            newest = int(columns.event_time[batch_partitions == partition].max())
             prefix = card_key(partition, "")
             idle = [key for key in self._history.idle(newest) if key.startswith(prefix)]
             self._history.forget(idle)
