@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -78,16 +79,8 @@ def test_card_states_sent_for_a_refused_record_are_sent_as_they_are() -> None:
     refused = RefusedOutputs(ROUTER, max_message_bytes=1_000)
     refused.remember(decision(), TOO_LARGE)
     again = decision()
-    card_state = Output(
-        kind="changelog",
-        topic="g-card-state-changelog",
-        key=b"card",
-        value=b"state",
-        headers=None,
-        source=again.source,
-        group=again.group,
-        label="card_state",
-        partition=0,
+    card_state = dataclasses.replace(
+        again, kind="changelog", topic="g-card-state-changelog", label="card_state", partition=0
     )
     assert refused.instead_of_remembered(card_state) is card_state
     assert refused.instead_of_remembered(again).kind == "dead_letter"
