@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.harness import REPO, connect, tool_parser
 from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_state import CardState
+from stream.card_state import CardState, KafkaChangelog
 from stream.metrics import ServiceMetrics
 
 RESULTS = REPO / "bench" / "results" / "state-restore.json"
@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = fill(args.bootstrap_servers, topic, args.cards)
         registry = CollectorRegistry()
         state = CardState(
-            {"bootstrap.servers": args.bootstrap_servers},
-            "transactions",
-            topic,
+            KafkaChangelog({"bootstrap.servers": args.bootstrap_servers}, topic),
             time_scale=1.0,
             metrics=ServiceMetrics(registry),
         )

@@ -28,7 +28,7 @@ from bench.harness import BACKLOG_TEMPLATES, REPO, Broker, backlog_templates, co
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
-from stream.card_state import CardState
+from stream.card_state import CardState, KafkaChangelog
 from stream.metrics import ServiceMetrics
 
 RESULTS = REPO / "bench" / "results" / "state-update.json"
@@ -63,9 +63,10 @@ def microseconds_per_record(
 ) -> float:
     """Best round's µs per record of `CardState.update` over `transactions` in `partitions`."""
     state = CardState(
-        {"bootstrap.servers": broker.bootstrap},
-        "transactions",
-        broker.topic(f"state-update-{partitions}", partitions),
+        KafkaChangelog(
+            {"bootstrap.servers": broker.bootstrap},
+            broker.topic(f"state-update-{partitions}", partitions),
+        ),
         time_scale=1.0,
         metrics=ServiceMetrics(CollectorRegistry()),
     )

@@ -107,6 +107,11 @@ class CardHistory(CardStore):
         self._longest_ms = LONGEST_WINDOW_MS / scale
         super().__init__()
 
+    @property
+    def longest_window_ms(self) -> float:
+        """The longest window, in event-time ms (after the time scale)."""
+        return self._longest_ms
+
     # The batch path.
 
     def update_and_features(
@@ -115,12 +120,19 @@ class CardHistory(CardStore):
         columns: TransactionColumns,
         merchant_ids: Sequence[str],
         offsets: npt.NDArray[np.int64],
+        *,
+        event_time: npt.NDArray[np.int64] | None = None,
+        applies: npt.NDArray[np.bool_] | None = None,
     ) -> npt.NDArray[np.float32]:
         """History features [B, len(HISTORY_FEATURE_NAMES)] of a batch of transactions (in
         consumption order; `keys` names each one's card), applying each to its card's state in
         event-time order per card. A record whose offset is <= the offset its card has applied
         is not applied again (its features are read from the state as it is): offsets are
         compared per card only, so a card's records must come from one input partition.
+
+        `event_time` replaces the columns' event times as the state counts them (the owner's
+        clock bounds them, `contracts/event_time.py`); a record whose `applies` is False is not
+        applied either (its features are read from the state as it is).
 
         Raises ValueError only when the arguments disagree in length.
         """
@@ -135,7 +147,7 @@ class CardHistory(CardStore):
             return out
         rows = self._rows_for(keys)
         offsets = np.asarray(offsets, np.int64)
-        event_time = np.asarray(columns.event_time, np.int64)
+        event_time = np.asarray(columns.event_time if event_time is None else event_time, np.int64)
         amount = np.asarray(columns.amount, np.float64)
         small_ecom = (amount < TINY_AMOUNT) & (np.asarray(columns.channel) == "ecom")
         merchant = merchant_hashes(merchant_ids)
@@ -143,6 +155,8 @@ class CardHistory(CardStore):
         # Records up to the offset a card had applied before this batch are done; the rest of
         # the batch applies, in event-time order (which need not be offset order).
         fresh = offsets > self._times[rows, 1]
+        if applies is not None:
+            fresh &= applies
         if len(np.unique(rows)) == n:
             rounds = [np.arange(n)]  # one transaction per card: a single pass
         else:

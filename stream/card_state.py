@@ -8,8 +8,11 @@ Responsibilities:
   changelog records their updates produced (changed cards, and tombstones for cards idle past
   the longest window), to be written with the batch's outputs: the commit that covers a batch's
   input offsets covers its state too;
-- drop a partition's state when it is revoked or lost, and reload every assigned partition
-  after an aborted transaction (exactly-once), whose updates never became durable.
+- keep each partition's event-time clock (its watermark), which no single record can move past
+  the wall clock plus the allowed skew (`contracts/event_time.py`);
+- drop a partition's state when it is revoked or lost; after an aborted transaction
+  (exactly-once), undo the changes of the batches it held, whose updates never became durable;
+- say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
 - The changelog partition is the input partition: a card's state lives where its transactions
@@ -23,9 +26,22 @@ Key design decisions:
   1,000,000-card restore 36 % more time).
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
+- Event time, bounded: a record dated past the bound counts as the bound (it is counted, so a
+  future date cannot hide a spree from the windows, and it cannot move the clock further); a
+  record older than the longest window as of its partition's watermark changes no state (its
+  features read the state as it is). Idle cards are evicted as of the partition's watermark,
+  never as of one batch's newest record.
+- A batch with records of a partition that is not loaded (revoked or lost while the batch was
+  formed) gives those records neutral features and updates the others as usual.
 - The restore reads with isolation.level=read_committed, so it sees only what committed, and
   stops at the end the partition had when it started: a replica that still believes it owns a
-  partition (a zombie reloading after an abort) must not chase the new owner's writes.
+  partition (a zombie reloading after an abort) must not chase the new owner's writes. Per card
+  it keeps the state with the highest input offset (`CardStore.restore`).
+- Exactly-once undo: before a batch changes its cards (and before an eviction forgets some), their
+  rows are copied; an abort puts back the copies of every batch past the committed offsets,
+  newest first. Its cost is the batches' size, not the state's (a reload read every owned
+  partition's changelog again: about 9 s per million cards). Past `UNDO_MAX_CARDS` copies
+  between two commits the copies are dropped and an abort reloads, so memory stays bounded.
 - A lock orders the consuming thread's restores and drops against the scoring thread's batches;
   a restore takes it per chunk read, so batches of other partitions go on meanwhile.
 """
@@ -35,7 +51,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -43,22 +59,32 @@ import numpy.typing as npt
 import tenacity
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
+from contracts.event_time import EventClock
 from contracts.kafka_errors import leader_unknown
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
+from scorer.card_store import CardSnapshot
 from scorer.columns import TransactionColumns
-from scorer.history import CardHistory
+from scorer.history import CardHistory, neutral_history
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-#: How often, in wall-clock seconds, each partition looks for idle cards to evict.
+#: How often, in wall-clock seconds, each partition looks for idle cards to evict (default of
+#: FRAUD_STATE_EVICT_INTERVAL_S).
 EVICT_INTERVAL_S = 60.0
 #: A restore's reads give up after this long without progress.
 RESTORE_IDLE_TIMEOUT_S = 30.0
 RESTORE_BATCH = 10_000
 #: The pause before asking a partition whose leader is not known yet again.
 LEADER_RETRY_S = 0.1
+#: Exactly-once: the most card rows copied for undo between two commits (about 150 bytes each).
+#: A transaction holds at most FRAUD_TRANSACTION_MAX_RECORDS records (10,000 by default), so
+#: this is reached only with a much larger setting; an abort then reloads instead.
+UNDO_MAX_CARDS = 200_000
+
+#: A changelog chunk: (card id, state or None for a tombstone), in changelog order.
+Chunk = list[tuple[str, bytes | None]]
 
 
 def _nothing() -> None:
@@ -84,6 +110,27 @@ class ChangelogRecord(NamedTuple):
     batch_index: int
 
 
+class Changelog(Protocol):
+    """Where the card states are read back from: the changelog topic (or a test's list)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    def read(self, partition: int, progress: Callable[[], None]) -> Iterator[Chunk]:
+        """The partition's records up to the end it has now, in chunks; `progress` is called
+        after every read (a long restore is not a stuck replica)."""
+        ...
+
+
+class CardOwnership(NamedTuple):
+    """A card's state now, as a changelog record sent again must carry it."""
+
+    #: False when the card's partition is not this replica's (its next owner has the state).
+    owned: bool
+    #: The serialized state; None when the card is not held (a tombstone).
+    state: bytes | None
+
+
 #: Between a card key's partition and card id: never in a partition number.
 KEY_SEPARATOR = "\x00"
 
@@ -99,25 +146,47 @@ def split_card_key(key: str) -> tuple[int, str]:
     return int(partition), card_id
 
 
+class _Undo(NamedTuple):
+    """What one batch changed, as it was before: its snapshots in the order they were taken."""
+
+    #: The batch's highest input offset per partition: committed once every one is.
+    offsets: dict[int, int]
+    snapshots: list[CardSnapshot]
+
+
 class CardState:
     """The card histories of the partitions this replica owns."""
 
     def __init__(
         self,
-        kafka: Mapping[str, Any],
-        input_topic: str,
-        changelog_topic: str,
+        changelog: Changelog,
         *,
         time_scale: float,
         metrics: ServiceMetrics,
+        clock: EventClock | None = None,
+        undo: bool = False,
+        evict_interval_s: float = EVICT_INTERVAL_S,
     ) -> None:
-        self._kafka = dict(kafka)
-        self._input_topic = input_topic
-        self.changelog_topic = changelog_topic
+        """`undo`: keep what each batch changed until it commits, so an aborted transaction
+        is undone in memory (exactly-once). `evict_interval_s`: how often each partition
+        looks for idle cards."""
+        self._evict_interval_s = evict_interval_s
+        self._changelog = changelog
+        self.changelog_topic = changelog.topic
         self._metrics = metrics
         self._history = CardHistory(time_scale=time_scale)
-        #: Partitions whose state is restored, each with when its idle cards were last evicted.
+        self._longest_ms = self._history.longest_window_ms
+        self._clock = clock or EventClock(time_scale=time_scale)
+        #: Partitions whose state is restored: each one's event-time watermark (-1: none yet)
+        #: and when its idle cards were last evicted.
+        self._watermark: dict[int, int] = {}
         self._last_eviction: dict[int, float] = {}
+        self._undo: list[_Undo] | None = [] if undo else None
+        self._undo_cards = 0
+        #: Undo copies were dropped (too many): the next rollback reloads.
+        self._undo_overflow = False
+        #: Committed input positions (next offset to read) per partition, as last reported.
+        self._committed: dict[int, int] = {}
         self._lock = threading.Lock()
 
     # -- consuming thread: rebalances --------------------------------------------------------
@@ -135,12 +204,13 @@ class CardState:
                 self._forget({partition})  # no half-restored partition stays in memory
                 raise
             with self._lock:
+                self._watermark[partition] = -1
                 self._last_eviction[partition] = time.monotonic()
             seconds = time.monotonic() - started
             self._metrics.observe_state_restore(seconds)
             log.info(
                 "restored card state topic=%s partition=%s cards=%s changelog_records=%s in %.3fs",
-                self._input_topic,
+                self.changelog_topic,
                 partition,
                 cards,
                 records,
@@ -153,11 +223,65 @@ class CardState:
         self._forget(set(partitions))
         self._report()
 
-    def reload(self, progress: Callable[[], None] = _nothing) -> None:
-        """Restore every owned partition again (its in-memory updates were aborted)."""
+    def owned(self) -> list[int]:
+        """The partitions whose state is loaded."""
         with self._lock:
-            partitions = sorted(self._last_eviction)
-        self.restore(partitions, progress)
+            return sorted(self._watermark)
+
+    def reload(self, progress: Callable[[], None] = _nothing) -> None:
+        """Restore every owned partition again from its changelog."""
+        self.restore(self.owned(), progress)
+
+    def committed(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Input positions a transaction committed (exactly-once): the undo copies of the
+        batches they cover are no longer needed."""
+        with self._lock:
+            for (_topic, partition), position in positions.items():
+                self._committed[partition] = max(position, self._committed.get(partition, -1))
+            if self._undo is None:
+                return
+            done = 0
+            for entry in self._undo:
+                if not self._covered(entry, self._committed):
+                    break
+                done += 1
+                self._undo_cards -= sum(len(s.keys) for s in entry.snapshots)
+            del self._undo[:done]
+
+    def rollback(
+        self, committed: Mapping[int, int], progress: Callable[[], None] = _nothing
+    ) -> None:
+        """Undo what the batches past the `committed` positions (partition → next offset to
+        read) changed: their transaction was aborted, and they will be read again."""
+        started = time.monotonic()
+        with self._lock:
+            overflow = self._undo is None or self._undo_overflow
+            if not overflow:
+                assert self._undo is not None
+                undone = 0
+                for entry in reversed(self._undo):
+                    if not entry.offsets:
+                        continue  # only partitions that went: nothing of theirs comes back
+                    if self._covered(entry, committed):
+                        break  # this batch and all before it committed
+                    for snapshot in reversed(entry.snapshots):
+                        self._history.revert(snapshot)
+                    undone += 1
+                self._undo.clear()
+                self._undo_cards = 0
+        if overflow:
+            self._reset_undo()
+            self.reload(progress)
+            method = "reload"
+        else:
+            self._report()
+            method = "undo"
+        self._metrics.record_state_rollback(method)
+        log.warning(
+            "card state rolled back to the committed offsets by %s in %.3fs",
+            method,
+            time.monotonic() - started,
+        )
 
     # -- scoring thread: batches -------------------------------------------------------------
 
@@ -165,47 +289,103 @@ class CardState:
         self, records: Sequence[StatefulRecord], columns: TransactionColumns
     ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
         """The history feature rows of `records` (batch order; `columns` are theirs) and the
-        changelog records their updates produced. None for the rows when a partition's state
-        is not loaded (the features are then neutral)."""
+        changelog records their updates produced. None for the rows when no partition of the
+        batch is loaded (the features are then neutral); a record of a partition that is not
+        loaded gets neutral features and changes nothing."""
         n = len(records)
-        partitions = [r.position[0][1] for r in records]
+        partitions = np.fromiter((r.position[0][1] for r in records), np.int64, n)
         offsets = np.fromiter((r.position[1] for r in records), np.int64, n)
-        # Each partition's last record in the batch: its changelog records name it as source.
-        last = {partition: index for index, partition in enumerate(partitions)}
-        history = self._history
         with self._lock:
-            if any(partition not in self._last_eviction for partition in last):
+            present = np.unique(partitions).tolist()
+            owned = [p for p in present if p in self._watermark]
+            if not owned:
                 return None, []
-            prefix = {partition: card_key(partition, "") for partition in last}
-            keys = [prefix[p] + card for p, card in zip(partitions, columns.card_id, strict=True)]
-            rows = history.update_and_features(keys, columns, columns.merchant_id, offsets)
-            changelog = []
-            for key, state in history.take_dirty():
-                partition, card = split_card_key(key)
-                changelog.append(ChangelogRecord(partition, card, state, last[partition]))
-            changelog.extend(self._evictions(partitions, columns, last))
+            if len(owned) == len(present):
+                rows, changelog = self._update(partitions, offsets, columns, np.arange(n))
+            else:
+                index = np.flatnonzero(np.isin(partitions, owned))
+                part = columns.rows(index)
+                kept, changelog = self._update(partitions[index], offsets[index], part, index)
+                rows = neutral_history(columns)
+                rows[index] = kept
         self._report()
         return rows, changelog
 
-    def _evictions(
+    def current(self, partition: int, card_id: str) -> CardOwnership:
+        """The card's state now (see `CardOwnership`)."""
+        with self._lock:
+            if partition not in self._watermark:
+                return CardOwnership(False, None)
+            return CardOwnership(True, self._history.state_of(card_key(partition, card_id)))
+
+    def _update(
         self,
-        partitions: Sequence[int],
+        partitions: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
         columns: TransactionColumns,
-        last: Mapping[int, int],
+        in_batch: npt.NDArray[np.int64],
+    ) -> tuple[npt.NDArray[np.float32], list[ChangelogRecord]]:
+        """`update` for records of owned partitions only; `in_batch` is each one's index in the
+        whole batch. Holds the lock."""
+        event_time, future = self._clock.clamp(np.asarray(columns.event_time, np.int64))
+        present, which = np.unique(partitions, return_inverse=True)
+        newest = np.full(len(present), -1, np.int64)
+        np.maximum.at(newest, which, event_time)
+        watermarks = np.empty(len(present), np.int64)
+        for i, partition in enumerate(present.tolist()):
+            watermarks[i] = self._watermark[partition] = max(
+                self._watermark[partition], int(newest[i])
+            )
+        applies = event_time >= watermarks[which] - self._longest_ms
+        stale = len(applies) - int(np.count_nonzero(applies))
+        if future:
+            self._metrics.record_event_time_out_of_bounds("future", future)
+        if stale:
+            self._metrics.record_event_time_out_of_bounds("stale", stale)
+
+        prefix = {partition: card_key(partition, "") for partition in present.tolist()}
+        keys = [
+            prefix[p] + card for p, card in zip(partitions.tolist(), columns.card_id, strict=True)
+        ]
+        # Each partition's last record in the batch: its changelog records name it as source.
+        last = {p: int(in_batch[i]) for i, p in enumerate(partitions.tolist())}
+        snapshots: list[CardSnapshot] = []
+        if self._undo is not None:
+            snapshots.append(self._history.snapshot(list(dict.fromkeys(keys))))
+        history = self._history
+        rows = history.update_and_features(
+            keys, columns, columns.merchant_id, offsets, event_time=event_time, applies=applies
+        )
+        changelog = []
+        for key, state in history.take_dirty():
+            partition, card = split_card_key(key)
+            changelog.append(ChangelogRecord(partition, card, state, last[partition]))
+        changelog.extend(self._evictions(last, snapshots))
+        if self._undo is not None:
+            batch_offsets = {p: int(offsets[partitions == p].max()) for p in prefix}
+            self._remember(_Undo(batch_offsets, snapshots))
+        return rows, changelog
+
+    def _evictions(
+        self, last: Mapping[int, int], snapshots: list[CardSnapshot]
     ) -> list[ChangelogRecord]:
         """Tombstones for the idle cards of the batch's partitions due for eviction, each idle
-        as of its partition's newest event time in the batch."""
+        as of its partition's watermark; their rows are copied to `snapshots` when undo is on."""
         now = time.monotonic()
-        due = [p for p in last if now - self._last_eviction[p] >= EVICT_INTERVAL_S]
-        if not due:
-            return []
-        batch_partitions = np.array(partitions)
+        due = [p for p in last if now - self._last_eviction[p] >= self._evict_interval_s]
         tombstones: list[ChangelogRecord] = []
         for partition in due:
             self._last_eviction[partition] = now
-            newest = int(columns.event_time[batch_partitions == partition].max())
             prefix = card_key(partition, "")
-            idle = [key for key in self._history.idle(newest) if key.startswith(prefix)]
+            idle = [
+                key
+                for key in self._history.idle(self._watermark[partition])
+                if key.startswith(prefix)
+            ]
+            if not idle:
+                continue
+            if self._undo is not None:
+                snapshots.append(self._history.snapshot(idle))
             self._history.forget(idle)
             tombstones.extend(
                 ChangelogRecord(partition, key[len(prefix) :], None, last[partition])
@@ -215,33 +395,110 @@ class CardState:
 
     # -- internals ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _covered(entry: _Undo, committed: Mapping[int, int]) -> bool:
+        """Whether every record of the batch is below the committed positions."""
+        return all(offset < committed.get(p, -1) for p, offset in entry.offsets.items())
+
+    def _remember(self, entry: _Undo) -> None:
+        assert self._undo is not None
+        if self._undo_overflow:
+            return
+        self._undo.append(entry)
+        self._undo_cards += sum(len(s.keys) for s in entry.snapshots)
+        if self._undo_cards > UNDO_MAX_CARDS:
+            log.warning(
+                "more than %s cards changed since the last commit: an abort now reloads the "
+                "card state instead of undoing",
+                UNDO_MAX_CARDS,
+            )
+            self._undo.clear()
+            self._undo_cards = 0
+            self._undo_overflow = True
+
+    def _reset_undo(self) -> None:
+        with self._lock:
+            if self._undo is not None:
+                self._undo.clear()
+            self._undo_cards = 0
+            self._undo_overflow = False
+
     def _forget(self, partitions: set[int]) -> None:
         with self._lock:
             prefixes = tuple(card_key(partition, "") for partition in partitions)
             self._history.forget([key for key in self._history if key.startswith(prefixes)])
             for partition in partitions:
+                self._watermark.pop(partition, None)
                 self._last_eviction.pop(partition, None)
+                self._committed.pop(partition, None)
+            if self._undo and prefixes:
+                # A partition that went must not come back by an undo.
+                for entry in self._undo:
+                    for i, snapshot in enumerate(entry.snapshots):
+                        keep = [not key.startswith(prefixes) for key in snapshot.keys]
+                        entry.snapshots[i] = _select(snapshot, keep)
+                    for partition in partitions:
+                        entry.offsets.pop(partition, None)
 
     def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int]:
         """Load the partition's changelog into the store; return the partition's cards and the
         changelog records read."""
+        read = cards = 0
+        prefix = card_key(partition, "")
+        #: Cards a tombstone forgot during this restore, with the offset they had applied.
+        tombstoned: dict[str, int] = {}
+        for chunk in self._changelog.read(partition, progress):
+            with self._lock:
+                held = len(self._history)
+                problems = self._history.restore(
+                    [(prefix + card, state) for card, state in chunk], tombstoned
+                )
+                cards += len(self._history) - held
+            for problem in problems:
+                log.warning("skipping a card state record (the card starts anew): %s", problem)
+            read += len(chunk)
+        return cards, read
+
+    def _report(self) -> None:
+        with self._lock:
+            cards, size = len(self._history), self._history.nbytes
+        self._metrics.set_card_state(cards, size)
+
+
+def _select(snapshot: CardSnapshot, keep: list[bool]) -> CardSnapshot:
+    """The part of `snapshot` whose keys `keep` says."""
+    mask = np.array(keep, np.bool_)
+    held_kept = mask[snapshot.held]
+    return CardSnapshot(
+        [key for key, k in zip(snapshot.keys, keep, strict=True) if k],
+        snapshot.held[mask],
+        snapshot.records[held_kept],
+    )
+
+
+class KafkaChangelog:
+    """The changelog topic, read partition by partition for a restore."""
+
+    def __init__(self, kafka: Mapping[str, Any], topic: str) -> None:
+        self._kafka = dict(kafka)
+        self.topic = topic
+
+    def read(self, partition: int, progress: Callable[[], None]) -> Iterator[Chunk]:
         consumer = Consumer(
             {
                 **self._kafka,
-                "group.id": f"{self.changelog_topic}-restore",
+                "group.id": f"{self.topic}-restore",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "enable.partition.eof": True,
             }
         )
-        read = cards = 0
-        prefix = card_key(partition, "")
         try:
-            assigned = TopicPartition(self.changelog_topic, partition)
+            assigned = TopicPartition(self.topic, partition)
             low, high = watermarks(consumer, assigned)
             if high <= low:
-                return 0, 0
-            consumer.assign([TopicPartition(self.changelog_topic, partition, OFFSET_BEGINNING)])
+                return
+            consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
             idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
             while True:
                 # consume() waits its whole timeout unless the batch fills: keep it short, and
@@ -250,28 +507,15 @@ class CardState:
                 messages = consumer.consume(RESTORE_BATCH, 0.05)
                 progress()
                 if not messages and time.monotonic() > idle_until:
-                    raise TimeoutError(f"changelog {self.changelog_topic}[{partition}] stalled")
+                    raise TimeoutError(f"changelog {self.topic}[{partition}] stalled")
                 chunk, done = _restorable(messages, high)
-                with self._lock:
-                    held = len(self._history)
-                    problems = self._history.restore(
-                        [(prefix + card, state) for card, state in chunk]
-                    )
-                    cards += len(self._history) - held
-                for problem in problems:
-                    log.warning("skipping a card state record (the card starts anew): %s", problem)
-                read += len(chunk)
+                yield chunk
                 if messages:
                     idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
                 if done or consumer.position([assigned])[0].offset >= high:
-                    return cards, read
+                    return
         finally:
             consumer.close()
-
-    def _report(self) -> None:
-        with self._lock:
-            cards, size = len(self._history), self._history.nbytes
-        self._metrics.set_card_state(cards, size)
 
 
 def watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]:
@@ -293,12 +537,10 @@ def watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]
     return low, high
 
 
-def _restorable(
-    messages: Sequence[Message], end: int
-) -> tuple[list[tuple[str, bytes | None]], bool]:
+def _restorable(messages: Sequence[Message], end: int) -> tuple[Chunk, bool]:
     """The card records among `messages` that precede offset `end`, and whether the
     partition's end (end-of-partition, or a record at `end` or past it) was reached."""
-    chunk: list[tuple[str, bytes | None]] = []
+    chunk: Chunk = []
     for message in messages:
         error = message.error()
         if error is not None:

@@ -193,6 +193,25 @@ class ServiceMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=r,
         )
+        self._out_of_bounds = Counter(
+            "fraud_state_event_time_out_of_bounds_total",
+            "Records whose event time the card state did not take as it is: future (past the "
+            "wall clock plus the allowed skew: counted at that bound) or stale (older than the "
+            "longest window as of the partition's watermark: the state is unchanged)",
+            ["reason"],
+            registry=r,
+        )
+        self._rollbacks = Counter(
+            "fraud_state_rollbacks_total",
+            "Card state rollbacks after an aborted transaction (exactly-once), by method: undo "
+            "(the aborted batches' changes put back) or reload (read from the changelog)",
+            ["method"],
+            registry=r,
+        )
+        for reason in ("future", "stale"):
+            self._out_of_bounds.labels(reason)
+        for method in ("undo", "reload"):
+            self._rollbacks.labels(method)
         self._cards = Gauge(
             "fraud_card_state_cards", "Cards whose history this replica holds", registry=r
         )
@@ -283,6 +302,12 @@ class ServiceMetrics:
 
     def observe_state_restore(self, seconds: float) -> None:
         self._restore.observe(seconds)
+
+    def record_event_time_out_of_bounds(self, reason: str, count: int) -> None:
+        self._out_of_bounds.labels(reason).inc(count)
+
+    def record_state_rollback(self, method: str) -> None:
+        self._rollbacks.labels(method).inc()
 
     def set_card_state(self, cards: int, size_bytes: int) -> None:
         self._cards.set(cards)

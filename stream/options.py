@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
 from scorer.decide import LatePolicy
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
 from scorer.runtime import Device
@@ -239,6 +240,27 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             le=1e9,
         ),
     ] = 1.0
+    state_evict_interval_s: Annotated[
+        float,
+        meta(
+            "FRAUD_STATE_EVICT_INTERVAL_S",
+            "how often, in seconds of wall-clock time, each partition forgets the cards idle "
+            "past the longest window (as of its event-time watermark), with a tombstone each",
+            gt=0,
+            le=86_400,
+        ),
+    ] = 60.0
+    max_clock_skew_ms: Annotated[
+        int,
+        meta(
+            "FRAUD_MAX_CLOCK_SKEW_MS",
+            "how far past this host's clock an event time may move the state's clocks (card "
+            "windows, eviction, terminal days); a later one counts as this bound. History "
+            "time: divided by FRAUD_HISTORY_TIME_SCALE",
+            ge=0,
+            le=31_536_000_000,
+        ),
+    ] = DEFAULT_MAX_CLOCK_SKEW_MS
     terminal_risk_topic: Annotated[
         _Topic,
         meta(

@@ -7,18 +7,27 @@ broker rejects for itself is dead-lettered instead (a decision: reason `produce`
 that is too large: sent again in a smaller form, `deadletter.router.shrink`). A dead letter
 refused in its smallest form is a problem of the dead-letter topic (its `max.message.bytes`),
 not of the record: it is retried like any infrastructure fault, unchanged.
+
+A card state (changelog record) is sent again as the card is now, not as it was: a later batch's
+state of the same card may have reached the changelog meanwhile, and the older one written after
+it would be what compaction keeps and a restore reads. The card's current state is at least as
+new as anything sent before it. A card whose partition went is not sent at all: its next owner
+reads the records since the commit again and writes the state itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from stream.card_state import CardOwnership
 from stream.metrics import ServiceMetrics
 from stream.refusals import replacement
 from stream.sink import Output, OutputSink
@@ -40,8 +49,11 @@ class Redelivery:
         delivery_timeout_s: float,
         max_message_bytes: int,
         metrics: ServiceMetrics,
+        card_state: Callable[[int, str], CardOwnership] | None = None,
     ) -> None:
+        """`card_state(partition, card_id)` says what a card's state is now (card history on)."""
         self._metrics = metrics
+        self._card_state = card_state
         self._policy = policy
         self._router = router
         self._delivery_timeout_s = delivery_timeout_s
@@ -146,9 +158,22 @@ class Redelivery:
             self._last_code = error.code
             if isinstance(error, RecordRejectedError):
                 output = self._reroute(output, error)
+            if output.kind == "changelog":
+                current = self._current_card_state(output)
+                if current is None:
+                    output.delivered()  # its partition went; the next owner has the state
+                    continue
+                output = current
             outputs.append(output)
         outputs.sort(key=lambda output: position_of(output.source))
         return outputs
+
+    def _current_card_state(self, output: Output) -> Output | None:
+        """The card state output as the card is now; None when its partition is not ours."""
+        if self._card_state is None or output.partition is None or output.key is None:
+            return output
+        owned, state = self._card_state(output.partition, output.key.decode())
+        return dataclasses.replace(output, value=state) if owned else None
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:
         found = replacement(output, error, self._router, self._max_message_bytes)

@@ -284,8 +284,9 @@ class ScoringService:
         for position in committed:
             self._consumer.seek(position)
         if self._card_state is not None:
-            # The aborted updates never reached the changelog.
-            self._card_state.reload(self._health.beat)
+            # The aborted updates never reached the changelog: undo them.
+            positions = {tp.partition: max(tp.offset, -1) for tp in committed}
+            self._card_state.rollback(positions, self._health.beat)
         self._transactions.end_rewind()
         self._rewind_pending = False
         log.warning(
@@ -338,6 +339,10 @@ class ScoringService:
         released = self._release_records(keys)
         what = f"lost {_describe(partitions)}: {released} undecided records released"
         log.warning("%s, nothing of them is committed", what)
+        # As on a revoke, the batch being scored (thread mode) finishes before the partitions'
+        # state goes: it holds records of the partitions kept too.
+        deadline = self._shutdown_deadline or time.monotonic() + self._config.shutdown_timeout_s
+        self._handoff.wait_until_done(deadline)
         self._forget(keys, partitions)
 
     def _release_records(self, keys: set[PartitionKey]) -> int:

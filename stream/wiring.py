@@ -13,11 +13,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from contracts.offsets import OffsetTracker
+from contracts.event_time import EventClock
+from contracts.offsets import OffsetTracker, PartitionKey
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.model import Scorer
-from stream.card_state import CardState
+from stream.card_state import CardState, KafkaChangelog
 from stream.config import ServiceConfig
 from stream.health import HealthState
 from stream.kafka_clients import ClientErrors
@@ -71,6 +72,11 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
     )
 
 
+def event_clock(config: ServiceConfig) -> EventClock:
+    """How far the state's clocks trust event times, from the configuration."""
+    return EventClock(config.max_clock_skew_ms, config.history_time_scale)
+
+
 def retry_policy(config: ServiceConfig) -> RetryPolicy:
     """The failure policy's retries, from the configuration."""
     return RetryPolicy(
@@ -102,14 +108,33 @@ def build_collaborators(
     """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
     readers it makes itself (the state restore, the terminal-risk table)."""
     router = dead_letter_router(config)
+    card_state = (
+        CardState(
+            KafkaChangelog(kafka, config.changelog_topic),
+            time_scale=config.history_time_scale,
+            metrics=metrics,
+            clock=event_clock(config),
+            undo=config.exactly_once,
+            evict_interval_s=config.state_evict_interval_s,
+        )
+        if config.card_history == "on"
+        else None
+    )
     redelivery = Redelivery(
         retry_policy(config),
         router,
         delivery_timeout_s=delivery_timeout_s,
         max_message_bytes=max_message_bytes,
         metrics=metrics,
+        card_state=None if card_state is None else card_state.current,
     )
     tracker = OffsetTracker()
+
+    def committed(positions: dict[PartitionKey, int]) -> None:
+        lag.committed(positions)
+        if card_state is not None:
+            card_state.committed(positions)
+
     transactions = (
         TransactionalSink(
             new_producer,
@@ -120,7 +145,7 @@ def build_collaborators(
             max_records=config.transaction_max_records,
             max_message_bytes=max_message_bytes,
             metrics=metrics,
-            on_committed=lag.committed,
+            on_committed=committed,
         )
         if config.exactly_once
         else None
@@ -138,17 +163,7 @@ def build_collaborators(
         metrics=metrics,
         tracker=tracker,
         transactions=transactions,
-        card_state=(
-            CardState(
-                kafka,
-                config.input_topic,
-                config.changelog_topic,
-                time_scale=config.history_time_scale,
-                metrics=metrics,
-            )
-            if config.card_history == "on"
-            else None
-        ),
+        card_state=card_state,
         terminals=TerminalRiskTable(kafka, config.terminal_risk_topic, metrics),
         client_errors=client_errors,
     )

@@ -7,7 +7,7 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_state import RESTORE_BATCH, CardState
+from stream.card_state import RESTORE_BATCH, CardState, KafkaChangelog
 from stream.metrics import ServiceMetrics
 from tests.integration.conftest import BOOTSTRAP, produce
 
@@ -18,9 +18,7 @@ STATE = bytes([STATE_VERSION]) + bytes(STATE_BYTES - 1)
 
 def card_state(changelog: str, registry: CollectorRegistry) -> CardState:
     return CardState(
-        {"bootstrap.servers": BOOTSTRAP},
-        "transactions",
-        changelog,
+        KafkaChangelog({"bootstrap.servers": BOOTSTRAP}, changelog),
         time_scale=1.0,
         metrics=ServiceMetrics(registry),
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from contracts.errors import DeliveryError, ScoreError
+from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
 from stream.outcomes import OutcomeGroup
 from stream.sink import Output
 
@@ -42,6 +42,33 @@ class FakeScorer:
         if self._raises_on is not None and self._raises_on(features).any():
             raise ScoreError("Gather: index out of bounds")
         return self._rule(features)
+
+
+class MemoryChangelog:
+    """A changelog topic in memory: partition → records in the order written; `compact()`
+    keeps each key's last record, as the broker's cleaner does."""
+
+    topic = "cards-changelog"
+
+    def __init__(self, chunk: int = 7) -> None:
+        self.partitions: dict[int, list[tuple[str, bytes | None]]] = {}
+        self._chunk = chunk
+
+    def append(self, partition: int, card_id: str, state: bytes | None) -> None:
+        self.partitions.setdefault(partition, []).append((card_id, state))
+
+    def compact(self) -> None:
+        for partition, records in self.partitions.items():
+            last = dict(records)
+            self.partitions[partition] = list(last.items())
+
+    def read(
+        self, partition: int, progress: Callable[[], None]
+    ) -> Iterator[list[tuple[str, bytes | None]]]:
+        records = list(self.partitions.get(partition, []))
+        for start in range(0, len(records), self._chunk):
+            progress()
+            yield records[start : start + self._chunk]
 
 
 class MemorySink:
@@ -231,12 +258,25 @@ class FakeConsumer:
 class AutoSink(MemorySink):
     """Delivers every output it holds when polled (or fails them all, while `failing`)."""
 
-    def __init__(self, on_failure: Callable[[Output, DeliveryError], None]) -> None:
+    def __init__(
+        self,
+        on_failure: Callable[[Output, DeliveryError], None],
+        changelog: MemoryChangelog | None = None,
+    ) -> None:
+        """Card state outputs it delivers are appended to `changelog`, if given."""
         super().__init__()
         self._on_failure = on_failure
+        self._changelog = changelog
         self._lock = threading.Lock()
         self.delivered: list[Output] = []
         self.failing: DeliveryError | None = None
+        #: Outputs it says yes to fail (a transient error), reported `late_polls` polls later,
+        #: as librdkafka reports a timeout once message.timeout.ms has passed; the others are
+        #: delivered meanwhile.
+        self.fail_when: Callable[[Output], bool] | None = None
+        self.late_polls = 20
+        self._late: list[tuple[int, Output]] = []
+        self._polls = 0
         self.holding = False
 
     def send(self, output: Output) -> None:
@@ -260,11 +300,22 @@ class AutoSink(MemorySink):
             return
         with self._lock:
             outputs, self.sent = self.sent, []
+            self._polls += 1
+            due = [output for at, output in self._late if at <= self._polls]
+            self._late = [(at, output) for at, output in self._late if at > self._polls]
+        for output in due:
+            self._on_failure(output, TransientDeliveryError("timed out", "_MSG_TIMED_OUT"))
         for output in outputs:
             if self.failing is not None:
                 self._on_failure(output, self.failing)
+            elif self.fail_when is not None and self.fail_when(output):
+                with self._lock:
+                    self._late.append((self._polls + self.late_polls, output))
             else:
                 self.delivered.append(output)
+                if output.kind == "changelog" and self._changelog is not None:
+                    assert output.partition is not None and output.key is not None
+                    self._changelog.append(output.partition, output.key.decode(), output.value)
                 output.delivered()
 
     def flush(self, timeout_s: float) -> int:
@@ -272,7 +323,7 @@ class AutoSink(MemorySink):
         while True:
             self.poll()
             with self._lock:
-                left = len(self.sent)
+                left = len(self.sent) + len(self._late)
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(0.005)
@@ -309,6 +360,9 @@ class FakeTransactionalProducer:
         #: init_transactions() fails with this while it is set (the coordinator unreachable).
         self.init_error: KafkaError | None = None
         self.initialized = False
+        #: Card states committed to its topic are appended here, if set.
+        self.changelog: MemoryChangelog | None = None
+        self._open_partitions: list[int] = []
 
     def init_transactions(self, timeout: float) -> None:
         """Nothing to fence in memory."""
@@ -337,6 +391,7 @@ class FakeTransactionalProducer:
         assert self.in_transaction, "produce outside a transaction"
         self._open.append((topic, key, value))
         self._open_headers.append(list(headers or []))
+        self._open_partitions.append(int(_kw.get("partition", -1)))  # type: ignore[call-overload]
 
     def send_offsets_to_transaction(
         self, offsets: list[TopicPartition], metadata: object, timeout: float
@@ -351,6 +406,10 @@ class FakeTransactionalProducer:
             error, self.fail_next_commit = self.fail_next_commit, None
             raise KafkaException(error)
         self.committed.extend(self._open)
+        changelog = self.changelog
+        for (topic, key, value), partition in zip(self._open, self._open_partitions, strict=True):
+            if changelog is not None and topic == changelog.topic and key is not None:
+                changelog.append(partition, key.decode(), value)
         self._consumer.committed_offsets.update(self._offsets)
         outputs = [
             (topic, value, headers)
@@ -358,6 +417,7 @@ class FakeTransactionalProducer:
         ]
         self.transactions.append((outputs, dict(self._consumer.committed_offsets)))
         self._open, self._offsets, self._open_headers = [], {}, []
+        self._open_partitions = []
         self.in_transaction = False
         self.commits += 1
 
@@ -367,6 +427,7 @@ class FakeTransactionalProducer:
             raise KafkaException(self.abort_error)
         self._aborting = False
         self._open, self._offsets, self._open_headers = [], {}, []
+        self._open_partitions = []
         self.in_transaction = False
 
     def poll(self, timeout: float = 0) -> int:

@@ -20,6 +20,7 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
+from stream.card_state import CardState
 from stream.transactions import TransactionalSink
 from stream.wiring import Collaborators, dead_letter_router
 from tests.unit.fakes import (
@@ -27,6 +28,7 @@ from tests.unit.fakes import (
     FakeConsumer,
     FakeScorer,
     FakeTransactionalProducer,
+    MemoryChangelog,
     message,
 )
 
@@ -61,7 +63,11 @@ class Replica:
     #: Where batches are scored unless a test says (`FRAUD_SCORING`).
     scoring = "inline"
 
-    def __init__(self, scorer: FakeScorer | None = None, **settings: object) -> None:
+    def __init__(
+        self, scorer: FakeScorer | None = None, *, card_state: bool = False, **settings: object
+    ) -> None:
+        """`card_state`: keep card history, its changelog in `self.changelog` (a list in
+        memory that receives every card state output once the sink delivers it)."""
         defaults: dict[str, object] = {
             "scoring": self.scoring,
             "input_topic": TOPIC,
@@ -76,20 +82,33 @@ class Replica:
         self.consumer = FakeConsumer()
         router = dead_letter_router(self.config)
         self.metrics = ServiceMetrics(CollectorRegistry())
+        self.changelog = MemoryChangelog()
+        self.card_state = (
+            CardState(
+                self.changelog,
+                time_scale=1.0,
+                metrics=self.metrics,
+                undo=self.config.exactly_once,
+            )
+            if card_state
+            else None
+        )
         self.redelivery = Redelivery(
             RetryPolicy(self.config.delivery_attempts, 0.001, 0.005),
             router,
             delivery_timeout_s=0.01,
             max_message_bytes=1_000_000,
             metrics=self.metrics,
+            card_state=None if self.card_state is None else self.card_state.current,
         )
-        self.sink = AutoSink(self.redelivery.failed)
+        self.sink = AutoSink(self.redelivery.failed, self.changelog)
         self.scorer = scorer or FakeScorer()
         self.health = HealthState()
         tracker = OffsetTracker()
         #: Every transactional producer the sink made (it replaces one after the cluster went
         #: away); the last is the one in use.
         self.producers = [FakeTransactionalProducer(self.consumer)]
+        self.producer.changelog = self.changelog
         self._producers_made = 0
         #: The init_transactions() error of the next replacement producer, if any.
         self.replacement_init_error: KafkaError | None = None
@@ -120,6 +139,7 @@ class Replica:
             metrics=self.metrics,
             tracker=tracker,
             transactions=self.transactions,
+            card_state=self.card_state,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)
@@ -134,6 +154,7 @@ class Replica:
         if self._producers_made > 1:
             self.producers.append(FakeTransactionalProducer(self.consumer))
             self.producer.init_error = self.replacement_init_error
+            self.producer.changelog = self.changelog
         return self.producer
 
     def __enter__(self) -> Replica:

@@ -6,8 +6,7 @@ here every changelog is empty."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -18,11 +17,12 @@ from prometheus_client import CollectorRegistry
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
-from scorer.history import MS_PER_DAY, CardHistory
+from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
 from stream import card_state as card_state_module
 from stream.card_state import CardState, watermarks
 from stream.metrics import ServiceMetrics
+from tests.unit.fakes import MemoryChangelog
 
 TOPIC = "transactions"
 
@@ -32,20 +32,18 @@ class Record(NamedTuple):
     position: SourceOffset
 
 
-class EmptyChangelogs(CardState):
-    """Every partition's changelog is empty: restoring only marks it loaded."""
-
-    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int]:
-        return 0, 0
-
-
-def new_state(partitions: list[int], registry: CollectorRegistry | None = None) -> CardState:
-    state = EmptyChangelogs(
-        {},
-        TOPIC,
-        f"{TOPIC}.cards",
+def new_state(
+    partitions: list[int],
+    registry: CollectorRegistry | None = None,
+    *,
+    changelog: MemoryChangelog | None = None,
+    **settings: Any,
+) -> CardState:
+    state = CardState(
+        changelog or MemoryChangelog(),
         time_scale=1.0,
         metrics=ServiceMetrics(registry or CollectorRegistry()),
+        **settings,
     )
     state.restore(partitions)
     return state
@@ -118,10 +116,31 @@ def test_a_dropped_partition_forgets_its_cards_only() -> None:
 
     assert registry.get_sample_value("fraud_card_state_cards") == len(in_one)
     rows, changelog = update(state, stream)
-    assert (rows, changelog) == (None, []), "a batch with a partition not loaded is neutral"
-    only_one = [r for r in stream if r.position[0][1] == 1]
-    rows, changelog = update(state, only_one)
-    assert rows is not None and changelog == [], "partition 1 kept its state"
+    assert rows is not None and changelog == [], "partition 1 kept its state (read again)"
+    dropped = np.array([i for i, r in enumerate(stream) if r.position[0][1] == 0])
+    columns = TransactionColumns.from_transactions([stream[i].transaction for i in dropped])
+    np.testing.assert_array_equal(rows[dropped], neutral_history(columns))
+    assert update(state, [stream[i] for i in dropped]) == (None, [])
+
+
+def test_a_partition_that_went_leaves_the_updates_of_the_others_in_its_batch() -> None:
+    # Finding 6 of the state review: a batch formed before a partition was lost held records of
+    # the partitions kept too, and its whole history update was dropped: the kept partitions'
+    # cards never counted those transactions, and nothing reached their changelog.
+    stream = records(600, partitions=2)
+    state = new_state([0, 1])
+    alone = new_state([1])
+    state.drop([0])
+    rows, changelog = update(state, stream)
+    in_one = [r for r in stream if r.position[0][1] == 1]
+    expected_rows, expected_changelog = update(alone, in_one)
+    assert rows is not None and expected_rows is not None
+    index = [i for i, r in enumerate(stream) if r.position[0][1] == 1]
+    np.testing.assert_array_equal(rows[index], expected_rows)
+    assert sorted((c.card_id, c.state) for c in changelog) == sorted(
+        (c.card_id, c.state) for c in expected_changelog
+    )
+    assert changelog and all(stream[c.batch_index].position[0][1] == 1 for c in changelog)
 
 
 def later(record: Record, offset: int) -> Record:
@@ -133,15 +152,12 @@ def later(record: Record, offset: int) -> Record:
     )
 
 
-def test_idle_cards_get_tombstones_in_their_own_partition(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_idle_cards_get_tombstones_in_their_own_partition() -> None:
     stream = records(200, partitions=2)
-    state = new_state([0, 1])
+    state = new_state([0, 1], evict_interval_s=0.0)
     update(state, stream)
     cards = {p: {r.transaction.card_id for r in stream if r.position[0][1] == p} for p in (0, 1)}
     first = {p: next(r for r in stream if r.position[0][1] == p) for p in (0, 1)}
-    monkeypatch.setattr(card_state_module, "EVICT_INTERVAL_S", 0.0)
 
     for p in (0, 1):
         # Only the batch's own partition is evicted, as of its own newest event time.

@@ -1,0 +1,232 @@
+"""The card state against records and retries that used to corrupt it silently (the state
+review): a record dated in the far future, one from the far past, a changelog whose records of
+a card arrived out of order, and an aborted transaction undone in memory. The changelog is an
+in-memory list here; tests/integration/test_state_integrity.py drives the real broker."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, NamedTuple
+
+import msgspec
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from contracts.event_time import EventClock
+from contracts.offsets import SourceOffset
+from contracts.transaction import MAX_EVENT_TIME_MS, Transaction, decode_transaction
+from scorer.card_record import SERIALIZED_STATE_DTYPE, STATE_DTYPE, STATE_VERSION
+from scorer.columns import TransactionColumns
+from scorer.history import MS_PER_DAY, CardHistory
+from simulator.transactions import TransactionSimulator
+from stream.card_state import CardState, ChangelogRecord
+from stream.metrics import ServiceMetrics
+from tests.unit.fakes import MemoryChangelog
+
+TOPIC = "transactions"
+#: The simulated stream's clock (January 2026) is the wall clock of these tests.
+SIMULATED = TransactionSimulator(3, num_cards=1_000, num_terminals=200).generate(6_000)
+NOW_MS = int(SIMULATED.columns.event_time.max())
+
+
+class Record(NamedTuple):
+    transaction: Transaction
+    position: SourceOffset
+
+
+def stream(partitions: int = 1) -> list[Record]:
+    out, offsets = [], [0] * partitions
+    for record in SIMULATED.records:
+        transaction = decode_transaction(msgspec.json.encode(record))
+        partition = zlib.crc32(transaction.card_id.encode()) % partitions
+        out.append(Record(transaction, ((TOPIC, partition), offsets[partition])))
+        offsets[partition] += 1
+    return out
+
+
+def at(record: Record, offset: int, event_time: int) -> Record:
+    """The record's transaction at another offset and event time."""
+    moved = msgspec.structs.replace(record.transaction, event_time=event_time)
+    return Record(moved, (record.position[0], offset))
+
+
+def new_state(
+    changelog: MemoryChangelog, registry: CollectorRegistry | None = None, **settings: Any
+) -> CardState:
+    state = CardState(
+        changelog,
+        time_scale=1.0,
+        metrics=ServiceMetrics(registry or CollectorRegistry()),
+        clock=EventClock(wall_ms=lambda: NOW_MS),
+        **settings,
+    )
+    state.restore(sorted({0, *changelog.partitions}))
+    return state
+
+
+def apply(
+    state: CardState, changelog: MemoryChangelog, batch: list[Record]
+) -> list[ChangelogRecord]:
+    """One batch through the state, its changelog records written (as the sink does)."""
+    columns = TransactionColumns.from_transactions([r.transaction for r in batch])
+    _, records = state.update(batch, columns)
+    for record in records:
+        changelog.append(record.partition, record.card_id, record.state)
+    return records
+
+
+def held(state: CardState, card_ids: set[str], partition: int = 0) -> dict[str, bytes]:
+    """The serialized state of each of these cards that `state` holds."""
+    found = {card: state.current(partition, card).state for card in card_ids}
+    return {card: value for card, value in found.items() if value is not None}
+
+
+def test_a_record_dated_in_the_far_future_forgets_no_card() -> None:
+    # Finding 1: eviction took the batch's newest event time as "now", so one valid record
+    # dated 9999-12-31 made every card of the partition idle: all forgotten, each tombstoned.
+    changelog = MemoryChangelog()
+    registry = CollectorRegistry()
+    state = new_state(changelog, registry, evict_interval_s=0.0)
+    records = stream()
+    for start in range(0, len(records), 256):
+        apply(state, changelog, records[start : start + 256])
+    cards = {r.transaction.card_id for r in records}
+    before = held(state, cards)
+    assert len(before) == len(cards) > 500
+
+    future = at(records[0], len(records), MAX_EVENT_TIME_MS)
+    written = apply(state, changelog, [future])
+
+    assert not [r for r in written if r.state is None], "no card was tombstoned"
+    assert set(held(state, cards)) == cards
+    assert (
+        registry.get_sample_value(
+            "fraud_state_event_time_out_of_bounds_total", {"reason": "future"}
+        )
+        == 1
+    )
+    # It counted, at the bound: its card's newest event is the wall clock plus the skew.
+    card = future.transaction.card_id
+    last_ms = np.frombuffer(held(state, {card})[card][1:], STATE_DTYPE)["last_ms"][0]
+    assert last_ms == NOW_MS + 300_000
+    restored = new_state(changelog)
+    assert held(restored, cards) == held(state, cards), "the changelog agrees"
+
+
+def test_a_future_record_cannot_move_the_clock_that_evicts() -> None:
+    # The eviction still works, as of the bounded watermark: a card idle for 31 days is forgotten
+    # when the partition's clock reaches it, whatever a future record says.
+    changelog = MemoryChangelog()
+    state = new_state(changelog, evict_interval_s=0.0)
+    records = stream()
+    old = at(records[0], 0, NOW_MS - 31 * MS_PER_DAY)
+    recent = at(records[1], 1, NOW_MS - MS_PER_DAY)
+    apply(state, changelog, [old, recent])
+    written = apply(state, changelog, [at(records[2], 2, MAX_EVENT_TIME_MS)])
+    tombstones = {r.card_id for r in written if r.state is None}
+    assert tombstones == {old.transaction.card_id} - {records[2].transaction.card_id}
+
+
+def test_a_record_older_than_every_window_changes_no_state() -> None:
+    changelog = MemoryChangelog()
+    registry = CollectorRegistry()
+    state = new_state(changelog, registry)
+    records = stream()
+    apply(state, changelog, records[:500])
+    cards = {r.transaction.card_id for r in records[:500]}
+    before = held(state, cards)
+    ancient = at(records[10], 500, 0)  # 1970: a replay gone wrong, a default value
+    written = apply(state, changelog, [ancient])
+    assert written == [] and held(state, cards) == before
+    assert (
+        registry.get_sample_value("fraud_state_event_time_out_of_bounds_total", {"reason": "stale"})
+        == 1
+    )
+
+
+def test_a_restore_keeps_each_cards_newest_state_whatever_order_it_was_written_in() -> None:
+    # Finding 3: a retried changelog record reached the topic after a newer state of its card,
+    # and a restore kept the last one it read, rolling the card back.
+    changelog = MemoryChangelog()
+    state = new_state(changelog)
+    records = stream()
+    first = apply(state, changelog, records[:300])
+    newer = apply(state, changelog, records[300:600])
+    cards = {r.card_id for r in newer}
+    current = held(state, cards)
+    for record in first:  # the older states of the same cards, written again last
+        if record.card_id in cards:
+            changelog.append(record.partition, record.card_id, record.state)
+    assert held(new_state(changelog), cards) == current
+    changelog.compact()  # what the broker keeps: each card's last record, the stale one
+    rolled_back = held(new_state(changelog), cards)
+    assert rolled_back != current, "a restore cannot mend a compacted log: the writer must"
+
+
+def state_bytes(offset: int) -> bytes:
+    """A card state that has applied input offsets up to `offset`."""
+    record = np.zeros(1, SERIALIZED_STATE_DTYPE)
+    record["version"] = STATE_VERSION
+    record["state"]["offset"] = offset
+    return record.tobytes()
+
+
+def applied(history: CardHistory, card: str) -> int | None:
+    state = history.state_of(card)
+    return (
+        None
+        if state is None
+        else int(np.frombuffer(state, SERIALIZED_STATE_DTYPE)["state"]["offset"][0])
+    )
+
+
+def test_a_restore_keeps_the_highest_offset_and_a_tombstone_what_it_forgot() -> None:
+    cases = [
+        ([("c", state_bytes(5)), ("c", state_bytes(3))], 5),
+        ([("c", state_bytes(5)), ("c", state_bytes(5))], 5),
+        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(5))], None),
+        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(6))], 6),
+    ]
+    for log, expected in cases:
+        in_one = CardHistory()
+        in_one.restore(log)
+        chunked, tombstoned = CardHistory(), {}
+        for record in log:  # a chunk a record: what one chunk forgot, the next remembers
+            chunked.restore([record], tombstoned)
+        assert applied(in_one, "c") == applied(chunked, "c") == expected, log
+
+
+def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> None:
+    # Finding 8: every abort reloaded the replica's whole card state from the changelog (about
+    # 9 s per million cards), so records that make transactions abort were a denial of service.
+    changelog = MemoryChangelog()
+    registry = CollectorRegistry()
+    state = new_state(changelog, registry, undo=True, evict_interval_s=0.0)
+    records = stream(partitions=2)
+    committed = MemoryChangelog()
+
+    def batch(start: int, end: int) -> list[ChangelogRecord]:
+        return apply(state, changelog, records[start:end])
+
+    for written in (batch(0, 400), batch(400, 800)):
+        for record in written:
+            committed.append(record.partition, record.card_id, record.state)
+    positions = {
+        p: 1 + max(r.position[1] for r in records[:800] if r.position[0][1] == p) for p in (0, 1)
+    }
+    state.committed({(TOPIC, p): o for p, o in positions.items()})
+    cards = {r.transaction.card_id for r in records}
+    before = {p: held(state, cards, p) for p in (0, 1)}
+    batch(800, 1_300)
+    batch(1_300, 1_301)
+    batch(1_301, 2_000)
+    reads = []
+    changelog.read = lambda *args: reads.append(args) or iter(())  # type: ignore[method-assign]
+
+    state.rollback(positions)
+
+    assert reads == [], "undone in memory"
+    assert {p: held(state, cards, p) for p in (0, 1)} == before
+    assert registry.get_sample_value("fraud_state_rollbacks_total", {"method": "undo"}) == 1
+    restored = new_state(committed)
+    assert {p: held(restored, cards, p) for p in (0, 1)} == before
