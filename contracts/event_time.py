@@ -4,11 +4,12 @@ state").
 Every clock the state keeps is event time: a card's windows decay and its idle cards are evicted
 by it, a terminal's risk is counted by its days. Such a clock moves with the newest event time
 seen, so one record dated in the far future (a valid one may say 9999-12-31) would make every
-card and terminal look idle and wipe them. A record may therefore move a state clock no further
-than this host's wall clock plus an allowed skew (`max_clock_skew_ms`): beyond that, its event
-time counts as that bound. The skew is history time, like the windows it protects, so a
-compressed-time demo (`time_scale` > 1, where the windows shrink as well) divides it by the
-scale.
+card and terminal look idle and wipe them. A record dated past this host's wall clock plus an
+allowed skew (`max_clock_skew_ms`) therefore never moves a state clock: the owner of the clock
+counts it as of the clock's current time instead (its stream's newest trusted event time), so a
+stream replayed from last year is not moved to today by one bad record either. The skew is
+history time, like the windows it protects, so a compressed-time demo (`time_scale` > 1, where
+the windows shrink as well) divides it by the scale.
 
 Pure: the wall clock is a parameter, so tests move it.
 """
@@ -52,11 +53,7 @@ class EventClock:
         """The wall clock plus the allowed skew (in event time)."""
         return self._wall_ms() + self._skew_ms
 
-    def clamp(self, event_time: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
-        """The event times as the state counts them (none past `bound_ms`), and how many were
-        past it."""
-        bound = self.bound_ms()
-        future = int(np.count_nonzero(event_time > bound))
-        if not future:
-            return event_time, 0
-        return np.minimum(event_time, bound), future
+    def beyond(self, event_time: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which event times are past `bound_ms` (not to be trusted as they are)."""
+        beyond: npt.NDArray[np.bool_] = event_time > self.bound_ms()
+        return beyond

@@ -32,6 +32,9 @@ DELAY_DAYS = 7
 RISK_WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
 #: Today back to the oldest day any window reads.
 BUCKET_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) + 1
+#: How far before a day the oldest day a window reads lies: a day further back than this from
+#: the newest day seen is read by no window ever again.
+HORIZON_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) - 1
 MS_PER_DAY = 86_400_000
 TERMINAL_FEATURE_NAMES: tuple[str, ...] = tuple(
     name
@@ -46,6 +49,12 @@ _TRANSACTIONS, _FRAUDS = 0, 1
 _EMPTY_DAY = -1
 
 _Ints = npt.NDArray[np.int64]
+
+
+def day_length_ms(time_scale: float) -> int:
+    """The length of a terminal-risk day in event-time ms: shorter in a compressed-time demo
+    (FRAUD_HISTORY_TIME_SCALE), the same for the worker and the scorer."""
+    return max(1, round(MS_PER_DAY / time_scale))
 
 
 def day_of(event_time_ms: npt.ArrayLike, day_ms: int = MS_PER_DAY) -> _Ints:
@@ -129,6 +138,17 @@ class TerminalRisk:
             np.array([day_of_transaction]),
             np.array([fraud]),
         )
+
+    def retract_label(self, day_of_transaction: int) -> None:
+        """Take back one confirmed fraud counted on `day_of_transaction` (a label corrected to
+        legitimate); nothing if that day's bucket holds another day by now."""
+        slot = day_of_transaction % BUCKET_DAYS
+        if self._days[0, slot] == day_of_transaction and self._counts[0, slot, _FRAUDS] > 0:
+            self._counts[0, slot, _FRAUDS] -= 1
+
+    def newest_day(self) -> int:
+        """The newest day any bucket holds, or -1 when none does."""
+        return int(self._days.max())
 
     def features(self, as_of_day: int) -> npt.NDArray[np.float32]:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`: risk over the windows ending DELAY_DAYS

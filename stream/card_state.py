@@ -26,11 +26,11 @@ Key design decisions:
   1,000,000-card restore 36 % more time).
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
-- Event time, bounded: a record dated past the bound counts as the bound (it is counted, so a
-  future date cannot hide a spree from the windows, and it cannot move the clock further); a
-  record older than the longest window as of its partition's watermark changes no state (its
-  features read the state as it is). Idle cards are evicted as of the partition's watermark,
-  never as of one batch's newest record.
+- Event time, bounded: a record dated past the bound never moves its partition's watermark,
+  and counts in its card's history as of that watermark (it is counted, so a future date cannot
+  hide a spree from the windows); a record older than the longest window as of the watermark
+  changes no state (its features read the state as it is). Idle cards are evicted as of the
+  partition's watermark, never as of one batch's newest record.
 - A batch with records of a partition that is not loaded (revoked or lost while the batch was
   formed) gives those records neutral features and updates the others as usual.
 - The restore reads with isolation.level=read_committed, so it sees only what committed, and
@@ -327,15 +327,22 @@ class CardState:
     ) -> tuple[npt.NDArray[np.float32], list[ChangelogRecord]]:
         """`update` for records of owned partitions only; `in_batch` is each one's index in the
         whole batch. Holds the lock."""
-        event_time, future = self._clock.clamp(np.asarray(columns.event_time, np.int64))
+        event_time = np.asarray(columns.event_time, np.int64)
+        beyond = self._clock.beyond(event_time)
+        future = int(np.count_nonzero(beyond))
         present, which = np.unique(partitions, return_inverse=True)
         newest = np.full(len(present), -1, np.int64)
-        np.maximum.at(newest, which, event_time)
+        np.maximum.at(newest, which[~beyond], event_time[~beyond])
         watermarks = np.empty(len(present), np.int64)
         for i, partition in enumerate(present.tolist()):
             watermarks[i] = self._watermark[partition] = max(
                 self._watermark[partition], int(newest[i])
             )
+        if future:
+            # Counted as of its partition's clock (the bound while the clock knows nothing).
+            now = watermarks[which[beyond]]
+            event_time = event_time.copy()
+            event_time[beyond] = np.where(now >= 0, now, self._clock.bound_ms())
         applies = event_time >= watermarks[which] - self._longest_ms
         stale = len(applies) - int(np.count_nonzero(applies))
         if future:

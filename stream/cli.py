@@ -13,11 +13,11 @@ from types import FrameType
 from confluent_kafka import KafkaException
 
 from contracts.errors import ClientFailure, ConfigurationError
+from contracts.health import HealthServer, HealthState
 from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
 from scorer.model import OnnxScorer
 from stream.config import ServiceConfig, settings
-from stream.health import HealthServer, HealthState
 from stream.kafka_clients import (
     ClientErrors,
     create_consumer,

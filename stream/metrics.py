@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -223,6 +223,26 @@ class ServiceMetrics:
             "Terminals in this replica's copy of terminal-risk",
             registry=r,
         )
+        self._terminal_bytes = Gauge(
+            "fraud_terminal_risk_bytes",
+            "Memory held by this replica's copy of terminal-risk",
+            registry=r,
+        )
+        self._terminal_age = Gauge(
+            "fraud_terminal_risk_newest_record_age_seconds",
+            "Age of the newest terminal-risk record this replica holds (its Kafka timestamp): "
+            "it grows while the features worker publishes nothing",
+            registry=r,
+        )
+        self._terminal_skipped = Counter(
+            "fraud_terminal_risk_records_skipped_total",
+            "terminal-risk records not taken: invalid, or future (as of a day past this host's "
+            "clock plus the allowed skew)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("invalid", "future"):
+            self._terminal_skipped.labels(reason)
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
@@ -313,5 +333,13 @@ class ServiceMetrics:
         self._cards.set(cards)
         self._card_bytes.set(size_bytes)
 
-    def set_terminal_risk_terminals(self, count: int) -> None:
-        self._terminals.set(count)
+    def set_terminal_risk(self, terminals: int, size_bytes: int) -> None:
+        self._terminals.set(terminals)
+        self._terminal_bytes.set(size_bytes)
+
+    def record_terminal_risk_skipped(self, reason: str) -> None:
+        self._terminal_skipped.labels(reason).inc()
+
+    def watch_terminal_risk_age(self, age_s: Callable[[], float]) -> None:
+        """The newest terminal-risk record's age is `age_s()` at every scrape."""
+        self._terminal_age.set_function(age_s)

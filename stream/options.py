@@ -269,6 +269,17 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "reads all of it (a terminal not there yet gets neutral risk)",
         ),
     ] = "terminal-risk"
+    terminal_risk_load_timeout_s: Annotated[
+        float,
+        meta(
+            "FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S",
+            "at start, the replica reads terminal-risk up to its end before it consumes a "
+            "transaction (and is not ready meanwhile), for at most this long; then it consumes "
+            "with the risk read so far, and says so in its log",
+            ge=0,
+            le=3_600,
+        ),
+    ] = 120.0
     model_path: Annotated[Path, meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
         SHIPPED_MODEL_PATH
     )

@@ -129,6 +129,7 @@ class ScoringService:
             self._transactions.initialize(self._config.shutdown_timeout_s)
         if self._terminals is not None:
             self._terminals.start()
+            self._wait_for_terminal_risk()
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._on_assign,
@@ -142,6 +143,25 @@ class ScoringService:
         finally:
             self._health.set_ready(False, "shutting down")
             self._shut_down()
+
+    def _wait_for_terminal_risk(self) -> None:
+        """Read terminal-risk up to its end before consuming, so that a restarted replica does
+        not score with neutral risk meanwhile; not ready until then (or the timeout)."""
+        assert self._terminals is not None
+        deadline = time.monotonic() + self._config.terminal_risk_load_timeout_s
+        loaded = self._terminals.loaded
+        while not loaded.is_set() and not self._stopping.is_set():
+            if time.monotonic() >= deadline:
+                log.error(
+                    "terminal-risk not read to its end within %ss (%s terminals so far): "
+                    "consuming anyway; terminals not read yet get neutral risk",
+                    self._config.terminal_risk_load_timeout_s,
+                    len(self._terminals),
+                )
+                return
+            self._health.beat()
+            self._health.set_ready(False, "loading terminal-risk")
+            loaded.wait(IDLE_POLL_S)
 
     # -- the consuming thread -------------------------------------------------------------
 

@@ -7,18 +7,33 @@ on a thread of its own, and the scoring thread joins a batch against it in one p
 
 Responsibilities and decisions:
 - A terminal with no record yet, or with no terminal id, gets the neutral features, never an
-  error; a record that cannot be read is skipped with a warning.
+  error; a record that cannot be read is skipped with a warning; a tombstone forgets the
+  terminal (the worker sends one when its risk becomes neutral or it goes idle).
+- A record dated past the wall clock plus the allowed skew (`contracts/event_time.py`) is
+  skipped: its windows were counted as of a day that has not come, so its features are neutral
+  or wrong, and it would hide the terminal's real risk until the worker writes again.
+- Bounded: a record as of a day that no window reads any more, as of the newest day the table
+  has seen, is forgotten (its features are neutral from then on), so the copy holds only what
+  can still matter even when the topic keeps old records. `fraud_terminal_risk_bytes` says how
+  much memory it holds.
+- Loaded: `loaded` is set once the reader has read every partition up to the end it had when
+  the reader started (or at once when the topic does not exist yet): a replica scores only
+  after that, so a restart does not score with neutral risk (`stream/service.py`).
+- `fraud_terminal_risk_newest_record_age_seconds` is the age of the newest record held (by its
+  Kafka timestamp): when the worker stops publishing, it grows, and an alert fires.
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
 - The reader uses no consumer group and commits nothing: it always rebuilds from the topic.
 - A missing topic is waited for (the worker may start later), and so is a broker that went
-  away; readiness does not depend on it.
+  away.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +42,8 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from scorer.terminal_risk import decode_terminal_risk, terminal_features
+from contracts.event_time import EventClock
+from scorer.terminal_risk import HORIZON_DAYS, decode_terminal_risk, terminal_features
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -38,18 +54,40 @@ POLL_S = 0.5
 MISSING_TOPIC_RETRY_S = 10.0
 METADATA_TIMEOUT_S = 10.0
 READ_BATCH = 5_000
+#: How often records as of days no window reads any more are forgotten.
+SWEEP_INTERVAL_S = 60.0
+#: Per terminal beyond its id and features: the dict slot and the array's own header.
+_ENTRY_OVERHEAD_BYTES = 100
 
 
 class TerminalRiskTable:
     """Reads `terminal-risk` into memory on a daemon thread until `close()`."""
 
-    def __init__(self, kafka: Mapping[str, Any], topic: str, metrics: ServiceMetrics) -> None:
+    def __init__(
+        self,
+        kafka: Mapping[str, Any],
+        topic: str,
+        metrics: ServiceMetrics,
+        *,
+        clock: EventClock,
+        day_ms: int,
+    ) -> None:
         self._kafka = dict(kafka)
         self.topic = topic
         self._metrics = metrics
+        self._clock = clock
+        self._day_ms = day_ms
         self._features: dict[str, npt.NDArray[np.float32]] = {}
+        self._as_of: dict[str, int] = {}
+        self._bytes = 0
+        self._newest_day = -1
+        self._newest_record_ms: int | None = None
+        self._last_sweep = time.monotonic()
+        #: Set once every partition is read up to the end it had when the reader started.
+        self.loaded = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="terminal-risk", daemon=True)
+        metrics.watch_terminal_risk_age(self._newest_record_age_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -65,6 +103,10 @@ class TerminalRiskTable:
         """The terminal feature rows of a batch (neutral where unknown)."""
         return terminal_features(self._features, terminal_ids)
 
+    def _newest_record_age_s(self) -> float:
+        newest = self._newest_record_ms
+        return 0.0 if newest is None else max(0.0, time.time() - newest / 1000.0)
+
     def _run(self) -> None:
         consumer = Consumer(
             {
@@ -75,20 +117,28 @@ class TerminalRiskTable:
         )
         try:
             assigned: set[int] = set()
+            #: The end of each partition when it was first assigned: `loaded` waits for it.
+            ends: dict[int, int] = {}
             while not self._stop.is_set():
                 partitions = self._partitions(consumer)
                 if partitions is None:
+                    self._set_loaded("the topic is not there yet")
                     self._stop.wait(MISSING_TOPIC_RETRY_S)
                     continue
                 new = partitions - assigned
                 if new:
+                    for partition in new:
+                        _, ends[partition] = consumer.get_watermark_offsets(
+                            TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
+                        )
                     consumer.incremental_assign(
                         [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(new)]
                     )
                     assigned |= new
-                self._read(consumer)
+                self._read(consumer, ends)
         except KafkaException as exc:
             log.error("terminal-risk reader stopped: %s (terminals keep neutral risk)", exc)
+            self._set_loaded("the reader stopped")
         finally:
             consumer.close()
 
@@ -104,7 +154,7 @@ class TerminalRiskTable:
             return None
         return set(topic.partitions)
 
-    def _read(self, consumer: Consumer) -> None:
+    def _read(self, consumer: Consumer, ends: dict[int, int]) -> None:
         """Read what is there now, for up to about a minute, then let metadata be checked."""
         for _ in range(120):
             if self._stop.is_set():
@@ -116,20 +166,71 @@ class TerminalRiskTable:
                     if error.code() != KafkaError._PARTITION_EOF:
                         log.warning("reading %s: %s", self.topic, error.str())
                     continue
-                self._apply(message.key(), message.value())
+                self._apply(message.key(), message.value(), message.timestamp()[1])
             if messages:
-                self._metrics.set_terminal_risk_terminals(len(self._features))
+                self._metrics.set_terminal_risk(len(self._features), self._bytes)
+            if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+                self._sweep()
+            if not self.loaded.is_set() and _caught_up(consumer, self.topic, ends):
+                self._set_loaded(f"{len(self._features)} terminals")
 
-    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+    def _set_loaded(self, why: str) -> None:
+        if not self.loaded.is_set():
+            log.info("terminal-risk loaded: %s", why)
+            self.loaded.set()
+
+    def _apply(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         if key is None:
             return
+        if timestamp_ms > 0:
+            self._newest_record_ms = max(self._newest_record_ms or 0, timestamp_ms)
         terminal_id = key.decode("utf-8", "replace")
         if value is None:
-            self._features.pop(terminal_id, None)
+            self._forget(terminal_id)
             return
         try:
             record = decode_terminal_risk(value)
         except ValueError as exc:
             log.warning("skipping a terminal-risk record for %r: %s", terminal_id, exc)
+            self._metrics.record_terminal_risk_skipped("invalid")
             return
+        if record.as_of_day > self._clock.bound_ms() // self._day_ms:
+            log.warning(
+                "skipping the terminal-risk record of %r: as of day %s, past this host's clock",
+                terminal_id,
+                record.as_of_day,
+            )
+            self._metrics.record_terminal_risk_skipped("future")
+            return
+        self._forget(record.terminal_id)
         self._features[record.terminal_id] = record.features
+        self._as_of[record.terminal_id] = record.as_of_day
+        self._bytes += _entry_bytes(record.terminal_id, record.features)
+        self._newest_day = max(self._newest_day, record.as_of_day)
+
+    def _forget(self, terminal_id: str) -> None:
+        features = self._features.pop(terminal_id, None)
+        if features is not None:
+            self._as_of.pop(terminal_id, None)
+            self._bytes -= _entry_bytes(terminal_id, features)
+
+    def _sweep(self) -> None:
+        """Forget the records as of days no window reads any more (their risk is neutral)."""
+        self._last_sweep = time.monotonic()
+        oldest = self._newest_day - HORIZON_DAYS
+        old = [terminal for terminal, day in self._as_of.items() if day < oldest]
+        for terminal_id in old:
+            self._forget(terminal_id)
+        if old:
+            log.info("forgot %s terminal-risk records older than day %s", len(old), oldest)
+            self._metrics.set_terminal_risk(len(self._features), self._bytes)
+
+
+def _entry_bytes(terminal_id: str, features: npt.NDArray[np.float32]) -> int:
+    return sys.getsizeof(terminal_id) + features.nbytes + _ENTRY_OVERHEAD_BYTES
+
+
+def _caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
+    """Whether every partition's position has reached its end at the start."""
+    positions = consumer.position([TopicPartition(topic, p) for p in ends])
+    return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)

@@ -14,13 +14,14 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from contracts.event_time import EventClock
+from contracts.health import HealthState
 from contracts.offsets import OffsetTracker, PartitionKey
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.model import Scorer
+from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState, KafkaChangelog
 from stream.config import ServiceConfig
-from stream.health import HealthState
 from stream.kafka_clients import ClientErrors
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
@@ -164,6 +165,12 @@ def build_collaborators(
         tracker=tracker,
         transactions=transactions,
         card_state=card_state,
-        terminals=TerminalRiskTable(kafka, config.terminal_risk_topic, metrics),
+        terminals=TerminalRiskTable(
+            kafka,
+            config.terminal_risk_topic,
+            metrics,
+            clock=event_clock(config),
+            day_ms=day_length_ms(config.history_time_scale),
+        ),
         client_errors=client_errors,
     )

@@ -1,78 +1,73 @@
-"""The faust app of `fraud-features`: labels and transactions in, per-terminal risk out.
+"""The faust app of `fraud-features`: re-keyed terminal events in, per-terminal risk out.
 
 ```
-transactions (key card_id) ─► route_transactions ─┐  decode + validate; no terminal: skipped
-labels (key card_id) ──────► route_labels ────────┤  invalid: dead letter (decode / validate)
-                                                  ▼  re-keyed: the partition of the terminal
+transactions, labels (key card_id) ─► Router (terminals/router.py, librdkafka) ─┐
+                                                                                ▼
                <app-id>-terminal-events (internal, FRAUD_FEATURES_TABLE_PARTITIONS partitions)
                                                   ▼
                update_terminals ──► table "terminal-state" (key terminal_id, value TerminalState)
                                     └► changelog <app-id>-terminal-state-changelog (compacted)
                                                   ▼  when the terminal's features change
-               terminal-risk (compacted, key terminal_id)
+               terminal-risk (compacted, key terminal_id; a tombstone once neutral or idle)
 ```
 
-Both inputs are keyed by card, so they are re-keyed by terminal before they touch the table: the
-routing agents send each record's `TerminalEvent` to its terminal's partition of one internal
-topic, as faust's `Stream.group_by` would (it forwards to a `-repartition` topic the same way).
-One topic for both inputs, rather than two `group_by` repartition topics, lets a single agent own
-the table; it carries the decoded event (decoded once) and the record's input position (for
-counting it once, terminals/state.py), where `group_by` can only forward the original bytes and
-headers; and the routers send the events of a batch of input records (`take_events`, at most
-ROUTE_BATCH, ROUTE_WITHIN_S) as one internal record per partition, since faust's cost is per
-record (measured: about 500 transactions/s one record each, 1,000 to 2,500 batched, on the
-shared 2-core development machine).
+Both inputs are keyed by card, so they are re-keyed by terminal before they touch the table:
+the router sends each record's `TerminalEvent` to its terminal's partition of one internal
+topic, as faust's `Stream.group_by` would, one internal record per partition and routed batch
+(faust's cost is per record). This module owns the table side:
+- one agent applies each terminal's events to its `TerminalState` (once per input position,
+  each label once per transaction, event time bounded by `TerminalClock`), writes the entry to
+  the table (its changelog) and publishes the terminal's risk when its features change: a
+  tombstone when they became neutral, nothing for a terminal that never had any;
+- idle terminals (no window reads any of their days again, as of the worker's newest day) are
+  forgotten every FRAUD_FEATURES_EVICT_INTERVAL_S per table partition, while that partition's
+  events are applied: deleted from the table (a changelog tombstone) and tombstoned in
+  `terminal-risk`, so neither the table nor the scorers' copies grow without bound;
+- a timer reports the agent's progress to the worker's health (`terminals/health.py`).
 
-Guarantees: at least once, as faust gives it. Faust flushes what the agents sent (re-keyed events,
-changelog writes, published risk, dead letters) before it commits the input offsets; after a
-crash the records since the last commit are routed again, and the table skips those it counted
-already. A dead letter is awaited until the broker has it before its label is acknowledged.
+Guarantees: at least once, as faust gives it. Faust flushes what the agent sent (changelog
+writes, published risk) before it commits the internal topic's offsets; after a crash the events
+since the last commit are applied again, and the table skips those it counted already.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 import faust
-from faust.types import EventT, StreamT
-from faust.types.tuples import Message
+from faust.types import StreamT
 
-from contracts.dead_letter import SourceRecord, dead_letter_headers
-from contracts.errors import RecordError
 from scorer.terminal_risk import encode_terminal_risk
 from terminals.config import WorkerConfig
-from terminals.events import (
-    Routed,
-    TerminalEvent,
-    batch_by_partition,
-    decode_batch,
-    route_label,
-    route_transaction,
-)
+from terminals.events import TerminalEvent, decode_batch, partition_of
+from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
-from terminals.state import TerminalState
+from terminals.state import TerminalClock, TerminalState
 from terminals.topics import TABLE_NAME, events_topic_name
 
 log = logging.getLogger(__name__)
 
 #: faust's default; a third of the session timeout at most, as Kafka advises.
 HEARTBEAT_INTERVAL_S = 3.0
-#: Input records routed together (one internal record per partition and batch), and how long
-#: a batch waits for more after its first record.
-ROUTE_BATCH = 1_000
-ROUTE_WITHIN_S = 0.2
 #: How long the producer waits to fill a batch (faust's default is 0: one request per record).
 PRODUCER_LINGER_S = 0.02
 #: How often the terminals gauge is refreshed.
 GAUGE_INTERVAL_S = 10.0
+#: How often the agent's progress and the event loop are reported to the worker's health.
+HEALTH_INTERVAL_S = 1.0
 
 
-def build_app(config: WorkerConfig, auth: FaustKafkaAuth, metrics: WorkerMetrics) -> faust.App:
-    """The faust app with its topics, table and agents, not started."""
+def build_app(
+    config: WorkerConfig,
+    auth: FaustKafkaAuth,
+    metrics: WorkerMetrics,
+    health: WorkerHealth,
+    clock: TerminalClock,
+) -> faust.App:
+    """The faust app with its topics, table and agent, not started."""
     app = faust.App(
         config.app_id,
         broker=[f"kafka://{server.strip()}" for server in config.bootstrap_servers.split(",")],
@@ -84,162 +79,155 @@ def build_app(config: WorkerConfig, auth: FaustKafkaAuth, metrics: WorkerMetrics
         consumer_auto_offset_reset=config.auto_offset_reset,
         broker_session_timeout=config.session_timeout_s,
         broker_heartbeat_interval=min(HEARTBEAT_INTERVAL_S, config.session_timeout_s / 3),
-        # Nothing here waits on a single record: batch the many small sends (re-keyed events,
-        # changelog, risk) into fewer produce requests.
+        # Nothing here waits on a single record: batch the many small sends (changelog, risk)
+        # into fewer produce requests.
         producer_linger=PRODUCER_LINGER_S,
         key_serializer="raw",
         value_serializer="raw",
-        # No faust web server (metrics have their own) and no leader-election topic.
+        # No faust web server (the worker's health server serves /metrics, /healthz, /readyz)
+        # and no leader-election topic.
         web_enabled=False,
         topic_disable_leader=True,
     )
-    # Typed as bytes (str for terminal ids), so faust never tries to reconstruct models.
     serializers = {"key_serializer": "raw", "value_serializer": "raw"}
-    raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, **serializers}
-    transactions = app.topic(config.input_topic, **raw)
-    labels = app.topic(config.labels_topic, **raw)
-    dead_letters = app.topic(config.dlq_topic, **raw)
     keyed: dict[str, Any] = {"key_type": str, "value_type": bytes, **serializers}
+    events_topic = events_topic_name(config.app_id)
     terminal_events = app.topic(
-        events_topic_name(config.app_id), internal=True, partitions=config.table_partitions, **keyed
+        events_topic, internal=True, partitions=config.table_partitions, **keyed
     )
-    terminal_risk = app.topic(config.terminal_risk_topic, **keyed)
     table = app.Table(
         TABLE_NAME,
         partitions=config.table_partitions,
         key_type=str,
         value_type=bytes,
-        help="Per-terminal TerminalState (daily buckets, current day, input positions)",
+        help="Per-terminal TerminalState (daily buckets, current day, input positions, labels)",
     )
-    day_ms = config.day_ms
-
-    async def forward(routed: list[Routed]) -> None:
-        """Send routed events to their terminals' partitions: one record per partition."""
-        for partition, value in batch_by_partition(routed, config.table_partitions).items():
-            await terminal_events.send(value=value, partition=partition)
-
-    @app.agent(transactions, name="route_transactions")
-    async def route_transactions(stream: StreamT[bytes]) -> None:
-        """Re-key each transaction to its terminal; skip those without one or invalid."""
-        async for events in _batches(stream):
-            routed = []
-            for event in events:
-                message = event.message
-                try:
-                    found = route_transaction(message.value, message.partition, message.offset)
-                except RecordError:
-                    metrics.transaction("invalid")  # the scorer dead-letters it
-                    continue
-                if found is None:
-                    metrics.transaction("no_terminal")
-                    continue
-                routed.append(found)
-                metrics.transaction("routed")
-            await forward(routed)
-
-    @app.agent(labels, name="route_labels")
-    async def route_labels(stream: StreamT[bytes]) -> None:
-        """Re-key each label to its terminal; dead-letter invalid ones."""
-        async for events in _batches(stream):
-            routed = []
-            for event in events:
-                message = event.message
-                try:
-                    found = route_label(message.value, message.partition, message.offset)
-                except RecordError as exc:
-                    await _dead_letter(event, exc)
-                    continue
-                if found is None:
-                    metrics.label("no_terminal")
-                    continue
-                routed.append(found)
-                metrics.label("fraud" if found.event.fraud else "legit")
-            await forward(routed)
-
-    async def _dead_letter(event: EventT[bytes], error: RecordError) -> None:
-        source = _source_of(event.message)
-        headers = dead_letter_headers(
-            source,
-            error,
-            reason=error.reason,
-            attempts=1,
-            service=config.service,
-            failed_at_ms=time.time_ns() // 1_000_000,
-        )
-        delivered = await dead_letters.send(key=source.key, value=source.value, headers=headers)
-        await delivered  # durable before the label's offset can be committed
-        metrics.label("dead_lettered")
-        log.warning(
-            "label dead-lettered reason=%s topic=%s partition=%s offset=%s: %s",
-            error.reason,
-            source.topic,
-            source.partition,
-            source.offset,
-            error,
-        )
+    #: Per table partition: the next internal offset to apply, and when idle terminals were
+    #: last looked for.
+    applied: dict[int, int] = {}
+    last_eviction: dict[int, float] = {}
+    #: Per table partition: terminal → its newest day, for the idle ones to be found without
+    #: reading every entry (filled from the table once per assignment, then kept).
+    newest_days: dict[int, dict[str, int]] = {}
+    progressed = False
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
         """Count each terminal's events in the table (one changelog write per terminal and
         record); publish the terminal's risk when its features change."""
+        nonlocal progressed
         async for event in stream.events():
+            partition, offset = event.message.partition, event.message.offset
             try:
                 batch = decode_batch(event.message.value)
             except ValueError as exc:  # not written by this worker: nothing to count
                 log.error("skipping an internal record: %s", exc)
-                continue
+                batch = []
             by_terminal: dict[str, list[TerminalEvent]] = {}
             for terminal_id, terminal_event in batch:
                 by_terminal.setdefault(terminal_id, []).append(terminal_event)
-            for terminal_id, terminal_events_ in by_terminal.items():
-                await _update(terminal_id, terminal_events_)
+            for terminal_id, events in by_terminal.items():
+                await _update(partition, terminal_id, events)
+            await _evict_if_due(partition)
+            applied[partition] = offset + 1
+            progressed = True
 
-    async def _update(terminal_id: str, events: list[TerminalEvent]) -> None:
+    async def _update(partition: int, terminal_id: str, events: list[TerminalEvent]) -> None:
         stored = table.get(terminal_id)
         try:
             state = TerminalState() if stored is None else TerminalState.from_bytes(stored)
         except ValueError as exc:
             log.error("skipping terminal=%s: %s", terminal_id, exc)
             return
-        counted = publish = False
+        changed = publish = False
         for terminal_event in events:
-            applied = state.apply(terminal_event, day_ms)
-            metrics.event(terminal_event.source, applied.counted)
-            counted |= applied.counted
-            publish |= applied.publish
-        if not counted:
+            applied_ = state.apply(terminal_event, clock)
+            metrics.event(terminal_event.source, applied_.result)
+            if applied_.clamped:
+                metrics.future_event()
+            changed |= applied_.changed
+            publish |= applied_.publish
+        if not changed:
             return
-        features = state.changed_features() if publish else None
+        newest_days.setdefault(partition, {})[terminal_id] = state.newest_day
+        publish, features = state.to_publish() if publish else (False, None)
         table[terminal_id] = state.to_bytes()
-        if features is not None:
-            value = encode_terminal_risk(terminal_id, state.as_of_day, features)
-            await terminal_risk.send(key=terminal_id, value=value)
-            metrics.published()
+        if publish:
+            value = (
+                None
+                if features is None
+                else encode_terminal_risk(terminal_id, state.as_of_day, features)
+            )
+            await _publish(terminal_id, value)
+
+    async def _publish(terminal_id: str, value: bytes | None) -> None:
+        """The terminal's risk record, or its tombstone (None): through the producer itself,
+        so both keep their order (a topic's send would not take a None value)."""
+        await app.producer.send(
+            config.terminal_risk_topic,
+            terminal_id.encode(),
+            value,
+            partition=None,
+            timestamp=None,
+            headers=None,
+        )
+        metrics.published(tombstone=value is None)
+
+    async def _evict_if_due(partition: int) -> None:
+        """Forget the partition's idle terminals, at most every `evict_interval_s`."""
+        now = time.monotonic()
+        if now - last_eviction.get(partition, 0.0) < config.evict_interval_s:
+            return
+        last_eviction[partition] = now
+        known = newest_days.get(partition)
+        if known is None:
+            known = newest_days[partition] = _newest_days(partition)
+        idle = [t for t, day in known.items() if clock.idle_since(day)]
+        for terminal_id in idle:
+            del known[terminal_id]
+            if terminal_id in table:
+                del table[terminal_id]
+                await _publish(terminal_id, None)
+        if idle:
+            metrics.evicted(len(idle))
+            log.info("forgot %s idle terminals of partition %s", len(idle), partition)
+
+    def _newest_days(partition: int) -> dict[str, int]:
+        """Each terminal of the partition held in the table, with its newest day."""
+        days = {}
+        for terminal_id, value in table.items():
+            if partition_of(terminal_id, config.table_partitions) != partition:
+                continue
+            try:
+                days[terminal_id] = TerminalState.from_bytes(value).newest_day
+            except ValueError:
+                continue
+        return days
+
+    @app.on_partitions_assigned.connect
+    def _assigned(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+        # What another replica changed meanwhile is read again from the table.
+        newest_days.clear()
+        applied.clear()
 
     async def count_terminals() -> None:
         metrics.terminals(len(table))
 
+    async def report_progress() -> None:
+        nonlocal progressed
+        health.loop_beat()
+        recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
+        health.recovered(recovery.completed.is_set() and not app.rebalancing)
+        waiting = False
+        for tp in app.assignor.assigned_actives():
+            if tp.topic != events_topic or tp.partition not in applied:
+                continue
+            high = app.consumer.highwater(tp)
+            waiting |= high is not None and high > applied[tp.partition]
+        health.agent_progress(waiting, progressed)
+        metrics.stalled(health.stalled)
+        progressed = False
+
     app.timer(GAUGE_INTERVAL_S)(count_terminals)
+    app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
-
-
-def _batches(stream: StreamT[bytes]) -> AsyncIterator[Sequence[EventT[bytes]]]:
-    """The stream's events in batches of at most ROUTE_BATCH, each closed ROUTE_WITHIN_S after
-    its first event at the latest; acknowledged once the next batch is asked for."""
-    # Stream has take_events; its interface StreamT does not declare it.
-    return cast(faust.Stream[bytes], stream).take_events(ROUTE_BATCH, within=ROUTE_WITHIN_S)
-
-
-def _source_of(message: Message) -> SourceRecord:
-    """The original record as a dead letter carries it."""
-    raw = message.headers
-    pairs = list(raw.items()) if isinstance(raw, Mapping) else list(raw or [])
-    return SourceRecord(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp_ms=round(message.timestamp * 1000),
-        key=message.key,
-        value=message.value,
-        headers=[(k, bytes(v or b"")) for k, v in pairs],
-    )

@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
 
 from contracts.errors import ConfigurationError
+from contracts.health import HealthServer
 from contracts.logs import configure_logging
 from terminals.config import OPTIONS, WorkerConfig, from_sources
+from terminals.health import WorkerHealth
 from terminals.metrics import WorkerMetrics
+from terminals.router import Router, RouterProgress
 from terminals.topics import ensure_topics, prepare_topics
 
 log = logging.getLogger("terminals.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: How long the router may take to finish its batch (outputs acknowledged, offsets committed)
+#: once the worker stops.
+ROUTER_STOP_S = 10.0
 _FAUST_PACKAGES = ("faust", "mode", "aiokafka", "aiohttp", "venusian", "croniter")
 MISSING_FAUST = (
     "fraud-features: faust-streaming is not installed ({name}): it is a dependency of "
@@ -112,14 +121,8 @@ def run_worker(config: WorkerConfig) -> int:
         log.warning("Kafka settings not applied by fraud-features (aiokafka): %s", auth.ignored)
     prepare_topics(config)
     metrics = WorkerMetrics()
-    if config.metrics_port:
-        try:
-            metrics.serve(config.metrics_host, config.metrics_port)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
-                "choose another --metrics-port, or 0 to disable"
-            ) from exc
+    health = WorkerHealth()
+    server = _serve_health(config, metrics, health)
     log.info(
         "starting app_id=%s instance=%s bootstrap=%s partitions=%s day_ms=%s kafka=%s",
         config.app_id,
@@ -129,7 +132,12 @@ def run_worker(config: WorkerConfig) -> int:
         config.day_ms,
         config.redacted_kafka_settings(),
     )
-    app = build_app(config, auth, metrics)
+    app = build_app(config, auth, metrics, health, config.clock)
+    router = Router(config, metrics, RouterProgress(health.router_beat, health.router_delivering))
+    stop = threading.Event()
+    routing = threading.Thread(
+        target=_route, args=(router, stop, health), name="router", daemon=True
+    )
     worker = Worker(
         app,
         loglevel=config.log_level,
@@ -138,11 +146,43 @@ def run_worker(config: WorkerConfig) -> int:
         override_logging=False,
     )
     worker.spinner = None  # a progress spinner writes terminal escapes into the logs
+    routing.start()
+    status = EXIT_OK
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_FAILURE
-    return EXIT_OK  # pragma: no cover (execute_from_commandline always exits)
+        status = exc.code if isinstance(exc.code, int) else EXIT_FAILURE
+    finally:
+        stop.set()
+        routing.join(ROUTER_STOP_S)
+        if server is not None:
+            server.close()
+    return EXIT_FAILURE if router.error is not None else status
+
+
+def _route(router: Router, stop: threading.Event, health: WorkerHealth) -> None:
+    """The router's thread: when it fails for good, the worker stops (and exits with 1)."""
+    try:
+        router.run(stop)
+    except BaseException as exc:
+        health.router_failed(str(exc))
+        os.kill(os.getpid(), signal.SIGTERM)  # faust stops on it, as on an operator's
+
+
+def _serve_health(
+    config: WorkerConfig, metrics: WorkerMetrics, health: WorkerHealth
+) -> HealthServer | None:
+    if not config.metrics_port:
+        return None
+    try:
+        server = HealthServer(config.metrics_host, config.metrics_port, health, metrics.registry)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
+            "choose another --metrics-port, or 0 to disable"
+        ) from exc
+    server.start()
+    return server
 
 
 def main(argv: Sequence[str] | None = None) -> int:

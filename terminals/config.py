@@ -19,8 +19,10 @@ from typing import Annotated, Literal, NamedTuple
 import msgspec
 
 from contracts.errors import ConfigurationError
+from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS, EventClock
 from contracts.kafka_settings import redact, tool_kafka_settings
-from scorer.terminal_risk import MS_PER_DAY
+from scorer.terminal_risk import day_length_ms
+from terminals.state import TerminalClock
 
 _Topic = Annotated[str, msgspec.Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
 #: An app id names the consumer group and prefixes the worker's internal topics.
@@ -50,6 +52,10 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     table_partitions: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 6
     internal_replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32)] = 1
     history_time_scale: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 1.0
+    max_clock_skew_ms: Annotated[int, msgspec.Meta(ge=0, le=31_536_000_000)] = (
+        DEFAULT_MAX_CLOCK_SKEW_MS
+    )
+    evict_interval_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_s: Annotated[float, msgspec.Meta(ge=6, le=300)] = 30.0
     store: Annotated[str, msgspec.Meta(pattern=r"^[a-z]+://")] = "memory://"
@@ -67,7 +73,15 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     @property
     def day_ms(self) -> int:
         """Length of a terminal-risk day in event-time ms (shorter in a compressed-time demo)."""
-        return max(1, round(MS_PER_DAY / self.history_time_scale))
+        return day_length_ms(self.history_time_scale)
+
+    @property
+    def clock(self) -> TerminalClock:
+        """The worker's event-time clock: days of `day_ms`, bounded by the wall clock plus
+        the allowed skew (history time, like the days)."""
+        return TerminalClock(
+            self.day_ms, EventClock(self.max_clock_skew_ms, self.history_time_scale)
+        )
 
     @property
     def service(self) -> str:
@@ -129,6 +143,19 @@ OPTIONS: tuple[Option, ...] = (
         "terminal-risk day lasts 86,400,000 / this ms of event time; 1 in production",
     ),
     Option(
+        "max_clock_skew_ms",
+        "FRAUD_MAX_CLOCK_SKEW_MS",
+        "how far past this host's clock an event time or report time may move a terminal's "
+        "day; a later one counts as this bound (history time: divided by "
+        "FRAUD_HISTORY_TIME_SCALE). The scorer's setting of the same name",
+    ),
+    Option(
+        "evict_interval_s",
+        "FRAUD_FEATURES_EVICT_INTERVAL_S",
+        "how often, in seconds of wall-clock time, each table partition forgets the terminals "
+        "no window reads any more (a tombstone in the table and in terminal-risk each)",
+    ),
+    Option(
         "auto_offset_reset",
         "FRAUD_FEATURES_AUTO_OFFSET_RESET",
         "where a new app id starts reading transactions and labels: earliest (rebuild the "
@@ -148,11 +175,15 @@ OPTIONS: tuple[Option, ...] = (
         "rocksdb:// (needs faust-streaming[rocksdict])",
     ),
     Option("data_dir", "FRAUD_FEATURES_DATA_DIR", "faust's data directory"),
-    Option("metrics_host", "FRAUD_FEATURES_METRICS_HOST", "address of the /metrics server"),
+    Option(
+        "metrics_host",
+        "FRAUD_FEATURES_METRICS_HOST",
+        "address of the /metrics, /healthz and /readyz server",
+    ),
     Option(
         "metrics_port",
         "FRAUD_FEATURES_METRICS_PORT",
-        "port of the Prometheus /metrics server; 0 disables it",
+        "port of the /metrics, /healthz and /readyz server; 0 disables it",
     ),
     Option("log_level", "FRAUD_LOG_LEVEL", "log level: DEBUG, INFO, WARNING or ERROR"),
     Option("log_format", "FRAUD_LOG_FORMAT", "log format: text or json lines"),

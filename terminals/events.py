@@ -42,9 +42,11 @@ class TerminalEvent(msgspec.Struct, frozen=True, array_like=True, gc=False):
     offset: int
     #: The transaction's event time (epoch ms).
     event_time: int
-    #: Labels: the confirmed outcome, and when it became known (epoch ms).
+    #: Labels: the confirmed outcome, when it became known (epoch ms), and the labelled
+    #: transaction (a later label of the same transaction replaces it).
     fraud: bool = False
     reported_at: int = 0
+    transaction_id: str = ""
 
 
 class Routed(NamedTuple):
@@ -109,6 +111,12 @@ def route_label(value: bytes | None, partition: int, offset: int) -> Routed | No
     if not label.terminal_id:
         return None
     event = TerminalEvent(
-        LABEL, partition, offset, label.event_time, label.fraud, label.reported_at
+        LABEL,
+        partition,
+        offset,
+        label.event_time,
+        label.fraud,
+        label.reported_at,
+        label.transaction_id,
     )
     return Routed(label.terminal_id, event)

@@ -1,12 +1,13 @@
 """Every Prometheus metric of the features worker, named `fraud_features_<thing>_<unit>`, and
 the small methods the agents call (no other module of the worker touches prometheus_client).
 
-Served on `/metrics` (FRAUD_FEATURES_METRICS_PORT) from prometheus_client's own thread.
+Served on `/metrics` (FRAUD_FEATURES_METRICS_PORT) with `/healthz` and `/readyz`
+(`contracts/health.py`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 #: Outcomes of a transaction record: counted on its terminal, no terminal (skipped), invalid
 #: (skipped: the scorer dead-letters it).
@@ -35,14 +36,40 @@ class WorkerMetrics:
         )
         self._events = Counter(
             "fraud_features_terminal_events",
-            "Re-keyed terminal events applied to the table: counted, or duplicate (an input "
-            "record read again after a restart or rebalance, not counted twice)",
+            "Re-keyed terminal events applied to the table, by result: counted; duplicate (an "
+            "input record read again after a restart or rebalance, not counted twice); repeated "
+            "(a label with the outcome already in force for its transaction); corrected (a "
+            "label that changed its transaction's outcome); stale (older than every window)",
             ["source", "result"],
+            registry=self.registry,
+        )
+        self._future = Counter(
+            "fraud_features_event_time_future",
+            "Event times past the wall clock plus the allowed skew, counted at that bound",
             registry=self.registry,
         )
         self._published = Counter(
             "fraud_features_risk_published",
-            "Terminal risk records published to the terminal-risk topic",
+            "Terminal risk records published to the terminal-risk topic: features, or a "
+            "tombstone (the terminal's risk became neutral, or it went idle)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self._evicted = Counter(
+            "fraud_features_terminals_evicted",
+            "Idle terminals forgotten (no window reads any of their days again)",
+            registry=self.registry,
+        )
+        self._retries = Counter(
+            "fraud_features_delivery_retries",
+            "Rounds of routed records and dead letters sent again after the broker did not "
+            "acknowledge them",
+            registry=self.registry,
+        )
+        self._stalled = Gauge(
+            "fraud_features_stalled",
+            "1 while re-keyed events wait in a partition this replica owns and its table agent "
+            "has applied none of them for 30 s (its /healthz then fails)",
             registry=self.registry,
         )
         self._terminals = Gauge(
@@ -54,6 +81,8 @@ class WorkerMetrics:
             self._transactions.labels(outcome)
         for outcome in LABEL_OUTCOMES:
             self._labels.labels(outcome)
+        for kind in ("features", "tombstone"):
+            self._published.labels(kind)
 
     def transaction(self, outcome: str) -> None:
         self._transactions.labels(outcome).inc()
@@ -61,16 +90,24 @@ class WorkerMetrics:
     def label(self, outcome: str) -> None:
         self._labels.labels(outcome).inc()
 
-    def event(self, source: str, counted: bool) -> None:
+    def event(self, source: str, result: str) -> None:
         kind = "transaction" if source == "t" else "label"
-        self._events.labels(kind, "counted" if counted else "duplicate").inc()
+        self._events.labels(kind, result).inc()
 
-    def published(self) -> None:
-        self._published.inc()
+    def future_event(self) -> None:
+        self._future.inc()
+
+    def published(self, *, tombstone: bool = False) -> None:
+        self._published.labels("tombstone" if tombstone else "features").inc()
+
+    def evicted(self, count: int) -> None:
+        self._evicted.inc(count)
+
+    def delivery_retry(self) -> None:
+        self._retries.inc()
+
+    def stalled(self, stalled: bool) -> None:
+        self._stalled.set(1 if stalled else 0)
 
     def terminals(self, count: int) -> None:
         self._terminals.set(count)
-
-    def serve(self, host: str, port: int) -> None:
-        """Serve /metrics on a daemon thread (OSError if the port is taken)."""
-        start_http_server(port, addr=host, registry=self.registry)

@@ -1,4 +1,5 @@
-"""One terminal's entry in the worker's table, and when its published risk changes.
+"""One terminal's entry in the worker's table, the worker's event-time clock, and when a
+terminal's published risk changes.
 
 The entry wraps `scorer.terminal_risk.TerminalRisk`, whose 38 daily buckets of (transactions,
 confirmed frauds) are the 1-, 7- and 30-day windows with the handbook's delay: on day d, window w
@@ -12,17 +13,31 @@ Around the buckets the entry keeps:
 - `as_of_day`: the terminal's current day, the latest day of any of its transactions or of a
   label's report; the published features are those as of this day.
 - `published`: the features last published, so a terminal whose features did not change (its
-  day advanced, but no window gained or lost a count) is not published again.
+  day advanced, but no window gained or lost a count) is not published again. A terminal whose
+  features are neutral is not published at all (the scorer's default for a terminal it does not
+  know), and one that becomes neutral again is published as a tombstone.
 - `positions`: per input partition ("t3": transactions partition 3, "l0": labels partition 0),
   the offset of the last record counted. An input record read again (a replay after a crash or
   a rebalance, which re-sends it to the re-keyed topic) has an offset at or below it and is not
   counted twice. Offsets grow within a partition, and one partition's records of a terminal
-  reach the table in that order (a partition is routed by one agent at a time, and faust flushes
-  what it sent before a rebalance hands the partition on). The positions live in the same table
-  value (one changelog record) as the counts they describe, so a restart recovers both together.
+  reach the table in that order. The positions live in the same table value (one changelog
+  record) as the counts they describe, so a restart recovers both together.
+- `labels`: the labelled transactions whose label said fraud at some point, within the buckets,
+  each with its day and the outcome in force. A label of a transaction is counted once, whatever
+  offset it comes at (a producer retry, a replayed labels topic, two systems reporting the same
+  chargeback): the same outcome again changes nothing, the other outcome corrects it (fraud →
+  legitimate takes the fraud back). The later label in the labels topic is in force; labels are
+  keyed by card, so those of one transaction keep their order. Only frauds are remembered: a
+  legitimate label of a transaction never reported as fraud changes no count.
 
-Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "published", "risk"}`
-with `risk` the `TerminalRisk.to_bytes()` document.
+Event time is bounded (`TerminalClock`, `contracts/event_time.py`): a time past the wall clock
+plus the allowed skew counts as the worker's newest trusted day and never moves it, so one
+record dated in the future cannot move a terminal's day (which would empty every window of it)
+nor take a bucket for a day that will not come for years; a day older than every window as of
+the worker's newest day changes nothing.
+
+Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "published", "risk",
+"labels"}` with `risk` the `TerminalRisk.to_bytes()` document.
 """
 
 from __future__ import annotations
@@ -33,21 +48,71 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from scorer.terminal_risk import DELAY_DAYS, RISK_WINDOWS_DAYS, TerminalRisk
+from contracts.event_time import EventClock
+from scorer.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS, TerminalRisk
 from terminals.events import TRANSACTION, TerminalEvent
 
 #: `as_of_day` of a terminal that has seen nothing yet.
 NO_DAY = -1
 _LONGEST_WINDOW_DAYS = max(RISK_WINDOWS_DAYS)
 
+#: What applying an event did (`Applied.result`, the worker's metric label).
+COUNTED = "counted"  # a new transaction or label, counted
+DUPLICATE = "duplicate"  # its input record was counted before (read again)
+REPEATED = "repeated"  # a label with the outcome already in force for its transaction
+CORRECTED = "corrected"  # a label that changed its transaction's outcome
+STALE = "stale"  # a day older than every window as of the worker's newest day
+RESULTS = (COUNTED, DUPLICATE, REPEATED, CORRECTED, STALE)
+
 
 class Applied(NamedTuple):
     """What applying one event did."""
 
-    #: False: the event was counted before (its input offset is not past the last counted).
-    counted: bool
-    #: The published features changed (or the day advanced): publish the terminal's risk.
+    #: One of RESULTS.
+    result: str
+    #: The entry changed (counts, day or positions): write it to the table.
+    changed: bool
+    #: The published features may have changed (or the day advanced): see `to_publish`.
     publish: bool
+    #: The event's time was past the clock's bound and counted at it.
+    clamped: bool = False
+
+
+class TerminalClock:
+    """The worker's event-time clock in days: its newest trusted day (the watermark) says what
+    is stale and which terminals are idle. It is the newest day of any event time or report
+    time this process applied that was not past the wall clock plus the allowed skew."""
+
+    def __init__(self, day_ms: int, clock: EventClock | None = None) -> None:
+        if day_ms < 1:
+            raise ValueError(f"day_ms must be >= 1, got {day_ms}")
+        self.day_ms = day_ms
+        self._clock = clock or EventClock()
+        self.watermark_day = NO_DAY
+
+    def day(self, event_time_ms: int) -> tuple[int, bool]:
+        """The day an event time counts on, and whether it was past the bound: then the
+        watermark's day (the bound's while there is none), and the watermark stays; else its
+        own day, which the watermark reaches."""
+        bound = self._clock.bound_ms()
+        if event_time_ms > bound:
+            watermark = self.watermark_day
+            return (bound // self.day_ms if watermark == NO_DAY else watermark), True
+        day = event_time_ms // self.day_ms
+        self.advance(day)
+        return day, False
+
+    def advance(self, day: int) -> None:
+        self.watermark_day = max(self.watermark_day, day)
+
+    def stale(self, day: int) -> bool:
+        """Whether `day` is older than every window as of the watermark."""
+        return self.watermark_day != NO_DAY and day < self.watermark_day - HORIZON_DAYS
+
+    def idle_since(self, newest_day: int) -> bool:
+        """Whether a terminal whose newest day is `newest_day` is idle: no window reads any of
+        its days again, as of the watermark (its features are neutral from now on)."""
+        return self.stale(newest_day)
 
 
 class _Stored(msgspec.Struct, frozen=True):
@@ -55,6 +120,8 @@ class _Stored(msgspec.Struct, frozen=True):
     positions: dict[str, int]
     risk: msgspec.Raw
     published: list[float] | None = None
+    #: transaction_id → [day, fraud] (older values have no labels: nothing remembered).
+    labels: dict[str, tuple[int, bool]] = {}
 
 
 _encoder = msgspec.json.Encoder()
@@ -62,62 +129,110 @@ _decoder = msgspec.json.Decoder(_Stored)
 
 
 class TerminalState:
-    """One terminal's counts, current day and input positions: the worker's table value."""
+    """One terminal's counts, current day, input positions and fraud labels: the table value."""
 
-    __slots__ = ("as_of_day", "positions", "published", "risk")
+    __slots__ = ("as_of_day", "labels", "positions", "published", "risk")
 
     def __init__(self) -> None:
         self.risk = TerminalRisk()
         self.as_of_day = NO_DAY
         self.positions: dict[str, int] = {}
         self.published: list[float] | None = None
+        self.labels: dict[str, tuple[int, bool]] = {}
 
-    def apply(self, event: TerminalEvent, day_ms: int) -> Applied:
-        """Count one transaction or label of this terminal, once.
+    def apply(self, event: TerminalEvent, clock: TerminalClock) -> Applied:
+        """Count one transaction or label of this terminal, once (see the module docstring).
 
         A transaction counts on its day; a fraud label adds a confirmed fraud on its
-        transaction's day, a legitimate one changes no count. The terminal's day advances to the
+        transaction's day, a correction takes it back. The terminal's day advances to the
         transaction's day, or to the day a label was reported. `publish` is True when the day
-        advanced or the event landed in a day some window reads as of the current day: the
-        features may have changed (`changed_features` tells).
+        advanced or the event changed a day some window reads as of the current day.
         """
         position = f"{event.source}{event.partition}"
         if event.offset <= self.positions.get(position, -1):
-            return Applied(counted=False, publish=False)
+            return Applied(DUPLICATE, changed=False, publish=False)
         self.positions[position] = event.offset
-        day = event.event_time // day_ms
+        day, clamped = clock.day(event.event_time)
+        if event.source == TRANSACTION:
+            today = day
+        else:
+            today, late = clock.day(event.reported_at)
+            clamped |= late
+        if clock.stale(day):
+            return Applied(STALE, changed=True, publish=False, clamped=clamped)
         if event.source == TRANSACTION:
             self.risk.add_transaction(day)
-            changed_counts, today = True, day
+            result, counts_changed = COUNTED, True
         else:
-            if event.fraud:
-                self.risk.add_label(day, True)
-            changed_counts, today = event.fraud, event.reported_at // day_ms
+            result, counts_changed, day = self._label(event, day)
         advanced = today > self.as_of_day
         if advanced:
             self.as_of_day = today
+            self._forget_old_labels()
         newest_read = self.as_of_day - DELAY_DAYS
         in_window = newest_read - _LONGEST_WINDOW_DAYS < day <= newest_read
-        return Applied(counted=True, publish=advanced or (changed_counts and in_window))
+        publish = advanced or (counts_changed and in_window)
+        return Applied(result, changed=True, publish=publish, clamped=clamped)
+
+    def _label(self, event: TerminalEvent, day: int) -> tuple[str, bool, int]:
+        """Apply a label: (result, whether a count changed, the day it counted on)."""
+        known = self.labels.get(event.transaction_id)
+        if known is None:
+            if not event.fraud:
+                return COUNTED, False, day  # legitimate: every transaction counts already
+            self.risk.add_label(day, True)
+            self.labels[event.transaction_id] = (day, True)
+            return COUNTED, True, day
+        known_day, known_fraud = known
+        if known_fraud == event.fraud:
+            return REPEATED, False, known_day
+        if event.fraud:
+            self.risk.add_label(known_day, True)
+        else:
+            self.risk.retract_label(known_day)
+        self.labels[event.transaction_id] = (known_day, event.fraud)
+        return CORRECTED, True, known_day
+
+    def _forget_old_labels(self) -> None:
+        """Labels of days no window reads any more cannot change a count: forget them."""
+        oldest = self.as_of_day - HORIZON_DAYS
+        old = [tx for tx, (day, _) in self.labels.items() if day < oldest]
+        for transaction_id in old:
+            del self.labels[transaction_id]
+
+    @property
+    def newest_day(self) -> int:
+        """The newest day of any of its transactions, labels or reports (NO_DAY: none)."""
+        return max(self.risk.newest_day(), self.as_of_day)
 
     def features(self) -> npt.NDArray[np.float32]:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`."""
         return self.risk.features(max(self.as_of_day, 0))
 
-    def changed_features(self) -> npt.NDArray[np.float32] | None:
-        """The features as of `as_of_day` if they differ from the last published ones (which
-        they then become), else None: the record to publish, if any."""
+    def to_publish(self) -> tuple[bool, npt.NDArray[np.float32] | None]:
+        """Whether to publish, and what: the features as of `as_of_day` if they differ from the
+        last published ones (which they then become); None (a tombstone) when they became
+        neutral after having been published. Neutral features are never published as such."""
         features = self.features()
+        if not features.any():
+            if self.published is None:
+                return False, None
+            self.published = None
+            return True, None
         values = features.tolist()
         if values == self.published:
-            return None
+            return False, None
         self.published = values
-        return features
+        return True, features
 
     def to_bytes(self) -> bytes:
         """The table value (JSON)."""
         stored = _Stored(
-            self.as_of_day, self.positions, msgspec.Raw(self.risk.to_bytes()), self.published
+            self.as_of_day,
+            self.positions,
+            msgspec.Raw(self.risk.to_bytes()),
+            self.published,
+            self.labels,
         )
         return _encoder.encode(stored)
 
@@ -133,4 +248,5 @@ class TerminalState:
         state.as_of_day = stored.as_of_day
         state.positions = dict(stored.positions)
         state.published = stored.published
+        state.labels = dict(stored.labels)
         return state

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 import stream.metrics
+import terminals.metrics
 from stream.config import ServiceConfig, settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,18 +54,30 @@ def config_default(name: str) -> Any:
 
 @cache
 def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Every metric of stream/metrics.py: name → (type, label names)."""
+    """Every metric of stream/metrics.py (the scorer) and terminals/metrics.py (the features
+    worker): name → (type, label names)."""
     families: dict[str, tuple[str, tuple[str, ...]]] = {}
-    service_metrics = stream.metrics.ServiceMetrics(CollectorRegistry())
-    for value in vars(service_metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            (described,) = value.describe()
-            families[described.name] = (described.type, tuple(value._labelnames))
-        elif isinstance(value, stream.metrics.BatchHistogram):
-            for family in value.collect():
-                families[family.name] = (family.type, ())
+    registry = CollectorRegistry()
+    owners = (stream.metrics.ServiceMetrics(registry), terminals.metrics.WorkerMetrics(registry))
+    for owner in owners:
+        for value in vars(owner).values():
+            if isinstance(value, MetricWrapperBase):
+                (described,) = value.describe()
+                families[described.name] = (described.type, tuple(value._labelnames))
+            elif isinstance(value, stream.metrics.BatchHistogram):
+                for family in value.collect():
+                    families[family.name] = (family.type, ())
     assert families, "stream/metrics.py defines no metrics?"
     return families
+
+
+def job_selector(family: str) -> str:
+    """The job matcher a rule on a metric family must carry: the scorer's series come from the
+    job fraud-scorer everywhere; the worker's from fraud-features in compose and fraud-scorer
+    under the chart's monitors (they label every pod of the release by its name)."""
+    if family.startswith("fraud_features_"):
+        return 'job=~"fraud-(scorer|features)"'
+    return 'job="fraud-scorer"'
 
 
 @cache

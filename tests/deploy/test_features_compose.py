@@ -40,5 +40,5 @@ def test_it_starts_after_the_topics_and_its_health_check_reads_its_metrics() -> 
     assert features["depends_on"][TOPICS]["condition"] == "service_completed_successfully"
     port = from_sources({}, None, environment(features)).metrics_port
     assert port and str(port) in {str(p) for p in features.get("expose", [])}
-    assert f"127.0.0.1:{port}/metrics" in " ".join(features["healthcheck"]["test"])
+    assert f"127.0.0.1:{port}/healthz" in " ".join(features["healthcheck"]["test"])
     assert not features.get("profiles"), "the worker starts with a plain `up`"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from contracts.health import HealthServer, HealthState
 from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from stream.config import ServiceConfig
-from stream.health import HealthServer, HealthState
 from terminals.config import OPTIONS as WORKER_OPTIONS
 from tests.deploy.repo import (
     CHART,
@@ -253,8 +253,11 @@ def test_the_gpu_profile_asks_for_a_gpu_and_the_cuda_provider() -> None:
 
 def test_monitors_name_the_job_the_alert_rules_select() -> None:
     chart = load_yaml(CHART / "Chart.yaml")
-    jobs = {job for rule in alert_rules() for job in re.findall(r'job="([^"]+)"', rule["expr"])}
+    exprs = [rule["expr"] for rule in alert_rules()]
+    jobs = {job for expr in exprs for job in re.findall(r'job="([^"]+)"', expr)}
     assert jobs == {chart["name"]}, f"alerts select {jobs}, the chart's pods are {chart['name']}"
+    for pattern in {job for expr in exprs for job in re.findall(r'job=~"([^"]+)"', expr)}:
+        assert re.fullmatch(pattern, chart["name"]), f"job=~{pattern!r} misses {chart['name']}"
     for name in ("servicemonitor.yaml", "podmonitor.yaml"):
         text = template(name)
         assert "jobLabel: app.kubernetes.io/name" in text, name

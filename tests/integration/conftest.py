@@ -66,11 +66,26 @@ def topics_factory(admin: AdminClient) -> Iterator[Callable[..., Topics]]:
             future.result(timeout=30)
 
 
-def produce(topic: str, records: list[tuple[bytes | None, bytes | None]]) -> int:
+#: The broker's default max.message.bytes (1 MiB and batch overhead), less a little.
+LARGE_MESSAGE_BYTES = 1_048_000
+
+
+def produce(
+    topic: str,
+    records: list[tuple[bytes | None, bytes | None]],
+    *,
+    max_message_bytes: int = 1_000_000,
+) -> int:
     """Produce (key, value) pairs, in order, and wait until all are acknowledged; return the send
-    time (ms). Idempotent, because a plain producer may reorder a retried batch past the next."""
+    time (ms). Idempotent, because a plain producer may reorder a retried batch past the next.
+    `max_message_bytes`: the largest record the client sends (up to LARGE_MESSAGE_BYTES)."""
     producer = Producer(
-        {"bootstrap.servers": BOOTSTRAP, "linger.ms": 5, "enable.idempotence": True}
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            "message.max.bytes": max_message_bytes,
+        }
     )
     sent_ms = time.time_ns() // 1_000_000
     for key, value in records:

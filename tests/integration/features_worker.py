@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -49,10 +50,12 @@ class WorkerProcess:
     log_path: Path
     data_dir: Path
     metrics_port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] = field(init=False)
 
     def start(self) -> WorkerProcess:
         args = [
+            *self.extra,
             *("--bootstrap-servers", BOOTSTRAP, "--app-id", self.topics.app_id),
             *("--input-topic", self.topics.transactions, "--labels-topic", self.topics.labels),
             *("--terminal-risk-topic", self.topics.risk, "--dlq-topic", self.topics.dlq),
@@ -76,6 +79,14 @@ class WorkerProcess:
             assert self.process.poll() is None, f"worker exited early:\n{self.log()[-6000:]}"
             assert time.monotonic() < deadline, f"worker not ready:\n{self.log()[-6000:]}"
             time.sleep(0.2)
+
+    def probe(self, path: str) -> int:
+        """The HTTP status of /healthz or /readyz."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5):
+                return 200
+        except urllib.error.HTTPError as exc:
+            return exc.code
 
     def metric(self, sample: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -134,7 +145,8 @@ class RiskReader:
     """Reads the terminal-risk topic as it grows; the latest record per terminal."""
 
     def __init__(self, topic: str) -> None:
-        self.latest: dict[str, dict[str, float]] = {}
+        #: The latest record per terminal; None once a tombstone came.
+        self.latest: dict[str, dict[str, float] | None] = {}
         self._consumer = Consumer(
             {
                 "bootstrap.servers": BOOTSTRAP,
@@ -151,17 +163,32 @@ class RiskReader:
         """Until the terminal's latest record has the expected fields; return that record."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for message in self._consumer.consume(500, 0.2):
-                assert message.error() is None, message.error()
-                key = (message.key() or b"").decode()
-                record = decode_terminal_risk(message.value() or b"")
-                assert record.terminal_id == key
-                self.latest[key] = {"as_of_day": record.as_of_day} | dict(
-                    zip(FEATURES, record.features.tolist(), strict=True)
-                )
-            if _matches(self.latest.get(terminal), expected):
-                return self.latest[terminal]
+            self._read_some()
+            found = self.latest.get(terminal)
+            if found is not None and _matches(found, expected):
+                return found
         raise AssertionError(f"{terminal}: expected {expected}, latest {self.latest.get(terminal)}")
+
+    def wait_for_tombstone(self, terminal: str, timeout_s: float = 45.0) -> None:
+        """Until the terminal's latest record is a tombstone."""
+        deadline = time.monotonic() + timeout_s
+        while not (terminal in self.latest and self.latest[terminal] is None):
+            assert time.monotonic() < deadline, f"{terminal}: {self.latest.get(terminal)}"
+            self._read_some()
+
+    def _read_some(self) -> None:
+        for message in self._consumer.consume(500, 0.2):
+            assert message.error() is None, message.error()
+            key = (message.key() or b"").decode()
+            value = message.value()
+            if value is None:
+                self.latest[key] = None
+                continue
+            record = decode_terminal_risk(value)
+            assert record.terminal_id == key
+            self.latest[key] = {"as_of_day": record.as_of_day} | dict(
+                zip(FEATURES, record.features.tolist(), strict=True)
+            )
 
     def close(self) -> None:
         self._consumer.close()

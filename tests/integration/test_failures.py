@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from onnx import TensorProto, helper
 
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import (
-    BOOTSTRAP,
+    LARGE_MESSAGE_BYTES,
     Topics,
     committed_offsets,
     encode,
@@ -247,12 +246,8 @@ def test_a_dead_letter_too_large_even_without_its_value_goes_without_its_key(
     key = b"k" * 1_000_100
     # Idempotent, so the big record keeps offset 0: in one CI run a plain producer wrote it at
     # offset 1, after the next record (without idempotence a retried batch may be reordered).
-    producer = Producer(
-        {"bootstrap.servers": BOOTSTRAP, "message.max.bytes": 1_048_000, "enable.idempotence": True}
-    )
-    producer.produce(topics.input, key=key, value=b"x")
-    producer.produce(topics.input, key=b"card", value=encode(VALID))
-    assert producer.flush(30) == 0
+    records = [(key, b"x"), (b"card", encode(VALID))]
+    produce(topics.input, records, max_message_bytes=LARGE_MESSAGE_BYTES)
     service = service_factory(topics, "--group-id", group, "--processing-guarantee", guarantee)
 
     (letter,) = read_topic(topics.dlq, 1)

@@ -27,9 +27,11 @@ from contracts.dead_letter import decode_headers
 from contracts.label import decode_label
 from contracts.transaction import decode_transaction
 from scorer.terminal_risk import DELAY_DAYS
+from terminals.router import router_group
 from terminals.topics import changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
+    LARGE_MESSAGE_BYTES,
     REPO,
     ServiceProcess,
     Topics,
@@ -53,6 +55,7 @@ from tests.integration.features_worker import (
     transaction,
     wait_committed,
 )
+from tests.integration.raw_produce import produce_raw
 
 
 @pytest.fixture
@@ -77,12 +80,14 @@ def worker_topics(admin: AdminClient) -> Iterator[WorkerTopics]:
 @pytest.fixture
 def start_worker(
     worker_topics: WorkerTopics, tmp_path: Path
-) -> Iterator[Callable[[], WorkerProcess]]:
+) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start() -> WorkerProcess:
+    def start(*extra: str) -> WorkerProcess:
+        """A worker; `extra`: more flags of `fraud-features run`."""
         data_dir = tmp_path / f"faust-{len(started)}"
-        worker = WorkerProcess(worker_topics, tmp_path / "worker.log", data_dir).start()
+        log = tmp_path / "worker.log"
+        worker = WorkerProcess(worker_topics, log, data_dir, extra=extra).start()
         started.append(worker)
         return worker
 
@@ -134,13 +139,13 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         # Everything read is committed: the restarted worker does not read these transactions
         # again, so their counts can only come back from the table's changelog.
         for topic in (topics.transactions, topics.labels):
-            wait_committed(topics.app_id, topic)
+            wait_committed(router_group(topics.app_id), topic)
         changelog = changelog_topic_name(topics.app_id)
         assert sum(end_offsets(changelog, PARTITIONS).values()) > 0
         worker.kill()
         # While it is down, rewind its labels to the start, as a crash before a commit would:
         # the restarted worker reads them again and must not count them twice.
-        rewind(topics.app_id, topics.labels)
+        rewind(router_group(topics.app_id), topics.labels)
 
         # One more fraud of DAY0, reported six days later, while the worker is down; and a
         # transaction that moves the terminal's day on, so DAY0 + 8 is inside the windows.
@@ -350,3 +355,70 @@ def _run_loadgen(topics: WorkerTopics, decisions: str) -> subprocess.CompletedPr
         timeout=120,
         check=False,
     )
+
+
+def test_records_the_worker_cannot_read_whole_do_not_stop_it(
+    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    # Finding 7 of the state review: a header key that is not UTF-8 stopped the worker at every
+    # start (aiokafka decodes header keys while it parses a fetched batch), and a label of about
+    # a megabyte could not become a dead letter (too large for the dead-letter topic).
+    topics = worker_topics
+    worker = start_worker()
+    worker.wait_ready()
+    key, valid = label(1, DAY0, "P", fraud=True, reported=DAY0 + DELAY_DAYS)
+    bad_header = [(b"\xff\xfe", b"x")]
+    # Written byte for byte: librdkafka cannot produce such a header key.
+    produce_raw(BOOTSTRAP, topics.labels, 0, [(key, valid, bad_header)])
+    produce_raw(BOOTSTRAP, topics.labels, 0, [(key, b"{not json", bad_header)])
+    produce_raw(BOOTSTRAP, topics.transactions, 0, [(*transaction(0, DAY0, "P"), bad_header)])
+    huge = encode({"pad": "x" * 1_000_000, "fraud": "yes"})  # invalid, and about 1 MB
+    produce(topics.labels, [(key, huge)], max_message_bytes=LARGE_MESSAGE_BYTES)
+    produce(topics.transactions, [transaction(i, DAY0, "P") for i in range(1, 10)])
+
+    letters = read_topic(topics.dlq, expected=2, timeout_s=READY_TIMEOUT_S)
+    assert worker.process.poll() is None, worker.log()[-4000:]
+    assert len(letters) == 2, worker.log()[-4000:]
+    by_reason = {decode_headers(m.headers())["dlq.reason"]: m for m in letters}
+    unreadable = decode_headers(by_reason["decode"].headers())
+    assert unreadable["dlq.headers.dropped"].startswith("unreadable")
+    assert by_reason["decode"].value() == b"{not json"
+    shrunk = decode_headers(by_reason["validate"].headers())
+    assert by_reason["validate"].value() is None
+    assert int(shrunk["dlq.value.dropped"]) == len(huge)
+    # The valid label and the transaction with the unreadable header both counted.
+    reader = RiskReader(topics.risk)
+    try:
+        reader.wait_for("P", {"as_of_day": DAY0 + DELAY_DAYS} | risk(10, 1, 1))
+    finally:
+        reader.close()
+    assert worker.probe("/healthz") == 200
+    assert worker.probe("/readyz") == 200
+
+
+def test_idle_terminals_are_forgotten_with_a_tombstone(
+    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    # Finding 5: the worker kept every terminal it ever saw, and published neutral records.
+    topics = worker_topics
+    today = DAY0 + DELAY_DAYS + 2
+    records = [transaction(i, DAY0, "P") for i in range(5)] + [transaction(5, today, "P")]
+    produce(topics.transactions, records)
+    produce(topics.labels, [label(0, DAY0, "P", fraud=True, reported=today)])
+    worker = start_worker("--evict-interval-s", "0.5")
+    reader = RiskReader(topics.risk)
+    try:
+        reader.wait_for("P", {"as_of_day": today} | risk(5, 1, 7))
+        # Days later, terminals in every table partition see transactions: the worker's day
+        # moves past every window that reads P's days, and each partition looks for idle ones.
+        later = today + 40
+        produce(topics.transactions, [transaction(10 + i, later, f"Q{i}") for i in range(20)])
+        time.sleep(1.0)
+        produce(topics.transactions, [transaction(40 + i, later, f"Q{i}") for i in range(20)])
+        reader.wait_for_tombstone("P")
+        assert all(reader.latest.get(f"Q{i}") is None for i in range(20)), "neutral: unpublished"
+        assert worker.metric("fraud_features_terminals_evicted_total") >= 1
+        published = worker.metric('fraud_features_risk_published_total{kind="tombstone"}')
+        assert published >= 1
+    finally:
+        reader.close()

@@ -6,21 +6,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from contracts.health import HealthState
 from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from simulator.transactions import TransactionSimulator
+from stream.card_state import CardState
 from stream.config import ServiceConfig
-from stream.health import HealthState
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
-from stream.card_state import CardState
 from stream.transactions import TransactionalSink
 from stream.wiring import Collaborators, dead_letter_router
 from tests.unit.fakes import (
@@ -64,10 +65,17 @@ class Replica:
     scoring = "inline"
 
     def __init__(
-        self, scorer: FakeScorer | None = None, *, card_state: bool = False, **settings: object
+        self,
+        scorer: FakeScorer | None = None,
+        *,
+        card_state: bool = False,
+        terminals: Any = None,
+        **settings: object,
     ) -> None:
         """`card_state`: keep card history, its changelog in `self.changelog` (a list in
-        memory that receives every card state output once the sink delivers it)."""
+        memory that receives every card state output once the sink delivers it).
+        `terminals`: a stand-in for the copy of terminal-risk (start, close, loaded,
+        features)."""
         defaults: dict[str, object] = {
             "scoring": self.scoring,
             "input_topic": TOPIC,
@@ -140,6 +148,7 @@ class Replica:
             tracker=tracker,
             transactions=self.transactions,
             card_state=self.card_state,
+            terminals=terminals,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)

@@ -105,26 +105,45 @@ def test_a_record_dated_in_the_far_future_forgets_no_card() -> None:
         )
         == 1
     )
-    # It counted, at the bound: its card's newest event is the wall clock plus the skew.
+    # It counted, as of its partition's clock (the newest trusted event time), not later.
     card = future.transaction.card_id
     last_ms = np.frombuffer(held(state, {card})[card][1:], STATE_DTYPE)["last_ms"][0]
-    assert last_ms == NOW_MS + 300_000
+    assert last_ms == NOW_MS
     restored = new_state(changelog)
     assert held(restored, cards) == held(state, cards), "the changelog agrees"
 
 
 def test_a_future_record_cannot_move_the_clock_that_evicts() -> None:
-    # The eviction still works, as of the bounded watermark: a card idle for 31 days is forgotten
-    # when the partition's clock reaches it, whatever a future record says.
+    # The eviction still works, as of the partition's own clock: a card idle for 32 days is
+    # forgotten, the others stay, whatever a future record says.
     changelog = MemoryChangelog()
     state = new_state(changelog, evict_interval_s=0.0)
     records = stream()
-    old = at(records[0], 0, NOW_MS - 31 * MS_PER_DAY)
-    recent = at(records[1], 1, NOW_MS - MS_PER_DAY)
-    apply(state, changelog, [old, recent])
-    written = apply(state, changelog, [at(records[2], 2, MAX_EVENT_TIME_MS)])
+    old = at(records[0], 0, NOW_MS - 32 * MS_PER_DAY)
+    recent = at(records[1], 1, NOW_MS)
+    written = apply(state, changelog, [old, recent])
+    written += apply(state, changelog, [at(records[2], 2, MAX_EVENT_TIME_MS)])
     tombstones = {r.card_id for r in written if r.state is None}
-    assert tombstones == {old.transaction.card_id} - {records[2].transaction.card_id}
+    assert tombstones == {old.transaction.card_id}
+
+
+def test_a_stream_replayed_from_the_past_is_not_moved_to_today_by_one_record() -> None:
+    # A backlog of last year's transactions (a replay, a benchmark): a record past the wall
+    # clock must not move the partition's clock to today either, which would make every card
+    # of the replay idle.
+    changelog = MemoryChangelog()
+    state = CardState(
+        changelog,
+        time_scale=1.0,
+        metrics=ServiceMetrics(CollectorRegistry()),
+        clock=EventClock(wall_ms=lambda: NOW_MS + 300 * MS_PER_DAY),
+        evict_interval_s=0.0,
+    )
+    state.restore([0])
+    records = stream()
+    apply(state, changelog, records[:2_000])
+    written = apply(state, changelog, [at(records[0], 2_000, MAX_EVENT_TIME_MS)])
+    assert [r for r in written if r.state is None] == []
 
 
 def test_a_record_older_than_every_window_changes_no_state() -> None:

@@ -11,7 +11,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from stream.health import MAX_CONNECTIONS, HealthServer, HealthState
+from contracts.health import MAX_CONNECTIONS, HealthServer, HealthState
 from stream.metrics import ServiceMetrics
 
 

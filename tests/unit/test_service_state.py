@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from contracts.transaction import decode_transaction
 from scorer.columns import TransactionColumns
 from scorer.history import CardHistory
+from scorer.terminal_risk import NUM_TERMINAL_FEATURES
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.sink import Output
@@ -58,8 +59,9 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
     # Finding 6: in thread mode `lost` did not wait for the batch being scored, and dropping the
     # lost partition's state made that batch's whole history update vanish, the kept
     # partition's records included. The first mixed batch waits inside its update until the
-    # partition is lost (or 3 s, for a replica that waits for the batch: the consuming thread may itself wait a second for room in the hand-off); then rounds
-    # of assign and lose with a tiny switch interval, as the revoke race test does.
+    # partition is lost (at most 3 s: the consuming thread may itself wait a second for room in
+    # the hand-off, and a replica that waits for the batch waits that long); then rounds of
+    # assign and lose with a tiny switch interval, as the revoke race test does.
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
@@ -166,3 +168,45 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
         "fraud_state_rollbacks_total", {"method": "undo"}
     )
     assert undone == 1
+
+
+class Terminals:
+    """A copy of terminal-risk that is loaded when the test says."""
+
+    def __init__(self) -> None:
+        self.loaded = threading.Event()
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+    def features(self, terminal_ids: list[str | None]) -> np.ndarray:
+        return np.zeros((len(terminal_ids), NUM_TERMINAL_FEATURES), np.float32)
+
+
+def test_a_replica_consumes_only_once_terminal_risk_is_loaded() -> None:
+    # Finding 9: after a restart the scorer scored with neutral terminal risk until it had read
+    # terminal-risk again, and /readyz said ready meanwhile.
+    terminals = Terminals()
+    with Replica(terminals=terminals) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(20)))
+        time.sleep(0.3)
+        assert replica.consumer.polls == 0, "nothing consumed"
+        assert replica.health.ready() == (False, "loading terminal-risk")
+        assert replica.health.alive()[0]
+        terminals.loaded.set()
+        until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+        until(lambda: replica.health.ready()[0])
+
+
+def test_a_replica_consumes_anyway_once_terminal_risk_is_overdue() -> None:
+    with Replica(terminals=Terminals(), terminal_risk_load_timeout_s=0.2) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(20)))
+        until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})

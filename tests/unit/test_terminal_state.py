@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from contracts.errors import DecodeError, ValidationError
-from scorer.terminal_risk import DELAY_DAYS, MS_PER_DAY, TerminalRisk
+from contracts.event_time import EventClock
+from contracts.transaction import MAX_EVENT_TIME_MS
+from scorer.terminal_risk import DELAY_DAYS, HORIZON_DAYS, MS_PER_DAY, TerminalRisk
 from terminals.events import (
     LABEL,
     TRANSACTION,
@@ -22,7 +24,16 @@ from terminals.events import (
     route_label,
     route_transaction,
 )
-from terminals.state import NO_DAY, TerminalState
+from terminals.state import (
+    CORRECTED,
+    COUNTED,
+    DUPLICATE,
+    NO_DAY,
+    REPEATED,
+    STALE,
+    TerminalClock,
+    TerminalState,
+)
 
 DAY0 = 20_000
 TRANSACTION_RECORD: dict[str, Any] = {
@@ -53,10 +64,22 @@ def tx(offset: int, day: int, partition: int = 0) -> TerminalEvent:
 
 
 def lab(
-    offset: int, day: int, reported: int, fraud: bool = True, partition: int = 0
+    offset: int,
+    day: int,
+    reported: int,
+    fraud: bool = True,
+    partition: int = 0,
+    transaction: str | None = None,
 ) -> TerminalEvent:
+    """A label event; its transaction is t-<partition>-<offset> unless named."""
     return TerminalEvent(
-        LABEL, partition, offset, day * MS_PER_DAY + 1, fraud, reported * MS_PER_DAY + 2
+        LABEL,
+        partition,
+        offset,
+        day * MS_PER_DAY + 1,
+        fraud,
+        reported * MS_PER_DAY + 2,
+        transaction or f"t-{partition}-{offset}",
     )
 
 
@@ -73,7 +96,7 @@ def test_a_transaction_becomes_an_event_of_its_terminal() -> None:
 def test_a_label_becomes_an_event_of_its_terminal() -> None:
     routed = route_label(msgspec.json.encode(LABEL_RECORD), 1, 7)
     expected = TerminalEvent(
-        LABEL, 1, 7, LABEL_RECORD["event_time"], True, LABEL_RECORD["reported_at"]
+        LABEL, 1, 7, LABEL_RECORD["event_time"], True, LABEL_RECORD["reported_at"], "t-1"
     )
     assert routed == Routed("P", expected)
 
@@ -124,28 +147,31 @@ def encode(record: dict[str, Any], **changes: object) -> bytes:
 
 
 def test_the_first_event_publishes_and_a_same_day_transaction_does_not() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     assert state.as_of_day == NO_DAY
-    first = state.apply(tx(0, DAY0), MS_PER_DAY)
-    assert first.counted and first.publish and state.as_of_day == DAY0
-    again = state.apply(tx(1, DAY0), MS_PER_DAY)
-    assert again.counted and not again.publish  # today's bucket is in no window yet
+    first = state.apply(tx(0, DAY0), clock)
+    assert first.result == COUNTED and first.publish and state.as_of_day == DAY0
+    again = state.apply(tx(1, DAY0), clock)
+    assert again.result == COUNTED and not again.publish  # today's bucket is in no window yet
 
 
 def test_a_new_day_publishes() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
-    state.apply(tx(0, DAY0), MS_PER_DAY)
-    assert state.apply(tx(1, DAY0 + 1), MS_PER_DAY).publish
+    state.apply(tx(0, DAY0), clock)
+    assert state.apply(tx(1, DAY0 + 1), clock).publish
     assert state.as_of_day == DAY0 + 1
 
 
 def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     for offset in range(4):
-        state.apply(tx(offset, DAY0), MS_PER_DAY)
+        state.apply(tx(offset, DAY0), clock)
     reported = DAY0 + DELAY_DAYS + 2
-    applied = state.apply(lab(0, DAY0, reported), MS_PER_DAY)
-    assert applied.counted and applied.publish and state.as_of_day == reported
+    applied = state.apply(lab(0, DAY0, reported), clock)
+    assert applied.result == COUNTED and applied.publish and state.as_of_day == reported
     features = state.features()
     assert features[4] == pytest.approx(0.25)  # terminal_risk_7d: 1 of 4
     assert features[1] == 0.0  # terminal_risk_1d reads only DAY0 + 2
@@ -157,53 +183,57 @@ def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
 
 
 def test_a_fraud_inside_the_delay_counts_but_publishes_only_when_its_day_is_read() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
-    state.apply(tx(0, DAY0 + 10), MS_PER_DAY)
-    applied = state.apply(lab(0, DAY0 + 8, DAY0 + 10), MS_PER_DAY)
-    assert applied.counted and not applied.publish  # day DAY0 + 8 is inside the delay
+    state.apply(tx(0, DAY0 + 10), clock)
+    applied = state.apply(lab(0, DAY0 + 8, DAY0 + 10), clock)
+    assert applied.result == COUNTED and not applied.publish  # day DAY0 + 8 is inside the delay
     assert state.features()[2] == 0.0
-    assert state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), MS_PER_DAY).publish
+    assert state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), clock).publish
     assert state.features()[2] == pytest.approx(np.log1p(1))  # terminal_frauds_1d
 
 
 def test_a_legitimate_outcome_changes_no_count_and_publishes_only_a_new_day() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
-    state.apply(tx(0, DAY0 + 9), MS_PER_DAY)
+    state.apply(tx(0, DAY0 + 9), clock)
     before = state.features()
-    assert not state.apply(lab(0, DAY0, DAY0 + 9, fraud=False), MS_PER_DAY).publish
+    assert not state.apply(lab(0, DAY0, DAY0 + 9, fraud=False), clock).publish
     np.testing.assert_array_equal(state.features(), before)
-    assert state.apply(lab(1, DAY0, DAY0 + 10, fraud=False), MS_PER_DAY).publish
+    assert state.apply(lab(1, DAY0, DAY0 + 10, fraud=False), clock).publish
 
 
 def test_an_event_read_again_is_not_counted_twice() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
-    state.apply(tx(5, DAY0, partition=1), MS_PER_DAY)
-    state.apply(lab(2, DAY0, DAY0 + 9, partition=1), MS_PER_DAY)
+    state.apply(tx(5, DAY0, partition=1), clock)
+    state.apply(lab(2, DAY0, DAY0 + 9, partition=1), clock)
     counts = state.features()
     for again in (
         tx(5, DAY0, partition=1),
         tx(4, DAY0, partition=1),
         lab(2, DAY0, DAY0 + 9, partition=1),
     ):
-        assert state.apply(again, MS_PER_DAY) == (False, False)
+        assert state.apply(again, clock).result == DUPLICATE
     np.testing.assert_array_equal(state.features(), counts)
     # Positions are per input and partition: these are new records.
-    assert state.apply(tx(5, DAY0, partition=0), MS_PER_DAY).counted
-    assert state.apply(lab(5, DAY0, DAY0 + 9, partition=0), MS_PER_DAY).counted
+    assert state.apply(tx(5, DAY0, partition=0), clock).result == COUNTED
+    assert state.apply(lab(5, DAY0, DAY0 + 9, partition=0), clock).result == COUNTED
     assert state.positions == {"t1": 5, "l1": 2, "t0": 5, "l0": 5}
 
 
 def test_a_shorter_day_for_compressed_time() -> None:
     state = TerminalState()
     day_ms = 3_200
-    state.apply(TerminalEvent(TRANSACTION, 0, 0, 10 * day_ms + 5), day_ms)
+    state.apply(TerminalEvent(TRANSACTION, 0, 0, 10 * day_ms + 5), TerminalClock(day_ms))
     assert state.as_of_day == 10
 
 
 def test_the_table_value_round_trips() -> None:
+    clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
-    state.apply(tx(0, DAY0), MS_PER_DAY)
-    state.apply(lab(3, DAY0, DAY0 + 9, partition=2), MS_PER_DAY)
+    state.apply(tx(0, DAY0), clock)
+    state.apply(lab(3, DAY0, DAY0 + 9, partition=2), clock)
     copy = TerminalState.from_bytes(state.to_bytes())
     assert (copy.as_of_day, copy.positions) == (state.as_of_day, state.positions)
     np.testing.assert_array_equal(copy.features(), state.features())
@@ -217,3 +247,103 @@ def test_the_table_value_round_trips() -> None:
 def test_a_table_value_it_did_not_write_is_a_value_error(value: bytes) -> None:
     with pytest.raises(ValueError):
         TerminalState.from_bytes(value)
+
+
+# ── state you can trust: hostile times, re-sent labels, idle terminals ─────────────────────
+
+
+def clock_at(day: int) -> TerminalClock:
+    """A worker clock whose wall clock is 1 AM on `day`."""
+    return TerminalClock(MS_PER_DAY, EventClock(wall_ms=lambda: day * MS_PER_DAY + 3_600_000))
+
+
+def risky(clock: TerminalClock) -> TerminalState:
+    """A terminal with 7 transactions on DAY0 and one confirmed fraud, as of DAY0 + 9."""
+    state = TerminalState()
+    for offset in range(7):
+        state.apply(tx(offset, DAY0), clock)
+    state.apply(lab(0, DAY0, DAY0 + 9), clock)
+    return state
+
+
+RISK_7D = 4  # terminal_risk_7d in TERMINAL_FEATURE_NAMES
+
+
+def test_a_future_dated_record_does_not_zero_a_terminals_risk() -> None:
+    # Finding 2: the terminal's day became the record's (year 9999), so every window lay far
+    # behind it, and its bucket took a day that would not come for millennia.
+    clock = clock_at(DAY0 + 9)
+    state = risky(clock)
+    assert state.features()[RISK_7D] == pytest.approx(1 / 7)
+    future = TerminalEvent(TRANSACTION, 0, 100, MAX_EVENT_TIME_MS)
+    applied = state.apply(future, clock)
+    assert applied.clamped and state.as_of_day == DAY0 + 9
+    assert state.features()[RISK_7D] == pytest.approx(1 / 7)
+    label = lab(1, DAY0, 10**9, transaction="t-x")  # reported in the far future
+    assert state.apply(label, clock).clamped and state.as_of_day == DAY0 + 9
+    assert state.features()[RISK_7D] == pytest.approx(2 / 7)
+
+
+def test_a_label_sent_twice_counts_once_and_a_later_one_corrects_it() -> None:
+    # Finding 4: a label re-sent at a new offset doubled its weight (risk 0.143 became 0.286).
+    clock = clock_at(DAY0 + 9)
+    state = risky(clock)
+    again = state.apply(lab(5, DAY0, DAY0 + 9, transaction="t-0-0"), clock)
+    assert again.result == REPEATED and state.features()[RISK_7D] == pytest.approx(1 / 7)
+    other_partition = lab(9, DAY0, DAY0 + 9, partition=3, transaction="t-0-0")
+    assert state.apply(other_partition, clock).result == REPEATED
+    corrected = state.apply(lab(6, DAY0, DAY0 + 9, fraud=False, transaction="t-0-0"), clock)
+    assert corrected.result == CORRECTED and corrected.publish
+    assert state.features()[RISK_7D] == 0.0
+    assert state.apply(lab(7, DAY0, DAY0 + 9, fraud=False, transaction="t-0-0"), clock).result == (
+        REPEATED
+    )
+    assert state.apply(lab(8, DAY0, DAY0 + 9, transaction="t-0-0"), clock).result == CORRECTED
+    assert state.features()[RISK_7D] == pytest.approx(1 / 7)
+    copy = TerminalState.from_bytes(state.to_bytes())
+    assert copy.apply(lab(10, DAY0, DAY0 + 9, transaction="t-0-0"), clock).result == REPEATED
+
+
+def test_records_older_than_every_window_change_nothing() -> None:
+    clock = clock_at(DAY0 + 100)
+    state = TerminalState()
+    state.apply(tx(0, DAY0 + 99), clock)
+    before = state.to_bytes()
+    stale = state.apply(tx(1, DAY0), clock)
+    assert stale.result == STALE and not stale.publish
+    assert TerminalState.from_bytes(state.to_bytes()).features().tolist() == (
+        TerminalState.from_bytes(before).features().tolist()
+    )
+
+
+def test_neutral_features_are_never_published_and_a_terminal_gone_neutral_is_a_tombstone() -> None:
+    # Finding 5: the worker published a record for every terminal, neutral ones included.
+    clock = clock_at(DAY0 + 60)
+    state = TerminalState()
+    state.apply(tx(0, DAY0), clock)
+    assert state.to_publish() == (False, None), "nothing to say yet: the delay"
+    state = risky(clock_at(DAY0 + 9))
+    publish, features = state.to_publish()
+    assert publish and features is not None and features[RISK_7D] > 0
+    state.apply(tx(20, DAY0 + 60), clock)  # DAY0 is read by no window as of DAY0 + 60
+    assert state.to_publish() == (True, None), "a tombstone"
+    assert state.to_publish() == (False, None)
+
+
+def test_a_terminal_is_idle_once_no_window_reads_its_days() -> None:
+    clock = clock_at(DAY0 + 200)
+    state = TerminalState()
+    state.apply(tx(0, DAY0), clock)
+    clock.advance(DAY0 + HORIZON_DAYS)
+    assert not clock.idle_since(state.newest_day)
+    clock.advance(DAY0 + HORIZON_DAYS + 1)
+    assert clock.idle_since(state.newest_day)
+
+
+def test_remembered_labels_stay_within_the_buckets() -> None:
+    clock = clock_at(DAY0 + 200)
+    state = TerminalState()
+    for day in range(60):
+        state.apply(tx(day, DAY0 + day), clock)
+        state.apply(lab(day, DAY0 + day, DAY0 + day), clock)
+    assert len(state.labels) <= HORIZON_DAYS + 1

@@ -1,29 +1,41 @@
 """The scorer's terminal-risk table (stream/terminal_table.py) with a scripted consumer: a broker
-that goes away does not stop the reader for good."""
+that goes away does not stop the reader for good; records dated past the host's clock are
+skipped; tombstones and old records are forgotten, and the memory held says so; `loaded` waits
+for the end of the topic; the newest record's age is exported."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from scorer.terminal_risk import NUM_TERMINAL_FEATURES, encode_terminal_risk
+from contracts.event_time import EventClock
+from scorer.terminal_risk import (
+    HORIZON_DAYS,
+    MS_PER_DAY,
+    NUM_TERMINAL_FEATURES,
+    encode_terminal_risk,
+)
 from stream import terminal_table
 from stream.metrics import ServiceMetrics
 from stream.terminal_table import TerminalRiskTable
 
 TOPIC = "risk"
 RISKY = np.full(NUM_TERMINAL_FEATURES, 0.5, np.float32)
+DAY = 20_000
+#: The tests' wall clock: 1 AM on DAY.
+WALL_MS = DAY * MS_PER_DAY + 3_600_000
 
 
 class Message:
-    def __init__(self, key: bytes, value: bytes) -> None:
-        self._key, self._value = key, value
+    def __init__(self, key: bytes, value: bytes | None, timestamp_ms: int = WALL_MS) -> None:
+        self._key, self._value, self._timestamp_ms = key, value, timestamp_ms
 
     def error(self) -> None:
         return None
@@ -31,31 +43,52 @@ class Message:
     def key(self) -> bytes:
         return self._key
 
-    def value(self) -> bytes:
+    def value(self) -> bytes | None:
         return self._value
 
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._timestamp_ms
 
-class BrokerAwayThenBack:
-    """Metadata fails twice (the broker is away), then the topic has one record."""
+
+def risk(terminal: str, day: int = DAY) -> Message:
+    return Message(terminal.encode(), encode_terminal_risk(terminal, day, RISKY))
+
+
+class ScriptedConsumer:
+    """One partition holding `records` (handed out `per_read` at a time); metadata fails
+    `away` times first (the broker away)."""
+
+    records: ClassVar[list[Message]] = []
+    away = 0
+    per_read = 1_000
 
     def __init__(self, _settings: dict[str, Any]) -> None:
         self.metadata_calls = 0
-        self._pending = [Message(b"T-1", encode_terminal_risk("T-1", 20_000, RISKY))]
+        self._pending = list(self.records)
+        self._position = 0
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         self.metadata_calls += 1
-        if self.metadata_calls <= 2:
+        if self.metadata_calls <= self.away:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
         partition = SimpleNamespace(id=0)
         return SimpleNamespace(
             topics={topic: SimpleNamespace(error=None, partitions={0: partition})}
         )
 
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        return 0, len(self.records)
+
     def incremental_assign(self, partitions: list[Any]) -> None:
         pass
 
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0, self._position)]
+
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        messages, self._pending = self._pending, []
+        messages = self._pending[: self.per_read]
+        self._pending = self._pending[self.per_read :]
+        self._position += len(messages)
         if not messages:
             time.sleep(0.001)
         return messages
@@ -64,17 +97,96 @@ class BrokerAwayThenBack:
         pass
 
 
+def reading(
+    monkeypatch: pytest.MonkeyPatch, records: list[Message], **script: int
+) -> tuple[TerminalRiskTable, CollectorRegistry]:
+    consumer = type("Consumer", (ScriptedConsumer,), {"records": records, **script})
+    monkeypatch.setattr(terminal_table, "Consumer", consumer)
+    monkeypatch.setattr(terminal_table, "MISSING_TOPIC_RETRY_S", 0.01)
+    registry = CollectorRegistry()
+    table = TerminalRiskTable(
+        {},
+        TOPIC,
+        ServiceMetrics(registry),
+        clock=EventClock(wall_ms=lambda: WALL_MS),
+        day_ms=MS_PER_DAY,
+    )
+    table.start()
+    return table, registry
+
+
+def eventually(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def test_a_broker_that_goes_away_does_not_stop_the_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(terminal_table, "Consumer", BrokerAwayThenBack)
-    monkeypatch.setattr(terminal_table, "MISSING_TOPIC_RETRY_S", 0.01)
-    table = TerminalRiskTable({}, TOPIC, ServiceMetrics(CollectorRegistry()))
-    table.start()
+    table, _ = reading(monkeypatch, [risk("T-1")], away=2)
     try:
-        deadline = time.monotonic() + 10
-        while len(table) == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: len(table) == 1)
         assert np.allclose(table.features(["T-1", None])[0], RISKY)
+    finally:
+        table.close()
+
+
+def test_a_record_as_of_a_day_that_has_not_come_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Finding 2, the scorer's side: a record counted as of a future day hides the terminal's
+    # real risk (its windows are empty) until the worker writes the terminal again.
+    table, registry = reading(monkeypatch, [risk("T-1"), risk("T-1", DAY + 3_000_000)])
+    try:
+        eventually(table.loaded.is_set)
+        assert np.allclose(table.features(["T-1"])[0], RISKY)
+        skipped = registry.get_sample_value(
+            "fraud_terminal_risk_records_skipped_total", {"reason": "future"}
+        )
+        assert skipped == 1
+    finally:
+        table.close()
+
+
+def test_tombstones_and_records_no_window_reads_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Finding 5, the scorer's side: the copy holds only what can still matter, and says how
+    # much memory that is.
+    monkeypatch.setattr(terminal_table, "SWEEP_INTERVAL_S", 0.0)
+    records = [risk(f"T-{i}", DAY - HORIZON_DAYS - 1) for i in range(50)]
+    records += [risk("T-new"), risk("T-gone"), Message(b"T-gone", None)]
+    table, registry = reading(monkeypatch, records)
+    try:
+        eventually(lambda: len(table) == 1)
+        assert np.allclose(table.features(["T-new", "T-gone", "T-0"]).sum(axis=1), [4.5, 0, 0])
+        held = registry.get_sample_value("fraud_terminal_risk_bytes")
+        assert held is not None and 0 < held < 1_000
+    finally:
+        table.close()
+
+
+def test_loaded_waits_for_the_end_the_topic_had_at_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Finding 9: a restarted replica scored with neutral risk until it had read the topic.
+    records = [risk(f"T-{i}") for i in range(30)]
+    table, registry = reading(monkeypatch, records, per_read=7)
+    try:
+        eventually(table.loaded.is_set)
+        assert len(table) == 30, "loaded only once every record was read"
+        age = registry.get_sample_value("fraud_terminal_risk_newest_record_age_seconds")
+        assert age is not None and age >= time.time() - WALL_MS / 1000 - 1
+    finally:
+        table.close()
+
+
+def test_a_missing_topic_is_loaded_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    table, _ = reading(monkeypatch, [], away=10**9)  # metadata never answers
+    try:
+        eventually(table.loaded.is_set)
+        assert len(table) == 0
     finally:
         table.close()

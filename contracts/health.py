@@ -1,5 +1,7 @@
-"""The HTTP endpoints of a replica: `/metrics` (Prometheus), `/healthz` (alive) and `/readyz`
-(ready to take traffic). Served from a daemon thread so a slow scrape never stalls the stream."""
+"""The HTTP endpoints of a replica (the scorer's and the features worker's): `/metrics`
+(Prometheus), `/healthz` (alive) and `/readyz` (ready to take traffic). Served from a daemon
+thread so a slow scrape never stalls the stream. What the two probes answer comes from a
+`Probe`: `HealthState` for the scorer's one stream loop (`terminals/health.py` for the worker)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
@@ -25,6 +27,14 @@ READY_SILENCE_S = 5.0
 MAX_CONNECTIONS = 8
 #: A client that sends nothing for this long is dropped (a slow reader holds no thread long).
 CONNECTION_TIMEOUT_S = 10.0
+
+
+class Probe(Protocol):
+    """What `/healthz` and `/readyz` answer: (ok, why)."""
+
+    def alive(self) -> tuple[bool, str]: ...
+
+    def ready(self) -> tuple[bool, str]: ...
 
 
 class HealthState:
@@ -97,7 +107,7 @@ class HealthServer:
     """Serves the endpoints on host:port until `close()`."""
 
     def __init__(
-        self, host: str, port: int, state: HealthState, registry: CollectorRegistry = REGISTRY
+        self, host: str, port: int, state: Probe, registry: CollectorRegistry = REGISTRY
     ) -> None:
         handler = _handler_for(state, registry)
         self._server = _BoundedServer((host, port), handler)
@@ -118,7 +128,7 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler_for(state: HealthState, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler_for(state: Probe, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = CONNECTION_TIMEOUT_S
 
