@@ -32,7 +32,9 @@ def inspect(reader: DeadLetterReader, where: DeadLetterFilter, show: int) -> dic
     by_reason: Counter[str] = Counter()
     by_error: Counter[str] = Counter()
     by_topic: Counter[str] = Counter()
-    failed_at: list[int] = []
+    # The range only: a topic of millions of dead letters must not be held in memory.
+    first: int | None = None
+    last: int | None = None
     shown: list[dict[str, Any]] = []
     skipped = 0
     for letter in reader.records(reader.plan(where, resume=False)):
@@ -45,7 +47,8 @@ def inspect(reader: DeadLetterReader, where: DeadLetterFilter, show: int) -> dic
         by_topic[headers.get(ORIGINAL_TOPIC, UNKNOWN)] += 1
         when = failed_at_ms(headers)
         if when is not None:
-            failed_at.append(when)
+            first = when if first is None else min(first, when)
+            last = when if last is None else max(last, when)
         if len(shown) < show:
             shown.append(_shown(letter))
     return {
@@ -54,8 +57,8 @@ def inspect(reader: DeadLetterReader, where: DeadLetterFilter, show: int) -> dic
         "by_reason": dict(by_reason),
         "by_error": dict(by_error),
         "by_original_topic": dict(by_topic),
-        "first_failed_at": min(failed_at, default=None),
-        "last_failed_at": max(failed_at, default=None),
+        "first_failed_at": first,
+        "last_failed_at": last,
         "records": shown,
         "skipped_by_filter": skipped,
     }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import tracemalloc
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -21,6 +23,7 @@ from contracts.dead_letter import (
     replay_headers,
 )
 from deadletter import cli
+from deadletter.inspect import inspect
 from deadletter.reader import DeadLetter, DeadLetterFilter, PartitionRange, parse_time
 from deadletter.replay import Progress, ReplayOptions, ReplaySummary
 
@@ -277,3 +280,36 @@ def test_every_option_documents_its_default():
         for action in command._actions:
             if action.option_strings and action.dest != "help":
                 assert "default" in (action.help or ""), (command.prog, action.option_strings)
+
+
+class ManyLetters:
+    """A dead-letter reader over `count` generated letters (none held at once)."""
+
+    topic = "transactions.dlq"
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+
+    def plan(self, where: DeadLetterFilter, *, resume: bool) -> list[PartitionRange]:
+        return []
+
+    def records(self, ranges: list[PartitionRange]) -> Iterator[DeadLetter]:
+        for offset in range(self._count):
+            yield letter(0, offset, failed_at=str(1_796_000_000_000 + offset))
+
+
+def test_inspect_keeps_the_range_of_failed_at_not_every_value() -> None:
+    # Finding 10 of the state review: every dlq.failed_at was kept in a list, so inspecting a
+    # topic of millions of dead letters held them all.
+    peaks = []
+    for count in (1_000, 100_000):
+        tracemalloc.start()
+        report = inspect(ManyLetters(count), DeadLetterFilter(), show=0)  # type: ignore[arg-type]
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert report["total"] == count
+        assert (report["first_failed_at"], report["last_failed_at"]) == (
+            1_796_000_000_000,
+            1_796_000_000_000 + count - 1,
+        )
+    assert peaks[1] < peaks[0] + 200_000, f"memory grew with the letters: {peaks}"
