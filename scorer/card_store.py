@@ -14,8 +14,8 @@ Responsibilities and decisions:
   changed, not a scan of every card (447 µs a batch with 1,000,000 cards held).
 - A restore keeps, per card, the state with the highest input offset, not the last one read: a
   changelog whose records of one card arrived out of order (an older state written again by a
-  retry) must not roll the card back. A tombstone forgets the card and what it had applied, so
-  only a state past that offset brings the card back.
+  retry) must not roll the card back. A tombstone forgets the card; a state after it starts the
+  card anew (a card evicted and then seen again).
 - `snapshot` and `revert` copy a few cards' rows out and back: an aborted transaction's changes
   are undone without reading the changelog again.
 """
@@ -219,23 +219,18 @@ class CardStore:
         self._ring_country[rows] = records["ring_country"]
         self._ring_next[rows] = records["ring_next"] % RING_SIZE
 
-    def restore(
-        self,
-        records: Iterable[tuple[str, bytes | None]],
-        tombstoned: dict[str, int] | None = None,
-    ) -> list[str]:
+    def restore(self, records: Iterable[tuple[str, bytes | None]]) -> list[str]:
         """Load a run of changelog records, in changelog order: (key, state), None being a
-        tombstone that forgets the card. A card ends with the state of the highest input offset
-        read (ties: the later one), so a chunk of a compacted changelog loads with a few numpy
-        copies instead of one per record, and an older state written after a newer one never
-        wins. `tombstoned` carries, from one chunk of a restore to the next, the highest offset
-        each forgotten card had: a state at or below it stays forgotten.
+        tombstone that forgets the card. Between tombstones a card ends with the state of the
+        highest input offset read (ties: the later one), so an older state written after a
+        newer one never wins; a state after a tombstone starts the card anew. A chunk of a
+        compacted changelog loads with a few numpy copies instead of one per record.
 
         A record that is not a state this version wrote (wrong length or version) forgets its
         card, which starts anew; the return value says why, one line per such record.
         """
-        tombstoned = {} if tombstoned is None else tombstoned
-        last: dict[str, tuple[int, bytes | None]] = {}
+        #: key → (offset, state or None, whether a tombstone of this run came before it)
+        last: dict[str, tuple[int, bytes | None, bool]] = {}
         rejected: list[str] = []
         for key, state in records:
             if state is not None and (len(state) != STATE_BYTES or state[0] != STATE_VERSION):
@@ -244,50 +239,41 @@ class CardStore:
                     f"({len(state)} bytes, expected {STATE_BYTES})"
                 )
                 state = None
-            before = last.get(key)
             if state is None:
-                # What the tombstone forgets: the newest state of this chunk or the card held.
-                applied = self._applied(key, tombstoned)
-                last[key] = (applied if before is None else max(before[0], applied), None)
+                last[key] = (-1, None, True)
                 continue
             offset = int.from_bytes(state[_OFFSET_AT : _OFFSET_AT + 8], "little", signed=True)
-            if before is None or (
-                offset >= before[0] if before[1] is not None else offset > before[0]
-            ):
-                last[key] = (offset, state)
-        forgotten = [key for key, (_, state) in last.items() if state is None]
-        for key in forgotten:
-            tombstoned[key] = max(last[key][0], tombstoned.get(key, -1))
-        self.forget(forgotten)
-        loaded = [
-            (key, offset, state) for key, (offset, state) in last.items() if state is not None
-        ]
+            before = last.get(key)
+            if before is None:
+                last[key] = (offset, state, False)
+            elif before[1] is None or offset >= before[0]:
+                last[key] = (offset, state, before[2])
+        self.forget([key for key, (_, state, _) in last.items() if state is None])
+        loaded = [(key, entry) for key, entry in last.items() if entry[1] is not None]
         if not loaded:
             return rejected
-        # A state loads only past what its card holds, and past what a tombstone forgot.
+        # A state loads past what its card holds from earlier chunks, unless a tombstone of
+        # this chunk forgot that.
         index = self._index
-        held_rows = np.array([index.get(key, -1) for key, _, _ in loaded], np.int64)
+        held_rows = np.array([index.get(key, -1) for key, _ in loaded], np.int64)
         held = np.where(held_rows >= 0, self._times[held_rows, 1], -1)
-        forgot = np.array([tombstoned.get(key, -1) for key, _, _ in loaded], np.int64)
-        offsets = np.array([offset for _, offset, _ in loaded], np.int64)
-        newer = (offsets >= held) & (offsets > forgot)
+        offsets = np.array([offset for _, (offset, _, _) in loaded], np.int64)
+        anew = np.array([after for _, (_, _, after) in loaded], np.bool_)
+        newer = anew | (offsets >= held)
         kept = [entry for entry, new in zip(loaded, newer.tolist(), strict=True) if new]
         if not kept:
             return rejected
-        for key, _, _ in kept:
-            tombstoned.pop(key, None)
-        rows = self._rows_for([key for key, _, _ in kept])
-        data = b"".join([state for _, _, state in kept if state is not None])
+        rows = self._rows_for([key for key, _ in kept])
+        data = b"".join([state for _, (_, state, _) in kept if state is not None])
         self._load(rows, np.frombuffer(data, SERIALIZED_STATE_DTYPE)["state"])
         self._dirty[rows] = False
         return rejected
 
-    def _applied(self, key: str, tombstoned: dict[str, int]) -> int:
-        """The highest input offset the card `key` has applied, as far as this store knows."""
-        row = self._index.get(key)
-        if row is not None:
-            return int(self._times[row, 1])
-        return tombstoned.get(key, -1)
+    def newest_event_ms(self, keys: Iterable[str]) -> int:
+        """The newest event time any of these cards applied (-1: none)."""
+        index = self._index
+        rows = np.array([index[key] for key in keys if key in index], np.int64)
+        return int(self._times[rows, 0].max()) if len(rows) else -1
 
     def __len__(self) -> int:
         return len(self._index)

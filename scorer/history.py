@@ -176,6 +176,13 @@ class CardHistory(CardStore):
                 merchant[sel],
                 country[sel],
             )
+        if not fresh.all():
+            # A card whose records all changed nothing (stale, or future with no clock) has
+            # no state: hold none, as its changelog holds none.
+            empty = np.unique(rows[~fresh])
+            empty = empty[self._times[empty, 1] < 0]
+            if len(empty):
+                self.forget([str(self._ids[row]) for row in empty.tolist()])
         return out
 
     def _apply(

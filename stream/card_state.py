@@ -28,15 +28,18 @@ Key design decisions:
   changes nothing twice.
 - Event time, bounded: a record dated past the bound never moves its partition's watermark,
   and counts in its card's history as of that watermark (it is counted, so a future date cannot
-  hide a spree from the windows); a record older than the longest window as of the watermark
-  changes no state (its features read the state as it is). Idle cards are evicted as of the
-  partition's watermark, never as of one batch's newest record.
+  hide a spree from the windows; on a partition whose clock knows no time yet it changes no
+  state); a record older than the longest window as of the watermark changes no state (its
+  features read the state as it is). Idle cards are evicted as of the partition's watermark,
+  never as of one batch's newest record. A restored partition's watermark is the newest event
+  time its cards applied, so what was stale before a rebalance is stale after it.
 - A batch with records of a partition that is not loaded (revoked or lost while the batch was
   formed) gives those records neutral features and updates the others as usual.
 - The restore reads with isolation.level=read_committed, so it sees only what committed, and
   stops at the end the partition had when it started: a replica that still believes it owns a
   partition (a zombie reloading after an abort) must not chase the new owner's writes. Per card
-  it keeps the state with the highest input offset (`CardStore.restore`).
+  it keeps the state with the highest input offset; a tombstone forgets the card, and a state
+  after it starts the card anew (`CardStore.restore`).
 - Exactly-once undo: before a batch changes its cards (and before an eviction forgets some), their
   rows are copied; an abort puts back the copies of every batch past the committed offsets,
   newest first. Its cost is the batches' size, not the state's (a reload read every owned
@@ -199,12 +202,15 @@ class CardState:
         for partition in partitions:
             started = time.monotonic()
             try:
-                cards, records = self._read_changelog(partition, progress)
+                cards, records, newest = self._read_changelog(partition, progress)
             except BaseException:
                 self._forget({partition})  # no half-restored partition stays in memory
                 raise
             with self._lock:
-                self._watermark[partition] = -1
+                # The clock resumes at the newest event time the cards applied, so a record older
+                # than the longest window is as stale after a restore as before; bounded like
+                # any clock, against states an older version wrote from a future-dated record.
+                self._watermark[partition] = min(newest, self._clock.bound_ms())
                 self._last_eviction[partition] = time.monotonic()
             seconds = time.monotonic() - started
             self._metrics.observe_state_restore(seconds)
@@ -339,12 +345,13 @@ class CardState:
                 self._watermark[partition], int(newest[i])
             )
         if future:
-            # Counted as of its partition's clock (the bound while the clock knows nothing).
-            now = watermarks[which[beyond]]
+            # Counted as of its partition's clock. While the clock knows no time yet (a new
+            # partition) there is none to count it at: it changes no state, so no made-up time
+            # becomes the clock a restore resumes from.
             event_time = event_time.copy()
-            event_time[beyond] = np.where(now >= 0, now, self._clock.bound_ms())
-        applies = event_time >= watermarks[which] - self._longest_ms
-        stale = len(applies) - int(np.count_nonzero(applies))
+            event_time[beyond] = watermarks[which[beyond]]
+        applies = (event_time >= watermarks[which] - self._longest_ms) & (event_time >= 0)
+        stale = int(np.count_nonzero(~applies & ~beyond))
         if future:
             self._metrics.record_event_time_out_of_bounds("future", future)
         if stale:
@@ -447,24 +454,25 @@ class CardState:
                     for partition in partitions:
                         entry.offsets.pop(partition, None)
 
-    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int]:
-        """Load the partition's changelog into the store; return the partition's cards and the
-        changelog records read."""
+    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int, int]:
+        """Load the partition's changelog into the store; return the partition's cards, the
+        changelog records read and the newest event time a restored card applied (-1: none)."""
         read = cards = 0
+        newest = -1
         prefix = card_key(partition, "")
-        #: Cards a tombstone forgot during this restore, with the offset they had applied.
-        tombstoned: dict[str, int] = {}
         for chunk in self._changelog.read(partition, progress):
+            keys = [prefix + card for card, _ in chunk]
             with self._lock:
                 held = len(self._history)
                 problems = self._history.restore(
-                    [(prefix + card, state) for card, state in chunk], tombstoned
+                    [(key, state) for key, (_, state) in zip(keys, chunk, strict=True)]
                 )
+                newest = max(newest, self._history.newest_event_ms(keys))
                 cards += len(self._history) - held
             for problem in problems:
                 log.warning("skipping a card state record (the card starts anew): %s", problem)
             read += len(chunk)
-        return cards, read
+        return cards, read, newest
 
     def _report(self) -> None:
         with self._lock:

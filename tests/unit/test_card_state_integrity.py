@@ -121,7 +121,7 @@ def test_a_future_record_cannot_move_the_clock_that_evicts() -> None:
     records = stream()
     old = at(records[0], 0, NOW_MS - 32 * MS_PER_DAY)
     recent = at(records[1], 1, NOW_MS)
-    written = apply(state, changelog, [old, recent])
+    written = apply(state, changelog, [old]) + apply(state, changelog, [recent])
     written += apply(state, changelog, [at(records[2], 2, MAX_EVENT_TIME_MS)])
     tombstones = {r.card_id for r in written if r.state is None}
     assert tombstones == {old.transaction.card_id}
@@ -199,20 +199,45 @@ def applied(history: CardHistory, card: str) -> int | None:
     )
 
 
-def test_a_restore_keeps_the_highest_offset_and_a_tombstone_what_it_forgot() -> None:
+def test_a_restore_keeps_the_highest_offset_and_starts_anew_after_a_tombstone() -> None:
     cases = [
         ([("c", state_bytes(5)), ("c", state_bytes(3))], 5),
         ([("c", state_bytes(5)), ("c", state_bytes(5))], 5),
-        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(5))], None),
-        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(6))], 6),
+        ([("c", state_bytes(5)), ("c", None)], None),
+        # Evicted, then seen again: the state after the tombstone is the card's, whatever the
+        # offset (a card state resent after eviction is the tombstone, never an old state).
+        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(5))], 5),
+        ([("c", state_bytes(5)), ("c", None), ("c", state_bytes(6)), ("c", state_bytes(3))], 6),
     ]
     for log, expected in cases:
         in_one = CardHistory()
         in_one.restore(log)
-        chunked, tombstoned = CardHistory(), {}
-        for record in log:  # a chunk a record: what one chunk forgot, the next remembers
-            chunked.restore([record], tombstoned)
+        chunked = CardHistory()
+        for record in log:  # a chunk a record: the same card as one chunk
+            chunked.restore([record])
         assert applied(in_one, "c") == applied(chunked, "c") == expected, log
+
+
+def test_a_restored_partition_knows_a_stale_record() -> None:
+    # A restore used to start the partition's clock anew: the first record after it, however
+    # old, was applied, so a replay of last year's records after a rebalance rewrote cards the
+    # owner before would have left alone.
+    changelog = MemoryChangelog()
+    records = stream()
+    apply(new_state(changelog), changelog, records)
+    registry = CollectorRegistry()
+    restored = new_state(changelog, registry)
+    cards = {r.transaction.card_id for r in records}
+    before = held(restored, cards)
+
+    old = at(records[0], len(records), NOW_MS - 400 * MS_PER_DAY)
+    assert apply(restored, changelog, [old]) == []
+
+    assert held(restored, cards) == before
+    assert (
+        registry.get_sample_value("fraud_state_event_time_out_of_bounds_total", {"reason": "stale"})
+        == 1
+    )
 
 
 def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> None:
@@ -249,3 +274,25 @@ def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> Non
     assert registry.get_sample_value("fraud_state_rollbacks_total", {"method": "undo"}) == 1
     restored = new_state(committed)
     assert {p: held(restored, cards, p) for p in (0, 1)} == before
+
+
+def test_a_future_record_on_a_partition_without_a_clock_changes_no_state() -> None:
+    # Counted as of what clock? A new partition knows no time yet: a made-up one (the bound)
+    # would become the clock a restore resumes from and make a replay's cards stale.
+    changelog = MemoryChangelog()
+    registry = CollectorRegistry()
+    state = new_state(changelog, registry)
+    records = stream()
+    future = at(records[0], 0, MAX_EVENT_TIME_MS)
+    assert apply(state, changelog, [future]) == []
+    assert held(state, {future.transaction.card_id}) == {}
+    assert (
+        registry.get_sample_value(
+            "fraud_state_event_time_out_of_bounds_total", {"reason": "future"}
+        )
+        == 1
+    )
+    # The partition's first trusted record starts its clock as usual.
+    assert [r.card_id for r in apply(state, changelog, records[1:2])] == [
+        records[1].transaction.card_id
+    ]
