@@ -196,8 +196,8 @@ class ServiceMetrics:
         self._out_of_bounds = Counter(
             "fraud_state_event_time_out_of_bounds_total",
             "Records whose event time the card state did not take as it is: future (past the "
-            "wall clock plus the allowed skew: counted at that bound) or stale (older than the "
-            "longest window as of the partition's watermark: the state is unchanged)",
+            "wall clock plus the allowed skew: counted as of the partition's watermark) or "
+            "stale (older than the longest window as of the watermark: the state is unchanged)",
             ["reason"],
             registry=r,
         )

@@ -255,8 +255,8 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         meta(
             "FRAUD_MAX_CLOCK_SKEW_MS",
             "how far past this host's clock an event time may move the state's clocks (card "
-            "windows, eviction, terminal days); a later one counts as this bound. History "
-            "time: divided by FRAUD_HISTORY_TIME_SCALE",
+            "windows, eviction, terminal days); a later one never moves them and counts as of "
+            "the clock's newest trusted time. History time: divided by FRAUD_HISTORY_TIME_SCALE",
             ge=0,
             le=31_536_000_000,
         ),

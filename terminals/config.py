@@ -145,9 +145,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max_clock_skew_ms",
         "FRAUD_MAX_CLOCK_SKEW_MS",
-        "how far past this host's clock an event time or report time may move a terminal's "
-        "day; a later one counts as this bound (history time: divided by "
-        "FRAUD_HISTORY_TIME_SCALE). The scorer's setting of the same name",
+        "how far past this host's clock an event time or report time may move the worker's "
+        "clock and a terminal's day; a later one never moves them and counts on the worker's "
+        "newest trusted day (history time: divided by FRAUD_HISTORY_TIME_SCALE). The "
+        "scorer's setting of the same name",
     ),
     Option(
         "evict_interval_s",

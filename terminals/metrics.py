@@ -45,7 +45,8 @@ class WorkerMetrics:
         )
         self._future = Counter(
             "fraud_features_event_time_future",
-            "Event times past the wall clock plus the allowed skew, counted at that bound",
+            "Event times past the wall clock plus the allowed skew, counted on the worker's newest "
+            "trusted day",
             registry=self.registry,
         )
         self._published = Counter(

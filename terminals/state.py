@@ -90,14 +90,19 @@ class TerminalClock:
         self._clock = clock or EventClock()
         self.watermark_day = NO_DAY
 
-    def day(self, event_time_ms: int) -> tuple[int, bool]:
+    def day(self, event_time_ms: int, known_day: int = NO_DAY) -> tuple[int, bool]:
         """The day an event time counts on, and whether it was past the bound: then the
-        watermark's day (the bound's while there is none), and the watermark stays; else its
-        own day, which the watermark reaches."""
+        watermark's day, and the watermark stays; else its own day, which the watermark
+        reaches. While the watermark knows no day (a worker just started), a time past the
+        bound counts on `known_day` (its terminal's day), and only when that is unknown too
+        on the bound's day: one future record read first after a restart must not move a
+        terminal to today while the stream replays last year."""
         bound = self._clock.bound_ms()
         if event_time_ms > bound:
             watermark = self.watermark_day
-            return (bound // self.day_ms if watermark == NO_DAY else watermark), True
+            if watermark != NO_DAY:
+                return watermark, True
+            return (bound // self.day_ms if known_day == NO_DAY else known_day), True
         day = event_time_ms // self.day_ms
         self.advance(day)
         return day, False
@@ -152,11 +157,11 @@ class TerminalState:
         if event.offset <= self.positions.get(position, -1):
             return Applied(DUPLICATE, changed=False, publish=False)
         self.positions[position] = event.offset
-        day, clamped = clock.day(event.event_time)
+        day, clamped = clock.day(event.event_time, self.as_of_day)
         if event.source == TRANSACTION:
             today = day
         else:
-            today, late = clock.day(event.reported_at)
+            today, late = clock.day(event.reported_at, self.as_of_day)
             clamped |= late
         if clock.stale(day):
             return Applied(STALE, changed=True, publish=False, clamped=clamped)

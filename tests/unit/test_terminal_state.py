@@ -284,6 +284,19 @@ def test_a_future_dated_record_does_not_zero_a_terminals_risk() -> None:
     assert state.features()[RISK_7D] == pytest.approx(2 / 7)
 
 
+def test_a_future_record_read_first_after_a_restart_keeps_its_terminals_day() -> None:
+    # A restarted worker's clock knows no day until a trusted record arrives. A future record
+    # read first counted on the bound's day (today), moving a terminal of a replayed backlog
+    # a year ahead: every window of it empty, its risk zeroed.
+    state = risky(clock_at(DAY0 + 9))
+    restarted = clock_at(DAY0 + 400)  # the wall clock is a year on; the stream replays DAY0
+    future = TerminalEvent(TRANSACTION, 0, 100, MAX_EVENT_TIME_MS)
+    assert state.apply(future, restarted).clamped
+    assert state.as_of_day == DAY0 + 9 and restarted.watermark_day == NO_DAY
+    # Counted on the terminal's own day, which its delayed windows do not read yet.
+    assert state.features()[RISK_7D] == pytest.approx(1 / 7)
+
+
 def test_a_label_sent_twice_counts_once_and_a_later_one_corrects_it() -> None:
     # Finding 4: a label re-sent at a new offset doubled its weight (risk 0.143 became 0.286).
     clock = clock_at(DAY0 + 9)
