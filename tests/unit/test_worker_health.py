@@ -1,0 +1,86 @@
+"""The features worker's probes (terminals/health.py): a worker that stopped counting must
+fail /healthz (so it is restarted instead of freezing every terminal's risk), and one that is
+recovering or retrying must fail /readyz. The clock is a parameter."""
+
+from __future__ import annotations
+
+from terminals.health import STALL_AFTER_S, WorkerHealth
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def started() -> tuple[WorkerHealth, Clock]:
+    clock = Clock()
+    health = WorkerHealth(clock)
+    health.recovered(True)
+    return health, clock
+
+
+def beat(health: WorkerHealth) -> None:
+    health.router_beat()
+    health.loop_beat()
+
+
+def test_a_worker_whose_loops_beat_is_alive_and_ready() -> None:
+    health, clock = started()
+    clock.now += STALL_AFTER_S - 1
+    assert health.alive() == (True, "ok") and health.ready() == (True, "ok")
+
+
+def test_a_silent_loop_is_stuck() -> None:
+    for silent in ("router", "event loop"):
+        health, clock = started()
+        clock.now += STALL_AFTER_S + 1
+        health.loop_beat() if silent == "router" else health.router_beat()
+        alive, why = health.alive()
+        assert not alive and why.startswith(f"{silent} silent"), why
+        assert not health.ready()[0]
+
+
+def test_a_router_that_stopped_is_dead_at_once() -> None:
+    health, _ = started()
+    health.router_failed("KafkaException: authorization failed")
+    assert health.alive() == (False, "router stopped: KafkaException: authorization failed")
+
+
+def test_a_table_agent_idle_while_events_wait_is_stalled() -> None:
+    health, clock = started()
+    health.agent_progress(waiting=True, progressed=False)
+    clock.now += STALL_AFTER_S / 2
+    beat(health)
+    health.agent_progress(waiting=True, progressed=False)
+    assert health.alive()[0] and not health.stalled
+    clock.now += STALL_AFTER_S / 2 + 1
+    beat(health)
+    assert health.stalled and not health.alive()[0]
+    health.agent_progress(waiting=True, progressed=True)  # it applied some: not stalled
+    assert not health.stalled and health.alive()[0]
+
+
+def test_an_agent_with_nothing_to_do_is_never_stalled() -> None:
+    health, clock = started()
+    for _ in range(5):
+        clock.now += STALL_AFTER_S
+        beat(health)
+        health.agent_progress(waiting=False, progressed=False)
+    assert health.alive() == (True, "ok")
+
+
+def test_recovery_and_retries_make_it_unready_not_dead() -> None:
+    health, _ = started()
+    health.recovered(False)
+    assert health.alive()[0] and health.ready() == (
+        False,
+        "recovering the table from its changelog",
+    )
+    health.recovered(True)
+    health.router_delivering(False)
+    assert health.ready() == (False, "routed records not acknowledged, retrying")
+    health.router_delivering(True)
+    assert health.ready() == (True, "ok")
