@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+from contracts.errors import ConfigurationError
+
 log = logging.getLogger(__name__)
 
 #: The stream loop runs at least every poll timeout; silence this long means it is stuck.
@@ -126,6 +128,22 @@ class HealthServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def serve(host: str, port: int, probe: Probe, registry: CollectorRegistry) -> HealthServer | None:
+    """Start serving the endpoints on host:port (None when the port is 0: disabled); a port
+    that cannot be bound is a ConfigurationError naming the setting to change."""
+    if not port:
+        return None
+    try:
+        server = HealthServer(host, port, probe, registry)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve metrics on {host}:{port}: {exc}; "
+            "choose another --metrics-port, or 0 to disable"
+        ) from exc
+    server.start()
+    return server
 
 
 def _handler_for(state: Probe, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:

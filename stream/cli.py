@@ -13,7 +13,7 @@ from types import FrameType
 from confluent_kafka import KafkaException
 
 from contracts.errors import ClientFailure, ConfigurationError
-from contracts.health import HealthServer, HealthState
+from contracts.health import HealthState, serve
 from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
 from scorer.model import OnnxScorer
@@ -119,18 +119,7 @@ def run_service(config: ServiceConfig) -> int:
     metrics.set_model(scorer.model_version, scorer.provider)
 
     health = HealthState()
-    server = None
-    if config.metrics_port:
-        try:
-            server = HealthServer(
-                config.metrics_host, config.metrics_port, health, metrics.registry
-            )
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
-                "choose another --metrics-port, or 0 to disable"
-            ) from exc
-        server.start()
+    server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)
 
     errors = ClientErrors()
     if config.card_history == "on":

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaException
 
 from contracts.errors import ConfigurationError
-from contracts.health import HealthServer
+from contracts.health import serve
 from contracts.logs import configure_logging
 from terminals.config import OPTIONS, WorkerConfig, from_sources
 from terminals.health import WorkerHealth
@@ -122,7 +122,7 @@ def run_worker(config: WorkerConfig) -> int:
     prepare_topics(config)
     metrics = WorkerMetrics()
     health = WorkerHealth()
-    server = _serve_health(config, metrics, health)
+    server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)
     log.info(
         "starting app_id=%s instance=%s bootstrap=%s partitions=%s day_ms=%s kafka=%s",
         config.app_id,
@@ -167,22 +167,6 @@ def _route(router: Router, stop: threading.Event, health: WorkerHealth) -> None:
     except BaseException as exc:
         health.router_failed(str(exc))
         os.kill(os.getpid(), signal.SIGTERM)  # faust stops on it, as on an operator's
-
-
-def _serve_health(
-    config: WorkerConfig, metrics: WorkerMetrics, health: WorkerHealth
-) -> HealthServer | None:
-    if not config.metrics_port:
-        return None
-    try:
-        server = HealthServer(config.metrics_host, config.metrics_port, health, metrics.registry)
-    except OSError as exc:
-        raise ConfigurationError(
-            f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}; "
-            "choose another --metrics-port, or 0 to disable"
-        ) from exc
-    server.start()
-    return server
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,9 +9,11 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.health import MAX_CONNECTIONS, HealthServer, HealthState
+from contracts.errors import ConfigurationError
+from contracts.health import MAX_CONNECTIONS, HealthServer, HealthState, serve
 from stream.metrics import ServiceMetrics
 
 
@@ -73,3 +75,12 @@ def test_idle_connections_beyond_the_bound_get_no_thread_and_scrapes_still_work(
         for sock in idle:
             sock.close()
         server.close()
+
+
+def test_serve_is_off_on_port_0_and_names_the_setting_when_the_port_is_taken() -> None:
+    assert serve("127.0.0.1", 0, HealthState(), CollectorRegistry()) is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConfigurationError, match="--metrics-port, or 0 to disable"):
+            serve("127.0.0.1", taken.getsockname()[1], HealthState(), CollectorRegistry())
