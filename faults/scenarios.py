@@ -228,6 +228,14 @@ def delete_dlq(run: ScenarioRun, t: Timing) -> None:
     run.saved_dead_letters = read_dead_letters(run.bootstrap, run.dlq_topic)
     with run.fault("DLQ deleted"):
         run.admin.delete_topics([run.dlq_topic])[run.dlq_topic].result(timeout=ADMIN_TIMEOUT_S)
+        # The controller confirms the deletion before the broker has dropped the partitions: a
+        # dead letter written in between is acknowledged and then deleted with the topic (a
+        # loss the scenario made, not the service). Malformed records resume once it is gone.
+        run.wait_until(
+            lambda: run.dlq_topic not in run.admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics,
+            RECOVERY_TIMEOUT_S,
+            "dead-letter topic gone from the broker's metadata",
+        )
         run.load.bad_paused.clear()
         time.sleep(t.dlq_gone_s)
         run.wait_until(_recreate(run), RECOVERY_TIMEOUT_S, "dead-letter topic created again")
