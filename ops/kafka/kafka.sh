@@ -24,6 +24,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../tools/pidfile.sh
+source "$repo/ops/tools/pidfile.sh"
 plain_state="${KAFKA_STATE_DIR:-$repo/.kafka}"
 libs="$plain_state/libs"
 # A dev/CI broker on a 2-core, 24 GiB machine: 1 GiB heap is ample and leaves room for the tests.
@@ -93,17 +95,8 @@ resolve_jars() {
   exec 9>&-
 }
 
-running_pid() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid
-  pid="$(cat "$pidfile")"
-  # Only our broker: the pid must be alive and be a java process started with our config.
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$state/server.properties"; then
-    echo "$pid"
-    return 0
-  fi
-  return 1
-}
+# Only our broker: a java process started with our config.
+running_pid() { pidfile_running "$pidfile" "$state/server.properties"; }
 
 java_run() { java -cp "$libs/*" "$@"; }
 
@@ -246,16 +239,7 @@ down() {
     echo "kafka.sh: $name not running"
     return
   fi
-  kill -TERM "$pid"
-  for _ in $(seq "$stop_timeout_s"); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "kafka.sh: $name ignored SIGTERM for ${stop_timeout_s}s, killing it" >&2
-    kill -KILL "$pid"
-  fi
-  rm -f "$pidfile"
+  pidfile_stop "$pidfile" "$pid" "kafka.sh: $name" "$stop_timeout_s"
   echo "kafka.sh: $name stopped (pid $pid)"
 }
 
