@@ -16,12 +16,13 @@ UV := $(TOOLS)/uv/bin/uv
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
-	kafka-status-secure test test-secure unit check demo model bench faults clean \
+	kafka-status-secure registry-up registry-down test test-secure unit check demo model bench \
+	faults clean \
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
 	@echo "make demo        local Kafka + scorer + features worker + 5 min of simulated load, then a summary"
-	@echo "make test        install, start both brokers, run every test tier, stop the brokers"
+	@echo "make test        install, start both brokers and the registry, run every test tier, stop them"
 	@echo "make test-secure the secured-broker tests only (starts and stops that broker)"
 	@echo "make unit        unit tests only (no Kafka)"
 	@echo "make check       format, lint and type checks"
@@ -30,8 +31,10 @@ help:
 	@echo "make kafka-up-secure    start the secured Kafka (SASL_SSL, ACLs) on 127.0.0.1:9192,"
 	@echo "                        create the service's topics and grant its principal's ACLs"
 	@echo "make kafka-down-secure  stop it"
+	@echo "make registry-up   start a Schema Registry (Apicurio, Confluent API) on 127.0.0.1:18081"
+	@echo "make registry-down stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
-	@echo "make bench       service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make bench       decoding per input format; service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
@@ -71,19 +74,31 @@ kafka-down-secure:
 kafka-status-secure:
 	ops/kafka/kafka.sh status --secure
 
-# Starts both brokers (the plain one and the secured one, side by side) unless ours already run,
-# and stops again only those it started. The secured one adds about 5 s (starting both in
-# parallel saved under 1 s on 2 cores: not worth interleaved output). The tests create their own
-# topics, users and ACLs.
+# Starts both brokers (the plain one and the secured one, side by side) and the Schema Registry
+# unless ours already run, and stops again only those it started. The secured one adds about
+# 5 s (starting both in parallel saved under 1 s on 2 cores: not worth interleaved output), the
+# registry about 10 s (and its 150 MB download once). The tests create their own topics, users,
+# ACLs and schemas.
 test: venv
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then plain=0; else plain=1; fi; \
 	if ops/kafka/kafka.sh status --secure >/dev/null 2>&1; then secure=0; else secure=1; fi; \
+	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
 	status=0; \
-	ops/kafka/kafka.sh up && ops/kafka/kafka.sh up --secure || status=$$?; \
+	ops/kafka/kafka.sh up && ops/kafka/kafka.sh up --secure && ops/registry/registry.sh up \
+		|| status=$$?; \
 	if [ $$status = 0 ]; then $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; fi; \
+	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
 	if [ $$secure = 1 ]; then ops/kafka/kafka.sh down --secure; fi; \
 	if [ $$plain = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
+
+# A real Schema Registry (Apicurio, Confluent-compatible API) on 127.0.0.1:18081, from Maven
+# Central; it needs a Java 21+ JDK (ops/registry/registry.sh finds one under /usr/lib/jvm).
+registry-up:
+	ops/registry/registry.sh up
+
+registry-down:
+	ops/registry/registry.sh down
 
 # Only the secured-broker tier (tests/secure/), with that broker alone.
 test-secure: venv
@@ -119,8 +134,11 @@ $(BENCH_INSTALLED): $(INSTALLED)
 # Starts the broker unless one of ours already runs, and stops it again only if it started it.
 bench: $(BENCH_INSTALLED)
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then started=0; else started=1; fi; \
-	ops/kafka/kafka.sh up || exit 1; \
-	status=0; $(PY) -m bench.pipeline_bench $(BENCH_ARGS) || status=$$?; \
+	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
+	ops/kafka/kafka.sh up && ops/registry/registry.sh up || exit 1; \
+	status=0; $(PY) -m bench.input_formats || status=$$?; \
+	if [ $$status = 0 ]; then $(PY) -m bench.pipeline_bench $(BENCH_ARGS) || status=$$?; fi; \
+	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status
 
@@ -160,8 +178,9 @@ faults: venv
 	$(PY) -m faults $(FAULTS_ARGS)
 
 clean:
+	-ops/registry/registry.sh down
 	-ops/kafka/kafka.sh down
 	-ops/kafka/kafka.sh down --secure
 	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs $(TOOLS) .pytest_cache \
+	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry $(TOOLS) .pytest_cache \
 		.mypy_cache .ruff_cache *.egg-info

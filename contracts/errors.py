@@ -5,9 +5,13 @@
     ├── RecordError                permanent, caused by one record: it is dead-lettered at once
     │   ├── DecodeError            not UTF-8 JSON                           dlq.reason = "decode"
     │   ├── ValidationError        JSON that breaks the transaction contract dlq.reason = "validate"
+    │   ├── SchemaUnknownError     a schema id the registry does not know   "schema_unknown"
+    │   ├── SchemaDecodeError      not in its schema (or not wire format)   "schema_decode"
     │   └── ScoreError             the model fails on this record           dlq.reason = "score"
     ├── ClientFailure              a Kafka client cannot go on (authentication refused): the
     │                              replica stops with one line, for its operator to fix
+    ├── RegistryUnavailableError   a schema lookup failed in a way that may pass (registry down,
+    │                              5xx, refused credentials): the partition waits, nothing is lost
     ├── DeliveryError              the broker did not acknowledge an output  dlq.reason = "produce"
     │   ├── RecordRejectedError    permanent for this record (too large, invalid): dead-lettered
     │   └── TransientDeliveryError infrastructure (broker down, timeouts, missing or forbidden
@@ -46,6 +50,23 @@ class ValidationError(RecordError):
     """The record is JSON but breaks the transaction contract."""
 
     reason = "validate"
+
+
+class SchemaUnknownError(RecordError):
+    """A Schema Registry record whose schema id the registry does not know."""
+
+    reason = "schema_unknown"
+
+
+class SchemaDecodeError(RecordError):
+    """A Schema Registry record that is not in the wire format, or does not decode with the
+    schema its id names."""
+
+    reason = "schema_decode"
+
+
+class RegistryUnavailableError(FraudScorerError):
+    """A schema lookup failed for a cause that may pass: the record is read again later."""
 
 
 class ScoreError(RecordError):

@@ -40,6 +40,10 @@ from stream.options import SHIPPED_MODEL_PATH, Options
 __all__ = ["SHIPPED_MODEL_PATH", "ServiceConfig", "settings"]
 
 
+#: Settings of the config file and kafka_options that are the Schema Registry client's.
+REGISTRY_PREFIX = "schema.registry."
+
+
 class ServiceConfig(Options, frozen=True, kw_only=True):
     """All settings of `fraud-scorer run`. Construct it directly or with `from_sources()`.
 
@@ -83,6 +87,11 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         for key in self.kafka_options:
             if key in ("bootstrap.servers", "group.id"):
                 raise ValueError(f"set {key} with its own option, not in kafka_options")
+        if self.input_format != "json" and not self.schema_registry_url:
+            raise ValueError(
+                f"input_format {self.input_format} reads the Schema Registry wire format: set "
+                "schema_registry_url (FRAUD_SCHEMA_REGISTRY_URL)"
+            )
 
     @classmethod
     def from_sources(
@@ -129,7 +138,23 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 raise ConfigurationError(
                     f"kafka config file sets {key}: set it with its own option instead"
                 )
-        return merged
+        return {k: v for k, v in merged.items() if not k.startswith(REGISTRY_PREFIX)}
+
+    def registry_settings(self) -> dict[str, str]:
+        """The Schema Registry client's settings: the URL, and the `schema.registry.*` keys of
+        the config file and kafka_options without their prefix (credentials:
+        `schema.registry.basic.auth.user.info`, `schema.registry.bearer.auth.token`; TLS:
+        `schema.registry.ssl.ca.location`), as Confluent's clients read them."""
+        from_file = (
+            {} if self.kafka_config_file is None else read_kafka_config_file(self.kafka_config_file)
+        )
+        merged = {**from_file, **self.kafka_options}
+        settings = {
+            k[len(REGISTRY_PREFIX) :]: v for k, v in merged.items() if k.startswith(REGISTRY_PREFIX)
+        }
+        if self.schema_registry_url:
+            settings["url"] = self.schema_registry_url
+        return settings
 
     def redacted_kafka_options(self) -> dict[str, object]:
         """The extra librdkafka settings as they may be logged (secrets masked)."""

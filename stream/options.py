@@ -29,6 +29,7 @@ OnOff = Literal["on", "off"]
 Scoring = Literal["inline", "thread"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+InputFormat = Literal["json", "avro", "json-schema"]
 
 
 def _default_instance_id() -> str:
@@ -52,6 +53,22 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     input_topic: Annotated[_Topic, meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")] = (
         "transactions"
     )
+    input_format: Annotated[
+        InputFormat,
+        meta(
+            "FRAUD_INPUT_FORMAT",
+            "format of the input records: json (the contract's JSON), or avro or json-schema "
+            "in the Schema Registry wire format (needs FRAUD_SCHEMA_REGISTRY_URL)",
+        ),
+    ] = "json"
+    schema_registry_url: Annotated[
+        str | None,
+        meta(
+            "FRAUD_SCHEMA_REGISTRY_URL",
+            "Schema Registry base URL (Confluent API), e.g. http://registry:8081; its "
+            "credentials and TLS go in FRAUD_KAFKA_CONFIG_FILE as schema.registry.* keys",
+        ),
+    ] = None
     output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
         "decisions"
     )

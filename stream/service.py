@@ -20,16 +20,17 @@ from collections import Counter
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from contracts.errors import DecodeError, RecordError
+from contracts.errors import DecodeError, RecordError, RegistryUnavailableError
 from contracts.kafka_errors import ACCESS_DENIED
 from contracts.offsets import PartitionKey, SourceOffset, position_of
-from contracts.transaction import decode_transaction
+from contracts.transaction import Transaction
 from stream.batcher import Batch, MicroBatcher
 from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
 from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
 from stream.handoff import Handoff
+from stream.held_partitions import HeldPartitions
 from stream.outcomes import OutcomeGroup
 from stream.scoring import BatchReport, PendingRecord, ScoringWorker
 from stream.sink import Output
@@ -89,6 +90,10 @@ class ScoringService:
             config.max_in_flight_records,
             config.max_in_flight_bytes,
             parts.metrics,
+        )
+        self._decode = parts.decode
+        self._held = HeldPartitions(
+            parts.consumer, config.retry_backoff_ms / 1000.0, config.retry_backoff_max_ms / 1000.0
         )
         self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
         self._worker = ScoringWorker(
@@ -206,6 +211,7 @@ class ScoringService:
         ):
             blocked_by = "scoring thread busy"
         self._flow.update(self._tracker.in_flight, self._tracker.in_flight_bytes, blocked_by)
+        self._held.release_due(self._flow.paused)
 
     def _wait_for_scoring_thread(self) -> None:
         """The scoring thread is a batch behind: wait a moment for room rather than fetch more."""
@@ -234,30 +240,41 @@ class ScoringService:
             return
         now_s = time.monotonic()
         records: list[Message] = []
+        positions: list[SourceOffset] = []
+        decoded: list[Transaction | RecordError] = []
         for message in messages:
             error = message.error()
-            if error is None:
-                records.append(message)
-            else:
+            if error is not None:
                 self._on_consume_error(error, message)
+                continue
+            position = position_of(message)
+            key = position[0]
+            if key in self._held:
+                continue  # read again from the held record once its hold ends
+            try:
+                decoded.append(self._decode(message.value()))
+                self._held.decoded(key)
+            except RegistryUnavailableError as exc:
+                self._held.hold(message, exc)
+                continue
+            except RecordError as exc:
+                decoded.append(exc)
+            except Exception as exc:  # whatever a record provokes, it never stops the loop
+                decoded.append(DecodeError(f"{type(exc).__name__}: {exc}"))
+            records.append(message)
+            positions.append(position)
         if records:
             self._access_denied = None
-        positions = [position_of(m) for m in records]
         sizes = [len(m.value() or b"") + len(m.key() or b"") for m in records]
         # Every record is tracked before any of its outputs exists: the scoring thread may
         # deliver a batch's outputs while this loop is still going.
         self._tracker.track_all(positions, sizes)
         self._flow.observe(len(sizes), sum(sizes))
-        for message, position in zip(records, positions, strict=True):
-            try:
-                transaction = decode_transaction(message.value())
-            except RecordError as exc:
-                self._dead_letter(message, position, exc)
+        for message, position, result in zip(records, positions, decoded, strict=True):
+            if isinstance(result, RecordError):
+                self._dead_letter(message, position, result)
                 continue
-            except Exception as exc:  # whatever a record provokes, it never stops the loop
-                self._dead_letter(message, position, DecodeError(f"{type(exc).__name__}: {exc}"))
-                continue
-            full = self._batcher.add(PendingRecord(message, transaction, position), now_s)
+            full = self._batcher.add(PendingRecord(message, result, position), now_s)
             if full is not None:
                 self._hand_off(full)
         self._metrics.record_consumed(len(records))
@@ -388,6 +405,7 @@ class ScoringService:
         if self._shutdown_deadline is not None:
             self._abandoned += unfinished
         self._flow.on_revoke(partitions)
+        self._held.forget(keys)
         self._lag.forget(sorted(keys))
 
     # -- shutdown ---------------------------------------------------------------------------

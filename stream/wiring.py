@@ -15,7 +15,9 @@ from confluent_kafka import Consumer, Producer
 
 from contracts.event_time import EventClock
 from contracts.health import HealthState
+from contracts.input_formats import TransactionDecoder, transaction_decoder
 from contracts.offsets import OffsetTracker, PartitionKey
+from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.model import Scorer
@@ -56,6 +58,8 @@ class Collaborators:
     terminals: TerminalRiskTable | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
     client_errors: ClientErrors | None = None
+    #: How an input record's value becomes a transaction (FRAUD_INPUT_FORMAT).
+    decode: TransactionDecoder = decode_transaction
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -173,4 +177,7 @@ def build_collaborators(
             day_ms=day_length_ms(config.history_time_scale),
         ),
         client_errors=client_errors,
+        decode=transaction_decoder(
+            config.input_format, config.input_topic, config.registry_settings()
+        ),
     )

@@ -13,7 +13,9 @@ from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from contracts.health import HealthState
+from contracts.input_formats import TransactionDecoder
 from contracts.offsets import OffsetTracker
+from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
 from simulator.transactions import TransactionSimulator
 from stream.card_state import CardState
@@ -70,12 +72,13 @@ class Replica:
         *,
         card_state: bool = False,
         terminals: Any = None,
+        decode: TransactionDecoder = decode_transaction,
         **settings: object,
     ) -> None:
         """`card_state`: keep card history, its changelog in `self.changelog` (a list in
         memory that receives every card state output once the sink delivers it).
         `terminals`: a stand-in for the copy of terminal-risk (start, close, loaded,
-        features)."""
+        features). `decode`: how a record's value becomes a transaction."""
         defaults: dict[str, object] = {
             "scoring": self.scoring,
             "input_topic": TOPIC,
@@ -149,6 +152,7 @@ class Replica:
             transactions=self.transactions,
             card_state=self.card_state,
             terminals=terminals,
+            decode=decode,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)

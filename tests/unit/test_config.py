@@ -59,6 +59,8 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
         ({"FRAUD_MODEL_PATH": "/nonexistent/model.onnx"}, "is not a file"),
         ({"FRAUD_KAFKA_OPTIONS": "novalue"}, "KEY=VALUE"),
         ({"FRAUD_METRICS_PORT": "70000"}, "metrics_port"),
+        ({"FRAUD_INPUT_FORMAT": "protobuf"}, "input_format must be one of avro, json, json-schema"),
+        ({"FRAUD_INPUT_FORMAT": "avro"}, "wire format: set schema_registry_url"),
     ],
 )
 def test_bad_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
@@ -145,6 +147,27 @@ def test_settings_from_a_properties_file_are_overridden_by_options(tmp_path: Pat
         "acks": "all",
     }
     assert "p,with=commas" not in repr(config.redacted_kafka_options())
+
+
+def test_schema_registry_settings_come_from_the_same_file_and_never_reach_librdkafka(
+    tmp_path: Path,
+) -> None:
+    secrets = tmp_path / "kafka.properties"
+    secrets.write_text(
+        "sasl.password=kafka-secret\n"
+        "schema.registry.basic.auth.user.info=team:registry-secret\n"
+        "schema.registry.ssl.ca.location=/etc/ca.pem\n"
+    )
+    config = ServiceConfig.from_sources(
+        {"kafka_config_file": str(secrets)},
+        {"FRAUD_INPUT_FORMAT": "avro", "FRAUD_SCHEMA_REGISTRY_URL": "https://registry:8081"},
+    )
+    assert config.kafka_settings() == {"sasl.password": "kafka-secret"}
+    assert config.registry_settings() == {
+        "url": "https://registry:8081",
+        "basic.auth.user.info": "team:registry-secret",
+        "ssl.ca.location": "/etc/ca.pem",
+    }
 
 
 def test_a_missing_or_malformed_config_file_stops_the_cli_with_exit_2(

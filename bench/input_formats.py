@@ -1,0 +1,120 @@
+"""Decoding cost per input format (FRAUD_INPUT_FORMAT), side by side, on the same records.
+
+    python -m bench.input_formats [--records 20000] [--rounds 5] [--registry URL]
+
+The same simulated transactions are written once per format (the contract's JSON; Avro and JSON
+Schema with Confluent's serializers against a real Schema Registry, `make registry-up`), then
+each format's decoder (`contracts.input_formats.transaction_decoder`, what the consuming loop
+calls per record, validation included) reads them all. Formats take turns within each round,
+so a noisy neighbour slows all of them alike; the figure per format is the median of the
+rounds, with their range. The schema lookup is cached after the first record, as in the
+service. One JSON line; also written to bench/results/input-formats.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from bench.harness import REPO
+from contracts.input_formats import INPUT_FORMATS, transaction_decoder
+from simulator.transactions import TransactionSimulator
+
+RESULTS = REPO / "bench" / "results" / "input-formats.json"
+DEFAULT_REGISTRY = "http://127.0.0.1:18081/apis/ccompat/v7"
+TOPIC = "bench-input-formats"
+
+_AVRO_TYPES = {str: "string", float: "double", int: "long", bool: "boolean"}
+_JSON_TYPES = {str: "string", float: "number", int: "integer", bool: "boolean"}
+
+
+def _schemas(record: dict[str, Any]) -> tuple[str, str]:
+    """An Avro and a JSON Schema for the simulator's records (every field as it comes)."""
+    avro = {
+        "type": "record",
+        "name": "BenchTransaction",
+        "fields": [{"name": k, "type": _AVRO_TYPES[type(v)]} for k, v in record.items()],
+    }
+    json_schema = {
+        "type": "object",
+        "properties": {k: {"type": _JSON_TYPES[type(v)]} for k, v in record.items()},
+        "required": list(record),
+    }
+    return json.dumps(avro), json.dumps(json_schema)
+
+
+def encoded(
+    records: list[dict[str, Any]], registry: SchemaRegistryClient
+) -> dict[str, list[bytes]]:
+    """The records in every format."""
+    avro_schema, json_schema = _schemas(records[0])
+    context = SerializationContext(TOPIC, MessageField.VALUE)
+    serializers: dict[str, Callable[[Any, SerializationContext], bytes | None]] = {
+        "avro": AvroSerializer(registry, avro_schema),
+        "json-schema": JSONSerializer(json_schema, registry),
+    }
+    out = {"json": [msgspec.json.encode(r) for r in records]}
+    for name, serialize in serializers.items():
+        out[name] = [value for r in records if (value := serialize(r, context)) is not None]
+    return out
+
+
+def run(records: int, rounds: int, registry_url: str) -> dict[str, Any]:
+    simulated = [dict(r) for r in TransactionSimulator(5).generate(records).records]
+    # Every record with the same fields (the terminal id is optional in the contract).
+    simulated = [r for r in simulated if r.get("terminal_id")]
+    with SchemaRegistryClient({"url": registry_url}) as registry:
+        values = encoded(simulated, registry)
+    decoders = {
+        name: transaction_decoder(name, TOPIC, {"url": registry_url}) for name in INPUT_FORMATS
+    }
+    rates: dict[str, list[float]] = {name: [] for name in INPUT_FORMATS}
+    for _ in range(rounds):
+        for name, decode in decoders.items():
+            batch = values[name]
+            started = time.perf_counter()
+            for value in batch:
+                decode(value)
+            rates[name].append(len(batch) / (time.perf_counter() - started))
+    return {
+        "records": len(simulated),
+        "rounds": rounds,
+        "records_per_s": {
+            name: {
+                "median": round(statistics.median(r)),
+                "min": round(min(r)),
+                "max": round(max(r)),
+                "vs_json": round(statistics.median(r) / statistics.median(rates["json"]), 3),
+            }
+            for name, r in rates.items()
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=20_000, help="records per format")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, formats in turn")
+    parser.add_argument("--registry", default=DEFAULT_REGISTRY, help="Schema Registry URL")
+    args = parser.parse_args()
+    if args.records < 1 or args.rounds < 1:
+        parser.error("--records and --rounds must be >= 1")
+    result = run(args.records, args.rounds, args.registry)
+    line = json.dumps(result)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The formats a transaction may arrive in (FRAUD_INPUT_FORMAT), each decoded to the one
+`Transaction` contract:
+
+- `json`: the contract's JSON (`contracts/transaction.py`), no registry.
+- `avro`, `json-schema`: Confluent's Schema Registry wire format (a magic byte and the schema
+  id before the payload), decoded by `confluent_kafka.schema_registry`'s deserializers with the
+  writer's schema fetched by its id and cached, so a producer that moves to a new schema
+  version (an added optional field) is read without a restart. The decoded record is then
+  validated against the contract in one msgspec pass, like JSON.
+
+How a registry record fails (docs/contracts.md, "Dead letter"):
+- a schema id the registry answers 404 for: `SchemaUnknownError` (dead letter `schema_unknown`);
+- not the wire format, or bytes that do not decode with their schema: `SchemaDecodeError`
+  (`schema_decode`);
+- a lookup that failed for a cause that may pass (the registry unreachable, a timeout, 5xx, 429,
+  refused credentials): `RegistryUnavailableError`, never a dead letter: the consuming loop
+  holds the record's partition and reads it again after a backoff.
+
+The registry client's own retries are off (`max.retries` 0): a lookup that fails returns at
+once, so a registry that is down holds one partition, not the whole consuming loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from contracts.errors import (
+    ConfigurationError,
+    DecodeError,
+    RegistryUnavailableError,
+    SchemaDecodeError,
+    SchemaUnknownError,
+    ValidationError,
+)
+from contracts.transaction import Transaction, decode_transaction
+
+INPUT_FORMATS = ("json", "avro", "json-schema")
+#: Registry client settings under the user's: fail fast, the loop retries (see above).
+REGISTRY_DEFAULTS: Mapping[str, Any] = {"max.retries": 0, "timeout": 5}
+#: HTTP answers from the registry that may pass (its error codes in Confluent's API).
+_TRANSIENT_STATUS = frozenset({401, 403, 408, 429})
+
+#: Decodes one record value of the input topic into a transaction.
+TransactionDecoder = Callable[[bytes | None], Transaction]
+
+
+def transaction_decoder(
+    input_format: str, topic: str, registry: Mapping[str, Any] | None = None
+) -> TransactionDecoder:
+    """The decoder of `input_format` for records of `topic`; `registry` is the Schema Registry
+    client's configuration (`url` and any credentials), needed by the registry formats.
+
+    Raises ConfigurationError for an unknown format, a registry format without a registry URL,
+    or registry settings the client does not take.
+    """
+    if input_format == "json":
+        return decode_transaction
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(
+            f"unknown input format {input_format!r}; one of {', '.join(INPUT_FORMATS)}"
+        )
+    if not registry or not registry.get("url"):
+        raise ConfigurationError(
+            f"input format {input_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
+        )
+    # Imported here: the JSON path (the default) needs none of the registry's dependencies.
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    try:
+        client = SchemaRegistryClient({**REGISTRY_DEFAULTS, **registry})
+    except ValueError as exc:
+        raise ConfigurationError(f"schema registry settings (schema.registry.*): {exc}") from exc
+    context = SerializationContext(topic, MessageField.VALUE)
+    deserialize: Callable[[bytes, SerializationContext], Any]
+    if input_format == "avro":
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+        deserialize = AvroDeserializer(client)
+    else:
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        deserialize = JSONDeserializer(None, schema_registry_client=client)
+
+    def decode(value: bytes | None) -> Transaction:
+        if value is None:
+            raise DecodeError("record has no value (tombstone)")
+        record = _deserialized(deserialize, value, context)
+        try:
+            return msgspec.convert(record, Transaction)
+        except msgspec.ValidationError as exc:
+            raise ValidationError(str(exc)) from exc
+
+    return decode
+
+
+def _deserialized(
+    deserialize: Callable[[bytes, Any], Any], value: bytes, context: Any
+) -> Mapping[str, Any]:
+    """The record as the registry's deserializer reads it, its failures sorted by cause."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        record = deserialize(value, context)
+    except SchemaRegistryError as exc:
+        status = exc.http_status_code
+        if status == 404:
+            raise SchemaUnknownError(f"schema id not in the registry: {exc}") from exc
+        if status in _TRANSIENT_STATUS or status >= 500 or status < 0:
+            raise RegistryUnavailableError(f"schema registry: {exc}") from exc
+        raise SchemaDecodeError(f"schema registry refused the lookup: {exc}") from exc
+    except (OSError, _http_errors()) as exc:
+        raise RegistryUnavailableError(
+            f"schema registry unreachable: {type(exc).__name__}: {exc}"
+        ) from exc
+    except Exception as exc:  # whatever the payload provokes in the decoder
+        raise SchemaDecodeError(f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(record, Mapping):
+        raise SchemaDecodeError(f"the schema decodes to {type(record).__name__}, not a record")
+    return record
+
+
+def _http_errors() -> type[BaseException]:
+    """The registry client's transport errors (timeouts, refused connections): those of the
+    HTTP library it imports (httpx, or httpx2 from confluent-kafka 2.16)."""
+    from confluent_kafka.schema_registry.common._httpx_compat import httpx
+
+    return httpx.TransportError
