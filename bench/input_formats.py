@@ -3,7 +3,8 @@
     python -m bench.input_formats [--records 20000] [--rounds 5] [--registry URL]
 
 The same simulated transactions are written once per format (the contract's JSON; Avro and JSON
-Schema with Confluent's serializers against a real Schema Registry, `make registry-up`), then
+Schema with Confluent's serializers against a real Schema Registry, `make registry-up`; JSON in
+the checkout example's own shape, read through its field mapping), then
 each format's decoder (`contracts.input_formats.transaction_decoder`, what the consuming loop
 calls per record, validation included) reads them all. Formats take turns within each round,
 so a noisy neighbour slows all of them alike; the figure per format is the median of the
@@ -27,7 +28,9 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench.harness import REPO
+from contracts.field_mapping import FieldMapping
 from contracts.input_formats import INPUT_FORMATS, transaction_decoder
+from simulator.team_shapes import checkout_event
 from simulator.transactions import TransactionSimulator
 
 RESULTS = REPO / "bench" / "results" / "input-formats.json"
@@ -78,7 +81,12 @@ def run(records: int, rounds: int, registry_url: str) -> dict[str, Any]:
     decoders = {
         name: transaction_decoder(name, TOPIC, {"url": registry_url}) for name in INPUT_FORMATS
     }
-    rates: dict[str, list[float]] = {name: [] for name in INPUT_FORMATS}
+    # JSON in a team's own shape through a field mapping (examples/checkout).
+    values["json, mapped"] = [msgspec.json.encode(checkout_event(r)) for r in simulated]
+    decoders["json, mapped"] = transaction_decoder(
+        "json", TOPIC, mapping=FieldMapping.load(REPO / "examples" / "checkout" / "mapping.toml")
+    )
+    rates: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(rounds):
         for name, decode in decoders.items():
             batch = values[name]

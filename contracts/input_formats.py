@@ -22,6 +22,8 @@ once, so a registry that is down holds one partition, not the whole consuming lo
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +37,10 @@ from contracts.errors import (
     SchemaUnknownError,
     ValidationError,
 )
+from contracts.field_mapping import FieldMapping, avro_paths, json_schema_paths
 from contracts.transaction import Transaction, decode_transaction
+
+log = logging.getLogger(__name__)
 
 INPUT_FORMATS = ("json", "avro", "json-schema")
 #: Registry client settings under the user's: fail fast, the loop retries (see above).
@@ -48,20 +53,25 @@ TransactionDecoder = Callable[[bytes | None], Transaction]
 
 
 def transaction_decoder(
-    input_format: str, topic: str, registry: Mapping[str, Any] | None = None
+    input_format: str,
+    topic: str,
+    registry: Mapping[str, Any] | None = None,
+    mapping: FieldMapping | None = None,
 ) -> TransactionDecoder:
     """The decoder of `input_format` for records of `topic`; `registry` is the Schema Registry
-    client's configuration (`url` and any credentials), needed by the registry formats.
+    client's configuration (`url` and any credentials), needed by the registry formats;
+    `mapping` maps the team's fields onto the contract's (`contracts/field_mapping.py`).
 
     Raises ConfigurationError for an unknown format, a registry format without a registry URL,
-    or registry settings the client does not take.
+    registry settings the client does not take, or a mapping the topic's registered schema
+    does not satisfy.
     """
-    if input_format == "json":
-        return decode_transaction
     if input_format not in INPUT_FORMATS:
-        raise ValueError(
+        raise ConfigurationError(
             f"unknown input format {input_format!r}; one of {', '.join(INPUT_FORMATS)}"
         )
+    if input_format == "json":
+        return decode_transaction if mapping is None else _mapped_json(mapping)
     if not registry or not registry.get("url"):
         raise ConfigurationError(
             f"input format {input_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
@@ -74,6 +84,8 @@ def transaction_decoder(
         client = SchemaRegistryClient({**REGISTRY_DEFAULTS, **registry})
     except ValueError as exc:
         raise ConfigurationError(f"schema registry settings (schema.registry.*): {exc}") from exc
+    if mapping is not None:
+        _check_registered_schema(client, f"{topic}-value", input_format, mapping)
     context = SerializationContext(topic, MessageField.VALUE)
     deserialize: Callable[[bytes, SerializationContext], Any]
     if input_format == "avro":
@@ -89,12 +101,54 @@ def transaction_decoder(
         if value is None:
             raise DecodeError("record has no value (tombstone)")
         record = _deserialized(deserialize, value, context)
-        try:
-            return msgspec.convert(record, Transaction)
-        except msgspec.ValidationError as exc:
-            raise ValidationError(str(exc)) from exc
+        return _converted(record if mapping is None else mapping.apply(record))
 
     return decode
+
+
+def _mapped_json(mapping: FieldMapping) -> TransactionDecoder:
+    """JSON in the team's own shape: decoded untyped, mapped, then validated by the contract."""
+
+    def decode(value: bytes | None) -> Transaction:
+        if value is None:
+            raise DecodeError("record has no value (tombstone)")
+        try:
+            record = msgspec.json.decode(value)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise DecodeError(f"not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise ValidationError(f"expected a JSON object, got {type(record).__name__}")
+        return _converted(mapping.apply(record))
+
+    return decode
+
+
+def _converted(record: Mapping[str, Any]) -> Transaction:
+    try:
+        return msgspec.convert(record, Transaction)
+    except msgspec.ValidationError as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+def _check_registered_schema(
+    client: Any, subject: str, input_format: str, mapping: FieldMapping
+) -> None:
+    """Check the mapping against the latest schema of the topic's subject, at start-up. No
+    schema registered yet, or no registry reachable: checked record by record instead."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        registered = client.get_latest_version(subject)
+    except SchemaRegistryError as exc:
+        log.warning("input mapping not checked at start-up: subject %s: %s", subject, exc)
+        return
+    except Exception as exc:  # unreachable now: the records will tell
+        log.warning("input mapping not checked at start-up: schema registry: %s", exc)
+        return
+    schema = json.loads(registered.schema.schema_str)
+    paths = avro_paths(schema) if input_format == "avro" else json_schema_paths(schema)
+    mapping.check_schema_fields(paths)
+    log.info("input mapping checked against %s version %s", subject, registered.version)
 
 
 def _deserialized(

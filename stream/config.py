@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ConfigurationError
+from contracts.field_mapping import FieldMapping
 from contracts.kafka_settings import (
     parse_kafka_options,
     read_kafka_config_file,
@@ -87,11 +88,17 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         for key in self.kafka_options:
             if key in ("bootstrap.servers", "group.id"):
                 raise ValueError(f"set {key} with its own option, not in kafka_options")
-        if self.input_format != "json" and not self.schema_registry_url:
-            raise ValueError(
-                f"input_format {self.input_format} reads the Schema Registry wire format: set "
-                "schema_registry_url (FRAUD_SCHEMA_REGISTRY_URL)"
-            )
+        if self.input_mapping is not None:
+            FieldMapping.load(self.input_mapping)  # a bad file stops the start, naming the key
+        for name, value in (
+            ("input_format", self.input_format),
+            ("output_format", self.output_format),
+        ):
+            if value != "json" and not self.schema_registry_url:
+                raise ValueError(
+                    f"{name} {value} is the Schema Registry wire format: set "
+                    "schema_registry_url (FRAUD_SCHEMA_REGISTRY_URL)"
+                )
 
     @classmethod
     def from_sources(
@@ -112,7 +119,7 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 raw = environ[setting.env]
                 if setting.name == "kafka_options":
                     values[setting.name] = _options_from_env(raw)
-                elif setting.name == "kafka_config_file":
+                elif setting.name in ("kafka_config_file", "input_mapping"):
                     values[setting.name] = raw or None
                 else:
                     values[setting.name] = raw

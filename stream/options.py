@@ -30,6 +30,7 @@ Scoring = Literal["inline", "thread"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 InputFormat = Literal["json", "avro", "json-schema"]
+OutputFormat = Literal["json", "avro"]
 
 
 def _default_instance_id() -> str:
@@ -69,6 +70,23 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "credentials and TLS go in FRAUD_KAFKA_CONFIG_FILE as schema.registry.* keys",
         ),
     ] = None
+    input_mapping: Annotated[
+        Path | None,
+        meta(
+            "FRAUD_INPUT_MAPPING",
+            "TOML file mapping the input's own field names, nested paths, time format and "
+            "codes onto the transaction contract (docs/input-mapping.md; examples/)",
+        ),
+    ] = None
+    output_format: Annotated[
+        OutputFormat,
+        meta(
+            "FRAUD_OUTPUT_FORMAT",
+            "format of the decisions: json, or avro in the Schema Registry wire format (its "
+            "schema registered under <output topic>-value, BACKWARD compatible; needs "
+            "FRAUD_SCHEMA_REGISTRY_URL)",
+        ),
+    ] = "json"
     output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
         "decisions"
     )

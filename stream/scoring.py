@@ -31,6 +31,7 @@ from confluent_kafka import Message
 from contracts.decision import Decision, encode_decision
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
+from contracts.output_formats import DecisionEncoder
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
@@ -91,7 +92,10 @@ class BatchScorer:
         metrics: ServiceMetrics,
         card_state: CardState | None = None,
         terminals: TerminalRiskTable | None = None,
+        encode: DecisionEncoder = encode_decision,
     ) -> None:
+        """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT)."""
+        self._encode_decision = encode
         self._metrics = metrics
         self._card_state = card_state
         self._terminals = terminals
@@ -208,7 +212,7 @@ class BatchScorer:
                 continue
             t = record.transaction
             try:
-                value = encode_decision(
+                value = self._encode_decision(
                     Decision(
                         transaction_id=t.transaction_id,
                         card_id=t.card_id,

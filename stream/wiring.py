@@ -13,10 +13,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from contracts.decision import encode_decision
 from contracts.event_time import EventClock
+from contracts.field_mapping import FieldMapping
 from contracts.health import HealthState
 from contracts.input_formats import TransactionDecoder, transaction_decoder
 from contracts.offsets import OffsetTracker, PartitionKey
+from contracts.output_formats import DecisionEncoder, decision_encoder
 from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
@@ -58,8 +61,10 @@ class Collaborators:
     terminals: TerminalRiskTable | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
     client_errors: ClientErrors | None = None
-    #: How an input record's value becomes a transaction (FRAUD_INPUT_FORMAT).
+    #: How an input record's value becomes a transaction (FRAUD_INPUT_FORMAT), and a
+    #: decision the output's value (FRAUD_OUTPUT_FORMAT).
     decode: TransactionDecoder = decode_transaction
+    encode: DecisionEncoder = encode_decision
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -74,6 +79,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         metrics=parts.metrics,
         card_state=parts.card_state,
         terminals=parts.terminals,
+        encode=parts.encode,
     )
 
 
@@ -178,6 +184,12 @@ def build_collaborators(
         ),
         client_errors=client_errors,
         decode=transaction_decoder(
-            config.input_format, config.input_topic, config.registry_settings()
+            config.input_format,
+            config.input_topic,
+            config.registry_settings(),
+            None if config.input_mapping is None else FieldMapping.load(config.input_mapping),
+        ),
+        encode=decision_encoder(
+            config.output_format, config.output_topic, config.registry_settings()
         ),
     )

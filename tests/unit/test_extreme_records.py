@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,12 +14,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from contracts.field_mapping import FieldMapping
+from contracts.input_formats import TransactionDecoder, transaction_decoder
 from contracts.offsets import OffsetTracker
-from contracts.transaction import MAX_AMOUNT, MAX_EVENT_TIME_MS, MAX_ID_CHARS, decode_transaction
+from contracts.transaction import (
+    MAX_AMOUNT,
+    MAX_EVENT_TIME_MS,
+    MAX_ID_CHARS,
+    Transaction,
+    decode_transaction,
+)
 from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model import OnnxScorer
+from simulator.team_shapes import checkout_event
 from stream.batcher import Batch
 from stream.config import SHIPPED_MODEL_PATH
 from stream.metrics import ServiceMetrics
@@ -101,17 +111,19 @@ def stage() -> tuple[BatchScorer, MemorySink, OffsetTracker]:
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(legal_record(), min_size=1, max_size=40))
-def test_every_legal_record_ends_as_exactly_one_decision_or_dead_letter(
-    stage: tuple[BatchScorer, MemorySink, OffsetTracker], records: list[dict[str, object]]
-) -> None:
+def score_each(
+    stage: tuple[BatchScorer, MemorySink, OffsetTracker],
+    values: list[bytes],
+    decode: TransactionDecoder,
+) -> list[Transaction]:
+    """Decode the values (legal records: each must pass), score them as one batch, and check
+    that each ends as exactly one decision or dead letter; return the transactions."""
     batch_scorer, sink, tracker = stage
     sink.sent.clear()
-    items = []
-    for offset, record in enumerate(records):
-        value = msgspec.json.encode(record)
-        transaction = decode_transaction(value)  # legal: must pass validation
+    items, transactions = [], []
+    for offset, value in enumerate(values):
+        transaction = decode(value)
+        transactions.append(transaction)
         tracker.track(("tx", 0), offset)
         items.append(PendingRecord(message(offset, value), transaction, (("tx", 0), offset)))
     now = time.monotonic()
@@ -119,7 +131,7 @@ def test_every_legal_record_ends_as_exactly_one_decision_or_dead_letter(
     batch_scorer.process(Batch(items, now, now, closed_full=False))
 
     outcomes = Counter(o.source.offset() for o in sink.sent)
-    assert outcomes == Counter(range(len(records))), "one output per record, no more"
+    assert outcomes == Counter(range(len(values))), "one output per record, no more"
     for output in sink.sent:
         if output.kind == "decision":
             decision = msgspec.json.decode(output.value)
@@ -127,3 +139,29 @@ def test_every_legal_record_ends_as_exactly_one_decision_or_dead_letter(
             assert decision["decision"] in ("approve", "review", "decline")
     sink.deliver_all()
     tracker.take_commit_positions()
+    return transactions
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(legal_record(), min_size=1, max_size=40))
+def test_every_legal_record_ends_as_exactly_one_decision_or_dead_letter(
+    stage: tuple[BatchScorer, MemorySink, OffsetTracker], records: list[dict[str, object]]
+) -> None:
+    score_each(stage, [msgspec.json.encode(r) for r in records], decode_transaction)
+
+
+CHECKOUT = FieldMapping.load(Path(__file__).parents[2] / "examples" / "checkout" / "mapping.toml")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(legal_record(), min_size=1, max_size=30))
+def test_extreme_records_in_a_teams_own_shape_map_score_and_encode(
+    stage: tuple[BatchScorer, MemorySink, OffsetTracker], records: list[dict[str, object]]
+) -> None:
+    # Through the field mapping too: nested paths, a float time in seconds (9999-12-31 and
+    # 1970 included), then features, the model and the decision's encoding.
+    values = [msgspec.json.encode(checkout_event(r)) for r in records]
+    transactions = score_each(stage, values, transaction_decoder("json", "tx", mapping=CHECKOUT))
+    for record, transaction in zip(records, transactions, strict=True):
+        assert abs(transaction.event_time - int(record["event_time"])) <= 1  # type: ignore[call-overload]
+        assert (transaction.channel, transaction.card_present) == ("ecom", False)

@@ -1,7 +1,8 @@
 """How a Schema Registry record's failures are sorted (contracts/input_formats.py): what the
 registry does not know, or what does not decode, is the record's fault and dead-lettered; what
 may pass (the registry unreachable, overloaded, refusing credentials) never is. The registry
-round trips themselves run against a real registry (tests/integration/test_registry_input.py)."""
+round trips themselves run against a real registry (tests/integration/test_registry_input.py).
+And what each decision format needs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from contracts.decision import encode_decision
 from contracts.errors import (
     ConfigurationError,
     RegistryUnavailableError,
@@ -18,6 +20,7 @@ from contracts.errors import (
     SchemaUnknownError,
 )
 from contracts.input_formats import _deserialized, transaction_decoder
+from contracts.output_formats import decision_encoder
 from contracts.transaction import decode_transaction
 
 
@@ -59,3 +62,11 @@ def test_json_needs_no_registry_and_the_registry_formats_need_one() -> None:
         transaction_decoder("avro", "tx", {})
     with pytest.raises(ConfigurationError, match=r"schema\.registry"):
         transaction_decoder("avro", "tx", {"url": "http://127.0.0.1:1", "no.such.setting": "x"})
+
+
+def test_json_decisions_need_no_registry_and_avro_ones_need_one() -> None:
+    assert decision_encoder("json", "decisions") is encode_decision
+    with pytest.raises(ConfigurationError, match="FRAUD_SCHEMA_REGISTRY_URL"):
+        decision_encoder("avro", "decisions", {})
+    with pytest.raises(ConfigurationError, match="unknown output format 'protobuf'"):
+        decision_encoder("protobuf", "decisions")
