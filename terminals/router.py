@@ -117,7 +117,11 @@ class Router:
     def run(self, stop: threading.Event) -> None:
         """Route until `stop` is set; a failure that cannot pass is kept in `error`."""
         consumer = self._consumer
-        consumer.subscribe([self._config.input_topic, self._config.labels_topic])
+        consumer.subscribe(
+            [self._config.input_topic, self._config.labels_topic],
+            on_assign=lambda _consumer, partitions: _log_partitions("routing", partitions),
+            on_revoke=lambda _consumer, partitions: _log_partitions("revoked", partitions),
+        )
         try:
             while not stop.is_set():
                 self._progress.beat()
@@ -298,3 +302,8 @@ def _offset(message: Message) -> int:
     offset = message.offset()
     assert offset is not None
     return offset
+
+
+def _log_partitions(what: str, partitions: list[TopicPartition]) -> None:
+    """One line per rebalance: which input partitions this router now routes, or gave up."""
+    log.info("%s %s", what, ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "none")
