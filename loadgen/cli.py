@@ -1,10 +1,11 @@
-"""`fraud-loadgen`: produce simulated transactions on a traffic shape, read the decisions back
-and report what happened (sent, decided, lost, duplicates, dead letters, latency overall and
-second by second, fraud caught), optionally as an offline HTML page with plots.
+"""`fraud-loadgen`: produce simulated transactions on a traffic shape, or replay a team's own
+recorded rows (`--replay`, loadgen/replay.py); read the decisions back and report what happened
+(sent, decided, lost, duplicates, dead letters, latency overall and second by second, fraud
+caught), optionally as an offline HTML page with plots.
 
-The load is open-loop: record i is due when the shape's schedule says so (`loadgen/shapes.py`)
-whatever the service does, so a slow service shows up as latency, not as a politely slower
-sender.
+The load is open-loop: record i is due when the schedule says so (`loadgen/shapes.py`, or the
+rows' own pace) whatever the service does, so a slow service shows up as latency, not as a
+politely slower sender.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
 from loadgen.malformed import malform
-from loadgen.options import build_parser, validate
+from loadgen.options import build_parser, validate, validate_replay
 from loadgen.reader import OutcomeReader
+from loadgen.replay import ReplayRow, ReplaySchedule
 from loadgen.report import SentLog, render_text, summarize
 from loadgen.scrape import MetricsScraper, batch_size_distribution, metrics_over_time
 from loadgen.shapes import Schedule
@@ -79,30 +81,111 @@ class SendResult(NamedTuple):
     labels: dict[str, object]
 
 
+class Outgoing(NamedTuple):
+    """One record to send, and what the report needs to know of it."""
+
+    key: bytes
+    value: bytes
+    transaction_id: str
+    is_fraud: bool
+    scenario: str
+    malformed: bool
+    #: False for a replayed row without a label: it counts in neither recall nor false positives.
+    labelled: bool = True
+
+
+class SimulatedSource:
+    """The simulator's transactions, dated when they are sent, with its labels on their topic."""
+
+    def __init__(self, args: argparse.Namespace, producer: Producer, sent: SentLog) -> None:
+        # The simulated clock starts now and is compressed to the sending rate (simulated days
+        # pass in seconds; batch.time_scale says by how much).
+        id_prefix = f"lg{uuid.uuid4().hex[:8]}"
+        self._simulator = TransactionSimulator(
+            args.seed,
+            fraud_scale=args.fraud_scale,
+            start_time_ms=time.time_ns() // 1_000_000,
+            id_prefix=id_prefix,
+        )
+        self._feed = _label_feed(args, producer, id_prefix, sent)
+        self._rng = np.random.default_rng(args.seed + 1)
+        self._bad_ratio = args.bad_ratio
+        self._rate = 0.0
+        self._buffer: list[tuple[dict[str, object], bool, str]] = []
+        self.time_scale = 1.0
+
+    def start(self, mean_rate: float) -> None:
+        self._rate = mean_rate
+
+    def tick(self, now_ms: int) -> None:
+        if self._feed is not None:
+            self._feed.send_due(now_ms)
+
+    @property
+    def labels_sent(self) -> int | None:
+        return None if self._feed is None else self._feed.sent
+
+    def next(self, now_ms: int) -> Outgoing:
+        if not self._buffer:
+            batch = self._simulator.generate(CHUNK, rate_per_s=self._rate)
+            self.time_scale = batch.time_scale
+            if self._feed is not None:
+                self._feed.add(batch.labels)
+            self._buffer = list(
+                zip(batch.records, batch.is_fraud.tolist(), batch.scenario.tolist(), strict=True)
+            )
+            self._buffer.reverse()
+        record, is_fraud, scenario = self._buffer.pop()
+        record["event_time"] = now_ms
+        bad = self._bad_ratio > 0 and self._rng.random() < self._bad_ratio
+        value = malform(record, self._rng) if bad else msgspec.json.encode(record)
+        key = str(record["card_id"]).encode()
+        return Outgoing(key, value, str(record["transaction_id"]), is_fraud, scenario, bad)
+
+    def labels(self) -> dict[str, object]:
+        return NO_LABELS if self._feed is None else self._feed.summary()
+
+
+class ReplaySource:
+    """A team's recorded rows (`loadgen/replay.py`), in event-time order."""
+
+    time_scale = 1.0
+    labels_sent = None
+
+    def __init__(self, rows: list[ReplayRow]) -> None:
+        self._rows = iter(rows)
+
+    def start(self, mean_rate: float) -> None:
+        pass
+
+    def tick(self, now_ms: int) -> None:
+        pass
+
+    def next(self, now_ms: int) -> Outgoing:
+        row = next(self._rows)
+        fraud = bool(row.is_fraud)
+        scenario = "labelled fraud" if fraud else "legit"
+        return Outgoing(
+            row.key, row.value, row.transaction_id, fraud, scenario, not row.readable,
+            row.is_fraud is not None,
+        )  # fmt: skip
+
+    def labels(self) -> dict[str, object]:
+        return NO_LABELS
+
+
 def send(
     args: argparse.Namespace,
     kafka: dict[str, str],
-    schedule: Schedule,
+    schedule: Schedule | ReplaySchedule,
+    source: SimulatedSource | ReplaySource,
+    producer: Producer,
     sent: SentLog,
     reader: OutcomeReader,
 ) -> SendResult:
-    """Produce the schedule's records when they are due, recording each in `sent`; `kafka` holds
-    the librdkafka settings every client of the run shares."""
-    producer = Producer({**kafka, "linger.ms": 1, "enable.idempotence": True})
-    # The simulated clock starts now and is compressed to the sending rate (simulated days
-    # pass in seconds; batch.time_scale says by how much).
-    id_prefix = f"lg{uuid.uuid4().hex[:8]}"
-    simulator = TransactionSimulator(
-        args.seed,
-        fraud_scale=args.fraud_scale,
-        start_time_ms=time.time_ns() // 1_000_000,
-        id_prefix=id_prefix,
-    )
-    feed = _label_feed(args, producer, id_prefix, sent)
-    rng = np.random.default_rng(args.seed + 1)
-    buffer: list[tuple[dict[str, object], bool, str]] = []
-    time_scale = 1.0
-
+    """Produce the source's records when the schedule says they are due, recording each in
+    `sent`."""
+    source.start(schedule.mean_rate)
     started = time.monotonic()
     sent.started_ms = time.time_ns() // 1_000_000
     worst_lag_s = 0.0
@@ -112,8 +195,7 @@ def send(
     while i < schedule.total:
         now = time.monotonic()
         elapsed = now - started
-        if feed is not None:
-            feed.send_due(time.time_ns() // 1_000_000)
+        source.tick(time.time_ns() // 1_000_000)
         due = schedule.due_by(elapsed)
         if i >= due:
             wait_s = min(TICK_S, max(0.0, schedule.due_at(i) - elapsed))
@@ -128,30 +210,15 @@ def send(
         worst_lag_s = max(worst_lag_s, elapsed - schedule.due_at(i))
         now_ms = time.time_ns() // 1_000_000
         while i < due:
-            if not buffer:
-                batch = simulator.generate(CHUNK, rate_per_s=schedule.mean_rate)
-                time_scale = batch.time_scale
-                if feed is not None:
-                    feed.add(batch.labels)
-                buffer = list(
-                    zip(
-                        batch.records, batch.is_fraud.tolist(), batch.scenario.tolist(), strict=True
-                    )
-                )
-                buffer.reverse()
-            record, is_fraud, scenario = buffer.pop()
-            record["event_time"] = now_ms
-            bad = args.bad_ratio > 0 and rng.random() < args.bad_ratio
-            value = malform(record, rng) if bad else msgspec.json.encode(record)
+            record = source.next(now_ms)
             index = len(sent.transaction_ids)
-            sent.transaction_ids.append(str(record["transaction_id"]))
+            sent.transaction_ids.append(record.transaction_id)
             sent.sent_ms.append(now_ms)
-            sent.is_fraud.append(is_fraud)
-            sent.scenario.append(scenario)
-            sent.malformed.append(bad)
-            _produce(
-                producer, args.input_topic, str(record["card_id"]).encode(), value, index, sent
-            )
+            sent.is_fraud.append(record.is_fraud)
+            sent.scenario.append(record.scenario)
+            sent.malformed.append(record.malformed)
+            sent.labelled.append(record.labelled)
+            _produce(producer, args.input_topic, record.key, record.value, index, sent)
             i += 1
         producer.poll(0)
         if now >= next_tick:
@@ -162,16 +229,15 @@ def send(
             # tx/s after 15 s otherwise).
             gc.freeze()
             if not args.quiet:
-                target = float(schedule.shape.rate_at(np.array([elapsed]))[0])
-                labels_sent = None if feed is None else feed.sent
-                _progress(i, i - sent_at_progress, target, elapsed, reader.count, labels_sent)
+                target = schedule.rate_at(elapsed)
+                _progress(
+                    i, i - sent_at_progress, target, elapsed, reader.count, source.labels_sent
+                )
             sent_at_progress = i
     send_seconds = time.monotonic() - started
-    if feed is not None:
-        feed.send_due(time.time_ns() // 1_000_000)
+    source.tick(time.time_ns() // 1_000_000)
     producer.flush(FLUSH_TIMEOUT_S)
-    labels = NO_LABELS if feed is None else feed.summary()
-    return SendResult(started, send_seconds, worst_lag_s, time_scale, labels)
+    return SendResult(started, send_seconds, worst_lag_s, source.time_scale, source.labels())
 
 
 def _label_feed(
@@ -224,8 +290,13 @@ def _progress(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    replayed: list[ReplayRow] | None = None
+    schedule: Schedule | ReplaySchedule
     try:
-        schedule = validate(args)
+        if args.replay is None:
+            schedule = validate(args)
+        else:
+            replayed, schedule = validate_replay(args)
         extra = tool_kafka_settings(args.kafka_options, os.environ)
     except (ValueError, ConfigurationError) as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
@@ -244,7 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader.start()
     sent = SentLog()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    result = send(args, kafka, schedule, sent, reader)
+    producer = Producer({**kafka, "linger.ms": 1, "enable.idempotence": True})
+    source = (
+        ReplaySource(replayed) if replayed is not None else SimulatedSource(args, producer, sent)
+    )
+    result = send(args, kafka, schedule, source, producer, sent, reader)
 
     deadline = time.monotonic() + args.drain_timeout
     while reader.count < len(sent.transaction_ids) and time.monotonic() < deadline:
@@ -258,9 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sent, reader.received, result.send_seconds, run_seconds, schedule.per_second()
     )
     summary.update(
-        shape=args.shape,
-        rate=args.rate,
-        duration_s=args.duration,
+        shape="replay" if replayed is not None else args.shape,
+        rate=round(schedule.mean_rate, 1) if replayed is not None else args.rate,
+        duration_s=round(schedule.duration_s, 3) if replayed is not None else args.duration,
         bad_ratio=args.bad_ratio,
         started_at=started_at,
         target_rate=round(schedule.mean_rate, 1),

@@ -7,7 +7,9 @@ import argparse
 import os
 from pathlib import Path
 
+from contracts.field_mapping import FieldMapping
 from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
+from loadgen.replay import ReplayRow, ReplaySchedule, plan, read_rows
 from loadgen.shapes import (
     DEFAULT_BURST_EVERY_S,
     DEFAULT_BURST_FACTOR,
@@ -144,7 +146,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="write an HTML page with plots (viewable offline) and the summary JSON into DIR",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    replay = parser.add_argument_group(
+        "replay", "send a recorded file of your own transactions instead of simulated ones"
+    )
+    replay.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="rows to send, one transaction each: JSON lines (.jsonl, .ndjson, .json), CSV "
+        "(.csv) or Parquet (.parquet, needs pyarrow); sent in event-time order as JSON; "
+        "--shape, --rate, --duration, --bad-ratio and the labels feed do not apply",
+    )
+    replay.add_argument(
+        "--replay-speed",
+        type=float,
+        default=1.0,
+        help="the rows' original pace times this (default: %(default)s, as recorded)",
+    )
+    replay.add_argument(
+        "--replay-rate",
+        type=float,
+        default=None,
+        help="send at this constant rate, rows per second, instead of their pace",
+    )
+    replay.add_argument(
+        "--input-mapping",
+        type=Path,
+        default=env("FRAUD_INPUT_MAPPING"),
+        metavar="FILE",
+        help="the field mapping of the rows (docs/input-mapping.md), the scorer's "
+        "FRAUD_INPUT_MAPPING [env FRAUD_INPUT_MAPPING; default: the contract's names]",
+    )
+    replay.add_argument(
+        "--label-column",
+        default="is_fraud",
+        help="the rows' fraud label, true/false or 1/0; rows without it count in neither "
+        "recall nor false positives; never sent (default: %(default)s)",
+    )
     return parser
+
+
+def validate_replay(args: argparse.Namespace) -> tuple[list[ReplayRow], ReplaySchedule]:
+    """Read the replay file and build its schedule; ValueError (or ConfigurationError, for
+    the mapping) naming the flag or the row."""
+    if not args.replay_speed > 0:
+        raise ValueError(f"--replay-speed must be > 0, got {args.replay_speed}")
+    if args.replay_rate is not None and not args.replay_rate > 0:
+        raise ValueError(f"--replay-rate must be > 0, got {args.replay_rate}")
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    mapping = None if args.input_mapping is None else FieldMapping.load(Path(args.input_mapping))
+    rows = plan(read_rows(args.replay), mapping, args.label_column)
+    schedule = ReplaySchedule(
+        [row.event_time for row in rows], speed=args.replay_speed, rate=args.replay_rate
+    )
+    return rows, schedule
 
 
 def validate(args: argparse.Namespace) -> Schedule:

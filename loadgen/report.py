@@ -30,6 +30,8 @@ class SentLog:
     is_fraud: list[bool] = field(default_factory=list)
     scenario: list[str] = field(default_factory=list)
     malformed: list[bool] = field(default_factory=list)
+    #: False for a replayed row without a label: in neither recall nor false positives.
+    labelled: list[bool] = field(default_factory=list)
     #: (partition, offset) of each acknowledged record → its index, to match dead letters.
     positions: dict[tuple[int, int], int] = field(default_factory=dict)
     failed_sends: int = 0
@@ -146,7 +148,7 @@ def summarize(
     event_ms: list[int] = []
     decided_ms: list[int] = []
     unknown = 0
-    for tx, decision, event_time, decided_at in received.decisions:
+    for tx, decision, _event_time, decided_at in received.decisions:
         i = index_of.get(tx)
         if i is None:
             unknown += 1
@@ -154,7 +156,9 @@ def summarize(
         outcomes[i] += 1
         if outcomes[i] == 1:
             decision_of[i] = decision
-            event_ms.append(event_time)
+            # From when it was sent: a simulated record's event time, and a replayed one's
+            # arrival (its event time is the recorded one).
+            event_ms.append(sent.sent_ms[i])
             decided_ms.append(decided_at)
     dead_lettered = 0
     for position in received.dead_letters:
@@ -169,11 +173,12 @@ def summarize(
     latency = (decideds - events).astype(np.float64)
     sent_count = len(sent.transaction_ids)
     malformed = np.array(sent.malformed, bool)
-    is_fraud = np.array(sent.is_fraud, bool) & ~malformed
+    labelled = np.array(sent.labelled, bool) if sent.labelled else np.ones(sent_count, bool)
+    is_fraud = np.array(sent.is_fraud, bool) & ~malformed & labelled
     scenario = np.array(sent.scenario)
     caught = np.array([decision_of.get(i) in ("review", "decline") for i in range(sent_count)])
     declined = np.array([decision_of.get(i) == "decline" for i in range(sent_count)])
-    legit = ~is_fraud & ~malformed
+    legit = ~is_fraud & ~malformed & labelled
     by_scenario = {
         name: round(float(caught[(scenario == name) & ~malformed].mean()), 4)
         for name in sorted(set(sent.scenario) - {"legit"})

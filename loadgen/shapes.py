@@ -194,6 +194,10 @@ class Schedule:
         """Seconds after the start at which record `index` (from 0) is due."""
         return float(np.interp(index, self._cumulative, self._t_s))
 
+    def rate_at(self, elapsed_s: float) -> float:
+        """The shape's rate at `elapsed_s`, records per second."""
+        return float(self.shape.rate_at(np.array([elapsed_s]))[0])
+
     def per_second(self) -> list[float]:
         """Records due in each whole second of the run: [0, 1), [1, 2), …"""
         edges = np.arange(0.0, math.ceil(self.duration_s) + 1.0)

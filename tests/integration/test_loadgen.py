@@ -1,4 +1,5 @@
-"""fraud-loadgen's traffic shapes and HTML report against the real broker and a running service."""
+"""fraud-loadgen's traffic shapes, HTML report and replay of a team's recorded rows against the
+real broker and a running service."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import msgspec
+
 from loadgen.html_report import REPORT_FILE
+from simulator.team_shapes import checkout_event
+from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import BOOTSTRAP, REPO
 
 RATE = 200
@@ -76,3 +81,47 @@ def test_burst_run_writes_a_report_and_loses_nothing(topics_factory, service_fac
     page = report_dir / REPORT_FILE
     assert page.is_file()
     assert page.read_text().count("<svg") == 5
+
+
+REPLAY_ROWS = 100_000
+
+
+def test_a_teams_recorded_day_replays_through_its_mapping_with_a_report(
+    topics_factory, service_factory, tmp_path
+):
+    # 100,000 rows in the checkout example's own shape, with their labels: what would the
+    # service have decided on them?
+    simulated = TransactionSimulator(21, id_prefix="day").generate(REPLAY_ROWS)
+    day = tmp_path / "day.jsonl"
+    with day.open("wb") as out:
+        for record, fraud in zip(simulated.records, simulated.is_fraud.tolist(), strict=True):
+            out.write(msgspec.json.encode({**checkout_event(record), "is_fraud": fraud}) + b"\n")
+    mapping = REPO / "examples" / "checkout" / "mapping.toml"
+    topics = topics_factory(partitions=3)
+    service = service_factory(topics, "--input-mapping", str(mapping))
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "loadgen.cli", "--bootstrap-servers", BOOTSTRAP,
+            "--input-topic", topics.input, "--output-topic", topics.output,
+            "--dlq-topic", topics.dlq, "--metrics-url", "",
+            "--replay", str(day), "--input-mapping", str(mapping), "--replay-rate", "20000",
+            "--drain-timeout", "240", "--report", str(tmp_path / "report"), "--json", "--quiet",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:] + service.log()
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["shape"] == "replay" and summary["sent"] == REPLAY_ROWS
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["decided"] == REPLAY_ROWS and summary["dead_letters"] == 0
+    assert summary["fraud_labelled"] == int(simulated.is_fraud.sum()) > 0
+    assert summary["fraud_recall"] is not None and summary["false_positive_rate"] is not None
+    assert (tmp_path / "report" / REPORT_FILE).is_file()
+    print(
+        f"\nreplay of {REPLAY_ROWS} rows: recall {summary['fraud_recall']}, false-positive rate "
+        f"{summary['false_positive_rate']}, p99 {summary['p99_ms']} ms, "
+        f"{summary['decided_per_s']} decisions/s"
+    )
