@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from contracts.offsets import PartitionKey, position_of
+from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,11 @@ class HeldPartitions:
         consumer: Consumer,
         backoff_s: float,
         backoff_max_s: float,
+        metrics: ServiceMetrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._consumer = consumer
+        self._metrics = metrics
         self._backoff_s = backoff_s
         self._backoff_max_s = backoff_max_s
         self._clock = clock
@@ -57,6 +60,7 @@ class HeldPartitions:
         backoff = self._backoff_s if previous is None else min(previous * 2, self._backoff_max_s)
         self._last_backoff[key] = backoff
         self._until[key] = (self._clock() + backoff, backoff)
+        self._metrics.set_held_partitions(len(self._until))
         where = TopicPartition(topic, partition, offset)
         self._consumer.pause([where])
         self._consumer.seek(where)
@@ -79,6 +83,8 @@ class HeldPartitions:
         due = [key for key, (until, _) in self._until.items() if until <= now]
         for key in due:
             del self._until[key]
+        if due:
+            self._metrics.set_held_partitions(len(self._until))
         if due and not fetching_paused:
             self._consumer.resume([TopicPartition(topic, partition) for topic, partition in due])
 
@@ -87,3 +93,4 @@ class HeldPartitions:
         for key in keys:
             self._until.pop(key, None)
             self._last_backoff.pop(key, None)
+        self._metrics.set_held_partitions(len(self._until))

@@ -129,6 +129,12 @@ class ServiceMetrics:
         self._paused = Gauge(
             "fraud_paused_partitions", "Assigned partitions paused by backpressure", registry=r
         )
+        self._held = Gauge(
+            "fraud_held_partitions",
+            "Partitions waiting at a record whose schema lookup failed for a cause that may "
+            "pass (the Schema Registry down or refusing): read again after a backoff",
+            registry=r,
+        )
         self._consumer_lag = Gauge(
             "fraud_consumer_lag_records",
             "Log end offset minus committed offset, per partition (what KEDA's Kafka scaler uses)",
@@ -283,6 +289,9 @@ class ServiceMetrics:
 
     def set_paused_partitions(self, count: int) -> None:
         self._paused.set(count)
+
+    def set_held_partitions(self, count: int) -> None:
+        self._held.set(count)
 
     def set_consumer_lag(self, topic: str, partition: int, lag: int) -> None:
         self._consumer_lag.labels(topic, str(partition)).set(lag)

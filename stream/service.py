@@ -93,7 +93,10 @@ class ScoringService:
         )
         self._decode = parts.decode
         self._held = HeldPartitions(
-            parts.consumer, config.retry_backoff_ms / 1000.0, config.retry_backoff_max_ms / 1000.0
+            parts.consumer,
+            config.retry_backoff_ms / 1000.0,
+            config.retry_backoff_max_ms / 1000.0,
+            parts.metrics,
         )
         self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
         self._worker = ScoringWorker(

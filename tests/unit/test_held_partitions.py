@@ -42,11 +42,13 @@ def test_a_registry_that_is_down_holds_the_partition_and_loses_nothing() -> None
         until(lambda: replica.progress() == {(TOPIC, 0): 20, (TOPIC, 1): 60})
         until(lambda: registry.failures >= 3)  # held, resumed and held again, with backoff
         assert replica.progress()[(TOPIC, 0)] == 20
+        until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 1)
         assert (TOPIC, 0) in {(t, p) for t, p, _ in replica.consumer.seeks}
         assert not [t for t, _ in replica.outputs() if t == replica.config.dlq_topic]
 
         registry.down.clear()
         until(lambda: replica.progress() == {(TOPIC, 0): 40, (TOPIC, 1): 60})
+        until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 0)
     decisions = [t for t, _ in replica.outputs() if t == replica.config.output_topic]
     assert len(decisions) == len(replica.decided()) == 100, "each record decided once"
     assert replica.committed() == {(TOPIC, 0): 40, (TOPIC, 1): 60}
