@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from contracts.errors import ConfigurationError, ValidationError
 from contracts.transaction import Transaction
 
@@ -189,16 +191,7 @@ class FieldMapping:
 
 
 #: Contract fields without a default: a schema must give them, or the mapping.
-_REQUIRED = frozenset(
-    name
-    for name, default in zip(
-        Transaction.__struct_fields__,
-        (_MISSING,) * (len(Transaction.__struct_fields__) - len(Transaction.__struct_defaults__))
-        + Transaction.__struct_defaults__,
-        strict=True,
-    )
-    if default is _MISSING
-)
+_REQUIRED = frozenset(f.name for f in msgspec.structs.fields(Transaction) if f.required)
 
 
 def _at(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:

@@ -76,14 +76,9 @@ def transaction_decoder(
         raise ConfigurationError(
             f"input format {input_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
         )
-    # Imported here: the JSON path (the default) needs none of the registry's dependencies.
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    try:
-        client = SchemaRegistryClient({**REGISTRY_DEFAULTS, **registry})
-    except ValueError as exc:
-        raise ConfigurationError(f"schema registry settings (schema.registry.*): {exc}") from exc
+    client = registry_client(registry)
     if mapping is not None:
         _check_registered_schema(client, f"{topic}-value", input_format, mapping)
     context = SerializationContext(topic, MessageField.VALUE)
@@ -104,6 +99,18 @@ def transaction_decoder(
         return _converted(record if mapping is None else mapping.apply(record))
 
     return decode
+
+
+def registry_client(registry: Mapping[str, Any]) -> Any:
+    """A Schema Registry client with `REGISTRY_DEFAULTS` under `registry`; ConfigurationError
+    for settings the client does not take."""
+    # Imported here: the JSON path (the default) needs none of the registry's dependencies.
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    try:
+        return SchemaRegistryClient({**REGISTRY_DEFAULTS, **registry})
+    except ValueError as exc:
+        raise ConfigurationError(f"schema registry settings (schema.registry.*): {exc}") from exc
 
 
 def _mapped_json(mapping: FieldMapping) -> TransactionDecoder:

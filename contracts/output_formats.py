@@ -67,13 +67,13 @@ def decision_encoder(
         raise ConfigurationError(
             "output format avro needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
         )
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from contracts.input_formats import REGISTRY_DEFAULTS
+    from contracts.input_formats import registry_client
 
-    client = SchemaRegistryClient({**REGISTRY_DEFAULTS, **registry})
+    client = registry_client(registry)
     subject = f"{topic}-value"
     try:
         client.set_compatibility(subject, COMPATIBILITY)

@@ -136,10 +136,7 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         """librdkafka settings beyond the service's own: the config file, then kafka_options.
 
         Raises ConfigurationError when the file cannot be read or parsed."""
-        from_file = (
-            {} if self.kafka_config_file is None else read_kafka_config_file(self.kafka_config_file)
-        )
-        merged = {**from_file, **self.kafka_options}
+        from_file, merged = self._extra_settings()
         for key in ("bootstrap.servers", "group.id"):
             if key in from_file:
                 raise ConfigurationError(
@@ -147,15 +144,19 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 )
         return {k: v for k, v in merged.items() if not k.startswith(REGISTRY_PREFIX)}
 
+    def _extra_settings(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The config file's settings, and those with kafka_options over them."""
+        from_file = (
+            {} if self.kafka_config_file is None else read_kafka_config_file(self.kafka_config_file)
+        )
+        return from_file, {**from_file, **self.kafka_options}
+
     def registry_settings(self) -> dict[str, str]:
         """The Schema Registry client's settings: the URL, and the `schema.registry.*` keys of
         the config file and kafka_options without their prefix (credentials:
         `schema.registry.basic.auth.user.info`, `schema.registry.bearer.auth.token`; TLS:
         `schema.registry.ssl.ca.location`), as Confluent's clients read them."""
-        from_file = (
-            {} if self.kafka_config_file is None else read_kafka_config_file(self.kafka_config_file)
-        )
-        merged = {**from_file, **self.kafka_options}
+        _, merged = self._extra_settings()
         settings = {
             k[len(REGISTRY_PREFIX) :]: v for k, v in merged.items() if k.startswith(REGISTRY_PREFIX)
         }

@@ -74,8 +74,10 @@ class HeldPartitions:
         )
 
     def decoded(self, key: PartitionKey) -> None:
-        """A record of the partition decoded: its next failure starts from the first backoff."""
-        self._last_backoff.pop(key, None)
+        """A record of the partition decoded: its next failure starts from the first backoff.
+        Called per record: a dict lookup only while some partition has failed."""
+        if self._last_backoff:
+            self._last_backoff.pop(key, None)
 
     def release_due(self, fetching_paused: bool) -> None:
         """Resume the partitions whose backoff is over (unless backpressure holds them all)."""
