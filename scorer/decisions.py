@@ -9,7 +9,8 @@ import numpy.typing as npt
 
 from contracts.decision import APPROVE, DECLINE, REVIEW
 
-#: Default cut-offs; the shipped model's training weighs fraud so that these fit (MODEL_CARD.md).
+#: The shipped model's cut-offs (its training shifts the score so that these fit, MODEL_CARD.md);
+#: a model package states its own in model.toml.
 DEFAULT_REVIEW_THRESHOLD = 0.5
 DEFAULT_DECLINE_THRESHOLD = 0.8
 _LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
@@ -32,3 +33,7 @@ def classify(scores: npt.NDArray[np.float32], thresholds: Thresholds) -> list[st
 def valid_scores(scores: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
     """Which scores are probabilities (finite, within [0, 1])."""
     return np.isfinite(scores) & (scores >= 0.0) & (scores <= 1.0)
+
+
+#: The shipped model's thresholds; what packages made in code (tests, benchmarks) state.
+DEFAULT_THRESHOLDS = Thresholds(DEFAULT_REVIEW_THRESHOLD, DEFAULT_DECLINE_THRESHOLD)

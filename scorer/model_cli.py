@@ -1,0 +1,380 @@
+"""`fraud-model`: make a model package from a trained model (`import`) and read one (`inspect`).
+
+This module parses and checks arguments, calls `scorer.model_import` or reads a package, and
+turns the outcome into output and an exit status: 0 done, 1 `inspect` found a graph that does
+not fit its manifest (the card says how), 2 a refusal or a bad package (one line on stderr).
+`import` needs the `import` extra (the converters); `inspect` only the service's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, get_args
+
+import onnxruntime as ort
+
+from contracts.errors import ConfigurationError
+from scorer import model_import as mi
+from scorer.catalogue import BY_NAME
+from scorer.model_package import CARD_FILE, Calibration, ModelPackage, load_model_package
+from scorer.runtime import ORT_ERRORS
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+PROG = "fraud-model"
+#: A metadata value longer than this is cut in the text card (--json has it whole).
+_METADATA_CHARS = 100
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that reports a bad argument in one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _metric(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not sep or not name.strip() or not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected NAME=NUMBER such as auc=0.91, got {text!r}")
+    return name.strip(), number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `fraud-model` command line."""
+    parser = _Parser(
+        prog=PROG,
+        description="Make a model package (model.onnx + model.toml, docs/models.md) from a "
+        "trained XGBoost, LightGBM or scikit-learn classifier, and inspect one.",
+        epilog=f"exit status: {EXIT_OK} done, {EXIT_MISMATCH} inspect: the graph does not fit "
+        f"its manifest, {EXIT_USAGE} a refusal, bad arguments or a bad package (one line)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    imp = commands.add_parser(
+        "import",
+        help="convert a trained classifier to a checked model package",
+        description="Load a trained binary classifier, convert it to ONNX (onnxmltools for "
+        "XGBoost and LightGBM, skl2onnx for scikit-learn), score --sample with both the native "
+        "model and ONNX Runtime's CPU provider, and write the package only when they agree "
+        f"within --tolerance. Needs the import extra: {mi.EXTRA_HINT}.",
+    )
+    imp.add_argument(
+        "--framework",
+        required=True,
+        choices=mi.FRAMEWORKS,
+        help="what trained MODEL_FILE: xgboost (.json/.ubj, XGBClassifier.save_model), "
+        "lightgbm (Booster.save_model text file), sklearn (.joblib/.pkl of a classifier or a "
+        "Pipeline ending in one; it runs code when loaded: import only your own files)",
+    )
+    imp.add_argument("model_file", type=Path, metavar="MODEL_FILE", help="the native model file")
+    names = imp.add_mutually_exclusive_group(required=True)
+    names.add_argument(
+        "--features",
+        metavar="NAMES",
+        help="the model's input columns, comma-separated, in its column order, named from the "
+        "feature catalogue (docs/features.md)",
+    )
+    names.add_argument(
+        "--features-file",
+        type=Path,
+        metavar="FILE",
+        help="the same, one name a line (blank lines and # comments skipped)",
+    )
+    imp.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the package directory to write: new or empty (see --force)",
+    )
+    imp.add_argument("--name", required=True, help="model name, e.g. fraud-xgb")
+    imp.add_argument("--version", required=True, help="model version, carried by every decision")
+    imp.add_argument(
+        "--sample",
+        type=Path,
+        metavar="FILE",
+        help="required: at least 100 feature rows (a few thousand is better), held out from "
+        "the model's training: .npy [rows, features] in the model's column order, or .csv "
+        "(with a header of catalogue names the columns are picked by name). Native and ONNX "
+        "scores are compared on it, and its per-column median is the package's reference row",
+    )
+    imp.add_argument(
+        "--tolerance",
+        type=float,
+        default=mi.DEFAULT_TOLERANCE,
+        help=f"largest |native - ONNX| score accepted, 0 to {mi.MAX_TOLERANCE:g} "
+        "(default: %(default)g)",
+    )
+    imp.add_argument(
+        "--review",
+        type=float,
+        default=mi.DEFAULT_REVIEW,
+        help="scores at or above it go to review, unless FRAUD_REVIEW_THRESHOLD says otherwise "
+        "(default: %(default)s)",
+    )
+    imp.add_argument(
+        "--decline",
+        type=float,
+        default=mi.DEFAULT_DECLINE,
+        help="scores at or above it are declined, unless FRAUD_DECLINE_THRESHOLD says otherwise "
+        "(default: %(default)s)",
+    )
+    imp.add_argument(
+        "--thresholds-chosen-by",
+        metavar="TEXT",
+        default=mi.DEFAULT_CHOSEN_BY,
+        help="how the thresholds were chosen: the goal and the data (default: says they were not)",
+    )
+    imp.add_argument(
+        "--calibration",
+        choices=get_args(Calibration),
+        default="none",
+        help="how the model's probabilities were calibrated (default: %(default)s)",
+    )
+    imp.add_argument(
+        "--training-data",
+        metavar="TEXT",
+        default=mi.NOT_GIVEN,
+        help="what it was trained on (default: %(default)r)",
+    )
+    imp.add_argument(
+        "--training-window",
+        metavar="TEXT",
+        default=mi.NOT_GIVEN,
+        help="the training window, in words or dates (default: %(default)r)",
+    )
+    imp.add_argument(
+        "--metric",
+        action="append",
+        type=_metric,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a validation figure, e.g. auc=0.91; repeat for several (default: none)",
+    )
+    imp.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the package already in --out (default: refuse a non-empty --out)",
+    )
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="print a package's card and check its graph against its manifest",
+        description="Load a package (checking its hash), open its graph on ONNX Runtime's CPU "
+        "provider and print what it reads, what it means and how it was made.",
+    )
+    inspect.add_argument("package", type=Path, metavar="DIR", help="the package directory")
+    inspect.add_argument(
+        "--json", action="store_true", help="print one JSON object (default: text)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        if args.command == "import":
+            return _import(args)
+        return _inspect(args.package, args.json)
+    except ConfigurationError as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _import(args: argparse.Namespace) -> int:
+    if args.sample is None:
+        raise ConfigurationError(
+            "--sample is required: give at least 100 feature rows of the model's columns "
+            "(.npy or .csv), held out from its training; docs/models.md shows how to make "
+            "them with the simulator"
+        )
+    metrics = dict(args.metric)
+    if len(metrics) != len(args.metric):
+        raise ConfigurationError("--metric names one figure twice")
+    request = mi.ImportRequest(
+        framework=args.framework,
+        model_file=args.model_file,
+        features=_feature_names(args.features, args.features_file),
+        out=args.out,
+        name=args.name,
+        version=args.version,
+        sample=args.sample,
+        tolerance=args.tolerance,
+        review=args.review,
+        decline=args.decline,
+        thresholds_chosen_by=args.thresholds_chosen_by,
+        calibration=args.calibration,
+        training_data=args.training_data,
+        training_window=args.training_window,
+        metrics=metrics,
+        force=args.force,
+    )
+    result = mi.import_model(request)
+    package, check = result.package, result.check
+    print(f"imported {args.model_file} ({args.framework} {result.native.kind}) → {package.path}")
+    print(f"  model     {package.manifest.model.name} {package.version}")
+    print(f"  features  {len(package.manifest.features)}")
+    print(
+        f"  check     max |native - onnx| = {check.max_abs_diff:.3g} over {check.rows} sample "
+        f"rows (tolerance {args.tolerance:g})"
+    )
+    print(f"  sha256    {package.manifest.onnx_sha256}")
+    return EXIT_OK
+
+
+def _feature_names(text: str | None, path: Path | None) -> tuple[str, ...]:
+    if path is not None:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigurationError(f"--features-file: {exc}") from exc
+        names = [line.strip() for line in lines]
+        return tuple(name for name in names if name and not name.startswith("#"))
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
+def _inspect(path: Path, as_json: bool) -> int:
+    package = load_model_package(path)
+    card = describe(package)
+    print(json.dumps(card, indent=2) if as_json else render_text(card))
+    return EXIT_OK if card["graph"]["agrees"] else EXIT_MISMATCH
+
+
+def describe(package: ModelPackage) -> dict[str, Any]:
+    """A package's card as plain data; its graph opened on ONNX Runtime's CPU provider."""
+    manifest = package.manifest
+    try:
+        session = ort.InferenceSession(package.onnx, providers=["CPUExecutionProvider"])
+    except ORT_ERRORS as exc:
+        raise ConfigurationError(
+            f"model package {str(package.path)!r}: ONNX Runtime cannot open its graph: "
+            + " ".join(str(exc).split())
+        ) from exc
+    inputs = [_tensor(arg) for arg in session.get_inputs()]
+    outputs = [_tensor(arg) for arg in session.get_outputs()]
+    meta = session.get_modelmeta()
+    return {
+        "name": manifest.model.name,
+        "version": manifest.model.version,
+        "path": str(package.path),
+        "sha256": manifest.onnx_sha256,
+        "graph": {
+            "inputs": inputs,
+            "outputs": outputs,
+            "agrees": not (problems := _graph_problems(inputs, outputs, len(manifest.features))),
+            "problems": problems,
+            "producer": meta.producer_name,
+            "metadata": dict(meta.custom_metadata_map),
+        },
+        "features": [
+            {"name": name, "description": BY_NAME[name].description} for name in manifest.features
+        ],
+        "output": {"meaning": manifest.output.meaning, "calibration": manifest.output.calibration},
+        "thresholds": {
+            "review": manifest.thresholds.review,
+            "decline": manifest.thresholds.decline,
+            "chosen_by": manifest.thresholds.chosen_by,
+        },
+        "training": {
+            "data": manifest.training.data,
+            "window": manifest.training.window,
+            "metrics": manifest.training.metrics,
+        },
+        "reference": manifest.reference,
+        "model_card": (package.path / CARD_FILE).is_file(),
+    }
+
+
+def _tensor(arg: Any) -> dict[str, Any]:
+    return {"name": arg.name, "type": arg.type, "shape": list(arg.shape)}
+
+
+def _graph_problems(
+    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], n_features: int
+) -> list[str]:
+    """What keeps the service from scoring with this graph (OnnxScorer checks the same)."""
+    problems = []
+    if len(inputs) != 1:
+        problems.append(f"the graph has {len(inputs)} inputs, the service feeds one")
+    elif inputs[0]["type"] != "tensor(float)" or inputs[0]["shape"][-1:] != [n_features]:
+        problems.append(
+            f"the input is {inputs[0]['type']} {inputs[0]['shape']}, the manifest names "
+            f"{n_features} features: float32 [batch, {n_features}] is needed"
+        )
+    if len(outputs) != 1:
+        problems.append(f"the graph has {len(outputs)} outputs, the service reads one score")
+    elif outputs[0]["type"] != "tensor(float)" or outputs[0]["shape"][1:] not in ([], [1]):
+        problems.append(
+            f"the output is {outputs[0]['type']} {outputs[0]['shape']}: float32 [batch] or "
+            "[batch, 1] is needed"
+        )
+    return problems
+
+
+def render_text(card: dict[str, Any]) -> str:
+    """The card for a person."""
+    graph = card["graph"]
+
+    def tensors(items: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{t['name']} {t['type']} {t['shape']}" for t in items)
+
+    lines = [
+        f"model        {card['name']} {card['version']}",
+        f"path         {card['path']}",
+        f"sha256       {card['sha256']}",
+        f"input        {tensors(graph['inputs'])}",
+        f"output       {tensors(graph['outputs'])}",
+        "graph        "
+        + (
+            "fits the manifest"
+            if graph["agrees"]
+            else "DOES NOT FIT: " + "; ".join(graph["problems"])
+        ),
+        f"producer     {graph['producer'] or 'not recorded'}",
+        *(
+            f"{'metadata' if i == 0 else '':<12} {key} = {_shorten(value)}"
+            for i, (key, value) in enumerate(sorted(graph["metadata"].items()))
+        ),
+        f"score        {card['output']['meaning']}",
+        f"calibration  {card['output']['calibration']}",
+        f"thresholds   review {card['thresholds']['review']:g}, decline "
+        f"{card['thresholds']['decline']:g}; chosen by: {card['thresholds']['chosen_by']}",
+        f"trained on   {card['training']['data']}",
+        f"window       {card['training']['window']}",
+        "metrics      "
+        + (
+            ", ".join(f"{k} {v:g}" for k, v in card["training"]["metrics"].items())
+            or "none recorded"
+        ),
+        "reference    "
+        + (
+            f"present ({len(card['reference'])} values): reason codes on"
+            if card["reference"]
+            else "absent: reason codes off"
+        ),
+        f"model card   {CARD_FILE} " + ("present" if card["model_card"] else "absent"),
+        f"features     {len(card['features'])} (input column, name, meaning)",
+    ]
+    width = max(len(f["name"]) for f in card["features"])
+    lines += [
+        f"  {i:>3}  {f['name']:<{width}}  {f['description']}"
+        for i, f in enumerate(card["features"])
+    ]
+    return "\n".join(lines)
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= _METADATA_CHARS else text[:_METADATA_CHARS] + "…"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
