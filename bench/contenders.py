@@ -41,6 +41,7 @@ CONTENDERS: tuple[str, ...] = (
     "pipeline",
     "pipeline_stateless",
     "pipeline_eos",
+    "pipeline_no_reasons",
     "faust",
     "per_record",
 )
@@ -49,6 +50,7 @@ LABELS = {
     "pipeline": "pipeline (the service)",
     "pipeline_stateless": "pipeline, no card history",
     "pipeline_eos": "pipeline, exactly-once",
+    "pipeline_no_reasons": "pipeline, no reasons",
     "faust": "faust-streaming take()",
     "per_record": "per-record scoring",
 }
@@ -57,6 +59,7 @@ PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
     "pipeline": (),
     "pipeline_stateless": ("--card-history", "off"),
     "pipeline_eos": ("--processing-guarantee", "exactly-once"),
+    "pipeline_no_reasons": ("--reasons", "off"),
 }
 LATENCY_RATE = 5_000.0
 #: How long the latency run's service may take to be assigned its partitions.
@@ -193,10 +196,13 @@ def latency(
     *,
     exactly_once: bool = False,
     role: str | None = None,
+    variant: str | None = None,
 ) -> dict[str, Any]:
     """The service's event→decision latency under fraud-loadgen at LATENCY_RATE, open loop;
-    `role` names its topics and group (one per latency run of a bench)."""
-    role = role or ("latency-eos" if exactly_once else "latency")
+    `role` names its topics and group (one per latency run of a bench); `variant`: the pipeline
+    contender whose flags the service runs with (default: by `exactly_once`)."""
+    variant = variant or ("pipeline_eos" if exactly_once else "pipeline")
+    role = role or f"latency-{variant}"
     topics = (
         broker.topic(f"{role}-in", run.partitions),
         broker.topic(f"{role}-out", run.partitions),
@@ -204,7 +210,7 @@ def latency(
     )
     port = free_port()
     group = broker.group(role)
-    flags = PIPELINE_FLAGS["pipeline_eos" if exactly_once else "pipeline"]
+    flags = PIPELINE_FLAGS[variant]
     command = service_command(run, topics, group, port, *flags)
     load = load_average()
     loadgen_command = [

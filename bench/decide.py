@@ -14,6 +14,7 @@ from contracts.transaction import decode_transaction
 from scorer.decide import decide_batch
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
+from scorer.model_package import load_model_package
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 
 #: The service's defaults, so every contender batches (where it batches) the same way.
@@ -29,8 +30,9 @@ class Decider:
     call of `decide`."""
 
     def __init__(self) -> None:
-        self._scorer = OnnxScorer(SHIPPED_MODEL_PATH)
-        self._policy = DEFAULTS.decision_policy
+        package = load_model_package(SHIPPED_MODEL_PATH)
+        self._scorer = OnnxScorer(package)
+        self._policy = DEFAULTS.decision_policy(package.thresholds)
         # The first calls of a session set up its buffers; keep that out of the measurement.
         for size in (1, MAX_BATCH_SIZE):
             self._scorer.score(np.zeros((size, NUM_FEATURES), np.float32))

@@ -49,6 +49,7 @@ from bench.gpu_machine import (
 )
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
+from scorer.model_package import bench_package
 from scorer.runtime import CUDA, GPU_PROVIDERS, Device
 from stream.config import SHIPPED_MODEL_PATH
 
@@ -107,7 +108,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GPU provider to measure beside the CPU; cpu measures the CPU only (default: auto)",
     )
     parser.add_argument("--device-id", type=int, default=0, help="CUDA device ordinal")
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="ONNX model to score")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_MODEL,
+        help="model package (or bare ONNX file) to score",
+    )
     parser.add_argument(
         "--sizes",
         default=",".join(map(str, DEFAULT_SIZES)),
@@ -142,6 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     args.sizes = tuple(int(size) for size in args.sizes.split(","))
+    args.model = bench_package(args.model)
     return args
 
 

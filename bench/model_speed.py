@@ -7,7 +7,7 @@ timed back to back. The speed-up column is against the first model. Scoring a tr
 the same whatever the rows hold (every tree walks all its levels), so the rows are random.
 
     git show 851e014:scorer/models/fraud-gbdt.onnx > /tmp/gemm.onnx
-    python -m bench.model_speed /tmp/gemm.onnx scorer/models/fraud-gbdt.onnx
+    python -m bench.model_speed /tmp/gemm.onnx scorer/models/fraud-gbdt
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import numpy as np
 
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
+from scorer.model_package import bench_package
+from stream.options import SHIPPED_MODEL_PATH
 
-SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "scorer" / "models" / "fraud-gbdt.onnx"
 DEFAULT_SIZES = (1, 16, 64, 256, 1024)
 #: Rows scored per model per round at every batch size (at least MIN_CALLS calls).
 ROWS_PER_ROUND = 20_000
@@ -35,7 +36,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.model_speed", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "models", nargs="*", type=Path, default=[SHIPPED_MODEL], help="ONNX model files"
+        "models",
+        nargs="*",
+        type=Path,
+        default=[SHIPPED_MODEL_PATH],
+        help="model packages or bare ONNX files (reading every feature)",
     )
     parser.add_argument(
         "--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="batch sizes, comma-separated"
@@ -67,7 +72,7 @@ def measure(scorers: Sequence[OnnxScorer], sizes: Sequence[int], rounds: int) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    scorers = [OnnxScorer(path, "cpu", cpu_threads=1) for path in args.models]
+    scorers = [OnnxScorer(bench_package(path), "cpu", cpu_threads=1) for path in args.models]
     for scorer in scorers:
         scorer.warm_up()
     best = measure(scorers, args.sizes, args.rounds)

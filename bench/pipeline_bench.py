@@ -30,7 +30,7 @@ from typing import Any
 import onnxruntime
 
 from bench import profiling
-from bench.contenders import CONTENDERS, Run, contender, latency
+from bench.contenders import CONTENDERS, LABELS, Run, contender, latency
 from bench.harness import Broker, load_average, produce_backlog, shown
 from bench.summary import Round, check_bounds, figures, render_bounds, render_table
 
@@ -209,12 +209,12 @@ def _rounds(run: Run, broker: Broker, backlog: str) -> list[Round]:
     return rounds
 
 
-def _latency(run: Run, broker: Broker, exactly_once: bool) -> dict[str, Any]:
-    mode = "exactly-once" if exactly_once else "at-least-once"
+def _latency(run: Run, broker: Broker, variant: str) -> dict[str, Any]:
+    mode = LABELS[variant]
     _note(f"latency ({mode}): fraud-loadgen at 5,000 tx/s for {run.latency_duration_s:g} s")
-    report = run.logs.parent / ("latency-report-eos" if exactly_once else "latency-report")
+    report = run.logs.parent / f"latency-report-{variant}"
     try:
-        return latency(run, broker, report, exactly_once=exactly_once)
+        return latency(run, broker, report, variant=variant)
     except RuntimeError as exc:
         _note(f"latency ({mode}): {exc}")
         return {"error": str(exc), "p99_ms": None}
@@ -299,8 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # is not deleting them (a run after the rounds measured that too).
             if run.broker_warmup_s > 0:
                 results["broker_warmup"] = _broker_warmup(run, broker)
-            latency_alo = _latency(run, broker, exactly_once=False)
-            latency_eos = _latency(run, broker, exactly_once=True)
+            latency_alo = _latency(run, broker, "pipeline")
+            latency_eos = _latency(run, broker, "pipeline_eos")
+            latency_no_reasons = _latency(run, broker, "pipeline_no_reasons")
             backlog = broker.topic("backlog", run.partitions)
             _note(f"producing a backlog of {run.records:,} transactions to {backlog}")
             results["backlog_produce_s"] = round(
@@ -315,13 +316,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         finally:
             broker.delete_topics()
-    values = figures(rounds, latency_alo, latency_eos, run.price_per_hour)
+    values = figures(rounds, latency_alo, latency_eos, latency_no_reasons, run.price_per_hour)
     checked = check_bounds(bounds, values)
     results.update(
         load_average_after=load_average(),
         rounds=[{name: m._asdict() for name, m in r.items()} for r in rounds],
         latency=latency_alo,
         latency_eos=latency_eos,
+        latency_no_reasons=latency_no_reasons,
         figures=values,
         bounds=checked,
     )

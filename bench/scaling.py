@@ -34,6 +34,7 @@ from bench.harness import Broker, produce_backlog
 from bench.model_speed import measure
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model import OnnxScorer
+from scorer.model_package import ONNX_FILE, load_model_package, plain_manifest, write_model_package
 from stream.config import SHIPPED_MODEL_PATH
 from training.onnx_export import INPUT_NAME, OUTPUT_NAME, finish_model
 
@@ -62,7 +63,7 @@ def multiply_adds_per_row(model: onnx.ModelProto) -> int:
 
 def _cpu_s_per_row(path: Path) -> float:
     """Best CPU seconds per row of one ONNX Runtime call at CALIBRATION_BATCH, one thread."""
-    scorer = OnnxScorer(path, "cpu", cpu_threads=1)
+    scorer = OnnxScorer(load_model_package(path), "cpu", cpu_threads=1)
     scorer.warm_up()
     return measure([scorer], [CALIBRATION_BATCH], rounds=5)[0][0] / CALIBRATION_BATCH
 
@@ -92,11 +93,10 @@ def synthetic_model(path: Path, multiply_adds: int) -> Path:
         [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
         [numpy_helper.from_array(value, name) for name, value in init.items()],
     )
-    metadata = {
-        "feature_names": ",".join(FEATURE_NAMES),
-        "model_version": f"synthetic-{multiply_adds}-macs",
-    }
-    path.write_bytes(finish_model(helper.make_model(graph), metadata))
+    version = f"synthetic-{multiply_adds}-macs"
+    metadata = {"feature_names": ",".join(FEATURE_NAMES), "model_version": version}
+    model = finish_model(helper.make_model(graph), metadata)
+    write_model_package(path, model, plain_manifest(version, version))
     return path
 
 
@@ -142,16 +142,18 @@ def _models(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Pat
     # The shipped model is trees (lookups, no MatMul), so "10x its cost" is calibrated in CPU
     # time per row at batch 256: a probe MLP gives this machine's time per multiply-add.
     shipped_s = _cpu_s_per_row(SHIPPED_MODEL_PATH)
-    probe = synthetic_model(scratch / "probe.onnx", PROBE_MULTIPLY_ADDS)
-    s_per_multiply_add = _cpu_s_per_row(probe) / multiply_adds_per_row(onnx.load(str(probe)))
+    probe = synthetic_model(scratch / "probe", PROBE_MULTIPLY_ADDS)
+    s_per_multiply_add = _cpu_s_per_row(probe) / multiply_adds_per_row(
+        onnx.load(str(probe / ONNX_FILE))
+    )
     models = {"shipped": SHIPPED_MODEL_PATH}
     for factor in MODEL_FACTORS:
         macs = int(factor * shipped_s / s_per_multiply_add)
-        models[f"{factor}x"] = synthetic_model(scratch / f"x{factor}.onnx", macs)
+        models[f"{factor}x"] = synthetic_model(scratch / f"x{factor}", macs)
     table: dict[str, Any] = {}
     for name, path in models.items():
         table[name] = {
-            "multiply_adds_per_row": multiply_adds_per_row(onnx.load(str(path))),
+            "multiply_adds_per_row": multiply_adds_per_row(onnx.load(str(path / ONNX_FILE))),
             "cpu_us_per_row_at_256": round(_cpu_s_per_row(path) * 1e6, 2),
         }
         for scoring in SCORING_MODES:

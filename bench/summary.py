@@ -25,6 +25,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("pipeline_vs_per_record", "pipeline", "per_record"),
     ("pipeline_vs_stateless", "pipeline", "pipeline_stateless"),
     ("eos_vs_at_least_once", "pipeline_eos", "pipeline"),
+    ("reasons_on_vs_off", "pipeline", "pipeline_no_reasons"),
 )
 #: The JSON name of each contender's throughput.
 TPS_NAMES = {
@@ -32,6 +33,7 @@ TPS_NAMES = {
     "pipeline": "pipeline_tps",
     "pipeline_stateless": "pipeline_stateless_tps",
     "pipeline_eos": "eos_tps",
+    "pipeline_no_reasons": "pipeline_no_reasons_tps",
     "faust": "faust_tps",
     "per_record": "per_record_tps",
 }
@@ -52,7 +54,11 @@ def _median(values: Sequence[float | None]) -> tuple[float | None, list[float] |
 
 
 def figures(
-    rounds: Sequence[Round], latency: dict[str, Any], latency_eos: dict[str, Any], price: float
+    rounds: Sequence[Round],
+    latency: dict[str, Any],
+    latency_eos: dict[str, Any],
+    latency_no_reasons: dict[str, Any],
+    price: float,
 ) -> dict[str, Any]:
     """The headline numbers (the keys of the final JSON line): median per figure, and per
     figure its spread over the rounds and the shortest window it was measured over."""
@@ -70,6 +76,7 @@ def figures(
         values[figure] = None if median is None else round(median, 2)
     values["p99_ms_at_5000"] = latency.get("p99_ms")
     values["p99_ms_at_5000_eos"] = latency_eos.get("p99_ms")
+    values["p99_ms_at_5000_no_reasons"] = latency_no_reasons.get("p99_ms")
     values["cost_per_million_decisions_usd"] = cost_per_million(values["pipeline_tps"], price)
     values["price_per_hour_usd"] = price
     values["window_s"] = window_s
@@ -122,7 +129,11 @@ def render_table(rounds: Sequence[Round], values: dict[str, Any], price: float) 
         if pair is not None:
             shown += f" ({pair[0]:g} to {pair[1]:g})"
         lines.append(f"{figure:<28} {shown}")
-    for key, label in (("p99_ms_at_5000", ""), ("p99_ms_at_5000_eos", ", exactly-once")):
+    for key, label in (
+        ("p99_ms_at_5000", ""),
+        ("p99_ms_at_5000_eos", ", exactly-once"),
+        ("p99_ms_at_5000_no_reasons", ", reasons off"),
+    ):
         p99 = values[key]
         lines.append(
             f"p99 event→decision at an open-loop {LATENCY_RATE:,.0f} tx/s{label}: "

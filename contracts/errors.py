@@ -7,7 +7,8 @@
     │   ├── ValidationError        JSON that breaks the transaction contract dlq.reason = "validate"
     │   ├── SchemaUnknownError     a schema id the registry does not know   "schema_unknown"
     │   ├── SchemaDecodeError      not in its schema (or not wire format)   "schema_decode"
-    │   └── ScoreError             the model fails on this record           dlq.reason = "score"
+    │   ├── ScoreError             the model fails on this record           dlq.reason = "score"
+    │   └── RulesUpdateError       a rules-topic record that cannot be used  "rules_update"
     ├── ClientFailure              a Kafka client cannot go on (authentication refused): the
     │                              replica stops with one line, for its operator to fix
     ├── RegistryUnavailableError   a schema lookup failed in a way that may pass (registry down,
@@ -73,6 +74,12 @@ class ScoreError(RecordError):
     """The model raised, or returned a score that is not a probability, for this record."""
 
     reason = "score"
+
+
+class RulesUpdateError(RecordError):
+    """A record of the rules topic that cannot be used; the rules in force stay."""
+
+    reason = "rules_update"
 
 
 class ClientFailure(FraudScorerError):

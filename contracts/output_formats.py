@@ -40,6 +40,29 @@ DECISION_AVRO_SCHEMA = json.dumps(
             {"name": "degraded", "type": "boolean"},
             {"name": "event_time", "type": "long", "doc": "epoch ms, from the transaction"},
             {"name": "decided_at", "type": "long", "doc": "epoch ms"},
+            {
+                "name": "reasons",
+                "type": {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "Reason",
+                        "fields": [
+                            {"name": "feature", "type": "string"},
+                            {"name": "label", "type": "string"},
+                            {"name": "contribution", "type": "double"},
+                        ],
+                    },
+                },
+                "default": [],
+                "doc": "the model's top reasons on a review or decline",
+            },
+            {
+                "name": "rules",
+                "type": {"type": "array", "items": "string"},
+                "default": [],
+                "doc": "the rules that hit",
+            },
         ],
     }
 )
@@ -85,7 +108,8 @@ def decision_encoder(
     serialize = AvroSerializer(
         client,
         DECISION_AVRO_SCHEMA,
-        lambda decision, _context: msgspec.structs.asdict(decision),
+        # A decision leaves out empty reasons and rules; every Avro field needs a value.
+        lambda decision, _context: {"reasons": [], "rules": [], **msgspec.to_builtins(decision)},
         {"auto.register.schemas": False},
     )
     context = SerializationContext(topic, MessageField.VALUE)

@@ -73,6 +73,9 @@ class OutcomeReader(threading.Thread):
                         self.received.decisions.append(
                             (d["transaction_id"], d["decision"], d["event_time"], d["decided_at"])
                         )
+                        if d["decision"] != "approve":
+                            self.received.flagged += 1
+                            self.received.flagged_with_reasons += len(d.get("reasons", ())) >= 3
                     else:
                         self._dead_letter(message)
         finally:

@@ -45,6 +45,9 @@ class ReceivedLog:
     decisions: list[tuple[str, str, int, int]] = field(default_factory=list)
     #: (original partition, original offset)
     dead_letters: list[tuple[int, int]] = field(default_factory=list)
+    #: Reviews and declines read, and those of them that carry 3 reasons (docs/reasons.md).
+    flagged: int = 0
+    flagged_with_reasons: int = 0
 
 
 def _percentile(values: npt.NDArray[np.float64], q: float) -> float | None:
@@ -201,6 +204,7 @@ def summarize(
         "p99_ms": _percentile(latency, 99),
         "max_ms": float(latency.max()) if len(latency) else None,
         "decisions": dict(Counter(decision_of.values())),
+        "flagged_with_reasons": [received.flagged_with_reasons, received.flagged],
         "fraud_labelled": int(is_fraud.sum()),
         "fraud_caught": int((caught & is_fraud).sum()),
         "fraud_declined": int((declined & is_fraud).sum()),
@@ -219,6 +223,11 @@ def summarize(
             sent.started_ms, np.array(sent.sent_ms, np.int64), events, decideds, target_per_s
         ),
     }
+
+
+def _of(pair: object) -> str:
+    part, whole = pair if isinstance(pair, list) else (0, 0)
+    return f"{part} of {whole}"
 
 
 def _ms(value: object) -> str:
@@ -253,6 +262,8 @@ def render_text(summary: dict[str, object]) -> str:
         f"event→decision  p50 {_ms(summary['p50_ms'])}, p95 {_ms(summary['p95_ms'])}, "
         f"p99 {_ms(summary['p99_ms'])}, max {_ms(summary['max_ms'])}",
         f"decisions       {summary['decisions']}",
+        f"reasons         {_of(summary.get('flagged_with_reasons'))} reviews and declines "
+        "carry 3 reasons",
         f"fraud caught    {summary['fraud_caught']} of {summary['fraud_labelled']} labelled "
         f"(review or decline; recall {summary['fraud_recall']}, "
         f"declined {summary['fraud_declined']})",

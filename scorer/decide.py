@@ -1,8 +1,14 @@
-"""The one decision path: transactions → columns → features → scores → decision labels.
+"""The one decision path: transactions → columns → features → scores → rules → decision labels,
+with reasons for the flagged ones.
 
 The service, the benchmark and training all call `decide_batch`, so there is a single place
 where a score becomes a decision. It handles, for one micro-batch:
 
+- rules (`scorer/rules.py`, FRAUD_RULES): deny and allow lists, segment thresholds and
+  expression rules overrule the model's label; each hit is named in the decision;
+- reasons (`scorer/reasons.py`): every review and decline the model scored gets its top
+  reasons, from one extra model call over the flagged rows only; a failure there leaves the
+  decisions without reasons, never undecided;
 - lateness: with the `fallback` late policy, a transaction already past its decision deadline
   is decided by the rules (`scorer/fallback.py`), `degraded`;
 - poison: a record that makes any step raise, or gets a score that is not a probability, is
@@ -16,18 +22,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from contracts.decision import APPROVE, Reason
 from contracts.errors import ModelUnavailableError, ScoreError
-from scorer.decisions import Thresholds, classify, valid_scores
+from scorer.decisions import Thresholds, valid_scores
 from scorer.fallback import fallback_scores
 from scorer.features import TransactionColumns, TransactionFields, build_features
 from scorer.isolation import bisect_failures, check_canary
 from scorer.model import Scorer
+from scorer.reasons import Explainer
+from scorer.rules import Rules
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +72,33 @@ class Verdicts(NamedTuple):
     #: Records the rules decided: late (`fallback` policy) and with the model unavailable.
     by_rules_late: int
     by_rules_model_unavailable: int
-    #: Seconds spent in the model.
+    #: Seconds spent in the model, reasons excluded.
     inference_s: float
+    #: The model's reasons for each review and decline it scored, by index.
+    reasons: dict[int, tuple[Reason, ...]]
+    #: The FRAUD_RULES hits of each record some rule hit, by index.
+    rule_hits: dict[int, tuple[str, ...]]
+    #: Hits per rule over the batch.
+    rule_counts: Counter[str]
+    #: Seconds spent computing reasons.
+    reasons_s: float
 
 
 class _Part(NamedTuple):
     scores: npt.NDArray[np.float32]
+    labels: list[str]
     by_rules: npt.NDArray[np.bool_]
     event_time: npt.NDArray[np.int64]
     invalid: dict[int, ScoreError]
     late: int
     inference_s: float
+    reasons: dict[int, tuple[Reason, ...]]
+    rule_hits: dict[int, tuple[str, ...]]
+    rule_counts: Counter[str]
+    reasons_s: float
 
 
-class _Rules:
+class _FallbackScorer:
     """The fallback rules behind the `Scorer` interface, for when the model is unavailable."""
 
     model_version = "rules"
@@ -114,20 +137,25 @@ def decide_batch(
     history: npt.NDArray[np.float32] | None = None,
     terminal: npt.NDArray[np.float32] | None = None,
     columns: TransactionColumns | None = None,
+    rules: Rules = Rules.EMPTY,
+    explainer: Explainer | None = None,
 ) -> Verdicts:
     """Decide every transaction of a batch: a label, or a failure to dead-letter.
 
     `history` [B, NUM_HISTORY_FEATURES] (from the card state) and `terminal`
     [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) are row-aligned with `transactions`;
     None: unknown, neutral values (`build_features`). `columns`: the transactions' columns,
-    when the caller has read them already.
+    when the caller has read them already. `rules` overrule the model; `explainer` gives the
+    model's flagged rows their reasons (None: no reasons).
     """
     state = _State(history, terminal, columns)
     try:
-        verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, False)
+        verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, rules, explainer)
     except ModelUnavailableError as exc:
         log.error("model unavailable, deciding %s records by rules: %s", len(transactions), exc)
-        verdicts = _decide_isolating(transactions, state, _Rules(), policy, now_ms, True)
+        verdicts = _decide_isolating(
+            transactions, state, _FallbackScorer(), policy, now_ms, rules, None, model_down=True
+        )
     return verdicts
 
 
@@ -137,7 +165,10 @@ def _decide_isolating(
     scorer: Scorer,
     policy: DecisionPolicy,
     now_ms: int,
-    model_down: bool,
+    rules: Rules,
+    explainer: Explainer | None,
+    *,
+    model_down: bool = False,
 ) -> Verdicts:
     n = len(transactions)
     parts, failed = bisect_failures(
@@ -148,25 +179,37 @@ def _decide_isolating(
             scorer,
             policy,
             now_ms,
+            rules,
+            explainer,
         ),
         lambda: check_canary(scorer),
     )
     scores = np.full(n, np.nan, np.float32)
+    labels = [""] * n
     by_rules = np.zeros(n, bool)
     event_time = np.zeros(n, np.int64)
     late = 0
-    inference_s = 0.0
+    inference_s = reasons_s = 0.0
+    reasons: dict[int, tuple[Reason, ...]] = {}
+    rule_hits: dict[int, tuple[str, ...]] = {}
+    rule_counts: Counter[str] = Counter()
     for start, part in parts:
         stop = start + len(part.scores)
         scores[start:stop] = part.scores
+        labels[start:stop] = part.labels
         by_rules[start:stop] = part.by_rules
         event_time[start:stop] = part.event_time
         failed.update({start + i: error for i, error in part.invalid.items()})
+        reasons.update({start + i: why for i, why in part.reasons.items()})
+        rule_hits.update({start + i: hits for i, hits in part.rule_hits.items()})
+        rule_counts += part.rule_counts
         late += part.late
         inference_s += part.inference_s
-    labels = classify(np.nan_to_num(scores), policy.thresholds)
+        reasons_s += part.reasons_s
     for i in failed:
         scores[i], labels[i], by_rules[i] = np.nan, "", False
+        reasons.pop(i, None)
+        rule_hits.pop(i, None)
     decided = n - len(failed)
     degraded = np.ones(n, bool) if model_down else by_rules
     if model_down:
@@ -181,6 +224,10 @@ def _decide_isolating(
         by_rules_late=0 if model_down else int(by_rules.sum()),
         by_rules_model_unavailable=decided if model_down else 0,
         inference_s=inference_s,
+        reasons=reasons,
+        rule_hits=rule_hits,
+        rule_counts=rule_counts,
+        reasons_s=reasons_s,
     )
 
 
@@ -190,8 +237,10 @@ def _decide(
     scorer: Scorer,
     policy: DecisionPolicy,
     now_ms: int,
+    rules: Rules,
+    explainer: Explainer | None,
 ) -> _Part:
-    """Scores of one batch or part of it; raises whatever a record provokes."""
+    """Scores and labels of one batch or part of it; raises whatever a record provokes."""
     columns = state.columns
     if columns is None:
         columns = TransactionColumns.from_transactions(transactions)
@@ -219,4 +268,44 @@ def _decide(
         error = ScoreError(f"model returned score {float(scores[bad[0]])!r}")
         check_canary(scorer, error)
         invalid = {int(i): ScoreError(f"model returned score {float(scores[i])!r}") for i in bad}
-    return _Part(scores, by_rules, columns.event_time, invalid, int(late.sum()), inference_s)
+    ruled = rules.decide(columns, features, np.nan_to_num(scores), policy.thresholds)
+    rule_hits = {i: hits for i, hits in enumerate(ruled.hits) if hits}
+    started = time.perf_counter()
+    reasons = _reasons(explainer, features, scores, ruled.labels, by_rules, invalid)
+    return _Part(
+        scores,
+        ruled.labels,
+        by_rules,
+        columns.event_time,
+        invalid,
+        int(late.sum()),
+        inference_s,
+        reasons,
+        rule_hits,
+        Counter(ruled.counts),
+        time.perf_counter() - started if reasons else 0.0,
+    )
+
+
+def _reasons(
+    explainer: Explainer | None,
+    features: npt.NDArray[np.float32],
+    scores: npt.NDArray[np.float32],
+    labels: list[str],
+    by_rules: npt.NDArray[np.bool_],
+    invalid: dict[int, ScoreError],
+) -> dict[int, tuple[Reason, ...]]:
+    """The reasons of the rows the model scored and that were flagged."""
+    if explainer is None:
+        return {}
+    flagged = (np.asarray(labels, dtype=object) != APPROVE) & ~by_rules
+    flagged[list(invalid)] = False
+    rows = np.flatnonzero(flagged)
+    if not len(rows):
+        return {}
+    try:
+        explained = explainer.explain(features[rows], scores[rows])
+    except ScoreError as exc:
+        log.warning("no reasons for %s flagged decisions: %s", len(rows), exc)
+        return {}
+    return dict(zip(rows.tolist(), explained, strict=True))

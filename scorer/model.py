@@ -1,9 +1,10 @@
 """The model runtime: the fraud model behind the small `Scorer` interface.
 
-`OnnxScorer` opens the model on the configured device (scorer/runtime.py: provider choice,
-fallback, node placement), checks that it was trained on the features this build computes,
-warms every batch shape up before the first record, and turns ONNX Runtime's errors into the
-project's `ScoreError`. On a GPU it scores through pre-bound buffers of a few bucket sizes, with
+`OnnxScorer` opens a model package's graph (scorer/model_package.py) on the configured device
+(scorer/runtime.py: provider choice, fallback, node placement), checks the graph against the
+package's manifest, feeds it the manifest's columns of the feature matrix, warms every batch
+shape up before the first record, and turns ONNX Runtime's errors into the project's
+`ScoreError`. On a GPU it scores through pre-bound buffers of a few bucket sizes, with
 CUDA graphs where every node runs on CUDA (scorer/binding.py); on the CPU one plain run of the
 exact batch is faster, as padding only adds work there (docs/gpu.md).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -22,7 +22,8 @@ import onnxruntime as ort
 
 from contracts.errors import ConfigurationError, ScoreError
 from scorer.binding import BucketRunner, bucket_sizes
-from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.features import NUM_FEATURES
+from scorer.model_package import ModelPackage
 from scorer.runtime import (
     CUDA,
     GPU_PROVIDERS,
@@ -52,7 +53,7 @@ class Scorer(Protocol):
         ...
 
     def score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """Fraud probabilities, one per row of `features` [B, F]."""
+        """Fraud scores, one per row of the feature matrix `features` [B, NUM_FEATURES]."""
         ...
 
 
@@ -65,7 +66,7 @@ class OnnxScorer:
 
     def __init__(
         self,
-        model_path: Path,
+        package: ModelPackage,
         device: Device = "auto",
         *,
         device_id: int = 0,
@@ -76,16 +77,16 @@ class OnnxScorer:
     ) -> None:
         """`io_binding=None` binds on a GPU and runs plainly on the CPU; `cuda_graphs` applies
         to a bound CUDA session whose every node runs on CUDA."""
-        try:
-            model = model_path.read_bytes()
-        except OSError as exc:
-            raise ConfigurationError(f"cannot read model {str(model_path)!r}: {exc}") from exc
+        model = package.onnx
         opened = open_session(model, device, device_id=device_id, cpu_threads=cpu_threads)
         self.placement = opened.placement
         self.provider: str = self.placement.provider
-        meta = opened.session.get_modelmeta().custom_metadata_map
-        self._model_version = str(meta.get("model_version", model_path.stem))
-        _check_signature(opened.session, meta, model_path)
+        self.package = package
+        self._model_version = package.version
+        _check_signature(opened.session, package)
+        index = package.feature_index
+        #: The package's columns of the feature matrix; None when it reads all, in order.
+        self._columns = None if np.array_equal(index, np.arange(NUM_FEATURES)) else index
         on_gpu = self.provider in GPU_PROVIDERS
         if on_gpu and not self.placement.complete:
             log.error(
@@ -123,7 +124,7 @@ class OnnxScorer:
             self.cuda_graphs,
             ",".join(map(str, self.buckets)),
             cpu_threads,
-            model_path,
+            package.path,
         )
 
     @property
@@ -152,6 +153,8 @@ class OnnxScorer:
         return self._score(features)
 
     def _score(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if self._columns is not None:
+            features = np.ascontiguousarray(features[:, self._columns])
         try:
             if self._runner is not None:
                 return self._runner.run(features)
@@ -161,19 +164,20 @@ class OnnxScorer:
         return np.asarray(scores, np.float32).reshape(-1)
 
 
-def _check_signature(session: ort.InferenceSession, meta: dict[str, str], model_path: Path) -> None:
+def _check_signature(session: ort.InferenceSession, package: ModelPackage) -> None:
+    where = str(package.path)
+    features = package.manifest.features
     inputs = session.get_inputs()
     width = inputs[0].shape[-1] if inputs and inputs[0].shape else None
-    trained_on = tuple(meta.get("feature_names", "").split(","))
-    if len(inputs) != 1 or width != NUM_FEATURES or trained_on != FEATURE_NAMES:
+    if len(inputs) != 1 or width != len(features):
         raise ConfigurationError(
-            f"model {str(model_path)!r} expects features {list(trained_on)} ({width} wide) "
-            f"but this build computes {list(FEATURE_NAMES)}; "
-            "retrain it with `python -m training.train`"
+            f"model package {where!r}: the graph reads {[i.shape for i in inputs]} but the "
+            f"manifest names {len(features)} features: one float32 input [batch, "
+            f"{len(features)}] is needed; fix the manifest's features or re-export the model"
         )
     outputs = session.get_outputs()
     if len(outputs) != 1 or list(outputs[0].shape[1:]) not in ([], [1]):
         raise ConfigurationError(
-            f"model {str(model_path)!r} must have one output of one score per row "
+            f"model package {where!r} must have one output of one score per row "
             f"([batch] or [batch, 1]), got shapes {[output.shape for output in outputs]}"
         )

@@ -17,6 +17,8 @@ from contracts.health import HealthState, serve
 from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
 from scorer.model import OnnxScorer
+from scorer.model_package import load_model_package
+from scorer.reasons import Explainer
 from stream.config import ServiceConfig, settings
 from stream.kafka_clients import (
     ClientErrors,
@@ -97,6 +99,20 @@ def _load_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
+def explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
+    """The reasons of flagged decisions (FRAUD_REASONS), from the package's reference row."""
+    reference = scorer.package.reference
+    if config.reasons == "off":
+        return None
+    if reference is None:
+        log.warning(
+            "reasons are off: model package %s has no reference row (model.toml reference)",
+            scorer.package.path,
+        )
+        return None
+    return Explainer(scorer, scorer.package.feature_index, reference)
+
+
 def run_service(config: ServiceConfig) -> int:
     """Start one replica and block until it stops; return the process exit code."""
     log.info(
@@ -105,8 +121,17 @@ def run_service(config: ServiceConfig) -> int:
         config.bootstrap_servers,
         config.redacted_kafka_options(),
     )
+    package = load_model_package(config.model_path)
+    policy = config.decision_policy(package.thresholds)
+    log.info(
+        "model package %s: %s, thresholds review=%s decline=%s",
+        package.path,
+        package.version,
+        policy.thresholds.review,
+        policy.thresholds.decline,
+    )
     scorer = OnnxScorer(
-        config.model_path,
+        package,
         config.device,
         device_id=config.device_id,
         cpu_threads=config.cpu_threads,
@@ -135,10 +160,12 @@ def run_service(config: ServiceConfig) -> int:
             health,
             lag,
             metrics,
+            policy,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
             kafka=reader_settings(config, errors),
             client_errors=errors,
+            explainer=explainer(config, scorer),
         ),
     )
 

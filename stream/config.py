@@ -27,6 +27,7 @@ from contracts.kafka_settings import (
 )
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
+from scorer.rules import Rules
 from stream.declarations import (
     Setting,
     check_path,
@@ -62,12 +63,10 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 "input_topic, output_topic and dlq_topic must be three different topics, got "
                 f"{self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r}"
             )
-        if self.review_threshold > self.decline_threshold:
-            raise ValueError(
-                "thresholds must satisfy review_threshold <= decline_threshold, got "
-                f"review_threshold={self.review_threshold}, "
-                f"decline_threshold={self.decline_threshold}"
-            )
+        for name in ("review_threshold", "decline_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {value}")
         if self.max_in_flight_records < self.max_batch_size:
             raise ValueError(
                 f"max_in_flight_records must be >= max_batch_size ({self.max_batch_size}), "
@@ -83,13 +82,20 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 "retry backoffs must satisfy retry_backoff_ms <= retry_backoff_max_ms, got "
                 f"{self.retry_backoff_ms} and {self.retry_backoff_max_ms}"
             )
-        if not self.model_path.is_file():
-            raise ValueError(f"model_path {str(self.model_path)!r} is not a file")
+        if not self.model_path.is_dir():
+            raise ValueError(
+                f"model_path {str(self.model_path)!r} is not a model package directory "
+                "(model.onnx + model.toml, docs/models.md)"
+            )
         for key in self.kafka_options:
             if key in ("bootstrap.servers", "group.id"):
                 raise ValueError(f"set {key} with its own option, not in kafka_options")
         if self.input_mapping is not None:
             FieldMapping.load(self.input_mapping)  # a bad file stops the start, naming the key
+        if self.rules is not None:
+            Rules.load(self.rules)  # likewise
+        if self.rules_topic in (self.input_topic, self.output_topic, self.dlq_topic):
+            raise ValueError(f"rules_topic must be a topic of its own, got {self.rules_topic!r}")
         for name, value in (
             ("input_format", self.input_format),
             ("output_format", self.output_format),
@@ -183,14 +189,20 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         """The transactional.id of this replica's producer (exactly-once)."""
         return self.transactional_id or f"{self.group_id}-{self.instance_id}"
 
-    @property
-    def decision_policy(self) -> DecisionPolicy:
-        """How scores become decisions, from the thresholds and the late policy."""
-        return DecisionPolicy(
-            Thresholds(self.review_threshold, self.decline_threshold),
-            self.decision_deadline_ms,
-            self.late_policy,
+    def decision_policy(self, package: Thresholds) -> DecisionPolicy:
+        """How scores become decisions: the thresholds set here, else the model package's
+        (`package`), and the late policy. ConfigurationError when they cross."""
+        thresholds = Thresholds(
+            package.review if self.review_threshold is None else self.review_threshold,
+            package.decline if self.decline_threshold is None else self.decline_threshold,
         )
+        if thresholds.review > thresholds.decline:
+            raise ConfigurationError(
+                "thresholds must satisfy review <= decline, got review "
+                f"{thresholds.review} and decline {thresholds.decline} (FRAUD_REVIEW_THRESHOLD, "
+                "FRAUD_DECLINE_THRESHOLD, or the model package's model.toml [thresholds])"
+            )
+        return DecisionPolicy(thresholds, self.decision_deadline_ms, self.late_policy)
 
 
 def settings() -> tuple[Setting, ...]:

@@ -155,6 +155,29 @@ class ServiceMetrics:
             ["direction"],
             registry=r,
         )
+        self._reasons = Histogram(
+            "fraud_reasons_seconds",
+            "Time to compute the reasons of a batch's flagged decisions (one model call)",
+            buckets=SHORT_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._rule_hits = Counter(
+            "fraud_rule_hits_total",
+            "Decisions a rule hit (FRAUD_RULES), by rule",
+            ["rule"],
+            registry=r,
+        )
+        self._rules_updates = Counter(
+            "fraud_rules_updates_total",
+            "Records of the rules topic, by result (applied, rejected: dead-lettered)",
+            ["result"],
+            registry=r,
+        )
+        self._rules_entries = Gauge(
+            "fraud_rules_entries",
+            "Rules in force: list entries, segment overrides and expression rules",
+            registry=r,
+        )
         self._late = Counter(
             "fraud_late_records_total",
             "Transactions whose decision deadline had passed at batch time",
@@ -307,6 +330,19 @@ class ServiceMetrics:
         self._batch_cap.set(cap)
         if direction is not None:
             self._batch_cap_changes.labels(direction).inc()
+
+    def observe_reasons(self, seconds: float) -> None:
+        self._reasons.observe(seconds)
+
+    def record_rule_hits(self, counts: Mapping[str, int]) -> None:
+        for rule, count in counts.items():
+            self._rule_hits.labels(rule).inc(count)
+
+    def record_rules_update(self, result: str) -> None:
+        self._rules_updates.labels(result).inc()
+
+    def set_rules_entries(self, entries: int) -> None:
+        self._rules_entries.set(entries)
 
     def record_late(self, count: int) -> None:
         self._late.inc(count)

@@ -16,13 +16,10 @@ import msgspec
 
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
 from scorer.decide import LatePolicy
-from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
 from scorer.runtime import Device
 from stream.declarations import meta
 
-SHIPPED_MODEL_PATH = (
-    Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt.onnx"
-)
+SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt"
 
 ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 OnOff = Literal["on", "off"]
@@ -304,20 +301,50 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "reads all of it (a terminal not there yet gets neutral risk)",
         ),
     ] = "terminal-risk"
+    rules: Annotated[
+        Path | None,
+        meta(
+            "FRAUD_RULES",
+            "TOML rules file: deny and allow lists, threshold overrides per segment and "
+            "expression rules that overrule the model (docs/rules.md); a bad file stops the start",
+        ),
+    ] = None
+    rules_topic: Annotated[
+        _Topic | None,
+        meta(
+            "FRAUD_RULES_TOPIC",
+            "compacted topic of live rule updates on top of the rules file, read whole by "
+            "every replica (docs/rules.md); a bad update is dead-lettered and the rules in "
+            "force stay",
+        ),
+    ] = None
+    reasons: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_REASONS",
+            "on: every review and decline the model scores carries its top 3 reasons (one "
+            "extra model call over the flagged rows; needs the package's reference row)",
+        ),
+    ] = "on"
     terminal_risk_load_timeout_s: Annotated[
         float,
         meta(
             "FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S",
-            "at start, the replica reads terminal-risk up to its end before it consumes a "
-            "transaction (and is not ready meanwhile), for at most this long; then it consumes "
-            "with the risk read so far, and says so in its log",
+            "at start, the replica reads terminal-risk (and the rules topic) up to its end "
+            "before it consumes a transaction (and is not ready meanwhile), for at most this "
+            "long; then it consumes with what it read so far, and says so in its log",
             ge=0,
             le=3_600,
         ),
     ] = 120.0
-    model_path: Annotated[Path, meta("FRAUD_MODEL_PATH", "ONNX model file to score with")] = (
-        SHIPPED_MODEL_PATH
-    )
+    model_path: Annotated[
+        Path,
+        meta(
+            "FRAUD_MODEL_PATH",
+            "model package to score with: a directory holding model.onnx and its manifest "
+            "model.toml (docs/models.md; `fraud-model import` makes one)",
+        ),
+    ] = SHIPPED_MODEL_PATH
     device: Annotated[
         Device,
         meta(
@@ -342,13 +369,21 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = 1
     review_threshold: Annotated[
-        float,
-        meta("FRAUD_REVIEW_THRESHOLD", "scores at or above this go to review", ge=0, le=1),
-    ] = DEFAULT_REVIEW_THRESHOLD
+        float | None,
+        meta(
+            "FRAUD_REVIEW_THRESHOLD",
+            "scores at or above this go to review, in [0, 1]; default: the model package's "
+            "(model.toml [thresholds])",
+        ),
+    ] = None
     decline_threshold: Annotated[
-        float,
-        meta("FRAUD_DECLINE_THRESHOLD", "scores at or above this are declined", ge=0, le=1),
-    ] = DEFAULT_DECLINE_THRESHOLD
+        float | None,
+        meta(
+            "FRAUD_DECLINE_THRESHOLD",
+            "scores at or above this are declined, in [0, 1]; default: the model package's "
+            "(model.toml [thresholds])",
+        ),
+    ] = None
     processes: Annotated[
         int,
         meta(

@@ -38,12 +38,15 @@ from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
+from scorer.reasons import Explainer
+from scorer.rules import Rules
 from stream.batcher import Batch
 from stream.card_state import CardState, ChangelogRecord
 from stream.handoff import Handoff
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
+from stream.rules_table import RulesTable
 from stream.sink import Output, OutputSink
 from stream.terminal_table import TerminalRiskTable
 
@@ -93,9 +96,15 @@ class BatchScorer:
         card_state: CardState | None = None,
         terminals: TerminalRiskTable | None = None,
         encode: DecisionEncoder = encode_decision,
+        rules: RulesTable | None = None,
+        explainer: Explainer | None = None,
     ) -> None:
-        """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT)."""
+        """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
+        the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
+        decisions (None: none)."""
         self._encode_decision = encode
+        self._rules = rules
+        self._explainer = explainer
         self._metrics = metrics
         self._card_state = card_state
         self._terminals = terminals
@@ -127,6 +136,8 @@ class BatchScorer:
             history=history,
             terminal=terminal,
             columns=columns,
+            rules=Rules.EMPTY if self._rules is None else self._rules.current,
+            explainer=self._explainer,
         )
         decided_at = time.time_ns() // 1_000_000
         encoded = self._encode(records, verdicts, decided_at)
@@ -222,6 +233,8 @@ class BatchScorer:
                         degraded=degraded[i],
                         event_time=t.event_time,
                         decided_at=decided_at,
+                        reasons=verdicts.reasons.get(i, ()),
+                        rules=verdicts.rule_hits.get(i, ()),
                     )
                 )
                 key = t.card_id.encode()
@@ -248,6 +261,10 @@ class BatchScorer:
             metrics.record_degraded("model_unavailable", verdicts.by_rules_model_unavailable)
         if verdicts.failed:
             metrics.record_poison(len(verdicts.failed))
+        if verdicts.rule_counts:
+            metrics.record_rule_hits(verdicts.rule_counts)
+        if verdicts.reasons:
+            metrics.observe_reasons(verdicts.reasons_s)
         metrics.record_batch(size, wait_s, verdicts.inference_s)
 
     def _dead_letter(

@@ -67,6 +67,7 @@ class ScoringService:
         self._transactions = parts.transactions
         self._card_state = parts.card_state
         self._terminals = parts.terminals
+        self._rules = parts.rules
         self._client_errors = parts.client_errors
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
@@ -135,9 +136,17 @@ class ScoringService:
         self._worker.warmed_up.wait()
         if self._transactions is not None:
             self._transactions.initialize(self._config.shutdown_timeout_s)
+        if self._rules is not None:
+            self._rules.start()
+            self._wait_for_table("the rules topic", self._rules.loaded, "the rules read so far")
         if self._terminals is not None:
             self._terminals.start()
-            self._wait_for_terminal_risk()
+            terminals = self._terminals
+            self._wait_for_table(
+                "terminal-risk",
+                terminals.loaded,
+                f"{len(terminals)} terminals so far; terminals not read yet get neutral risk",
+            )
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._on_assign,
@@ -152,23 +161,21 @@ class ScoringService:
             self._health.set_ready(False, "shutting down")
             self._shut_down()
 
-    def _wait_for_terminal_risk(self) -> None:
-        """Read terminal-risk up to its end before consuming, so that a restarted replica does
-        not score with neutral risk meanwhile; not ready until then (or the timeout)."""
-        assert self._terminals is not None
+    def _wait_for_table(self, name: str, loaded: threading.Event, meanwhile: str) -> None:
+        """Read a table's topic up to its end before consuming, so that a restarted replica
+        does not score without it; not ready until then (or the load timeout)."""
         deadline = time.monotonic() + self._config.terminal_risk_load_timeout_s
-        loaded = self._terminals.loaded
         while not loaded.is_set() and not self._stopping.is_set():
             if time.monotonic() >= deadline:
                 log.error(
-                    "terminal-risk not read to its end within %ss (%s terminals so far): "
-                    "consuming anyway; terminals not read yet get neutral risk",
+                    "%s not read to its end within %ss: consuming anyway with %s",
+                    name,
                     self._config.terminal_risk_load_timeout_s,
-                    len(self._terminals),
+                    meanwhile,
                 )
                 return
             self._health.beat()
-            self._health.set_ready(False, "loading terminal-risk")
+            self._health.set_ready(False, f"loading {name}")
             loaded.wait(IDLE_POLL_S)
 
     # -- the consuming thread -------------------------------------------------------------
@@ -437,6 +444,8 @@ class ScoringService:
         self._consumer.close()
         if self._terminals is not None:
             self._terminals.close()
+        if self._rules is not None:
+            self._rules.close()
         log.info("stopped; records left uncommitted: %s", self._abandoned + self._tracker.in_flight)
 
 

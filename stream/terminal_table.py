@@ -16,44 +16,36 @@ Responsibilities and decisions:
   has seen, is forgotten (its features are neutral from then on), so the copy holds only what
   can still matter even when the topic keeps old records. `fraud_terminal_risk_bytes` says how
   much memory it holds.
-- Loaded: `loaded` is set once the reader has read every partition up to the end it had when
-  the reader started (or at once when the topic does not exist yet): a replica scores only
-  after that, so a restart does not score with neutral risk (`stream/service.py`).
+- Loaded: `loaded` is set once the reader (`stream/compacted_topic.py`) has read every
+  partition up to the end it had when it started (or at once when the topic does not exist
+  yet): a replica scores only after that, so a restart does not score with neutral risk.
 - `fraud_terminal_risk_newest_record_age_seconds` is the age of the newest record held (by its
   Kafka timestamp): when the worker stops publishing, it grows, and an alert fires.
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
-- The reader uses no consumer group and commits nothing: it always rebuilds from the topic.
-- A missing topic is waited for (the worker may start later), and so is a broker that went
-  away.
+- The reader uses no consumer group and commits nothing: it always rebuilds from the topic; a
+  missing topic is waited for (the worker may start later), and so is a broker that went away.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Message
 
 from contracts.event_time import EventClock
 from scorer.terminal_risk import HORIZON_DAYS, decode_terminal_risk, terminal_features
+from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-#: How long the reader waits for records before looking for new partitions or stopping.
-POLL_S = 0.5
-#: How often a missing topic is looked for again.
-MISSING_TOPIC_RETRY_S = 10.0
-METADATA_TIMEOUT_S = 10.0
-READ_BATCH = 5_000
 #: How often records as of days no window reads any more are forgotten.
 SWEEP_INTERVAL_S = 60.0
 #: Per terminal beyond its id and features: the dict slot and the array's own header.
@@ -72,7 +64,6 @@ class TerminalRiskTable:
         clock: EventClock,
         day_ms: int,
     ) -> None:
-        self._kafka = dict(kafka)
         self.topic = topic
         self._metrics = metrics
         self._clock = clock
@@ -83,18 +74,23 @@ class TerminalRiskTable:
         self._newest_day = -1
         self._newest_record_ms: int | None = None
         self._last_sweep = time.monotonic()
+        self._reader = CompactedTopicReader(
+            kafka,
+            topic,
+            self._apply_message,
+            name="terminal-risk",
+            after_read=self._after_read,
+            loaded_note=lambda: f"{len(self._features)} terminals",
+        )
         #: Set once every partition is read up to the end it had when the reader started.
-        self.loaded = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="terminal-risk", daemon=True)
+        self.loaded = self._reader.loaded
         metrics.watch_terminal_risk_age(self._newest_record_age_s)
 
     def start(self) -> None:
-        self._thread.start()
+        self._reader.start()
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._reader.close()
 
     def __len__(self) -> int:
         return len(self._features)
@@ -107,77 +103,14 @@ class TerminalRiskTable:
         newest = self._newest_record_ms
         return 0.0 if newest is None else max(0.0, time.time() - newest / 1000.0)
 
-    def _run(self) -> None:
-        consumer = Consumer(
-            {
-                **self._kafka,
-                "group.id": f"terminal-risk-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-            }
-        )
-        try:
-            assigned: set[int] = set()
-            #: The end of each partition when it was first assigned: `loaded` waits for it.
-            ends: dict[int, int] = {}
-            while not self._stop.is_set():
-                partitions = self._partitions(consumer)
-                if partitions is None:
-                    self._set_loaded("the topic is not there yet")
-                    self._stop.wait(MISSING_TOPIC_RETRY_S)
-                    continue
-                new = partitions - assigned
-                if new:
-                    for partition in new:
-                        _, ends[partition] = consumer.get_watermark_offsets(
-                            TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
-                        )
-                    consumer.incremental_assign(
-                        [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(new)]
-                    )
-                    assigned |= new
-                self._read(consumer, ends)
-        except KafkaException as exc:
-            log.error("terminal-risk reader stopped: %s (terminals keep neutral risk)", exc)
-            self._set_loaded("the reader stopped")
-        finally:
-            consumer.close()
+    def _after_read(self, read_some: bool) -> None:
+        if read_some:
+            self._metrics.set_terminal_risk(len(self._features), self._bytes)
+        if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._sweep()
 
-    def _partitions(self, consumer: Consumer) -> set[int] | None:
-        try:
-            metadata = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:  # the broker away: keep the table, ask again later
-            log.warning("terminal-risk metadata unavailable (%s): trying again", exc)
-            return None
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            log.warning("topic %s not there yet: terminals get neutral risk meanwhile", self.topic)
-            return None
-        return set(topic.partitions)
-
-    def _read(self, consumer: Consumer, ends: dict[int, int]) -> None:
-        """Read what is there now, for up to about a minute, then let metadata be checked."""
-        for _ in range(120):
-            if self._stop.is_set():
-                return
-            messages = consumer.consume(READ_BATCH, POLL_S)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reading %s: %s", self.topic, error.str())
-                    continue
-                self._apply(message.key(), message.value(), message.timestamp()[1])
-            if messages:
-                self._metrics.set_terminal_risk(len(self._features), self._bytes)
-            if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
-                self._sweep()
-            if not self.loaded.is_set() and _caught_up(consumer, self.topic, ends):
-                self._set_loaded(f"{len(self._features)} terminals")
-
-    def _set_loaded(self, why: str) -> None:
-        if not self.loaded.is_set():
-            log.info("terminal-risk loaded: %s", why)
-            self.loaded.set()
+    def _apply_message(self, message: Message) -> None:
+        self._apply(message.key(), message.value(), message.timestamp()[1])
 
     def _apply(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         if key is None:
@@ -228,9 +161,3 @@ class TerminalRiskTable:
 
 def _entry_bytes(terminal_id: str, features: npt.NDArray[np.float32]) -> int:
     return sys.getsizeof(terminal_id) + features.nbytes + _ENTRY_OVERHEAD_BYTES
-
-
-def _caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
-    """Whether every partition's position has reached its end at the start."""
-    positions = consumer.position([TopicPartition(topic, p) for p in ends])
-    return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)

@@ -23,7 +23,10 @@ from contracts.output_formats import DecisionEncoder, decision_encoder
 from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from scorer.decide import DecisionPolicy
 from scorer.model import Scorer
+from scorer.reasons import Explainer
+from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState, KafkaChangelog
 from stream.config import ServiceConfig
@@ -31,6 +34,7 @@ from stream.kafka_clients import ClientErrors
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
+from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
 from stream.sink import KafkaSink, OutputSink
 from stream.terminal_table import TerminalRiskTable
@@ -53,6 +57,8 @@ class Collaborators:
     health: HealthState
     lag: LagMonitor
     metrics: ServiceMetrics
+    #: How scores become decisions (`ServiceConfig.decision_policy`).
+    policy: DecisionPolicy
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
     #: Exactly-once mode: the sink, which also commits the transactions.
     transactions: TransactionalSink | None = None
@@ -65,6 +71,9 @@ class Collaborators:
     #: decision the output's value (FRAUD_OUTPUT_FORMAT).
     decode: TransactionDecoder = decode_transaction
     encode: DecisionEncoder = encode_decision
+    #: The rules in force (FRAUD_RULES and its topic), and the reasons of flagged decisions.
+    rules: RulesTable | None = None
+    explainer: Explainer | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -75,11 +84,13 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         parts.tracker,
         parts.router,
         output_topic=config.output_topic,
-        policy=config.decision_policy,
+        policy=parts.policy,
         metrics=parts.metrics,
         card_state=parts.card_state,
         terminals=parts.terminals,
         encode=parts.encode,
+        rules=parts.rules,
+        explainer=parts.explainer,
     )
 
 
@@ -110,14 +121,16 @@ def build_collaborators(
     health: HealthState,
     lag: LagMonitor,
     metrics: ServiceMetrics,
+    policy: DecisionPolicy,
     *,
     delivery_timeout_s: float,
     max_message_bytes: int,
     kafka: Mapping[str, Any],
     client_errors: ClientErrors,
+    explainer: Explainer | None = None,
 ) -> Collaborators:
     """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
-    readers it makes itself (the state restore, the terminal-risk table)."""
+    readers it makes itself (the state restore, the terminal-risk and rules tables)."""
     router = dead_letter_router(config)
     card_state = (
         CardState(
@@ -172,6 +185,7 @@ def build_collaborators(
         health=health,
         lag=lag,
         metrics=metrics,
+        policy=policy,
         tracker=tracker,
         transactions=transactions,
         card_state=card_state,
@@ -192,4 +206,12 @@ def build_collaborators(
         encode=decision_encoder(
             config.output_format, config.output_topic, config.registry_settings()
         ),
+        rules=RulesTable(
+            Rules.EMPTY if config.rules is None else Rules.load(config.rules),
+            metrics,
+            kafka=kafka,
+            topic=config.rules_topic,
+            router=router,
+        ),
+        explainer=explainer,
     )

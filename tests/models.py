@@ -1,11 +1,15 @@
-"""Small ONNX models built in tests: crafted to break, to be slow, or to mismatch the features."""
+"""Small ONNX models built in tests: crafted to break, to be slow, or to mismatch the features;
+and `package`, which makes one a model package the service reads."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from scorer.features import FEATURE_NAMES
+from scorer.model_package import plain_manifest, write_model_package
 
 #: A feature value at which `poison_model` fails inside ONNX Runtime.
 POISON = 7.0
@@ -37,6 +41,17 @@ def onnx_model(
         model, {"feature_names": ",".join(feature_names), "model_version": model_version}
     )
     return bytes(model.SerializeToString())
+
+
+def package(
+    directory: Path,
+    model: bytes,
+    features: tuple[str, ...] = FEATURE_NAMES,
+    version: str = "test",
+) -> Path:
+    """Write `model` as a model package at `directory` (a manifest naming `features`)."""
+    write_model_package(directory, model, plain_manifest(version, version, features))
+    return directory
 
 
 def poison_model() -> bytes:

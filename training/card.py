@@ -6,10 +6,10 @@ import math
 
 import onnx
 
-from scorer.columns import TINY_AMOUNT
+from scorer.catalogue import BY_NAME
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.history import HISTORY_FEATURE_NAMES
-from scorer.terminal_risk import DELAY_DAYS, TERMINAL_FEATURE_NAMES
+from scorer.terminal_risk import DELAY_DAYS
 from simulator.fraud import SCENARIOS
 from training import gbdt, mlp
 from training.onnx_export import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME
@@ -41,55 +41,6 @@ MEASURED_CPU_ROWS_PER_S: tuple[tuple[int, int, int], ...] = (
     (256, 39_957, 274_330),
     (1024, 41_446, 250_223),
 )
-
-_TRANSACTION = {
-    "log_amount": "log(1 + amount)",
-    "tiny_amount": f"1 if the amount is below {TINY_AMOUNT}",
-    "round_amount": "1 if the amount is a multiple of 10",
-    "channel_pos": "1 for a point-of-sale transaction",
-    "channel_ecom": "1 for an e-commerce transaction",
-    "channel_atm": "1 for an ATM withdrawal",
-    "card_present": "1 if the card was physically present",
-    "hour_sin": "sine of the UTC hour of day",
-    "hour_cos": "cosine of the UTC hour of day",
-    "night": "1 between 00:00 and 05:00 UTC",
-    "mcc_everyday": "1 for everyday merchants (groceries, fuel, restaurants, pharmacies)",
-    "mcc_travel": "1 for travel merchants (airlines, hotels, car rental, transport)",
-    "mcc_digital": "1 for digital goods and online services",
-    "mcc_high_value": "1 for high-value goods (electronics, jewellery, computers)",
-    "mcc_cash": "1 for cash and quasi-cash (ATM, wire transfer, gambling)",
-    "cross_border": "1 if the merchant country's currency differs from the card's",
-    "high_risk_country": "1 if the merchant country is on the high-risk list",
-    "weekend": "1 on Saturday and Sunday (UTC)",
-}
-_HISTORY = {
-    **{
-        f"card_tx_{w}": f"log(1 + the card's transactions in the last {w}, this one included)"
-        for w in ("1h", "1d", "7d", "30d")
-    },
-    **{
-        f"card_avg_amount_{w}": f"log(1 + the card's mean amount over the last {w})"
-        for w in ("1h", "1d", "7d", "30d")
-    },
-    "card_amount_to_mean": "log(1 + amount) - log(1 + the card's 30-day mean before it)",
-    "card_amount_zscore": "(amount - 30-day mean) / 30-day spread, clipped to ±20",
-    "card_since_previous": "log(1 + seconds since the card's previous transaction), ≤ 30 days",
-    "card_distinct_merchants_1d": "distinct merchants of the card's last 8 transactions in 1 day",
-    "card_distinct_countries_1d": "distinct countries of the card's last 8 transactions in 1 day",
-    "card_testing_velocity": "log(1 + the card's small e-commerce amounts in the last ~10 min)",
-}
-_TERMINAL_KINDS = {
-    "tx": "log(1 + the terminal's transactions from {w} to {d} days ago)",
-    "risk": "confirmed frauds / transactions of the terminal, same days",
-    "frauds": "log(1 + the terminal's confirmed frauds, same days)",
-}
-_TERMINAL = {
-    name: _TERMINAL_KINDS[name.split("_")[1]].format(
-        w=int(name.rsplit("_", 1)[1][:-1]) + DELAY_DAYS - 1, d=DELAY_DAYS
-    )
-    for name in TERMINAL_FEATURE_NAMES
-}
-FEATURE_DESCRIPTIONS: dict[str, str] = {**_TRANSACTION, **_HISTORY, **_TERMINAL}
 
 
 def _percent(value: float) -> str:
@@ -180,7 +131,7 @@ development machine):
 def render_model_card(result: TrainingResult, folds: int) -> str:
     """The model card of a training run."""
     features = "\n".join(
-        f"| {i} | `{name}` | {FEATURE_DESCRIPTIONS[name]} |" for i, name in enumerate(FEATURE_NAMES)
+        f"| {i} | `{name}` | {BY_NAME[name].description} |" for i, name in enumerate(FEATURE_NAMES)
     )
     shipped, other = (
         result.candidates[result.winner],
@@ -195,7 +146,8 @@ def render_model_card(result: TrainingResult, folds: int) -> str:
 | | |
 | --- | --- |
 | model_version | `{result.model_version}` |
-| file | `scorer/models/{result.model_name}.onnx` (ONNX, opset {OPSET}, IR version {IR_VERSION}) |
+| package | `scorer/models/{result.model_name}/`: `model.onnx` (ONNX, opset {OPSET}, IR \
+version {IR_VERSION}), its manifest `model.toml` (docs/models.md) and this card |
 | input | `{INPUT_NAME}`: float32 `[batch, {NUM_FEATURES}]`, raw `build_features` output |
 | output | `{OUTPUT_NAME}`: float32 `[batch]`, fraud score in [0, 1] |
 | operators | {ops}: all with CUDA and CPU kernels in ONNX Runtime (no `ai.onnx.ml`) |
@@ -292,6 +244,6 @@ From the repository root, with the `train` extra installed: `make model`, or
 python -m training --seed {result.seed} --days {result.days} --folds {folds}
 ```
 
-It rewrites `scorer/models/{result.model_name}.onnx` and this card; the same arguments reproduce
-both byte for byte on the same platform.
+It rewrites the package `scorer/models/{result.model_name}/` (model, manifest, this card); the
+same arguments reproduce all three byte for byte on the same platform.
 """

@@ -1,6 +1,6 @@
 """Train the shipped fraud model on the simulated stream and export it to ONNX with its card.
 
-    python -m training [--seed 7] [--days 87] [--out PATH] [--card PATH]
+    python -m training [--seed 7] [--days 87] [--out PACKAGE_DIR]
 
 1. Simulate the handbook world for `days` days and replay it through the service's own state
    and feature code (`training/replay.py`): no train/serve skew.
@@ -8,7 +8,8 @@
    delay week, a test week with known-compromised cards removed), train both candidates, a
    gradient-boosted ensemble compiled to tensor operations (`training/gbdt.py`) and an MLP
    (`training/mlp.py`), and score the test week with the exported ONNX model on ONNX Runtime.
-3. Ship the candidate with the higher mean average precision: its model of the latest fold.
+3. Ship the candidate with the higher mean average precision: its model of the latest fold, as
+   a model package (scorer/model_package.py): model.onnx, model.toml and MODEL_CARD.md.
 
 The same seed and days give a byte-identical model file and model card on the same platform.
 """
@@ -29,6 +30,15 @@ import numpy.typing as npt
 
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.model_package import FORMAT as MANIFEST_FORMAT
+from scorer.model_package import (
+    Manifest,
+    ModelInfo,
+    ModelOutput,
+    ThresholdChoice,
+    Training,
+    write_model_package,
+)
 from simulator.fraud import SCENARIOS
 from training import gbdt, mlp
 from training.onnx_export import score_with_onnxruntime
@@ -46,7 +56,6 @@ WARMUP_DAYS = 45
 FOLDS = 4
 DEFAULT_DAYS = WARMUP_DAYS + (FOLDS - 1) * TEST_DAYS + TRAIN_DAYS + 7 + TEST_DAYS
 _MODELS_DIR = Path(__file__).resolve().parent.parent / "scorer" / "models"
-DEFAULT_CARD_PATH = _MODELS_DIR / "MODEL_CARD.md"
 #: The service's default decision thresholds.
 REVIEW_THRESHOLD = DEFAULT_REVIEW_THRESHOLD
 DECLINE_THRESHOLD = DEFAULT_DECLINE_THRESHOLD
@@ -101,6 +110,10 @@ class TrainingResult(NamedTuple):
     candidates: dict[str, Candidate]
     winner: str
     scenario_rows: dict[str, int]
+    #: The median of the latest training week's legitimate rows: reason codes' reference row.
+    reference: list[float]
+    #: Training-week start day of the latest fold, the shipped model's.
+    train_start_day: int
 
 
 def fold_starts(days: int, folds: int = FOLDS) -> list[int]:
@@ -142,6 +155,11 @@ def train_model(
         candidates=candidates,
         winner=winner,
         scenario_rows={name: int((stream.scenario == name).sum()) for name in SCENARIOS},
+        reference=[
+            float(v)
+            for v in np.median(stream.features[latest.train][~stream.is_fraud[latest.train]], 0)
+        ],
+        train_start_day=starts[0],
     )
 
 
@@ -231,9 +249,43 @@ def _review_shift(legit_logits: npt.NDArray[np.float64]) -> float:
     return math.log(REVIEW_THRESHOLD / (1.0 - REVIEW_THRESHOLD)) - cut
 
 
-def model_path(name: str) -> Path:
-    """Where a model of that name ships."""
-    return _MODELS_DIR / f"{name}.onnx"
+def package_path(name: str) -> Path:
+    """Where the package of a model of that name ships."""
+    return _MODELS_DIR / name
+
+
+def manifest(result: TrainingResult) -> Manifest:
+    """The shipped package's manifest (its hash is set when it is written)."""
+    shipped = result.candidates[result.winner]
+    return Manifest(
+        format=MANIFEST_FORMAT,
+        model=ModelInfo(result.model_name, result.model_version),
+        features=list(FEATURE_NAMES),
+        output=ModelOutput(
+            meaning="fraud score in [0, 1], ranking transactions: a probability shifted on the "
+            f"log-odds so that {TARGET_REVIEW_RATE:.1%} of the training week's legitimate "
+            "transactions reach the review threshold; not calibrated",
+            calibration="none",
+        ),
+        thresholds=ThresholdChoice(
+            REVIEW_THRESHOLD,
+            DECLINE_THRESHOLD,
+            chosen_by=f"fixed defaults; the score is shifted so that {TARGET_REVIEW_RATE:.1%} "
+            "of the training week's legitimate transactions reach review (MODEL_CARD.md)",
+        ),
+        training=Training(
+            data=f"simulated stream: seed {result.seed}, {result.days} days, {result.rows} "
+            f"transactions ({result.fraud_rows} fraud), {result.labels} labels",
+            window=f"days {result.train_start_day}-{result.train_start_day + TRAIN_DAYS - 1} "
+            f"({result.train_rows} rows), the latest of {len(shipped.folds)} folds",
+            metrics={
+                f"test_{field}_mean_over_folds": round(shipped.mean(field)[0], 4)
+                for field in ("roc_auc", "average_precision", "card_precision")
+            },
+        ),
+        onnx_sha256="",
+        reference=result.reference,
+    )
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -253,10 +305,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help="where to write the model (default: the shipped path)",
-    )
-    parser.add_argument(
-        "--card", type=Path, default=DEFAULT_CARD_PATH, help="where to write the model card"
+        help="the model package directory to write (default: the shipped package)",
     )
     args = parser.parse_args(argv)
     if args.seed < 0:
@@ -277,12 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     result = train_model(args.seed, args.days, args.folds)
-    out = args.out or model_path(result.model_name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(result.model)
-    args.card.parent.mkdir(parents=True, exist_ok=True)
-    args.card.write_text(render_model_card(result, args.folds), encoding="utf-8")
-    logger.info("wrote model=%s bytes=%d card=%s", out, len(result.model), args.card)
+    out = args.out or package_path(result.model_name)
+    write_model_package(out, result.model, manifest(result), render_model_card(result, args.folds))
+    logger.info("wrote package=%s model_bytes=%d", out, len(result.model))
     print(metrics_table(result))
     return 0
 

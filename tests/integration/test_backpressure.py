@@ -16,7 +16,7 @@ from onnx import helper
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
-from tests.models import onnx_model
+from tests.models import onnx_model, package
 
 #: Hidden width of the deliberately slow model.
 SLOW_WIDTH = 2048
@@ -83,8 +83,7 @@ def slow_model(path: Path) -> Path:
         helper.make_node("Sigmoid", ["z"], ["p"]),
         helper.make_node("Reshape", ["p", "flat"], ["score"]),
     ]
-    path.write_bytes(onnx_model(nodes, initializers, ["batch"], model_version="slow-1"))
-    return path
+    return package(path, onnx_model(nodes, initializers, ["batch"]), version="slow-1")
 
 
 def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat(
@@ -95,7 +94,7 @@ def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat
     service = service_factory(
         topics,
         "--model-path",
-        str(slow_model(tmp_path / "slow.onnx")),
+        str(slow_model(tmp_path / "slow")),
         *BEHIND,
         # A hand-off deeper than the bound: the bound, not the hand-off, must stop fetching.
         "--max-in-flight-records",
@@ -128,7 +127,7 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
 ):
     topics = topics_factory(partitions=4)
     sent = backlog(topics.input, 20_000, seed=43)
-    model = str(slow_model(tmp_path / "slow.onnx"))
+    model = str(slow_model(tmp_path / "slow"))
     tight = (
         "--model-path",
         model,
@@ -237,7 +236,7 @@ def test_large_valid_records_are_bounded_by_bytes_not_only_by_count(
     service = service_factory(
         topics,
         "--model-path",
-        str(slow_model(tmp_path / "slow.onnx")),
+        str(slow_model(tmp_path / "slow")),
         *BEHIND,
         "--max-in-flight-bytes",
         str(bound),

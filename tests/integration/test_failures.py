@@ -27,7 +27,7 @@ from tests.integration.conftest import (
     produce,
     read_topic,
 )
-from tests.models import onnx_model
+from tests.models import onnx_model, package
 
 VALID = TransactionSimulator(3, id_prefix="failures").generate(1).records[0]
 #: The crafted model breaks (ONNX Runtime raises) on transactions above this amount.
@@ -58,8 +58,7 @@ def poison_model(path: Path) -> Path:
         helper.make_node("Gather", ["table", "index"], ["zero_or_crash"], axis=0),
         helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
     ]
-    path.write_bytes(onnx_model(nodes, initializers, ["batch"], model_version="poison-test-1"))
-    return path
+    return package(path, onnx_model(nodes, initializers, ["batch"]), version="poison-test-1")
 
 
 def http_status(port: int, path: str) -> int:
@@ -91,7 +90,7 @@ def test_poison_records_are_isolated_and_their_batch_mates_decided(
         records[i] = {**records[i], "amount": 900_000.0}
         poison_ids.add(records[i]["transaction_id"])
     produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in records])
-    model = poison_model(tmp_path / "poison.onnx")
+    model = poison_model(tmp_path / "poison")
     service = service_factory(topics, "--model-path", str(model), "--max-batch-size", "64")
 
     decisions = [json.loads(m.value()) for m in read_topic(topics.output, 296)]

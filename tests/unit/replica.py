@@ -17,6 +17,7 @@ from contracts.input_formats import TransactionDecoder
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
+from scorer.decisions import DEFAULT_THRESHOLDS
 from simulator.transactions import TransactionSimulator
 from stream.card_state import CardState
 from stream.config import ServiceConfig
@@ -148,6 +149,7 @@ class Replica:
             health=self.health,
             lag=lag,
             metrics=self.metrics,
+            policy=self.config.decision_policy(DEFAULT_THRESHOLDS),
             tracker=tracker,
             transactions=self.transactions,
             card_state=self.card_state,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ConfigurationError
+from scorer.decisions import Thresholds
 from stream.cli import main
 from stream.config import ServiceConfig
 
@@ -19,7 +20,8 @@ def test_defaults_match_the_documented_contract() -> None:
         "transactions.dlq",
     )
     assert config.group_id == "fraud-scorer"
-    assert config.model_path.is_file(), "the shipped model is the default"
+    assert config.model_path.is_dir(), "the shipped model package is the default"
+    assert (config.review_threshold, config.decline_threshold) == (None, None)
 
 
 def test_flag_beats_environment_beats_default() -> None:
@@ -54,9 +56,9 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
         ({"FRAUD_MAX_BATCH_SIZE": "0"}, "max_batch_size must be an integer in 1..65536, got '0'"),
         ({"FRAUD_MAX_WAIT_MS": "-1"}, "max_wait_ms"),
         ({"FRAUD_DEVICE": "tpu"}, "device must be one of auto, cpu, cuda, tensorrt, got 'tpu'"),
-        ({"FRAUD_REVIEW_THRESHOLD": "0.9", "FRAUD_DECLINE_THRESHOLD": "0.5"}, "review_threshold"),
+        ({"FRAUD_REVIEW_THRESHOLD": "1.5"}, "review_threshold must be between 0 and 1, got 1.5"),
         ({"FRAUD_OUTPUT_TOPIC": "transactions"}, "three different topics"),
-        ({"FRAUD_MODEL_PATH": "/nonexistent/model.onnx"}, "is not a file"),
+        ({"FRAUD_MODEL_PATH": "/nonexistent/model"}, "is not a model package directory"),
         ({"FRAUD_KAFKA_OPTIONS": "novalue"}, "KEY=VALUE"),
         ({"FRAUD_METRICS_PORT": "70000"}, "metrics_port"),
         ({"FRAUD_INPUT_FORMAT": "protobuf"}, "input_format must be one of avro, json, json-schema"),
@@ -106,9 +108,20 @@ def test_cli_help_documents_every_option_with_env_and_default(
 
 
 def test_model_path_from_environment_is_a_path(tmp_path: Path) -> None:
-    model = tmp_path / "m.onnx"
-    model.write_bytes(b"x")
-    assert ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": str(model)}).model_path == model
+    assert (
+        ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": str(tmp_path)}).model_path == tmp_path
+    )
+
+
+def test_thresholds_default_to_the_packages_and_each_may_be_set() -> None:
+    package = Thresholds(0.3, 0.9)
+    assert ServiceConfig.from_sources({}, {}).decision_policy(package).thresholds == package
+    env = {"FRAUD_DECLINE_THRESHOLD": "0.7"}
+    policy = ServiceConfig.from_sources({}, env).decision_policy(package)
+    assert policy.thresholds == Thresholds(0.3, 0.7)
+    crossing = ServiceConfig.from_sources({}, {"FRAUD_REVIEW_THRESHOLD": "0.95"})
+    with pytest.raises(ConfigurationError, match=r"review <= decline, got review 0\.95 and decl"):
+        crossing.decision_policy(package)
 
 
 def test_only_settings_known_to_be_safe_are_logged_in_clear(tmp_path: Path) -> None:

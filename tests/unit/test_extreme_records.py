@@ -28,6 +28,7 @@ from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model import OnnxScorer
+from scorer.model_package import load_model_package
 from simulator.team_shapes import checkout_event
 from stream.batcher import Batch
 from stream.config import SHIPPED_MODEL_PATH
@@ -92,7 +93,7 @@ def legal_record(draw: st.DrawFn) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def stage() -> tuple[BatchScorer, MemorySink, OffsetTracker]:
     sink, tracker = MemorySink(), OffsetTracker()
-    scorer = OnnxScorer(SHIPPED_MODEL_PATH)
+    scorer = OnnxScorer(load_model_package(SHIPPED_MODEL_PATH))
     scorer.warm_up()
     policy = DecisionPolicy(Thresholds(0.5, 0.8), 1_000.0, "fallback")
     router = DeadLetterRouter("tx.dlq", "g/i")

@@ -22,6 +22,7 @@ from contracts.errors import ConfigurationError, ScoreError
 from scorer.binding import bucket_sizes
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
+from scorer.model_package import load_model_package
 from scorer.pinned import pinned_zeros
 from scorer.runtime import (
     CPU,
@@ -34,7 +35,9 @@ from scorer.runtime import (
     open_session,
 )
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
-from tests.models import POISON, poison_model
+from tests.models import POISON, package, poison_model
+
+SHIPPED = load_model_package(SHIPPED_MODEL_PATH)
 
 
 def features(rows: int, seed: int = 0) -> npt.NDArray[np.float32]:
@@ -59,7 +62,7 @@ def test_a_gpu_request_without_a_usable_gpu_falls_back_to_cpu_with_one_warning(
     caplog: pytest.LogCaptureFixture, device: Device
 ) -> None:
     with caplog.at_level(logging.INFO):
-        scorer = OnnxScorer(SHIPPED_MODEL_PATH, device)
+        scorer = OnnxScorer(SHIPPED, device)
     if scorer.provider in GPU_PROVIDERS:
         pytest.fail("this test expects a machine without a usable GPU (CI has none)")
     assert scorer.provider == CPU
@@ -72,7 +75,7 @@ def test_a_gpu_request_without_a_usable_gpu_falls_back_to_cpu_with_one_warning(
 
 def test_auto_picks_cpu_here_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
-        scorer = OnnxScorer(SHIPPED_MODEL_PATH, "auto")
+        scorer = OnnxScorer(SHIPPED, "auto")
     assert scorer.provider == CPU
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("CUDA is not usable here" in r.getMessage() for r in caplog.records)
@@ -80,14 +83,14 @@ def test_auto_picks_cpu_here_without_a_warning(caplog: pytest.LogCaptureFixture)
 
 def test_cpu_device_asks_for_no_gpu(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="scorer.runtime"):
-        scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu")
+        scorer = OnnxScorer(SHIPPED, "cpu")
     assert scorer.provider == CPU
     assert not caplog.records
     assert not scorer.io_binding and not scorer.cuda_graphs, "the CPU runs the exact batch"
 
 
 def test_node_placement_names_every_node_and_its_provider() -> None:
-    placement = node_placement(SHIPPED_MODEL_PATH.read_bytes(), "cpu")
+    placement = node_placement(SHIPPED.onnx, "cpu")
     assert placement.provider == CPU
     assert placement.nodes, "the profile must name the model's nodes"
     assert {node.provider for node in placement.nodes} == {CPU}
@@ -108,12 +111,12 @@ def test_placement_profiles_leave_no_files(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     devices: tuple[Device, ...] = ("cpu", "cuda", "tensorrt")
     for device in devices:
-        OnnxScorer(SHIPPED_MODEL_PATH, device)
+        OnnxScorer(SHIPPED, device)
     assert not list(tmp_path.iterdir())
 
 
 def test_cpu_sessions_get_the_configured_threads() -> None:
-    opened = open_session(SHIPPED_MODEL_PATH.read_bytes(), "cpu", cpu_threads=2)
+    opened = open_session(SHIPPED.onnx, "cpu", cpu_threads=2)
     assert opened.session.get_session_options().intra_op_num_threads == 2
 
 
@@ -134,8 +137,8 @@ def test_buckets_are_powers_of_two_up_to_the_batch_cap(
 
 
 def test_padded_scores_are_identical_to_unpadded_scores_for_every_size() -> None:
-    bound = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=True, max_batch_size=64)
-    plain = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=False)
+    bound = OnnxScorer(SHIPPED, "cpu", io_binding=True, max_batch_size=64)
+    plain = OnnxScorer(SHIPPED, "cpu", io_binding=False)
     assert bound.io_binding and not plain.io_binding
     rows = features(200)
     # 0 … 200 covers every bucket, sizes just above and below each, and chunks of the largest.
@@ -144,8 +147,7 @@ def test_padded_scores_are_identical_to_unpadded_scores_for_every_size() -> None
 
 
 def test_rows_of_an_earlier_batch_never_reach_the_model(tmp_path: Path) -> None:
-    model = tmp_path / "poison.onnx"
-    model.write_bytes(poison_model())
+    model = load_model_package(package(tmp_path / "poison", poison_model()))
     scorer = OnnxScorer(model, "cpu", io_binding=True, max_batch_size=8)
     poisoned = np.full((8, NUM_FEATURES), POISON, np.float32)
     with pytest.raises(ScoreError):
@@ -156,7 +158,7 @@ def test_rows_of_an_earlier_batch_never_reach_the_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
 def test_warm_up_scores_every_bucket(io_binding: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=io_binding, max_batch_size=100)
+    scorer = OnnxScorer(SHIPPED, "cpu", io_binding=io_binding, max_batch_size=100)
     sizes = record_model_calls(scorer, monkeypatch)
     assert scorer.warm_up() >= 0.0
     assert sorted(set(sizes)) == [1, 2, 4, 8, 16, 32, 64, 100] == list(scorer.buckets)
@@ -165,7 +167,7 @@ def test_warm_up_scores_every_bucket(io_binding: bool, monkeypatch: pytest.Monke
 def test_a_thread_that_did_not_warm_up_captures_its_graphs_on_its_first_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    scorer = OnnxScorer(SHIPPED_MODEL_PATH, "cpu", io_binding=True, max_batch_size=4)
+    scorer = OnnxScorer(SHIPPED, "cpu", io_binding=True, max_batch_size=4)
     scorer.cuda_graphs = True  # as on a CUDA session; the CPU provider has no graphs to capture
     scorer.warm_up()
     sizes = record_model_calls(scorer, monkeypatch)

@@ -286,3 +286,11 @@ def test_batch_size_distribution_keeps_empty_buckets_below_the_largest_batch():
     before = {"1.0": 0.0, "2.0": 0.0, "4.0": 0.0, "8.0": 0.0, "16.0": 0.0, "+Inf": 0.0}
     after = {"1.0": 3.0, "2.0": 3.0, "4.0": 3.0, "8.0": 7.0, "16.0": 7.0, "+Inf": 7.0}
     assert batch_size_distribution(before, after) == {"<=1": 3, "<=2": 0, "<=4": 0, "<=8": 4}
+
+
+def test_the_summary_says_how_many_flagged_decisions_carry_their_reasons():
+    sent, received = _run([[5, 10, 15]])
+    received.flagged, received.flagged_with_reasons = 4, 3
+    summary = summarize(sent, received, 1.0, 1.0)
+    assert summary["flagged_with_reasons"] == [3, 4]
+    assert "reasons         3 of 4 reviews and declines carry 3 reasons" in render_text(summary)

@@ -22,7 +22,7 @@ from scorer.terminal_risk import (
     NUM_TERMINAL_FEATURES,
     encode_terminal_risk,
 )
-from stream import terminal_table
+from stream import compacted_topic, terminal_table
 from stream.metrics import ServiceMetrics
 from stream.terminal_table import TerminalRiskTable
 
@@ -101,8 +101,8 @@ def reading(
     monkeypatch: pytest.MonkeyPatch, records: list[Message], **script: int
 ) -> tuple[TerminalRiskTable, CollectorRegistry]:
     consumer = type("Consumer", (ScriptedConsumer,), {"records": records, **script})
-    monkeypatch.setattr(terminal_table, "Consumer", consumer)
-    monkeypatch.setattr(terminal_table, "MISSING_TOPIC_RETRY_S", 0.01)
+    monkeypatch.setattr(compacted_topic, "Consumer", consumer)
+    monkeypatch.setattr(compacted_topic, "MISSING_TOPIC_RETRY_S", 0.01)
     registry = CollectorRegistry()
     table = TerminalRiskTable(
         {},

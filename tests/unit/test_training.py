@@ -11,9 +11,10 @@ import onnxruntime as ort
 import pytest
 
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.model_package import CARD_FILE, load_model_package, write_model_package
 from stream.config import SHIPPED_MODEL_PATH
 from training import gbdt
-from training.card import FEATURE_DESCRIPTIONS, render_model_card
+from training.card import render_model_card
 from training.onnx_export import IR_VERSION, OPSET, score_with_onnxruntime
 from training.protocol import (
     average_precision,
@@ -22,7 +23,7 @@ from training.protocol import (
     roc_auc,
 )
 from training.replay import replay_history, simulate
-from training.train import DEFAULT_CARD_PATH, TrainingResult, main, train_model
+from training.train import TrainingResult, main, manifest, train_model
 
 #: The reduced configuration: 600 customers, the shortest stream that holds one fold.
 SMALL = {"seed": 3, "days": 24, "folds": 1, "cards": 600}
@@ -190,30 +191,42 @@ def test_average_precision_known_values() -> None:
         average_precision(np.zeros(3, bool), np.zeros(3))
 
 
-def test_every_feature_is_described_in_the_card() -> None:
-    assert tuple(FEATURE_DESCRIPTIONS) == FEATURE_NAMES
+def test_a_training_run_writes_a_package_the_service_reads(
+    small: TrainingResult, tmp_path: Path
+) -> None:
+    package = write_model_package(tmp_path / "p", small.model, manifest(small), "card")
+    again = load_model_package(tmp_path / "p")
+    assert again.manifest == package.manifest
+    assert again.version == small.model_version
+    assert again.manifest.features == list(FEATURE_NAMES)
+    legit = small.reference
+    assert len(legit) == NUM_FEATURES and all(np.isfinite(legit))
+    assert (tmp_path / "p" / CARD_FILE).read_text(encoding="utf-8") == "card"
 
 
 def test_main_refuses_a_stream_too_short_for_a_fold(tmp_path: Path) -> None:
-    out, card = tmp_path / "m" / "model.onnx", tmp_path / "card.md"
-    argv = ["--seed", "9", "--days", "22", "--folds", "1", "--out", str(out), "--card", str(card)]
+    out = tmp_path / "package"
     with pytest.raises(SystemExit):
-        main([*argv[:2], "--days", "5"])  # too short for a fold
+        main(["--seed", "9", "--days", "5", "--folds", "1", "--out", str(out)])
     assert not out.exists()
 
 
-def test_shipped_model_matches_features_card_and_cuda_operators() -> None:
-    model = onnx.load(str(SHIPPED_MODEL_PATH))
+def test_shipped_package_matches_features_card_and_cuda_operators() -> None:
+    package = load_model_package(SHIPPED_MODEL_PATH)
+    model = onnx.load_from_string(package.onnx)
     assert {node.op_type for node in model.graph.node} <= CUDA_OPS
-    assert SHIPPED_MODEL_PATH.stat().st_size < 2_000_000
-    session = ort.InferenceSession(str(SHIPPED_MODEL_PATH), providers=["CPUExecutionProvider"])
+    assert len(package.onnx) < 2_000_000
+    session = ort.InferenceSession(package.onnx, providers=["CPUExecutionProvider"])
     metadata = session.get_modelmeta().custom_metadata_map
     assert tuple(metadata["feature_names"].split(",")) == FEATURE_NAMES
-    assert metadata["model_version"] in DEFAULT_CARD_PATH.read_text(encoding="utf-8")
+    assert package.manifest.features == list(FEATURE_NAMES)
+    assert metadata["model_version"] == package.version
+    assert package.version in (SHIPPED_MODEL_PATH / CARD_FILE).read_text(encoding="utf-8")
 
 
 def test_shipped_model_ranks_a_fresh_stream() -> None:
     stream = simulate(seed=2024, days=30)
     recent = stream.day >= 23
-    scores = score_with_onnxruntime(SHIPPED_MODEL_PATH.read_bytes(), stream.features[recent])
+    package = load_model_package(SHIPPED_MODEL_PATH)
+    scores = score_with_onnxruntime(package.onnx, stream.features[recent])
     assert roc_auc(stream.is_fraud[recent], scores) > 0.85
