@@ -49,8 +49,8 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && /opt/venv/bin/pip install --require-hashes --no-deps -r /tmp/requirements.txt
 # 2. The project itself, without its dependencies (the lock provided them, for this variant).
-#    README.md is the package's `readme` (pyproject.toml); scorer/models/*.onnx ships as
-#    package-data of `scorer`. One COPY per package of [tool.setuptools] packages.
+#    README.md is the package's `readme` (pyproject.toml); the model package scorer/models/*/
+#    ships as package-data of `scorer`. One COPY per package of [tool.setuptools] packages.
 COPY pyproject.toml README.md /src/
 COPY contracts /src/contracts
 COPY simulator /src/simulator
@@ -60,7 +60,7 @@ COPY scorer /src/scorer
 COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src \
-    && /opt/venv/bin/python -c 'from stream.config import SHIPPED_MODEL_PATH as p; assert p.is_file(), p' \
+    && /opt/venv/bin/python -c 'from stream.config import SHIPPED_MODEL_PATH as p; from scorer.model_package import load_model_package as load; load(p)' \
     && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, msgspec, prometheus_client, tenacity'
 
 FROM base
