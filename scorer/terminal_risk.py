@@ -15,8 +15,12 @@ on stacks of terminals (leading axis), so the faust worker's per-terminal `Termi
 and training's table of every terminal run the same arithmetic.
 
 The published `terminal-risk` record (JSON, key = terminal_id):
-`{"terminal_id": str, "as_of_day": int, <TERMINAL_FEATURE_NAMES>: number, …}`. A terminal with
-no record, or a transaction without a terminal, gets `NEUTRAL_TERMINAL_FEATURES`.
+`{"terminal_id": str, "as_of_day": int, <TERMINAL_FEATURE_NAMES>: number, …, "days": [38 ints],
+"counts": [38 pairs of transactions, frauds]}`: the features as of `as_of_day`, and the buckets they
+come from. The scorer computes each transaction's features from the buckets as of the
+transaction's own day, exactly as training does (`window_features`), so a record published days
+ago is not stale; a record without buckets (an older worker) is used as of its own day. A
+terminal with no record, or a transaction without a terminal, gets `NEUTRAL_TERMINAL_FEATURES`.
 """
 
 from __future__ import annotations
@@ -150,6 +154,14 @@ class TerminalRisk:
         """The newest day any bucket holds, or -1 when none does."""
         return int(self._days.max())
 
+    def buckets(self) -> tuple[_Ints, _Ints]:
+        """Copies of the buckets: (days [BUCKET_DAYS], counts [BUCKET_DAYS, 2])."""
+        return self._days[0].copy(), self._counts[0].copy()
+
+    def empty(self) -> bool:
+        """Whether no bucket holds a count (every window reads zero, now and later)."""
+        return not self._counts.any()
+
     def features(self, as_of_day: int) -> npt.NDArray[np.float32]:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`: risk over the windows ending DELAY_DAYS
         before it, and the transaction and confirmed-fraud counts (log1p) of those windows."""
@@ -190,21 +202,32 @@ class TerminalRiskRecord(NamedTuple):
     terminal_id: str
     as_of_day: int
     features: npt.NDArray[np.float32]  # [NUM_TERMINAL_FEATURES], TERMINAL_FEATURE_NAMES order
+    #: The buckets: days [BUCKET_DAYS] and counts [BUCKET_DAYS, 2]; None from an older worker.
+    buckets: tuple[_Ints, _Ints] | None = None
 
 
-def encode_terminal_risk(terminal_id: str, as_of_day: int, features: npt.ArrayLike) -> bytes:
+def encode_terminal_risk(
+    terminal_id: str,
+    as_of_day: int,
+    features: npt.ArrayLike,
+    buckets: tuple[_Ints, _Ints] | None = None,
+) -> bytes:
     """The JSON value of a `terminal-risk` record (its key is the terminal id)."""
     values = np.asarray(features, np.float64).reshape(-1)
     if len(values) != NUM_TERMINAL_FEATURES:
         raise ValueError(f"expected {NUM_TERMINAL_FEATURES} features, got {len(values)}")
     record: dict[str, object] = {"terminal_id": terminal_id, "as_of_day": int(as_of_day)}
     record.update(zip(TERMINAL_FEATURE_NAMES, values.tolist(), strict=True))
+    if buckets is not None:
+        days, counts = buckets
+        record["days"] = np.asarray(days, np.int64).tolist()
+        record["counts"] = np.asarray(counts, np.int64).tolist()
     return msgspec.json.encode(record)
 
 
 def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
     """Read a `terminal-risk` record; ValueError if it is not one (a missing or non-finite
-    feature, no terminal_id, …)."""
+    feature, no terminal_id, buckets of the wrong shape, …)."""
     try:
         raw = msgspec.json.decode(value)
     except msgspec.MsgspecError as exc:
@@ -222,16 +245,48 @@ def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
     features = np.array(values, np.float32)
     if not np.isfinite(features).all():
         raise ValueError("terminal-risk record has a non-finite feature")
-    return TerminalRiskRecord(terminal_id, as_of_day, features)
+    return TerminalRiskRecord(terminal_id, as_of_day, features, _buckets(raw))
+
+
+def _buckets(raw: dict[str, object]) -> tuple[_Ints, _Ints] | None:
+    if "days" not in raw and "counts" not in raw:
+        return None
+    try:
+        days = np.array(raw.get("days"), np.int64)
+        counts = np.array(raw.get("counts"), np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"terminal-risk record has buckets that are not integers: {exc}") from exc
+    if days.shape != (BUCKET_DAYS,) or counts.shape != (BUCKET_DAYS, 2):
+        raise ValueError(f"terminal-risk record needs {BUCKET_DAYS} buckets of 2 counts")
+    if (days < _EMPTY_DAY).any() or (counts < 0).any():
+        raise ValueError("terminal-risk record has a negative bucket")
+    return days, counts
 
 
 def terminal_features(
-    known: Mapping[str, npt.NDArray[np.float32]], terminal_ids: Sequence[str | None]
+    known: Mapping[str, TerminalRiskRecord],
+    terminal_ids: Sequence[str | None],
+    day: _Ints,
 ) -> npt.NDArray[np.float32]:
-    """The terminal columns [B, NUM_TERMINAL_FEATURES] of a batch from the latest features per
-    terminal id (the scorer's copy of `terminal-risk`); neutral where there is none."""
-    out = np.empty((len(terminal_ids), NUM_TERMINAL_FEATURES), np.float32)
+    """The terminal columns [B, NUM_TERMINAL_FEATURES] of a batch, each as of its transaction's
+    `day` [B], from the latest record per terminal id (the scorer's copy of `terminal-risk`):
+    from the record's buckets when it has them, as training computes them; as published
+    otherwise; neutral where there is no record."""
+    n = len(terminal_ids)
+    out = np.empty((n, NUM_TERMINAL_FEATURES), np.float32)
+    out[:] = NEUTRAL_TERMINAL_FEATURES
+    days, counts = empty_buckets(n)
+    with_buckets = np.zeros(n, np.bool_)
     for i, terminal_id in enumerate(terminal_ids):
-        found = None if terminal_id is None else known.get(terminal_id)
-        out[i] = NEUTRAL_TERMINAL_FEATURES if found is None else found
+        record = None if terminal_id is None else known.get(terminal_id)
+        if record is None:
+            continue
+        if record.buckets is None:
+            out[i] = record.features
+        else:
+            days[i], counts[i] = record.buckets
+            with_buckets[i] = True
+    if with_buckets.any():
+        rows = np.flatnonzero(with_buckets)
+        out[rows] = window_features(days[rows], counts[rows], np.asarray(day, np.int64)[rows])
     return out

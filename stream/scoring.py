@@ -125,7 +125,10 @@ class BatchScorer:
         terminal = (
             None
             if self._terminals is None
-            else self._terminals.features([t.terminal_id for t in transactions])
+            else self._terminals.features(
+                [t.terminal_id for t in transactions],
+                np.fromiter((t.event_time for t in transactions), np.int64, len(transactions)),
+            )
         )
         now_ms = time.time_ns() // 1_000_000
         verdicts = decide_batch(

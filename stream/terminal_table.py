@@ -1,9 +1,11 @@
-"""The scorer's copy of `terminal-risk`: every terminal's latest risk features, read whole.
+"""The scorer's copy of `terminal-risk`: every terminal's latest risk record, read whole.
 
 The features worker (`fraud-features`) publishes each terminal's risk, from confirmed labels,
 to a compacted topic keyed by terminal id. Every replica reads all of it (a global table: a
 transaction of any card may happen at any terminal), from the beginning and then as it grows,
-on a thread of its own, and the scoring thread joins a batch against it in one pass.
+on a thread of its own, and the scoring thread joins a batch against it in one pass: each
+transaction's terminal features come from its terminal's daily buckets as of the transaction's
+own day, as training computes them (`scorer/terminal_risk.py`).
 
 Responsibilities and decisions:
 - A terminal with no record yet, or with no terminal id, gets the neutral features, never an
@@ -40,7 +42,12 @@ import numpy.typing as npt
 from confluent_kafka import Message
 
 from contracts.event_time import EventClock
-from scorer.terminal_risk import HORIZON_DAYS, decode_terminal_risk, terminal_features
+from scorer.terminal_risk import (
+    HORIZON_DAYS,
+    TerminalRiskRecord,
+    decode_terminal_risk,
+    terminal_features,
+)
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 
@@ -48,7 +55,7 @@ log = logging.getLogger(__name__)
 
 #: How often records as of days no window reads any more are forgotten.
 SWEEP_INTERVAL_S = 60.0
-#: Per terminal beyond its id and features: the dict slot and the array's own header.
+#: Per terminal beyond its id, features and buckets: the dict slots and the arrays' headers.
 _ENTRY_OVERHEAD_BYTES = 100
 
 
@@ -68,7 +75,7 @@ class TerminalRiskTable:
         self._metrics = metrics
         self._clock = clock
         self._day_ms = day_ms
-        self._features: dict[str, npt.NDArray[np.float32]] = {}
+        self._records: dict[str, TerminalRiskRecord] = {}
         self._as_of: dict[str, int] = {}
         self._bytes = 0
         self._newest_day = -1
@@ -80,7 +87,7 @@ class TerminalRiskTable:
             self._apply_message,
             name="terminal-risk",
             after_read=self._after_read,
-            loaded_note=lambda: f"{len(self._features)} terminals",
+            loaded_note=lambda: f"{len(self._records)} terminals",
         )
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = self._reader.loaded
@@ -93,11 +100,14 @@ class TerminalRiskTable:
         self._reader.close()
 
     def __len__(self) -> int:
-        return len(self._features)
+        return len(self._records)
 
-    def features(self, terminal_ids: Sequence[str | None]) -> npt.NDArray[np.float32]:
-        """The terminal feature rows of a batch (neutral where unknown)."""
-        return terminal_features(self._features, terminal_ids)
+    def features(
+        self, terminal_ids: Sequence[str | None], event_time: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float32]:
+        """The terminal feature rows of a batch, each as of its transaction's day (neutral
+        where unknown)."""
+        return terminal_features(self._records, terminal_ids, event_time // self._day_ms)
 
     def _newest_record_age_s(self) -> float:
         newest = self._newest_record_ms
@@ -105,7 +115,7 @@ class TerminalRiskTable:
 
     def _after_read(self, read_some: bool) -> None:
         if read_some:
-            self._metrics.set_terminal_risk(len(self._features), self._bytes)
+            self._metrics.set_terminal_risk(len(self._records), self._bytes)
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
             self._sweep()
 
@@ -136,16 +146,16 @@ class TerminalRiskTable:
             self._metrics.record_terminal_risk_skipped("future")
             return
         self._forget(record.terminal_id)
-        self._features[record.terminal_id] = record.features
+        self._records[record.terminal_id] = record
         self._as_of[record.terminal_id] = record.as_of_day
-        self._bytes += _entry_bytes(record.terminal_id, record.features)
+        self._bytes += _entry_bytes(record)
         self._newest_day = max(self._newest_day, record.as_of_day)
 
     def _forget(self, terminal_id: str) -> None:
-        features = self._features.pop(terminal_id, None)
-        if features is not None:
+        record = self._records.pop(terminal_id, None)
+        if record is not None:
             self._as_of.pop(terminal_id, None)
-            self._bytes -= _entry_bytes(terminal_id, features)
+            self._bytes -= _entry_bytes(record)
 
     def _sweep(self) -> None:
         """Forget the records as of days no window reads any more (their risk is neutral)."""
@@ -156,8 +166,11 @@ class TerminalRiskTable:
             self._forget(terminal_id)
         if old:
             log.info("forgot %s terminal-risk records older than day %s", len(old), oldest)
-            self._metrics.set_terminal_risk(len(self._features), self._bytes)
+            self._metrics.set_terminal_risk(len(self._records), self._bytes)
 
 
-def _entry_bytes(terminal_id: str, features: npt.NDArray[np.float32]) -> int:
-    return sys.getsizeof(terminal_id) + features.nbytes + _ENTRY_OVERHEAD_BYTES
+def _entry_bytes(record: TerminalRiskRecord) -> int:
+    buckets = 0 if record.buckets is None else sum(array.nbytes for array in record.buckets)
+    return (
+        sys.getsizeof(record.terminal_id) + record.features.nbytes + buckets + _ENTRY_OVERHEAD_BYTES
+    )

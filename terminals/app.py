@@ -7,7 +7,7 @@ transactions, labels (key card_id) ─► Router (terminals/router.py, librdkafk
                                                   ▼
                update_terminals ──► table "terminal-state" (key terminal_id, value TerminalState)
                                     └► changelog <app-id>-terminal-state-changelog (compacted)
-                                                  ▼  when the terminal's features change
+                                                  ▼  when the terminal's buckets change
                terminal-risk (compacted, key terminal_id; a tombstone once neutral or idle)
 ```
 
@@ -17,8 +17,11 @@ topic, as faust's `Stream.group_by` would, one internal record per partition and
 (faust's cost is per record). This module owns the table side:
 - one agent applies each terminal's events to its `TerminalState` (once per input position,
   each label once per transaction, event time bounded by `TerminalClock`), writes the entry to
-  the table (its changelog) and publishes the terminal's risk when its features change: a
-  tombstone when they became neutral, nothing for a terminal that never had any;
+  the table (its changelog) and publishes the terminal's features and daily buckets when its
+  day advances or a label is counted (the scorer reads the buckets as of each transaction's
+  own day), the rest of a day's counts once the clock has passed the day (`_close_days`): a
+  tombstone when no window will read any count of it again, nothing for a terminal that never
+  had any;
 - idle terminals (no window reads any of their days again, as of the worker's newest day) are
   forgotten every FRAUD_FEATURES_EVICT_INTERVAL_S per table partition, while that partition's
   events are applied: deleted from the table (a changelog tombstone) and tombstoned in
@@ -37,6 +40,8 @@ import time
 from typing import Any, cast
 
 import faust
+import numpy as np
+import numpy.typing as npt
 from faust.types import StreamT
 
 from scorer.terminal_risk import encode_terminal_risk
@@ -109,6 +114,9 @@ def build_app(
     #: Per table partition: terminal → its newest day, for the idle ones to be found without
     #: reading every entry (filled from the table once per assignment, then kept).
     newest_days: dict[int, dict[str, int]] = {}
+    #: Per table partition: terminal → its day, for those with counts not published yet (the
+    #: rest of their day's transactions): published once the clock has passed that day.
+    unpublished: dict[int, dict[str, int]] = {}
     progressed = False
 
     @app.agent(terminal_events, name="update_terminals")
@@ -128,6 +136,7 @@ def build_app(
                 by_terminal.setdefault(terminal_id, []).append(terminal_event)
             for terminal_id, events in by_terminal.items():
                 await _update(partition, terminal_id, events)
+            await _close_days(partition)
             await _evict_if_due(partition)
             applied[partition] = offset + 1
             progressed = True
@@ -152,13 +161,41 @@ def build_app(
         newest_days.setdefault(partition, {})[terminal_id] = state.newest_day
         publish, features = state.to_publish() if publish else (False, None)
         table[terminal_id] = state.to_bytes()
+        waiting = unpublished.setdefault(partition, {})
+        if state.unpublished():
+            waiting[terminal_id] = state.as_of_day
+        else:
+            waiting.pop(terminal_id, None)
         if publish:
-            value = (
-                None
-                if features is None
-                else encode_terminal_risk(terminal_id, state.as_of_day, features)
-            )
-            await _publish(terminal_id, value)
+            await _publish_state(terminal_id, state, features)
+
+    async def _close_days(partition: int) -> None:
+        """Publish the terminals whose day the clock has passed with counts not published."""
+        waiting = unpublished.get(partition)
+        if not waiting:
+            return
+        closed = [t for t, day in waiting.items() if day < clock.watermark_day]
+        for terminal_id in closed:
+            del waiting[terminal_id]
+            stored = table.get(terminal_id)
+            if stored is None:
+                continue
+            state = TerminalState.from_bytes(stored)
+            publish, features = state.to_publish()
+            if publish:
+                table[terminal_id] = state.to_bytes()
+                await _publish_state(terminal_id, state, features)
+
+    async def _publish_state(
+        terminal_id: str, state: TerminalState, features: npt.NDArray[np.float32] | None
+    ) -> None:
+        """The terminal's record (its features and buckets), or its tombstone (None)."""
+        value = (
+            None
+            if features is None
+            else encode_terminal_risk(terminal_id, state.as_of_day, features, state.risk.buckets())
+        )
+        await _publish(terminal_id, value)
 
     async def _publish(terminal_id: str, value: bytes | None) -> None:
         """The terminal's risk record, or its tombstone (None): through the producer itself,

@@ -12,10 +12,16 @@ already run the same code.
 Around the buckets the entry keeps:
 - `as_of_day`: the terminal's current day, the latest day of any of its transactions or of a
   label's report; the published features are those as of this day.
-- `published`: the features last published, so a terminal whose features did not change (its
-  day advanced, but no window gained or lost a count) is not published again. A terminal whose
-  features are neutral is not published at all (the scorer's default for a terminal it does not
-  know), and one that becomes neutral again is published as a tombstone.
+- `published`: what was last published (the day and the buckets), so a terminal is published
+  again only when that changed. The record carries the buckets, and the scorer computes each
+  transaction's features from them as of the transaction's own day, as training does: so a
+  terminal is published when its day advances (the days before are then complete), when a
+  label is counted, and when a late transaction lands on a day some window reads now. A
+  terminal with no count any window will read, now or later, is not published at all (the
+  scorer's default for a terminal it does not know), and one that comes to that state again is
+  published as a tombstone. The transactions of a terminal's current day counted after its
+  day advanced are published once the worker's clock has passed that day (`unpublished`, the
+  worker's day close): a window reads them only from 7 days later.
 - `positions`: per input partition ("t3": transactions partition 3, "l0": labels partition 0),
   the offset of the last record counted. An input record read again (a replay after a crash or
   a rebalance, which re-sends it to the re-keyed topic) has an offset at or below it and is not
@@ -151,7 +157,8 @@ class TerminalState:
         A transaction counts on its day; a fraud label adds a confirmed fraud on its
         transaction's day, a correction takes it back. The terminal's day advances to the
         transaction's day, or to the day a label was reported. `publish` is True when the day
-        advanced or the event changed a day some window reads as of the current day.
+        advanced, a label was counted, or a transaction was counted on a day some window reads
+        as of the current day or as the first count since the current day's last publication.
         """
         position = f"{event.source}{event.partition}"
         if event.offset <= self.positions.get(position, -1):
@@ -176,7 +183,11 @@ class TerminalState:
             self._forget_old_labels()
         newest_read = self.as_of_day - DELAY_DAYS
         in_window = newest_read - _LONGEST_WINDOW_DAYS < day <= newest_read
-        publish = advanced or (counts_changed and in_window)
+        # The first count of a day is published even when a label's report moved the day.
+        first_today = self.published is None or self.published[0] != self.as_of_day
+        publish = advanced or (
+            counts_changed and (in_window or event.source != TRANSACTION or first_today)
+        )
         return Applied(result, changed=True, publish=publish, clamped=clamped)
 
     def _label(self, event: TerminalEvent, day: int) -> tuple[str, bool, int]:
@@ -215,20 +226,33 @@ class TerminalState:
         return self.risk.features(max(self.as_of_day, 0))
 
     def to_publish(self) -> tuple[bool, npt.NDArray[np.float32] | None]:
-        """Whether to publish, and what: the features as of `as_of_day` if they differ from the
-        last published ones (which they then become); None (a tombstone) when they became
-        neutral after having been published. Neutral features are never published as such."""
-        features = self.features()
-        if not features.any():
+        """Whether to publish, and the features as of `as_of_day` to publish with the buckets
+        (`risk.buckets()`): when the day or the buckets differ from the last published ones
+        (which they then become); None (a tombstone) when no count is left that a window will
+        read, after having been published. Such a terminal is never published as such."""
+        current = self._publication()
+        if current is None:
             if self.published is None:
                 return False, None
             self.published = None
             return True, None
-        values = features.tolist()
-        if values == self.published:
+        if current == self.published:
             return False, None
-        self.published = values
-        return True, features
+        self.published = current
+        return True, self.features()
+
+    def unpublished(self) -> bool:
+        """Whether the day or the buckets differ from what was last published (the worker
+        publishes such a terminal once its day is over: `to_publish`)."""
+        return self._publication() != self.published
+
+    def _publication(self) -> list[float] | None:
+        """What a publication now would say (the day and the buckets), or None when no count
+        is left that a window will read."""
+        days, counts = self.risk.buckets()
+        if not counts[days >= self.as_of_day - HORIZON_DAYS].any():
+            return None
+        return [float(v) for v in (self.as_of_day, *days, *counts.reshape(-1))]
 
     def to_bytes(self) -> bytes:
         """The table value (JSON)."""

@@ -185,7 +185,7 @@ class Terminals:
     def __len__(self) -> int:
         return 0
 
-    def features(self, terminal_ids: list[str | None]) -> np.ndarray:
+    def features(self, terminal_ids: list[str | None], event_time: np.ndarray) -> np.ndarray:
         return np.zeros((len(terminal_ids), NUM_TERMINAL_FEATURES), np.float32)
 
 

@@ -11,6 +11,7 @@ from scorer.terminal_risk import (
     NEUTRAL_TERMINAL_FEATURES,
     TERMINAL_FEATURE_NAMES,
     TerminalRisk,
+    TerminalRiskRecord,
     add_events,
     day_of,
     decode_terminal_risk,
@@ -95,11 +96,29 @@ def test_state_and_record_round_trip() -> None:
             decode_terminal_risk(bad)
 
 
-def test_missing_terminals_get_neutral_features() -> None:
-    known = {"t-1": np.ones(len(TERMINAL_FEATURE_NAMES), np.float32)}
-    out = terminal_features(known, ["t-1", None, "t-unknown"])
-    assert np.array_equal(out[0], known["t-1"])
-    assert np.array_equal(out[1:], np.stack([NEUTRAL_TERMINAL_FEATURES] * 2))
+def test_terminal_features_are_read_from_the_buckets_as_of_each_transactions_day() -> None:
+    risk = risk_with(frauds_on=[3], transactions_on=[3, 3, 4])
+    with_buckets = decode_terminal_risk(
+        encode_terminal_risk("t-1", 4, risk.features(4), risk.buckets())
+    )
+    older = TerminalRiskRecord("t-old", 4, np.ones(len(TERMINAL_FEATURE_NAMES), np.float32))
+    known = {"t-1": with_buckets, "t-old": older}
+    ids = ["t-1", "t-1", "t-old", None, "t-unknown"]
+    out = terminal_features(known, ids, np.array([4, 12, 12, 12, 12]))
+    # As of day 4 no window reads day 3 yet (the delay); as of day 12 the 7-day window does,
+    # exactly as training's `window_features` computes it for a transaction of day 12.
+    assert np.array_equal(out[0], risk.features(4)) and not out[0].any()
+    assert np.array_equal(out[1], risk.features(12)) and out[1].any()
+    assert np.array_equal(out[2], older.features), "a record without buckets, as published"
+    assert np.array_equal(out[3:], np.stack([NEUTRAL_TERMINAL_FEATURES] * 2))
+
+
+def test_a_record_with_malformed_buckets_is_refused() -> None:
+    risk = risk_with(frauds_on=[3], transactions_on=[3])
+    days, counts = risk.buckets()
+    for bad in ((days[:-1], counts), (days, -counts - 1), (days, counts[:, :1])):
+        with pytest.raises(ValueError, match="terminal-risk record"):
+            decode_terminal_risk(encode_terminal_risk("t", 3, risk.features(3), bad))
 
 
 def test_days_of_event_times() -> None:

@@ -152,6 +152,7 @@ def test_the_first_event_publishes_and_a_same_day_transaction_does_not() -> None
     assert state.as_of_day == NO_DAY
     first = state.apply(tx(0, DAY0), clock)
     assert first.result == COUNTED and first.publish and state.as_of_day == DAY0
+    assert state.to_publish()[0]
     again = state.apply(tx(1, DAY0), clock)
     assert again.result == COUNTED and not again.publish  # today's bucket is in no window yet
 
@@ -182,13 +183,19 @@ def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
     np.testing.assert_array_equal(features, expected.features(reported))
 
 
-def test_a_fraud_inside_the_delay_counts_but_publishes_only_when_its_day_is_read() -> None:
+def test_a_fraud_inside_the_delay_is_published_at_once_and_read_from_its_day_on() -> None:
     clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     state.apply(tx(0, DAY0 + 10), clock)
+    assert state.to_publish()[0]
     applied = state.apply(lab(0, DAY0 + 8, DAY0 + 10), clock)
-    assert applied.result == COUNTED and not applied.publish  # day DAY0 + 8 is inside the delay
-    assert state.features()[2] == 0.0
+    # Its day is inside the delay: no window reads it today, but the published buckets carry
+    # it to the scorer, which reads it as of each transaction's own day.
+    assert applied.result == COUNTED and applied.publish
+    publish, features = state.to_publish()
+    assert publish and features is not None and features[2] == 0.0
+    days, counts = state.risk.buckets()
+    assert counts[days == DAY0 + 8].tolist() == [[0, 1]]
     assert state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), clock).publish
     assert state.features()[2] == pytest.approx(np.log1p(1))  # terminal_frauds_1d
 
@@ -329,16 +336,21 @@ def test_records_older_than_every_window_change_nothing() -> None:
     )
 
 
-def test_neutral_features_are_never_published_and_a_terminal_gone_neutral_is_a_tombstone() -> None:
-    # Finding 5: the worker published a record for every terminal, neutral ones included.
+def test_a_terminal_with_nothing_left_to_read_is_never_published_or_becomes_a_tombstone() -> None:
+    # Finding 5: the worker published a record for every terminal, neutral ones included. Now a
+    # terminal is published while some window reads, or will read, one of its counts.
     clock = clock_at(DAY0 + 60)
     state = TerminalState()
+    assert state.to_publish() == (False, None), "nothing counted"
     state.apply(tx(0, DAY0), clock)
-    assert state.to_publish() == (False, None), "nothing to say yet: the delay"
+    publish, features = state.to_publish()
+    assert publish and features is not None and not features.any(), "read from DAY0 + 7 on"
+    assert state.to_publish() == (False, None), "published already"
     state = risky(clock_at(DAY0 + 9))
     publish, features = state.to_publish()
     assert publish and features is not None and features[RISK_7D] > 0
-    state.apply(tx(20, DAY0 + 60), clock)  # DAY0 is read by no window as of DAY0 + 60
+    # A legitimate label reported 60 days on moves the day past every window of DAY0.
+    state.apply(lab(9, DAY0 + 30, DAY0 + 60, fraud=False), clock_at(DAY0 + 60))
     assert state.to_publish() == (True, None), "a tombstone"
     assert state.to_publish() == (False, None)
 

@@ -128,7 +128,7 @@ def test_a_broker_that_goes_away_does_not_stop_the_reader(
     table, _ = reading(monkeypatch, [risk("T-1")], away=2)
     try:
         eventually(lambda: len(table) == 1)
-        assert np.allclose(table.features(["T-1", None])[0], RISKY)
+        assert np.allclose(table.features(["T-1", None], np.zeros(2, np.int64))[0], RISKY)
     finally:
         table.close()
 
@@ -141,7 +141,7 @@ def test_a_record_as_of_a_day_that_has_not_come_is_skipped(
     table, registry = reading(monkeypatch, [risk("T-1"), risk("T-1", DAY + 3_000_000)])
     try:
         eventually(table.loaded.is_set)
-        assert np.allclose(table.features(["T-1"])[0], RISKY)
+        assert np.allclose(table.features(["T-1"], np.zeros(1, np.int64))[0], RISKY)
         skipped = registry.get_sample_value(
             "fraud_terminal_risk_records_skipped_total", {"reason": "future"}
         )
@@ -161,7 +161,10 @@ def test_tombstones_and_records_no_window_reads_are_forgotten(
     table, registry = reading(monkeypatch, records)
     try:
         eventually(lambda: len(table) == 1)
-        assert np.allclose(table.features(["T-new", "T-gone", "T-0"]).sum(axis=1), [4.5, 0, 0])
+        assert np.allclose(
+            table.features(["T-new", "T-gone", "T-0"], np.zeros(3, np.int64)).sum(axis=1),
+            [4.5, 0, 0],
+        )
         held = registry.get_sample_value("fraud_terminal_risk_bytes")
         assert held is not None and 0 < held < 1_000
     finally:
