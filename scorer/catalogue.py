@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from scorer.card_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
 from scorer.features import FEATURE_NAMES, TINY_AMOUNT
-from scorer.terminal_risk import DELAY_DAYS, TERMINAL_FEATURE_NAMES
+from scorer.terminal_risk import DELAY_DAYS, FRESH_WINDOWS_DAYS, TERMINAL_FEATURE_NAMES
 
 #: A catalogue row by feature name → a short, human-readable sentence.
 Label = Callable[[Mapping[str, float]], str]
@@ -119,7 +119,15 @@ _TERMINAL = {
         w=int(name.rsplit("_", 1)[1][:-1]) + DELAY_DAYS - 1, d=DELAY_DAYS
     )
     for name in TERMINAL_FEATURE_NAMES
+    if not name.startswith("terminal_fresh_")
 }
+_TERMINAL.update(
+    {
+        f"terminal_fresh_frauds_{w}d": f"log(1 + the terminal's confirmed frauds on the last {w} "
+        "days, today included, known so far: by report time, no delay)"
+        for w in FRESH_WINDOWS_DAYS
+    }
+)
 _DESCRIPTIONS = {**_TRANSACTION, **_HISTORY, **_TERMINAL}
 _GROUPS = {
     **dict.fromkeys(_TRANSACTION, "transaction"),
@@ -184,6 +192,8 @@ def _labels() -> dict[str, Label]:
         labels.update(_card_window_labels(w, words))
     for w in ("1d", "7d", "30d"):
         labels.update(_terminal_window_labels(w))
+    for days in FRESH_WINDOWS_DAYS:
+        labels[f"terminal_fresh_frauds_{days}d"] = _fresh_label(days)
     return labels
 
 
@@ -214,6 +224,14 @@ def _terminal_window_labels(w: str) -> dict[str, Label]:
             f"{_count(r[f'terminal_frauds_{w}'])} confirmed frauds at the terminal over {span}"
         ),
     }
+
+
+def _fresh_label(days: int) -> Label:
+    name = f"terminal_fresh_frauds_{days}d"
+    span = "today and yesterday" if days == 2 else f"the last {days} days"
+    return lambda r: (
+        f"{_count(r[name])} frauds confirmed at the terminal in {span}, reported so far"
+    )
 
 
 def _catalogue() -> tuple[Feature, ...]:

@@ -40,10 +40,16 @@ BUCKET_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) + 1
 #: the newest day seen is read by no window ever again.
 HORIZON_DAYS = DELAY_DAYS + max(RISK_WINDOWS_DAYS) - 1
 MS_PER_DAY = 86_400_000
-TERMINAL_FEATURE_NAMES: tuple[str, ...] = tuple(
-    name
-    for w in RISK_WINDOWS_DAYS
-    for name in (f"terminal_tx_{w}d", f"terminal_risk_{w}d", f"terminal_frauds_{w}d")
+#: Fresh-label windows, in days back from the day scored, today included: confirmed frauds
+#: known so far on the days the delayed windows do not read yet.
+FRESH_WINDOWS_DAYS: tuple[int, ...] = (2, 7)
+TERMINAL_FEATURE_NAMES: tuple[str, ...] = (
+    *(
+        name
+        for w in RISK_WINDOWS_DAYS
+        for name in (f"terminal_tx_{w}d", f"terminal_risk_{w}d", f"terminal_frauds_{w}d")
+    ),
+    *(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS),
 )
 _PER_WINDOW = 3
 NUM_TERMINAL_FEATURES = len(TERMINAL_FEATURE_NAMES)
@@ -105,7 +111,8 @@ def add_events(
 
 
 def window_features(days: _Ints, counts: _Ints, as_of_day: _Ints) -> npt.NDArray[np.float32]:
-    """TERMINAL_FEATURE_NAMES of each terminal [T] as of its day `as_of_day` [T]."""
+    """TERMINAL_FEATURE_NAMES of each terminal [T] as of its day `as_of_day` [T]: the delayed
+    windows, and the confirmed frauds known so far on its most recent days."""
     as_of_day = np.asarray(as_of_day, np.int64)
     newest = as_of_day - DELAY_DAYS
     age = newest[:, None] - days  # 0 for the newest day a window reads
@@ -117,6 +124,13 @@ def window_features(days: _Ints, counts: _Ints, as_of_day: _Ints) -> npt.NDArray
         out[:, _PER_WINDOW * i] = np.log1p(transactions)
         out[:, _PER_WINDOW * i + 1] = np.clip(frauds / np.maximum(transactions, 1), 0.0, 1.0)
         out[:, _PER_WINDOW * i + 2] = np.log1p(frauds)
+    # Fresh labels: the service knows when each label arrived, so a fraud reported today counts
+    # today, not 7 days later (the handbook's delay stands in for not knowing it).
+    fresh = as_of_day[:, None] - days  # 0 for today
+    for i, window in enumerate(FRESH_WINDOWS_DAYS):
+        inside = (days != _EMPTY_DAY) & (fresh >= 0) & (fresh < window)
+        frauds = (counts[:, :, _FRAUDS] * inside).sum(axis=1)
+        out[:, _PER_WINDOW * len(RISK_WINDOWS_DAYS) + i] = np.log1p(frauds)
     return out
 
 

@@ -26,19 +26,20 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from scorer.catalogue import BY_NAME
-from scorer.features import FEATURE_NAMES
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_cli import main
 from scorer.model_package import CARD_FILE, ONNX_FILE, load_model_package, write_model_package
 from training.replay import simulate
 
 Rows = npt.NDArray[np.float32]
+N = NUM_FEATURES
 #: The agreement every supported framework must reach, on rows the import never saw.
 TOLERANCE = 1e-5
 DIFF_LINE = re.compile(r"max \|native - onnx\| = (\S+) over (\d+) sample rows")
 
 
 class Data(NamedTuple):
-    """Simulated catalogue rows [rows, 41]: a training part, the import's sample, held-out."""
+    """Simulated catalogue rows [rows, N]: a training part, the import's sample, held-out."""
 
     train: Rows
     labels: npt.NDArray[np.int64]
@@ -104,7 +105,7 @@ class Case(NamedTuple):
     file: str
     features: tuple[str, ...]
     fit: Callable[[Rows, npt.NDArray[np.int64], Path], Native]
-    #: How the sample is written: "csv-header" (all 41 columns, picked by name), "csv" or
+    #: How the sample is written: "csv-header" (every catalogue column, picked by name), "csv" or
     #: "npy" (the model's columns, in its order).
     sample: str
 
@@ -270,11 +271,11 @@ REFUSALS: list[tuple[str, Callable[[list[str], Path, Path, Data], list[str]], li
     (
         "feature-count",
         lambda a, m, t, d: _with(
-            _with(a, "--features", ",".join(FEATURE_NAMES[:40])),
+            _with(a, "--features", ",".join(FEATURE_NAMES[:-1])),
             "--sample",
-            _sample(d.sample[:, :40], t),
+            _sample(d.sample[:, :-1], t),
         ),
-        ["reads 41 features but 40 are named", "in its column order"],
+        [f"reads {N} features but {N - 1} are named", "in its column order"],
     ),
     (
         "unknown-feature",
@@ -289,7 +290,7 @@ REFUSALS: list[tuple[str, Callable[[list[str], Path, Path, Data], list[str]], li
     ),
     (
         "feature-twice",
-        lambda a, m, t, d: _with(a, "--features", ",".join([*FEATURE_NAMES[:40], "log_amount"])),
+        lambda a, m, t, d: _with(a, "--features", ",".join([*FEATURE_NAMES[:-1], "log_amount"])),
         ["['log_amount'] are named more than once"],
     ),
     (
@@ -315,7 +316,7 @@ REFUSALS: list[tuple[str, Callable[[list[str], Path, Path, Data], list[str]], li
     (
         "column-order",
         lambda a, m, t, d: _swap(a, m, _reordered_model(m, t)),
-        ["was trained on the columns ['terminal_frauds_30d',", "model's column order"],
+        [f"was trained on the columns [{FEATURE_NAMES[-1]!r},", "model's column order"],
     ),
     (
         "small-sample",
@@ -325,7 +326,7 @@ REFUSALS: list[tuple[str, Callable[[list[str], Path, Path, Data], list[str]], li
     (
         "non-finite-sample",
         lambda a, m, t, d: _with(
-            a, "--sample", _sample(np.where(np.arange(41) == 3, np.inf, d.sample), t)
+            a, "--sample", _sample(np.where(np.arange(N) == 3, np.inf, d.sample), t)
         ),
         ["row 0 (and", "not a finite float32"],
     ),
@@ -460,7 +461,7 @@ def test_inspect_prints_the_card(package: Path, capsys: pytest.CaptureFixture[st
         "model        fraud-xgboost 1.0.0",
         f"path         {package}",
         f"sha256       {sha256}",
-        "input        features tensor(float) ['batch', 41]",
+        f"input        features tensor(float) ['batch', {N}]",
         "output       score tensor(float) ['batch']",
         "graph        fits the manifest",
         "score        P(fraud) from the imported xgboost XGBClassifier's predict_proba (class 1)",
@@ -469,9 +470,9 @@ def test_inspect_prints_the_card(package: Path, capsys: pytest.CaptureFixture[st
         "trained on   simulated stream, seed 11",
         "window       days 0-3",
         "metrics      auc 0.91",
-        "reference    present (41 values): reason codes on",
+        f"reference    present ({N} values): reason codes on",
         "model card   MODEL_CARD.md absent",
-        "features     41 (input column, name, meaning)",
+        f"features     {N} (input column, name, meaning)",
     ):
         assert line in text
     for i, name in enumerate(FEATURE_NAMES):
@@ -484,7 +485,7 @@ def test_inspect_json(package: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert (card["name"], card["version"], card["path"]) == ("fraud-xgboost", "1.0.0", str(package))
     assert card["graph"]["agrees"] is True and card["graph"]["problems"] == []
     assert card["graph"]["inputs"] == [
-        {"name": "features", "type": "tensor(float)", "shape": ["batch", 41]}
+        {"name": "features", "type": "tensor(float)", "shape": ["batch", N]}
     ]
     assert card["graph"]["outputs"] == [
         {"name": "score", "type": "tensor(float)", "shape": ["batch"]}
@@ -494,7 +495,7 @@ def test_inspect_json(package: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert card["features"][0]["description"] == BY_NAME[FEATURE_NAMES[0]].description
     assert card["thresholds"]["review"] == 0.4
     assert card["training"]["metrics"] == {"auc": 0.91}
-    assert len(card["reference"]) == 41
+    assert len(card["reference"]) == N
     assert card["model_card"] is False
 
 
@@ -522,8 +523,8 @@ def test_inspect_flags_a_graph_that_does_not_fit_its_manifest(
     card = json.loads(capsys.readouterr().out)
     assert card["graph"]["agrees"] is False
     assert card["graph"]["problems"] == [
-        "the input is tensor(float) ['batch', 41], the manifest names 40 features: float32 "
-        "[batch, 40] is needed"
+        f"the input is tensor(float) ['batch', {N}], the manifest names {N - 1} features: "
+        f"float32 [batch, {N - 1}] is needed"
     ]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from scorer.decisions import Thresholds
+from scorer.features import NUM_FEATURES
 from scorer.model_package import (
     MANIFEST_FILE,
     ONNX_FILE,
@@ -30,7 +31,7 @@ def written(tmp_path: Path, **changes: object) -> Path:
 
 
 def test_the_manifest_written_reads_back_the_same(tmp_path: Path) -> None:
-    package = load_model_package(written(tmp_path, reference=[0.5] * 41))
+    package = load_model_package(written(tmp_path, reference=[0.5] * NUM_FEATURES))
     text = (tmp_path / "p" / MANIFEST_FILE).read_text(encoding="utf-8")
     assert tomllib.loads(text)["model"] == {"name": "m", "version": "m-1"}
     assert manifest_toml(package.manifest) == text
@@ -57,7 +58,7 @@ def test_a_changed_graph_is_refused_by_its_hash(tmp_path: Path) -> None:
         ({"features": ["log_amount", "velocity"]}, r"features \['velocity'\] are not in the"),
         ({"features": []}, "features is empty"),
         ({"features": ["night", "night"]}, "names a column twice"),
-        ({"reference": [1.0, 2.0]}, "reference has 2 values for 41 features"),
+        ({"reference": [1.0, 2.0]}, f"reference has 2 values for {NUM_FEATURES} features"),
         ({"format": 2}, "format 2 is not one this build reads"),
     ],
 )

@@ -119,7 +119,7 @@ def test_a_reasons_call_that_fails_leaves_every_decision_made() -> None:
 def test_the_shipped_package_explains_with_its_reference_row() -> None:
     package = load_model_package(SHIPPED_MODEL_PATH)
     reference = package.reference
-    assert reference is not None and len(reference) == NUM_FEATURES
+    assert reference is not None and len(reference) == len(package.manifest.features)
     scorer = OnnxScorer(package, "cpu")
     explainer = Explainer(scorer, package.feature_index, reference)
     suspicious = rows(

@@ -33,9 +33,10 @@ def risk_with(frauds_on: list[int], transactions_on: list[int]) -> TerminalRisk:
     return risk
 
 
-def test_outcomes_count_only_once_the_delay_has_passed() -> None:
+def test_outcomes_count_in_the_delayed_windows_only_once_the_delay_has_passed() -> None:
     risk = risk_with(frauds_on=[100, 100], transactions_on=[100] * 4)
-    assert np.array_equal(risk.features(100 + DELAY_DAYS - 1), NEUTRAL_TERMINAL_FEATURES)
+    delayed = [F[name] for name in TERMINAL_FEATURE_NAMES if "fresh" not in name]
+    assert not risk.features(100 + DELAY_DAYS - 1)[delayed].any()
     on_time = risk.features(100 + DELAY_DAYS)
     assert on_time[F["terminal_risk_1d"]] == pytest.approx(0.5)
     assert on_time[F["terminal_tx_1d"]] == pytest.approx(np.log1p(4))
@@ -96,6 +97,15 @@ def test_state_and_record_round_trip() -> None:
             decode_terminal_risk(bad)
 
 
+def test_fresh_labels_count_at_once_by_report_for_a_week() -> None:
+    risk = risk_with(frauds_on=[100, 100], transactions_on=[100] * 4)
+    assert not risk.features(99).any(), "nothing before the transactions' day"
+    for day, two_days, week in ((100, 2, 2), (101, 2, 2), (102, 0, 2), (106, 0, 2), (107, 0, 0)):
+        features = risk.features(day)
+        assert features[F["terminal_fresh_frauds_2d"]] == pytest.approx(np.log1p(two_days)), day
+        assert features[F["terminal_fresh_frauds_7d"]] == pytest.approx(np.log1p(week)), day
+
+
 def test_terminal_features_are_read_from_the_buckets_as_of_each_transactions_day() -> None:
     risk = risk_with(frauds_on=[3], transactions_on=[3, 3, 4])
     with_buckets = decode_terminal_risk(
@@ -105,9 +115,10 @@ def test_terminal_features_are_read_from_the_buckets_as_of_each_transactions_day
     known = {"t-1": with_buckets, "t-old": older}
     ids = ["t-1", "t-1", "t-old", None, "t-unknown"]
     out = terminal_features(known, ids, np.array([4, 12, 12, 12, 12]))
-    # As of day 4 no window reads day 3 yet (the delay); as of day 12 the 7-day window does,
-    # exactly as training's `window_features` computes it for a transaction of day 12.
-    assert np.array_equal(out[0], risk.features(4)) and not out[0].any()
+    # As of day 4 no delayed window reads day 3 yet, only the fresh ones; as of day 12 the
+    # 7-day window does, exactly as training's `window_features` computes it for day 12.
+    assert np.array_equal(out[0], risk.features(4)) and out[0][F["terminal_risk_7d"]] == 0.0
+    assert out[0][F["terminal_fresh_frauds_2d"]] > 0
     assert np.array_equal(out[1], risk.features(12)) and out[1].any()
     assert np.array_equal(out[2], older.features), "a record without buckets, as published"
     assert np.array_equal(out[3:], np.stack([NEUTRAL_TERMINAL_FEATURES] * 2))

@@ -163,7 +163,7 @@ def test_tombstones_and_records_no_window_reads_are_forgotten(
         eventually(lambda: len(table) == 1)
         assert np.allclose(
             table.features(["T-new", "T-gone", "T-0"], np.zeros(3, np.int64)).sum(axis=1),
-            [4.5, 0, 0],
+            [RISKY.sum(), 0, 0],
         )
         held = registry.get_sample_value("fraud_terminal_risk_bytes")
         assert held is not None and 0 < held < 1_000
