@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from scorer.card_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
-from scorer.features import FEATURE_NAMES, TINY_AMOUNT
+from scorer.features import FEATURE_NAMES, MCC_FAMILIES, TINY_AMOUNT
 from scorer.terminal_risk import DELAY_DAYS, FRESH_WINDOWS_DAYS, TERMINAL_FEATURE_NAMES
 
 #: A catalogue row by feature name → a short, human-readable sentence.
@@ -31,6 +31,9 @@ class Feature(NamedTuple):
     group: str
     description: str
     label: Label
+    #: What the feature says something about, with the features that say the same thing
+    #: otherwise (a card's four velocity windows): reason codes move them together.
+    reason: str
 
 
 #: exp() of more than this overflows a float.
@@ -234,10 +237,32 @@ def _fresh_label(days: int) -> Label:
     )
 
 
+#: Features that say the same thing, each list in the order a reason names them by (the first
+#: that differs from the reference row); every other feature is a reason of its own.
+REASON_GROUPS: dict[str, tuple[str, ...]] = {
+    "amount": ("log_amount", "tiny_amount", "round_amount"),
+    "channel": ("channel_ecom", "channel_atm", "channel_pos", "card_present"),
+    "time of day": ("night", "hour_sin", "hour_cos"),
+    "merchant category": tuple(f"mcc_{family}" for family in MCC_FAMILIES),
+    "merchant country": ("high_risk_country", "cross_border"),
+    "card velocity": tuple(f"card_tx_{w}" for w in WINDOW_NAMES),
+    "card spend": tuple(f"card_avg_amount_{w}" for w in WINDOW_NAMES),
+    "amount against the card's habit": ("card_amount_to_mean", "card_amount_zscore"),
+    "card spread": ("card_distinct_countries_1d", "card_distinct_merchants_1d"),
+    **{
+        f"terminal {w} risk": tuple(f"terminal_{kind}_{w}" for kind in ("risk", "frauds", "tx"))
+        for w in ("1d", "7d", "30d")
+    },
+    "terminal fresh frauds": tuple(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS),
+}
+
+
 def _catalogue() -> tuple[Feature, ...]:
     labels = _labels()
+    reason = {name: group for group, names in REASON_GROUPS.items() for name in names}
     return tuple(
-        Feature(name, _GROUPS[name], _DESCRIPTIONS[name], labels[name]) for name in FEATURE_NAMES
+        Feature(name, _GROUPS[name], _DESCRIPTIONS[name], labels[name], reason.get(name, name))
+        for name in FEATURE_NAMES
     )
 
 
