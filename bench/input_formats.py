@@ -2,8 +2,9 @@
 
     python -m bench.input_formats [--records 20000] [--rounds 5] [--registry URL]
 
-The same simulated transactions are written once per format (the contract's JSON; Avro and JSON
-Schema with Confluent's serializers against a real Schema Registry, `make registry-up`; JSON in
+The same simulated transactions are written once per format (the contract's JSON; Avro, JSON
+Schema and Protobuf with Confluent's serializers against a real Schema Registry,
+`make registry-up`; JSON in
 the checkout example's own shape, read through its field mapping), then
 each format's decoder (`contracts.input_formats.transaction_decoder`, what the consuming loop
 calls per record, validation included) reads them all. Formats take turns within each round,
@@ -25,9 +26,11 @@ import msgspec
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench.harness import REPO
+from bench.payment_pb2 import Payment
 from contracts.field_mapping import FieldMapping
 from contracts.input_formats import INPUT_FORMATS, transaction_decoder
 from simulator.team_shapes import checkout_event
@@ -36,6 +39,7 @@ from simulator.transactions import TransactionSimulator
 RESULTS = REPO / "bench" / "results" / "input-formats.json"
 DEFAULT_REGISTRY = "http://127.0.0.1:18081/apis/ccompat/v7"
 TOPIC = "bench-input-formats"
+PROTOBUF_MESSAGE = "bench.payment_pb2:Payment"
 
 _AVRO_TYPES = {str: "string", float: "double", int: "long", bool: "boolean"}
 _JSON_TYPES = {str: "string", float: "number", int: "integer", bool: "boolean"}
@@ -65,11 +69,19 @@ def encoded(
     serializers: dict[str, Callable[[Any, SerializationContext], bytes | None]] = {
         "avro": AvroSerializer(registry, avro_schema),
         "json-schema": JSONSerializer(json_schema, registry),
+        "protobuf": _protobuf(registry),
     }
     out = {"json": [msgspec.json.encode(r) for r in records]}
     for name, serialize in serializers.items():
         out[name] = [value for r in records if (value := serialize(r, context)) is not None]
     return out
+
+
+def _protobuf(
+    registry: SchemaRegistryClient,
+) -> Callable[[Any, SerializationContext], bytes | None]:
+    serialize = ProtobufSerializer(Payment, registry, {"use.deprecated.format": False})
+    return lambda record, context: serialize(Payment(**record), context)
 
 
 def run(records: int, rounds: int, registry_url: str) -> dict[str, Any]:
@@ -79,7 +91,10 @@ def run(records: int, rounds: int, registry_url: str) -> dict[str, Any]:
     with SchemaRegistryClient({"url": registry_url}) as registry:
         values = encoded(simulated, registry)
     decoders = {
-        name: transaction_decoder(name, TOPIC, {"url": registry_url}) for name in INPUT_FORMATS
+        name: transaction_decoder(
+            name, TOPIC, {"url": registry_url}, protobuf_message=PROTOBUF_MESSAGE
+        )
+        for name in INPUT_FORMATS
     }
     # JSON in a team's own shape through a field mapping (examples/checkout).
     values["json, mapped"] = [msgspec.json.encode(checkout_event(r)) for r in simulated]

@@ -7,6 +7,13 @@
   writer's schema fetched by its id and cached, so a producer that moves to a new schema
   version (an added optional field) is read without a restart. The decoded record is then
   validated against the contract in one msgspec pass, like JSON.
+- `protobuf`: the same wire format (and the message indexes), parsed by the client's
+  `ProtobufDeserializer` with the team's generated message class (FRAUD_INPUT_PROTOBUF_MESSAGE):
+  Protobuf reads a newer writer's message with an older class (unknown fields are skipped), so
+  schema versions need no restart either. The schema id is looked up in the registry (cached) so
+  that an unknown one is dead-lettered as for Avro; the writer's schema itself is not fetched
+  (Apicurio's Confluent-compatible API does not serve the `serialized` form the client asks
+  for, docs/input-mapping.md).
 
 How a registry record fails (docs/contracts.md, "Dead letter"):
 - a schema id the registry answers 404 for: `SchemaUnknownError` (dead letter `schema_unknown`);
@@ -22,6 +29,7 @@ once, so a registry that is down holds one partition, not the whole consuming lo
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -42,11 +50,16 @@ from contracts.transaction import Transaction, decode_transaction
 
 log = logging.getLogger(__name__)
 
-INPUT_FORMATS = ("json", "avro", "json-schema")
+INPUT_FORMATS = ("json", "avro", "json-schema", "protobuf")
 #: Registry client settings under the user's: fail fast, the loop retries (see above).
 REGISTRY_DEFAULTS: Mapping[str, Any] = {"max.retries": 0, "timeout": 5}
 #: HTTP answers from the registry that may pass (its error codes in Confluent's API).
 _TRANSIENT_STATUS = frozenset({401, 403, 408, 429})
+
+#: Magic byte and schema id, before a protobuf record's message indexes.
+_WIRE_HEADER_BYTES = 5
+#: Nested messages deeper than this are not walked for mapping paths (recursive types).
+_MAX_PROTOBUF_DEPTH = 8
 
 #: Decodes one record value of the input topic into a transaction.
 TransactionDecoder = Callable[[bytes | None], Transaction]
@@ -57,10 +70,12 @@ def transaction_decoder(
     topic: str,
     registry: Mapping[str, Any] | None = None,
     mapping: FieldMapping | None = None,
+    protobuf_message: str | None = None,
 ) -> TransactionDecoder:
     """The decoder of `input_format` for records of `topic`; `registry` is the Schema Registry
     client's configuration (`url` and any credentials), needed by the registry formats;
-    `mapping` maps the team's fields onto the contract's (`contracts/field_mapping.py`).
+    `mapping` maps the team's fields onto the contract's (`contracts/field_mapping.py`);
+    `protobuf_message` (module:Class) is the protobuf format's generated message class.
 
     Raises ConfigurationError for an unknown format, a registry format without a registry URL,
     registry settings the client does not take, or a mapping the topic's registered schema
@@ -79,15 +94,20 @@ def transaction_decoder(
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     client = registry_client(registry)
-    if mapping is not None:
-        _check_registered_schema(client, f"{topic}-value", input_format, mapping)
     context = SerializationContext(topic, MessageField.VALUE)
     deserialize: Callable[[bytes, SerializationContext], Any]
+    if input_format == "protobuf":
+        message_class = protobuf_class(protobuf_message)
+        if mapping is not None:
+            mapping.check_schema_fields(protobuf_paths(message_class.DESCRIPTOR))
+        deserialize = _protobuf_deserializer(client, message_class)
+    elif mapping is not None:
+        _check_registered_schema(client, f"{topic}-value", input_format, mapping)
     if input_format == "avro":
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
         deserialize = AvroDeserializer(client)
-    else:
+    elif input_format == "json-schema":
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
         deserialize = JSONDeserializer(None, schema_registry_client=client)
@@ -182,6 +202,78 @@ def _deserialized(
     if not isinstance(record, Mapping):
         raise SchemaDecodeError(f"the schema decodes to {type(record).__name__}, not a record")
     return record
+
+
+def protobuf_class(spec: str | None) -> Any:
+    """The generated message class named `module:Class`; ConfigurationError saying what to fix
+    when it cannot be imported or is not a protobuf message."""
+    from google.protobuf.message import Message
+
+    module_name, _, class_name = (spec or "").partition(":")
+    if not module_name or not class_name:
+        raise ConfigurationError(
+            f"FRAUD_INPUT_PROTOBUF_MESSAGE must be module:Class (e.g. payments_pb2:Payment), "
+            f"got {spec!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for FRAUD_INPUT_PROTOBUF_MESSAGE: {exc}; generate it "
+            "with protoc --python_out and put its directory on PYTHONPATH"
+        ) from exc
+    message_class = getattr(module, class_name, None)
+    if not (isinstance(message_class, type) and issubclass(message_class, Message)):
+        raise ConfigurationError(
+            f"{spec!r} is not a protobuf message class (FRAUD_INPUT_PROTOBUF_MESSAGE)"
+        )
+    return message_class
+
+
+def protobuf_paths(descriptor: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every field path a protobuf message declares, nested messages included."""
+    paths: list[tuple[str, ...]] = []
+    for field in descriptor.fields:
+        path = (*prefix, field.name)
+        paths.append(path)
+        if field.message_type is not None and len(path) < _MAX_PROTOBUF_DEPTH:
+            paths.extend(protobuf_paths(field.message_type, path))
+    return paths
+
+
+def _protobuf_deserializer(client: Any, message_class: Any) -> Callable[[bytes, Any], Any]:
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+    parse = ProtobufDeserializer(message_class, {"use.deprecated.format": False})
+
+    def deserialize(value: bytes, context: Any) -> Mapping[str, Any]:
+        if len(value) < _WIRE_HEADER_BYTES or value[0] != 0:
+            raise ValueError("not the Schema Registry wire format (no magic byte 0)")
+        client.get_schema(int.from_bytes(value[1:_WIRE_HEADER_BYTES], "big"))  # cached
+        return _message_dict(parse(value, context))
+
+    return deserialize
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """A parsed message as plain values: a field without presence that was not sent reads as
+    its default (proto3 sends no false, 0 or ""), one with presence only when set; enums by
+    name, nested messages as dicts."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        repeated = field.is_repeated
+        if not repeated and field.has_presence and not message.HasField(field.name):
+            continue
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            value = [_message_dict(v) for v in value] if repeated else _message_dict(value)
+        elif field.enum_type is not None:
+            names = field.enum_type.values_by_number
+            value = [names[v].name for v in value] if repeated else names[value].name
+        elif repeated:
+            value = list(value)
+        out[field.name] = value
+    return out
 
 
 def _http_errors() -> type[BaseException]:

@@ -68,3 +68,45 @@ def checkout_event(record: dict[str, Any]) -> dict[str, Any]:
             "country": record["country"],
         },
     }
+
+
+#: The contract's fields as a protobuf message: (name, field type).
+_PAYMENT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("transaction_id", "TYPE_STRING"),
+    ("card_id", "TYPE_STRING"),
+    ("merchant_id", "TYPE_STRING"),
+    ("terminal_id", "TYPE_STRING"),
+    ("amount", "TYPE_DOUBLE"),
+    ("currency", "TYPE_STRING"),
+    ("mcc", "TYPE_INT32"),
+    ("country", "TYPE_STRING"),
+    ("channel", "TYPE_STRING"),
+    ("card_present", "TYPE_BOOL"),
+    ("event_time", "TYPE_INT64"),
+)
+
+
+def payment_message(version: int = 1) -> Any:
+    """A team's protobuf `Payment` message class, as `protoc --python_out` would generate it
+    from a proto3 file of the contract's fields (`terminal_id` optional); version 2 adds a
+    `device_id`, as a producer's next schema version would."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    kind = descriptor_pb2.FieldDescriptorProto
+    package = f"team.v{version}"
+    proto = descriptor_pb2.FileDescriptorProto(
+        name=f"team/payment_v{version}.proto", package=package, syntax="proto3"
+    )
+    message = proto.message_type.add(name="Payment")
+    fields = [*_PAYMENT_FIELDS, *([("device_id", "TYPE_STRING")] if version >= 2 else [])]
+    for number, (name, field_type) in enumerate(fields, start=1):
+        field = message.field.add(
+            name=name, number=number, type=getattr(kind, field_type), label=kind.LABEL_OPTIONAL
+        )
+        if name == "terminal_id":  # proto3 `optional`: absent is not ""
+            field.proto3_optional = True
+            field.oneof_index = len(message.oneof_decl)
+            message.oneof_decl.add(name="_terminal_id")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Payment"))

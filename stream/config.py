@@ -96,6 +96,11 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
             Rules.load(self.rules)  # likewise
         if self.rules_topic in (self.input_topic, self.output_topic, self.dlq_topic):
             raise ValueError(f"rules_topic must be a topic of its own, got {self.rules_topic!r}")
+        if (self.input_format == "protobuf") != (self.input_protobuf_message is not None):
+            raise ValueError(
+                "input_format protobuf and input_protobuf_message (FRAUD_INPUT_PROTOBUF_MESSAGE, "
+                "module:Class) go together"
+            )
         for name, value in (
             ("input_format", self.input_format),
             ("output_format", self.output_format),

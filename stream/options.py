@@ -26,7 +26,7 @@ OnOff = Literal["on", "off"]
 Scoring = Literal["inline", "thread"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-InputFormat = Literal["json", "avro", "json-schema"]
+InputFormat = Literal["json", "avro", "json-schema", "protobuf"]
 OutputFormat = Literal["json", "avro"]
 
 
@@ -55,10 +55,19 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         InputFormat,
         meta(
             "FRAUD_INPUT_FORMAT",
-            "format of the input records: json (the contract's JSON), or avro or json-schema "
-            "in the Schema Registry wire format (needs FRAUD_SCHEMA_REGISTRY_URL)",
+            "format of the input records: json (the contract's JSON), or avro, json-schema or "
+            "protobuf in the Schema Registry wire format (needs FRAUD_SCHEMA_REGISTRY_URL; "
+            "protobuf also FRAUD_INPUT_PROTOBUF_MESSAGE)",
         ),
     ] = "json"
+    input_protobuf_message: Annotated[
+        str | None,
+        meta(
+            "FRAUD_INPUT_PROTOBUF_MESSAGE",
+            "protobuf input: the message class generated from your .proto (protoc "
+            "--python_out), as module:Class, importable on PYTHONPATH, e.g. payments_pb2:Payment",
+        ),
+    ] = None
     schema_registry_url: Annotated[
         str | None,
         meta(

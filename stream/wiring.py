@@ -202,6 +202,7 @@ def build_collaborators(
             config.input_topic,
             config.registry_settings(),
             None if config.input_mapping is None else FieldMapping.load(config.input_mapping),
+            config.input_protobuf_message,
         ),
         encode=decision_encoder(
             config.output_format, config.output_topic, config.registry_settings()

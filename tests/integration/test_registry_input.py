@@ -341,3 +341,65 @@ def test_avro_in_and_avro_out_read_back_by_a_confluent_deserializer(
         assert decision["decision"] in ("approve", "review", "decline")
         assert decision["event_time"] == event_times[decision["transaction_id"]]
     assert registry.get_compatibility(f"{topics.output}-value") == "BACKWARD"
+
+
+#: A team's generated protobuf module (simulator/team_shapes.py builds its classes as protoc's
+#: output would); the service imports v1 by name.
+PROTO_MODULE = """
+from simulator.team_shapes import payment_message
+
+Payment = payment_message(1)
+PaymentV2 = payment_message(2)
+"""
+
+
+def test_protobuf_input_evolves_and_dead_letters_what_it_cannot_read(
+    registry: SchemaRegistryClient,
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    (tmp_path / "team_payment_pb2.py").write_text(PROTO_MODULE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    import team_payment_pb2 as team
+
+    topics = topics_factory()
+    service = service_factory(
+        topics,
+        "--input-format",
+        "protobuf",
+        "--input-protobuf-message",
+        "team_payment_pb2:Payment",
+        "--schema-registry-url",
+        REGISTRY_URL,
+    )
+
+    def payments(
+        kind: Any, records: list[dict[str, Any]]
+    ) -> list[tuple[bytes | None, bytes | None]]:
+        serializer = ProtobufSerializer(kind, registry, {"use.deprecated.format": False})
+        return serialize(lambda r, c: serializer(kind(**r), c), topics.input, records)
+
+    v1 = transactions(150, "proto1")
+    without_terminal = {**v1[0], "terminal_id": None}
+    v1 = [{k: v for k, v in without_terminal.items() if v is not None}, *v1[1:]]
+    produce(topics.input, payments(team.Payment, v1))
+    # A producer on v2 (an added field, a schema id of its own) is read with the v1 class.
+    v2 = [{**r, "device_id": f"d-{i}"} for i, r in enumerate(transactions(100, "proto2"))]
+    v2_records = payments(team.PaymentV2, v2)
+    assert v2_records[0][1] is not None
+    unknown_id = b"\x00" + struct.pack(">I", 987_654_322) + v2_records[0][1][5:]
+    not_wire_format = b'{"transaction_id": "plain-json"}'
+    produce(topics.input, [*v2_records, (b"c-unknown", unknown_id), (b"c-raw", not_wire_format)])
+
+    counts = decided(topics, 250)
+    assert set(counts) == {r["transaction_id"] for r in v1 + v2}
+    assert set(counts.values()) == {1}, "each decided once"
+    letters = read_topic(topics.dlq, 2)
+    reasons = {dict(m.headers() or [])["dlq.reason"].decode(): m.value() for m in letters}
+    assert reasons == {"schema_unknown": unknown_id, "schema_decode": not_wire_format}
+    assert service.process.poll() is None

@@ -19,9 +19,16 @@ from contracts.errors import (
     SchemaDecodeError,
     SchemaUnknownError,
 )
-from contracts.input_formats import _deserialized, transaction_decoder
+from contracts.input_formats import (
+    _deserialized,
+    _message_dict,
+    protobuf_class,
+    protobuf_paths,
+    transaction_decoder,
+)
 from contracts.output_formats import decision_encoder
 from contracts.transaction import decode_transaction
+from stream.config import ServiceConfig
 
 
 def failing(exc: BaseException) -> Any:
@@ -70,3 +77,67 @@ def test_json_decisions_need_no_registry_and_avro_ones_need_one() -> None:
         decision_encoder("avro", "decisions", {})
     with pytest.raises(ConfigurationError, match="unknown output format 'protobuf'"):
         decision_encoder("protobuf", "decisions")
+
+
+def _payment_class() -> Any:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="t/p.proto", package="t", syntax="proto3")
+    inner = proto.message_type.add(name="Card")
+    inner.field.add(name="token", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    kind = proto.enum_type.add(name="Kind")
+    kind.value.add(name="POS", number=0)
+    kind.value.add(name="ECOM", number=1)
+    message = proto.message_type.add(name="Payment")
+    message.field.add(name="amount", number=1, type=field.TYPE_DOUBLE, label=field.LABEL_OPTIONAL)
+    message.field.add(name="present", number=2, type=field.TYPE_BOOL, label=field.LABEL_OPTIONAL)
+    message.field.add(
+        name="kind", number=3, type=field.TYPE_ENUM, type_name=".t.Kind", label=field.LABEL_OPTIONAL
+    )
+    message.field.add(
+        name="card", number=4, type=field.TYPE_MESSAGE, type_name=".t.Card",
+        label=field.LABEL_OPTIONAL,
+    )  # fmt: skip
+    message.field.add(name="tags", number=5, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Payment"))
+
+
+def test_a_protobuf_message_reads_as_plain_values_with_proto3_defaults() -> None:
+    payment = _payment_class()
+    message = payment(amount=12.5, kind=1, tags=["a", "b"])
+    message.card.token = "tok"
+    assert _message_dict(message) == {
+        "amount": 12.5,
+        "present": False,  # proto3 sends no false: its default is read
+        "kind": "ECOM",
+        "card": {"token": "tok"},
+        "tags": ["a", "b"],
+    }
+    assert "card" not in _message_dict(payment()), "a message field has presence"
+    assert ("card", "token") in protobuf_paths(payment.DESCRIPTOR)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (None, "must be module:Class"),
+        ("payments_pb2", "must be module:Class"),
+        ("no_such_module_pb2:Payment", "generate it with protoc"),
+        ("json:JSONDecoder", "is not a protobuf message class"),
+    ],
+)
+def test_a_protobuf_class_that_cannot_be_used_is_refused_with_the_fix(
+    spec: str | None, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        protobuf_class(spec)
+
+
+def test_protobuf_input_needs_its_message_class() -> None:
+    with pytest.raises(ConfigurationError, match="go together"):
+        ServiceConfig.from_sources(
+            {}, {"FRAUD_INPUT_FORMAT": "protobuf", "FRAUD_SCHEMA_REGISTRY_URL": "http://r"}
+        )
