@@ -61,7 +61,10 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
         ({"FRAUD_MODEL_PATH": "/nonexistent/model"}, "is not a model package directory"),
         ({"FRAUD_KAFKA_OPTIONS": "novalue"}, "KEY=VALUE"),
         ({"FRAUD_METRICS_PORT": "70000"}, "metrics_port"),
-        ({"FRAUD_INPUT_FORMAT": "protobuf"}, "input_format must be one of avro, json, json-schema"),
+        (
+            {"FRAUD_INPUT_FORMAT": "thrift"},
+            "input_format must be one of avro, json, json-schema, protobuf",
+        ),
         ({"FRAUD_INPUT_FORMAT": "avro"}, "Schema Registry wire format: set schema_registry_url"),
         ({"FRAUD_INPUT_MAPPING": "/nonexistent/mapping.toml"}, "cannot read input mapping"),
     ],
