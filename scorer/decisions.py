@@ -9,8 +9,9 @@ import numpy.typing as npt
 
 from contracts.decision import APPROVE, DECLINE, REVIEW
 
-#: The shipped model's cut-offs (its training shifts the score so that these fit, MODEL_CARD.md);
-#: a model package states its own in model.toml.
+#: Cut-offs for a package that was given none of its own (made in code, or `fraud-model import`
+#: without --review/--decline); the shipped package states its own in model.toml, chosen on its
+#: validation weeks (MODEL_CARD.md).
 DEFAULT_REVIEW_THRESHOLD = 0.5
 DEFAULT_DECLINE_THRESHOLD = 0.8
 _LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
@@ -35,5 +36,5 @@ def valid_scores(scores: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
     return np.isfinite(scores) & (scores >= 0.0) & (scores <= 1.0)
 
 
-#: The shipped model's thresholds; what packages made in code (tests, benchmarks) state.
+#: What packages made in code (tests, benchmarks) state.
 DEFAULT_THRESHOLDS = Thresholds(DEFAULT_REVIEW_THRESHOLD, DEFAULT_DECLINE_THRESHOLD)

@@ -16,10 +16,11 @@ under it cannot change the result), and all trees are walked at once, one level 
 The batch is the inner axis of every tensor, so each Gather copies whole rows and the
 GatherElements read small tables; on ONNX Runtime's CPU provider this costs a seventh of
 Hummingbird's GEMM strategy (every split as batched products) that this module used before
-(docs/history-model.md has the measurements). The log-odds shift of the shipped score is
-added to every leaf of the first tree, which adds it to every score. LightGBM sends
-x <= threshold left; the float32 threshold is the largest float32 not above LightGBM's double,
-so float32 inputs take the same branches as in LightGBM.
+(docs/history-model.md has the measurements). The shipped score's calibration,
+sigmoid(a·z + b) on the log-odds z (`training/calibration.py`), is baked into the leaves: every
+leaf multiplied by a, and b added to every leaf of the first tree, which adds it to every score.
+LightGBM sends x <= threshold left; the float32 threshold is the largest float32 not above
+LightGBM's double, so float32 inputs take the same branches as in LightGBM.
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def fit(features: npt.NDArray[np.float32], is_fraud: npt.NDArray[np.bool_], seed
     return compile_trees(booster.dump_model())
 
 
-def shifted(trees: Trees, shift: float) -> Trees:
-    """The same ensemble with `shift` added to every log-odds (to every leaf of one tree)."""
-    leaf_value = trees.leaf_value.copy()
+def calibrated(trees: Trees, scale: float, shift: float) -> Trees:
+    """The same ensemble whose log-odds are scale·z + shift (every leaf scaled, the shift added
+    to every leaf of one tree)."""
+    leaf_value = trees.leaf_value * np.float32(scale)
     leaf_value[0] += np.float32(shift)
     return trees._replace(leaf_value=leaf_value)
 

@@ -10,6 +10,11 @@
 - Folds are prequential, as in the handbook's model selection: the latest fold, then the same
   protocol shifted back a week at a time; the figures are the mean (and standard deviation) over
   the folds.
+- Validation before test, as in the handbook's model selection (chapter 5, "Model selection"):
+  the validation folds are the test folds moved back by a delay and an assessment week, so the
+  latest validation week is the earliest test fold's training week and every validation row
+  precedes every test week. Choices (the model, its calibration, its thresholds, the fallback
+  rules) are made on the validation folds; the test folds are scored once and only reported.
 """
 
 from __future__ import annotations
@@ -24,6 +29,39 @@ TOP_K = 100
 
 _Bools = npt.NDArray[np.bool_]
 _Ints = npt.NDArray[np.int64]
+
+
+class Schedule(NamedTuple):
+    """Training-week start days of the validation and the test folds, each latest first."""
+
+    validation: list[int]
+    test: list[int]
+
+
+def days_needed(folds: int) -> int:
+    """The shortest stream that holds `folds` validation folds and `folds` test folds."""
+    # Latest test fold: 3 weeks; each further fold adds one; the validation folds add as many,
+    # plus the delay and assessment weeks between the latest of them and the earliest test fold.
+    fold_days = TRAIN_DAYS + DELAY_DAYS + TEST_DAYS
+    return fold_days + 2 * (folds - 1) * TEST_DAYS + DELAY_DAYS + TEST_DAYS
+
+
+def fold_schedule(days: int, folds: int) -> Schedule:
+    """The folds of a stream of `days` days: the latest test week ends with the stream.
+
+    Raises ValueError when the stream is too short for `folds` of each.
+    """
+    if folds < 1:
+        raise ValueError(f"folds must be >= 1, got {folds}")
+    if days < days_needed(folds):
+        raise ValueError(
+            f"{days} days hold fewer than {folds} validation and {folds} test folds: "
+            f"give at least {days_needed(folds)} days or fewer folds"
+        )
+    latest_test = days - (TRAIN_DAYS + DELAY_DAYS + TEST_DAYS)
+    test = [latest_test - k * TEST_DAYS for k in range(folds)]
+    latest_validation = test[-1] - (DELAY_DAYS + TEST_DAYS)
+    return Schedule([latest_validation - k * TEST_DAYS for k in range(folds)], test)
 
 
 class Fold(NamedTuple):

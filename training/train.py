@@ -1,17 +1,28 @@
 """Train the shipped fraud model on the simulated stream and export it to ONNX with its card.
 
-    python -m training [--seed 7] [--days 87] [--out PACKAGE_DIR]
+    python -m training [--seeds 7,8,9] [--days 122] [--folds 4] [--jobs N] [--out PACKAGE_DIR]
+
+For each seed (the first seed's model ships; the others show how far the figures move with the
+simulated world; seeds run in parallel processes, `--jobs` at once):
 
 1. Simulate the handbook world for `days` days and replay it through the service's own state
    and feature code (`training/replay.py`): no train/serve skew.
-2. For each of the handbook's prequential test folds (`training/protocol.py`: a training week, a
-   delay week, a test week with known-compromised cards removed), train both candidates, a
-   gradient-boosted ensemble compiled to tensor operations (`training/gbdt.py`) and an MLP
-   (`training/mlp.py`), and score the test week with the exported ONNX model on ONNX Runtime.
-3. Ship the candidate with the higher mean average precision: its model of the latest fold, as
-   a model package (scorer/model_package.py): model.onnx, model.toml and MODEL_CARD.md.
+2. Validation folds (`training/protocol.py`: the handbook's chapter 5 schedule, every validation
+   week before every test week). Both candidates, a gradient-boosted ensemble compiled to tensor
+   operations (`training/gbdt.py`) and an MLP (`training/mlp.py`), are trained on each fold's
+   training week and score its validation week. Every choice is made here: the candidate with
+   the higher mean average precision; its calibration (`training/calibration.py`) on its
+   validation log-odds; the decision thresholds (`training/thresholds.py`) on its calibrated
+   validation scores; the fallback rules' fit (`training/fallback_fit.py`) on the validation rows.
+3. Test folds: the chosen candidate, trained on each fold's training week and calibrated, is
+   exported to ONNX and scores the fold's test week once on ONNX Runtime: the reported figures.
+   The handbook's own recipe (`training/handbook_recipe.py`) is trained and scored on the same
+   validation and test folds, as the baseline; on the first seed, the chosen candidate is also
+   tested without the fresh-label columns, which the handbook's setting has no counterpart for.
+4. The first seed's model of the latest test fold ships as a model package
+   (scorer/model_package.py): model.onnx, model.toml and MODEL_CARD.md.
 
-The same seed and days give a byte-identical model file and model card on the same platform.
+The same seeds and days give a byte-identical model file and model card on the same platform.
 """
 
 from __future__ import annotations
@@ -20,15 +31,19 @@ import argparse
 import hashlib
 import logging
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
+from scorer.fallback import fallback_scores
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import FORMAT as MANIFEST_FORMAT
 from scorer.model_package import (
@@ -39,195 +54,371 @@ from scorer.model_package import (
     Training,
     write_model_package,
 )
+from scorer.terminal_risk import FRESH_WINDOWS_DAYS
 from simulator.fraud import SCENARIOS
-from training import gbdt, mlp
+from simulator.transactions import DEFAULT_CARDS
+from training import gbdt, handbook_recipe, mlp
+from training.calibration import Bin, Platt, fit_platt, reliability
+from training.fallback_fit import FallbackFit, fit_fallback
 from training.onnx_export import score_with_onnxruntime
-from training.protocol import TEST_DAYS, TRAIN_DAYS, Metrics, handbook_fold, protocol_metrics
+from training.protocol import (
+    DELAY_DAYS,
+    TEST_DAYS,
+    TRAIN_DAYS,
+    Metrics,
+    Schedule,
+    days_needed,
+    fold_schedule,
+    handbook_fold,
+    protocol_metrics,
+    roc_auc,
+)
 from training.replay import Stream, simulate
+from training.thresholds import (
+    FALSE_DECLINE_COST,
+    OTHER_FALSE_DECLINE_COSTS,
+    REVIEW_LEGIT_SHARE,
+    Chosen,
+    decline_threshold,
+    flagged_shares,
+    review_threshold,
+)
 
 logger = logging.getLogger(__name__)
 
+#: The candidates, by kind; the name of each one's package.
 MODEL_NAMES = {"gbdt": "fraud-gbdt", "mlp": "fraud-mlp"}
-MODEL_RELEASE = "2.0.0"
-DEFAULT_SEED = 7
+#: The handbook's recipe, reported beside the candidates under this kind.
+HANDBOOK = "handbook"
+MODEL_RELEASE = "2.1.0"
+DEFAULT_SEEDS = (7, 8, 9)
 #: Days before the first training week: every window (30 days, + the 7-day delay for terminal
 #: risk) is full, and compromised terminals (28 days) and cards (14) are in steady state.
 WARMUP_DAYS = 45
 FOLDS = 4
-DEFAULT_DAYS = WARMUP_DAYS + (FOLDS - 1) * TEST_DAYS + TRAIN_DAYS + 7 + TEST_DAYS
+DEFAULT_DAYS = WARMUP_DAYS + days_needed(FOLDS)
 _MODELS_DIR = Path(__file__).resolve().parent.parent / "scorer" / "models"
-#: The service's default decision thresholds.
-REVIEW_THRESHOLD = DEFAULT_REVIEW_THRESHOLD
-DECLINE_THRESHOLD = DEFAULT_DECLINE_THRESHOLD
-#: The shipped score is shifted (a constant on the log-odds: rankings do not change) so that
-#: this share of the training week's legitimate transactions reaches the review threshold.
-TARGET_REVIEW_RATE = 0.005
 #: Separates the trainer's random stream from the simulator's for the same seed.
 _TRAINER_STREAM = 1
 #: Test rows of this scenario are left out of the handbook-comparable figures.
 NOT_IN_HANDBOOK = "card_testing"
+#: Confirmed frauds known so far, without the delay (`scorer/terminal_risk.py`): the handbook's
+#: setting has nothing like them (its outcomes arrive after the delay), so the card also reports
+#: the chosen candidate without them, on the first seed only (it costs a model per test fold).
+FRESH_LABEL_COLUMNS = tuple(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS)
+
+_Ints = npt.NDArray[np.int64]
+_Floats = npt.NDArray[np.float64]
+_Model = gbdt.Trees | list[mlp.Layer]
+#: Per scenario (legit included): the shares at or above review and at or above decline.
+Outcomes = dict[str, tuple[float, float]]
 
 
 class FoldResult(NamedTuple):
-    """One candidate on one fold."""
+    """One model on one fold's assessment week (validation or test)."""
 
     train_start_day: int
-    handbook: Metrics  # test rows of the handbook's scenarios
-    everything: Metrics  # all test rows, card testing included
+    handbook: Metrics  # rows of the handbook's scenarios and legitimate rows
+    everything: Metrics  # all rows, card testing included
 
 
-class Candidate(NamedTuple):
-    """A model type over every fold, and its model of the latest fold."""
+def mean_std(folds: Sequence[FoldResult], field: str, handbook: bool = True) -> tuple[float, float]:
+    """Mean and standard deviation of a Metrics field over folds."""
+    return spread([getattr(f.handbook if handbook else f.everything, field) for f in folds])
 
-    kind: str
-    folds: list[FoldResult]
-    model: bytes
-    model_version: str
-    #: Review and decline recall per fraud scenario, and the legit review/decline rates, on the
-    #: latest fold's test week (all rows).
-    recall: dict[str, tuple[float, float]]
-    false_positive_rate: tuple[float, float]
 
-    def mean(self, field: str, handbook: bool = True) -> tuple[float, float]:
-        """Mean and standard deviation of a Metrics field over the folds."""
-        values = [getattr(f.handbook if handbook else f.everything, field) for f in self.folds]
-        return float(np.mean(values)), float(np.std(values))
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard deviation (NaN for none)."""
+    if not values:
+        return (math.nan, math.nan)
+    return float(np.mean(values)), float(np.std(values))
+
+
+class FallbackReport(NamedTuple):
+    """The shipped fallback rules, and the fit of this run's validation weeks."""
+
+    fit: FallbackFit
+    validation: Outcomes
+    test: Outcomes
+    test_roc_auc: float
 
 
 class TrainingResult(NamedTuple):
-    """The shipped model, how it was made and how both candidates scored."""
+    """One seed's run: the shipped-form model, how it was chosen and how everything scored."""
 
     model: bytes
     model_name: str
     model_version: str
     seed: int
     days: int
+    schedule: Schedule
     rows: int
     fraud_rows: int
     labels: int
+    scenario_rows: dict[str, int]
+    #: The chosen candidate's kind.
+    winner: str
+    #: By kind (both candidates and HANDBOOK): the validation folds, latest first.
+    validation: dict[str, list[FoldResult]]
+    #: The chosen candidate's and HANDBOOK's test folds, latest first.
+    test: dict[str, list[FoldResult]]
+    #: The chosen candidate trained and scored without FRESH_LABEL_COLUMNS, on the test folds
+    #: (its log-odds in numpy); empty unless asked for.
+    without_fresh_labels: list[FoldResult]
+    platt: Platt
+    thresholds: Chosen
+    #: The decline threshold under OTHER_FALSE_DECLINE_COSTS, same validation scores.
+    decline_by_cost: dict[float, float]
+    validation_reliability: list[Bin]
+    test_reliability: list[Bin]
+    #: Mean calibrated score and fraud rate of all test rows.
+    test_mean_score: float
+    test_fraud_rate: float
+    validation_outcomes: Outcomes
+    test_outcomes: Outcomes
+    fallback: FallbackReport
+    #: The median of the shipped model's training week's legitimate rows: reason codes' row.
+    reference: list[float]
     train_rows: int
     test_rows: int
-    candidates: dict[str, Candidate]
-    winner: str
-    scenario_rows: dict[str, int]
-    #: The median of the latest training week's legitimate rows: reason codes' reference row.
-    reference: list[float]
-    #: Training-week start day of the latest fold, the shipped model's.
-    train_start_day: int
-
-
-def fold_starts(days: int, folds: int = FOLDS) -> list[int]:
-    """Training-week start days of the test folds, latest first, ending with the stream."""
-    latest = days - (TRAIN_DAYS + 7 + TEST_DAYS)
-    starts = [latest - k * TEST_DAYS for k in range(folds)]
-    if starts[-1] < 0:
-        raise ValueError(f"{days} days hold fewer than {folds} folds")
-    return starts
 
 
 def train_model(
-    seed: int = DEFAULT_SEED, days: int = DEFAULT_DAYS, folds: int = FOLDS, cards: int = 5_000
+    seed: int = DEFAULT_SEEDS[0],
+    days: int = DEFAULT_DAYS,
+    folds: int = FOLDS,
+    cards: int = DEFAULT_CARDS,
+    without_fresh_labels: bool = False,
 ) -> TrainingResult:
-    """Simulate, replay, train and evaluate both candidates; pick the winner. Writes nothing.
+    """Simulate and replay one seed's stream; choose, calibrate and test. Writes nothing.
 
     `cards` below the handbook's 5,000 makes a quick, smaller run (the tests' reduced
-    configuration); the shipped model uses the default.
+    configuration); the shipped model uses the default. `without_fresh_labels` also tests the
+    chosen candidate without FRESH_LABEL_COLUMNS.
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    starts = fold_starts(days, folds)
+    schedule = fold_schedule(days, folds)
     stream = simulate(seed, days, cards)
-    candidates = {kind: _candidate(kind, stream, starts, seed) for kind in MODEL_NAMES}
-    winner = max(candidates, key=lambda kind: candidates[kind].mean("average_precision")[0])
-    shipped = candidates[winner]
-    latest = handbook_fold(stream.day, stream.card, stream.is_fraud, starts[0])
+    began = time.perf_counter()
+    chosen = _validate(stream, schedule, seed)
+    logger.info(
+        "chose winner=%s platt=%s thresholds=%s seed=%d elapsed_s=%.1f",
+        chosen.winner,
+        chosen.platt,
+        chosen.thresholds,
+        seed,
+        time.perf_counter() - began,
+    )
+    tested = _test(stream, schedule, seed, chosen.winner, chosen.platt)
+    ablated = (
+        _test_without_fresh_labels(stream, schedule, seed, chosen.winner)
+        if without_fresh_labels
+        else []
+    )
+    logger.info("tested seed=%d elapsed_s=%.1f", seed, time.perf_counter() - began)
+    valid_fraud = stream.is_fraud[chosen.rows]
+    test_fraud = stream.is_fraud[tested.rows]
+    rules_test = fallback_scores(stream.features[tested.rows])
+    latest = handbook_fold(stream.day, stream.card, stream.is_fraud, schedule.test[0])
+    legit_train = stream.features[latest.train][~stream.is_fraud[latest.train]]
     return TrainingResult(
-        model=shipped.model,
-        model_name=MODEL_NAMES[winner],
-        model_version=shipped.model_version,
+        model=tested.model,
+        model_name=MODEL_NAMES[chosen.winner],
+        model_version=tested.version,
         seed=seed,
         days=days,
+        schedule=schedule,
         rows=len(stream.is_fraud),
         fraud_rows=int(stream.is_fraud.sum()),
         labels=stream.labels,
+        scenario_rows={name: int((stream.scenario == name).sum()) for name in SCENARIOS},
+        winner=chosen.winner,
+        validation=chosen.validation,
+        test=tested.folds,
+        without_fresh_labels=ablated,
+        platt=chosen.platt,
+        thresholds=chosen.thresholds,
+        decline_by_cost=chosen.decline_by_cost,
+        validation_reliability=reliability(chosen.scores, valid_fraud),
+        test_reliability=reliability(tested.scores, test_fraud),
+        test_mean_score=float(tested.scores.astype(np.float64).mean()),
+        test_fraud_rate=float(test_fraud.mean()),
+        validation_outcomes=_outcomes(stream, chosen.rows, chosen.scores, chosen.thresholds),
+        test_outcomes=_outcomes(stream, tested.rows, tested.scores, chosen.thresholds),
+        fallback=FallbackReport(
+            chosen.fallback,
+            _outcomes(
+                stream,
+                chosen.rows,
+                fallback_scores(stream.features[chosen.rows]),
+                chosen.thresholds,
+            ),
+            _outcomes(stream, tested.rows, rules_test, chosen.thresholds),
+            roc_auc(test_fraud, rules_test),
+        ),
+        reference=[float(v) for v in np.median(legit_train, axis=0)],
         train_rows=len(latest.train),
         test_rows=len(latest.test),
-        candidates=candidates,
-        winner=winner,
-        scenario_rows={name: int((stream.scenario == name).sum()) for name in SCENARIOS},
-        reference=[
-            float(v)
-            for v in np.median(stream.features[latest.train][~stream.is_fraud[latest.train]], 0)
-        ],
-        train_start_day=starts[0],
     )
 
 
-def _candidate(kind: str, stream: Stream, starts: list[int], seed: int) -> Candidate:
-    results: list[FoldResult] = []
-    latest: tuple[bytes, str, npt.NDArray[np.float32], npt.NDArray[np.int64]] | None = None
-    for start in starts:
-        began = time.perf_counter()
+class _Choices(NamedTuple):
+    """Everything the validation folds decided, and the scores it was decided on."""
+
+    winner: str
+    validation: dict[str, list[FoldResult]]
+    rows: _Ints  # the validation weeks' rows, fold after fold
+    scores: _Floats  # the winner's calibrated scores of them
+    platt: Platt
+    thresholds: Chosen
+    decline_by_cost: dict[float, float]
+    fallback: FallbackFit
+
+
+def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
+    """Both candidates and the handbook recipe on the validation folds; every choice."""
+    validation: dict[str, list[FoldResult]] = {kind: [] for kind in (*MODEL_NAMES, HANDBOOK)}
+    logits: dict[str, list[_Floats]] = {kind: [] for kind in MODEL_NAMES}
+    assessed: list[_Ints] = []
+    for start in schedule.validation:
         fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
-        model, version = _train(kind, stream, fold.train, seed)
-        test = fold.test
-        scores = score_with_onnxruntime(model, stream.features[test])
-        handbook = test[stream.scenario[test] != NOT_IN_HANDBOOK]
-        in_handbook = np.isin(test, handbook)
-        results.append(
-            FoldResult(
-                start,
-                _metrics(stream, handbook, scores[in_handbook]),
-                _metrics(stream, test, scores),
-            )
-        )
-        logger.info(
-            "fold kind=%s train_start_day=%d handbook=%s elapsed_s=%.1f",
-            kind,
-            start,
-            results[-1].handbook,
-            time.perf_counter() - began,
-        )
-        if latest is None:
-            latest = (model, version, scores, test)
-    assert latest is not None
-    model, version, scores, test = latest
-    scenario = stream.scenario[test]
-    recall = {name: _flagged(scores[scenario == name]) for name in SCENARIOS[1:]}
-    return Candidate(kind, results, model, version, recall, _flagged(scores[scenario == "legit"]))
+        assessed.append(fold.test)
+        for kind in MODEL_NAMES:
+            model = _fit(kind, stream.features[fold.train], stream.is_fraud[fold.train], seed)
+            exported, _ = _export(kind, model, seed, len(fold.train))
+            scores = score_with_onnxruntime(exported, stream.features[fold.test])
+            validation[kind].append(_fold_result(stream, start, fold.test, scores))
+            logits[kind].append(_logits(model, stream.features[fold.test]))
+        validation[HANDBOOK].append(_handbook_recipe(stream, start, fold.train, fold.test))
+        logger.info("validation fold train_start_day=%d seed=%d", start, seed)
+    winner = max(MODEL_NAMES, key=lambda kind: mean_std(validation[kind], "average_precision")[0])
+    rows = np.concatenate(assessed)
+    is_fraud = stream.is_fraud[rows]
+    platt = fit_platt(np.concatenate(logits[winner]), is_fraud)
+    calibrated = platt.apply(np.concatenate(logits[winner]))
+    review = review_threshold(calibrated[~is_fraud])
+    amount = stream.columns.amount[rows].astype(np.float64)
+    return _Choices(
+        winner,
+        validation,
+        rows,
+        calibrated,
+        platt,
+        Chosen(review, decline_threshold(calibrated, is_fraud, amount, floor=review)),
+        {
+            cost: decline_threshold(calibrated, is_fraud, amount, cost, floor=review)
+            for cost in OTHER_FALSE_DECLINE_COSTS
+        },
+        fit_fallback(stream.features[rows], is_fraud),
+    )
 
 
-def _metrics(
-    stream: Stream, rows: npt.NDArray[np.int64], scores: npt.NDArray[np.float32]
-) -> Metrics:
+class _Tested(NamedTuple):
+    """The chosen model and the handbook recipe on the test folds."""
+
+    folds: dict[str, list[FoldResult]]
+    rows: _Ints  # the test weeks' rows, fold after fold
+    scores: npt.NDArray[np.float32]  # the chosen model's, from its exported graphs
+    model: bytes  # the latest fold's exported model: the one that ships
+    version: str
+
+
+def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Platt) -> _Tested:
+    """Each test week scored once by the chosen, calibrated candidate trained on its fold."""
+    folds: dict[str, list[FoldResult]] = {winner: [], HANDBOOK: []}
+    tested: list[_Ints] = []
+    test_scores: list[npt.NDArray[np.float32]] = []
+    exports: list[tuple[bytes, str]] = []
+    for start in schedule.test:
+        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        fitted = _fit(winner, stream.features[fold.train], stream.is_fraud[fold.train], seed)
+        model = _calibrated(fitted, platt)
+        exports.append(_export(winner, model, seed, len(fold.train)))
+        scores = score_with_onnxruntime(exports[-1][0], stream.features[fold.test])
+        folds[winner].append(_fold_result(stream, start, fold.test, scores))
+        folds[HANDBOOK].append(_handbook_recipe(stream, start, fold.train, fold.test))
+        tested.append(fold.test)
+        test_scores.append(scores)
+        logger.info("test fold train_start_day=%d seed=%d", start, seed)
+    shipped, version = exports[0]
+    return _Tested(folds, np.concatenate(tested), np.concatenate(test_scores), shipped, version)
+
+
+def _test_without_fresh_labels(
+    stream: Stream, schedule: Schedule, seed: int, winner: str
+) -> list[FoldResult]:
+    """The chosen candidate trained and scored without FRESH_LABEL_COLUMNS on each test fold."""
+    keep = np.array([i for i, name in enumerate(FEATURE_NAMES) if name not in FRESH_LABEL_COLUMNS])
+    results = []
+    for start in schedule.test:
+        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        model = _fit(
+            winner, stream.features[fold.train][:, keep], stream.is_fraud[fold.train], seed
+        )
+        logits = _logits(model, stream.features[fold.test][:, keep])
+        results.append(_fold_result(stream, start, fold.test, logits))
+    return results
+
+
+def _fold_result(
+    stream: Stream, start: int, rows: _Ints, scores: npt.NDArray[np.floating]
+) -> FoldResult:
+    in_handbook = stream.scenario[rows] != NOT_IN_HANDBOOK
+    return FoldResult(
+        start,
+        _metrics(stream, rows[in_handbook], scores[in_handbook]),
+        _metrics(stream, rows, scores),
+    )
+
+
+def _metrics(stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating]) -> Metrics:
     return protocol_metrics(stream.day[rows], stream.card[rows], stream.is_fraud[rows], scores)
 
 
-def _flagged(scores: npt.NDArray[np.float32]) -> tuple[float, float]:
-    if len(scores) == 0:
-        return (math.nan, math.nan)
-    return (
-        float((scores >= REVIEW_THRESHOLD).mean()),
-        float((scores >= DECLINE_THRESHOLD).mean()),
+def _handbook_recipe(stream: Stream, start: int, train: _Ints, assessed: _Ints) -> FoldResult:
+    model = handbook_recipe.fit(stream.features[train], stream.is_fraud[train])
+    return _fold_result(
+        stream, start, assessed, handbook_recipe.scores(model, stream.features[assessed])
     )
 
 
-def _train(kind: str, stream: Stream, train: npt.NDArray[np.int64], seed: int) -> tuple[bytes, str]:
-    """Fit one candidate on the training rows; its ONNX model and model_version."""
-    features, is_fraud = stream.features[train], stream.is_fraud[train]
-    rng = np.random.default_rng((seed, _TRAINER_STREAM))
-    name = MODEL_NAMES[kind]
-    legit = features[~is_fraud]
+def _outcomes(
+    stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating], chosen: Chosen
+) -> Outcomes:
+    scenario = stream.scenario[rows]
+    return {name: flagged_shares(scores[scenario == name], chosen) for name in SCENARIOS}
+
+
+def _fit(
+    kind: str, features: npt.NDArray[np.float32], is_fraud: npt.NDArray[np.bool_], seed: int
+) -> _Model:
+    """One candidate fitted on these training rows; its output is the log-odds of fraud."""
     if kind == "gbdt":
-        trees = gbdt.fit(features, is_fraud, seed)
-        trees = gbdt.shifted(trees, _review_shift(gbdt.raw_scores(trees, legit)))
-        arrays: list[npt.NDArray[np.generic]] = list(trees)
-    else:
-        layers = mlp.fit(features, is_fraud, rng)
-        shift = _review_shift(mlp.raw_scores(layers, legit))
-        last = layers[-1]
-        layers[-1] = mlp.Layer(last.weights, last.bias + shift)
-        arrays = [array for layer in layers for array in layer]
+        return gbdt.fit(features, is_fraud, seed)
+    return mlp.fit(features, is_fraud, np.random.default_rng((seed, _TRAINER_STREAM)))
+
+
+def _logits(model: _Model, features: npt.NDArray[np.float32]) -> _Floats:
+    if isinstance(model, gbdt.Trees):
+        return gbdt.raw_scores(model, features)
+    return mlp.raw_scores(model, features)
+
+
+def _calibrated(model: _Model, platt: Platt) -> _Model:
+    """The same model whose log-odds are a·z + b: its sigmoid is the calibrated probability."""
+    if isinstance(model, gbdt.Trees):
+        return gbdt.calibrated(model, platt.a, platt.b)
+    last = model[-1]
+    return [*model[:-1], mlp.Layer(last.weights * platt.a, last.bias * platt.a + platt.b)]
+
+
+def _export(kind: str, model: _Model, seed: int, training_rows: int) -> tuple[bytes, str]:
+    """The ONNX model and its model_version (the hash of its parameters)."""
+    name = MODEL_NAMES[kind]
+    arrays: list[npt.NDArray[np.generic]] = (
+        list(model) if isinstance(model, gbdt.Trees) else [a for layer in model for a in layer]
+    )
     digest = hashlib.sha256()
     for array in arrays:
         digest.update(np.ascontiguousarray(array).tobytes())
@@ -236,17 +427,11 @@ def _train(kind: str, stream: Stream, train: npt.NDArray[np.int64], seed: int) -
         "model_version": version,
         "feature_names": ",".join(FEATURE_NAMES),
         "seed": str(seed),
-        "training_rows": str(len(train)),
+        "training_rows": str(training_rows),
     }
-    if kind == "gbdt":
-        return gbdt.export_onnx(trees, NUM_FEATURES, name, metadata), version
-    return mlp.export_onnx(layers, NUM_FEATURES, name, metadata), version
-
-
-def _review_shift(legit_logits: npt.NDArray[np.float64]) -> float:
-    """The log-odds shift that puts TARGET_REVIEW_RATE of these logits at the review threshold."""
-    cut = float(np.quantile(legit_logits, 1.0 - TARGET_REVIEW_RATE))
-    return math.log(REVIEW_THRESHOLD / (1.0 - REVIEW_THRESHOLD)) - cut
+    if isinstance(model, gbdt.Trees):
+        return gbdt.export_onnx(model, NUM_FEATURES, name, metadata), version
+    return mlp.export_onnx(model, NUM_FEATURES, name, metadata), version
 
 
 def package_path(name: str) -> Path:
@@ -254,38 +439,74 @@ def package_path(name: str) -> Path:
     return _MODELS_DIR / name
 
 
+def assessed_days(train_start_day: int) -> tuple[int, int]:
+    """First and last day of the week a fold assesses (validation or test)."""
+    first = train_start_day + TRAIN_DAYS + DELAY_DAYS
+    return first, first + TEST_DAYS - 1
+
+
+def validation_days(schedule: Schedule) -> tuple[int, int]:
+    """First and last day of the validation weeks."""
+    return assessed_days(schedule.validation[-1])[0], assessed_days(schedule.validation[0])[1]
+
+
 def manifest(result: TrainingResult) -> Manifest:
     """The shipped package's manifest (its hash is set when it is written)."""
-    shipped = result.candidates[result.winner]
+    first, last = validation_days(result.schedule)
+    weeks = f"the validation weeks (days {first}-{last}, before every test week)"
+    start = result.schedule.test[0]
+    metrics = {
+        f"validation_{field}_mean_over_folds": round(
+            mean_std(result.validation[result.winner], field)[0], 4
+        )
+        for field in Metrics._fields
+    }
+    metrics |= {
+        f"test_{field}_mean_over_folds": round(mean_std(result.test[result.winner], field)[0], 4)
+        for field in Metrics._fields
+    }
     return Manifest(
         format=MANIFEST_FORMAT,
         model=ModelInfo(result.model_name, result.model_version),
         features=list(FEATURE_NAMES),
         output=ModelOutput(
-            meaning="fraud score in [0, 1], ranking transactions: a probability shifted on the "
-            f"log-odds so that {TARGET_REVIEW_RATE:.1%} of the training week's legitimate "
-            "transactions reach the review threshold; not calibrated",
-            calibration="none",
+            meaning="probability of fraud, calibrated by Platt scaling on "
+            f"{weeks}; on the test weeks the mean score was {result.test_mean_score:.4f} "
+            f"and the fraud rate {result.test_fraud_rate:.4f} (MODEL_CARD.md, Calibration)",
+            calibration="platt",
         ),
         thresholds=ThresholdChoice(
-            REVIEW_THRESHOLD,
-            DECLINE_THRESHOLD,
-            chosen_by=f"fixed defaults; the score is shifted so that {TARGET_REVIEW_RATE:.1%} "
-            "of the training week's legitimate transactions reach review (MODEL_CARD.md)",
+            result.thresholds.review,
+            result.thresholds.decline,
+            chosen_by=f"on {weeks}: review, the lowest score at which at most "
+            f"{REVIEW_LEGIT_SHARE:.0%} of legitimate transactions reach review; decline, the "
+            "score at or above review with the lowest cost when a declined legitimate "
+            f"transaction costs {FALSE_DECLINE_COST:g} and a fraud not declined costs its "
+            "amount (MODEL_CARD.md, Thresholds)",
         ),
         training=Training(
             data=f"simulated stream: seed {result.seed}, {result.days} days, {result.rows} "
             f"transactions ({result.fraud_rows} fraud), {result.labels} labels",
-            window=f"days {result.train_start_day}-{result.train_start_day + TRAIN_DAYS - 1} "
-            f"({result.train_rows} rows), the latest of {len(shipped.folds)} folds",
-            metrics={
-                f"test_{field}_mean_over_folds": round(shipped.mean(field)[0], 4)
-                for field in ("roc_auc", "average_precision", "card_precision")
-            },
+            window=f"days {start}-{start + TRAIN_DAYS - 1} ({result.train_rows} rows), the "
+            f"training week of the latest of {len(result.schedule.test)} test folds; chosen, "
+            f"calibrated and thresholds set on {weeks}",
+            metrics=metrics,
         ),
         onnx_sha256="",
         reference=result.reference,
     )
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds takes comma-separated integers such as 7,8,9, got {text!r}"
+        ) from None
+    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds must be distinct and >= 0, got {text!r}")
+    return seeds
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -295,12 +516,25 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--seed", type=int, default=DEFAULT_SEED, help="simulator and training seed"
+        "--seeds",
+        type=_seeds,
+        default=DEFAULT_SEEDS,
+        help="simulator and training seeds, comma-separated: the first one's model ships, "
+        "every one is evaluated",
     )
     parser.add_argument(
         "--days", type=int, default=DEFAULT_DAYS, help="simulated days (warm-up + the folds)"
     )
-    parser.add_argument("--folds", type=int, default=FOLDS, help="prequential test folds")
+    parser.add_argument(
+        "--folds", type=int, default=FOLDS, help="validation folds, and as many test folds"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="seeds trained at once, each in a process of its own (default: one per CPU, at "
+        "most one per seed)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -308,15 +542,34 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the model package directory to write (default: the shipped package)",
     )
     args = parser.parse_args(argv)
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
-    if args.folds < 1:
-        parser.error(f"--folds must be >= 1, got {args.folds}")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        fold_starts(args.days, args.folds)
+        fold_schedule(args.days, args.folds)
     except ValueError as exc:
-        parser.error(f"--days {args.days}: {exc}")
+        parser.error(f"--days {args.days} --folds {args.folds}: {exc}")
     return args
+
+
+def train_models(
+    seeds: Sequence[int], days: int = DEFAULT_DAYS, folds: int = FOLDS, jobs: int | None = None
+) -> list[TrainingResult]:
+    """`train_model` of each seed, in that order, the first one also without fresh labels; up
+    to `jobs` seeds at once, each in a process of its own (the results are the same either
+    way)."""
+    jobs = min(jobs or os.cpu_count() or 1, len(seeds))
+    cards = repeat(DEFAULT_CARDS)
+    first = [i == 0 for i in range(len(seeds))]  # the shipped seed: also without fresh labels
+    if jobs == 1:
+        return list(map(train_model, seeds, repeat(days), repeat(folds), cards, first))
+    # "spawn": a fresh interpreter per worker, never a fork of a process that holds threads.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_configure_logging) as pool:
+        return list(pool.map(train_model, seeds, repeat(days), repeat(folds), cards, first))
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,12 +577,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from training.card import metrics_table, render_model_card
 
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    result = train_model(args.seed, args.days, args.folds)
-    out = args.out or package_path(result.model_name)
-    write_model_package(out, result.model, manifest(result), render_model_card(result, args.folds))
-    logger.info("wrote package=%s model_bytes=%d", out, len(result.model))
-    print(metrics_table(result))
+    _configure_logging()
+    began = time.perf_counter()
+    runs = train_models(args.seeds, args.days, args.folds, args.jobs)
+    shipped = runs[0]
+    out = args.out or package_path(shipped.model_name)
+    write_model_package(out, shipped.model, manifest(shipped), render_model_card(runs))
+    logger.info(
+        "wrote package=%s model_bytes=%d elapsed_s=%.1f",
+        out,
+        len(shipped.model),
+        time.perf_counter() - began,
+    )
+    print(metrics_table(runs))
     return 0
 
 

@@ -10,23 +10,41 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from scorer.fallback import CUTOFFS, red_flags
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package, write_model_package
 from stream.config import SHIPPED_MODEL_PATH
-from training import gbdt
+from training import gbdt, handbook_recipe
+from training.calibration import Platt, fit_platt, reliability, sigmoid
 from training.card import render_model_card
+from training.fallback_fit import fit_fallback
 from training.onnx_export import IR_VERSION, OPSET, score_with_onnxruntime
 from training.protocol import (
+    DELAY_DAYS,
+    TEST_DAYS,
+    TRAIN_DAYS,
     average_precision,
     card_precision_at_k,
+    days_needed,
+    fold_schedule,
     handbook_fold,
     roc_auc,
 )
 from training.replay import replay_history, simulate
-from training.train import TrainingResult, main, manifest, train_model
+from training.thresholds import Chosen, decline_threshold, flagged_shares, review_threshold
+from training.train import (
+    FRESH_LABEL_COLUMNS,
+    HANDBOOK,
+    TrainingResult,
+    main,
+    manifest,
+    mean_std,
+    train_model,
+)
 
-#: The reduced configuration: 600 customers, the shortest stream that holds one fold.
-SMALL = {"seed": 3, "days": 24, "folds": 1, "cards": 600}
+#: The reduced configuration: 600 customers, the shortest stream that holds one validation and
+#: one test fold.
+SMALL = {"seed": 3, "days": days_needed(1), "folds": 1, "cards": 600, "without_fresh_labels": True}
 #: Operators with CUDA kernels in ONNX Runtime that the exported graphs may use.
 CUDA_OPS = {
     "Gemm",
@@ -52,41 +70,64 @@ def small() -> TrainingResult:
     return train_model(**SMALL)
 
 
-def test_reduced_run_trains_both_candidates_and_ships_the_better(small: TrainingResult) -> None:
-    assert set(small.candidates) == {"gbdt", "mlp"}
-    best = max(small.candidates.values(), key=lambda c: c.mean("average_precision")[0])
-    assert small.winner == best.kind
-    assert small.model == best.model
-    for candidate in small.candidates.values():
-        (fold,) = candidate.folds
+def test_reduced_run_chooses_on_validation_and_tests_only_the_choice(
+    small: TrainingResult,
+) -> None:
+    assert set(small.validation) == {"gbdt", "mlp", HANDBOOK}
+    best = max(("gbdt", "mlp"), key=lambda k: mean_std(small.validation[k], "average_precision")[0])
+    assert small.winner == best
+    assert set(small.test) == {small.winner, HANDBOOK}, "the other candidate is never tested"
+    for results in (*small.validation.values(), *small.test.values()):
+        (fold,) = results
         assert 0.5 < fold.handbook.roc_auc <= 1.0
         assert 0.0 < fold.handbook.average_precision <= 1.0
-        model = onnx.load_from_string(candidate.model)
-        onnx.checker.check_model(model)
-        assert model.ir_version == IR_VERSION
-        assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)]
-        assert {node.op_type for node in model.graph.node} <= CUDA_OPS
-        metadata = {p.key: p.value for p in model.metadata_props}
-        assert metadata["feature_names"] == ",".join(FEATURE_NAMES)
-        assert metadata["model_version"] == candidate.model_version
+    (validation,), (test,) = small.schedule
+    assert validation + TRAIN_DAYS + DELAY_DAYS + TEST_DAYS <= test + TRAIN_DAYS + DELAY_DAYS
+    model = onnx.load_from_string(small.model)
+    onnx.checker.check_model(model)
+    assert model.ir_version == IR_VERSION
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", OPSET)]
+    assert {node.op_type for node in model.graph.node} <= CUDA_OPS
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert metadata["feature_names"] == ",".join(FEATURE_NAMES)
+    assert metadata["model_version"] == small.model_version
+
+
+def test_reduced_run_calibrates_and_chooses_thresholds_on_validation(
+    small: TrainingResult,
+) -> None:
+    assert small.platt.a > 0.0
+    assert 0.0 < small.thresholds.review <= small.thresholds.decline < 1.0
+    legit_review, _ = small.validation_outcomes["legit"]
+    assert legit_review <= 0.01, "the review goal holds where it was chosen"
+    rows = sum(b.rows for b in small.test_reliability)
+    frauds = sum(b.frauds for b in small.test_reliability)
+    assert rows > 0 and frauds / rows == pytest.approx(small.test_fraud_rate)
+    written = manifest(small)
+    assert written.output.calibration == "platt"
+    assert (written.thresholds.review, written.thresholds.decline) == small.thresholds
 
 
 def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
-    shape = gbdt.graph_shape(small.candidates["gbdt"].model)
-    assert shape.trees == gbdt.NUM_TREES
-    assert 1 <= shape.depth <= gbdt.PARAMS["max_depth"]
-    card = render_model_card(small, 1)
+    card = render_model_card([small])
     if small.winner == "gbdt":
+        shape = gbdt.graph_shape(small.model)
+        assert shape.trees == gbdt.NUM_TREES
+        assert 1 <= shape.depth <= gbdt.PARAMS["max_depth"]
         assert f"each of the {shape.splits} distinct splits" in card
         assert f"One call runs {shape.nodes} operators" in card
     else:
         assert "## Scoring cost" not in card
+    assert "not comparable" in card and "± 0.01 |" not in card.split("published")[0]
+    (ablated,) = small.without_fresh_labels
+    assert f"without {' and '.join(f'`{c}`' for c in FRESH_LABEL_COLUMNS)}" in card
+    assert 0.5 < ablated.handbook.roc_auc <= 1.0
 
 
 def test_training_is_deterministic(small: TrainingResult) -> None:
     again = train_model(**SMALL)
     assert again.model == small.model
-    assert render_model_card(again, 1) == render_model_card(small, 1)
+    assert render_model_card([again]) == render_model_card([small])
 
 
 def test_compiled_trees_score_exactly_as_lightgbm() -> None:
@@ -124,8 +165,8 @@ def test_unbalanced_and_single_leaf_trees_are_padded_to_the_same_scores() -> Non
     model = gbdt.export_onnx(trees, NUM_FEATURES, "t", {"model_version": "t"})
     scores = score_with_onnxruntime(model, features)
     assert np.allclose(scores, 1.0 / (1.0 + np.exp(-expected)), atol=1e-5)
-    shifted = gbdt.shifted(trees, -1.5)
-    assert np.allclose(gbdt.raw_scores(shifted, features), expected - 1.5, atol=1e-4)
+    calibrated = gbdt.calibrated(trees, 0.5, -1.5)
+    assert np.allclose(gbdt.raw_scores(calibrated, features), 0.5 * expected - 1.5, atol=1e-4)
 
 
 def test_an_ensemble_of_stumps_or_too_deep_trees() -> None:
@@ -204,11 +245,93 @@ def test_a_training_run_writes_a_package_the_service_reads(
     assert (tmp_path / "p" / CARD_FILE).read_text(encoding="utf-8") == "card"
 
 
-def test_main_refuses_a_stream_too_short_for_a_fold(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seeds", "9", "--days", str(days_needed(1) - 1), "--folds", "1"],
+        ["--seeds", "9", "--folds", "0"],
+        ["--seeds", "7,7"],
+        ["--seeds", "7,x"],
+    ],
+)
+def test_main_refuses_what_cannot_run(tmp_path: Path, args: list[str]) -> None:
     out = tmp_path / "package"
     with pytest.raises(SystemExit):
-        main(["--seed", "9", "--days", "5", "--folds", "1", "--out", str(out)])
+        main([*args, "--out", str(out)])
     assert not out.exists()
+
+
+def test_validation_folds_precede_every_test_week() -> None:
+    schedule = fold_schedule(122, 4)
+    assert schedule.test == [101, 94, 87, 80] and schedule.validation == [66, 59, 52, 45]
+    last_validation_day = schedule.validation[0] + TRAIN_DAYS + DELAY_DAYS + TEST_DAYS - 1
+    assert last_validation_day < min(schedule.test) + TRAIN_DAYS + DELAY_DAYS
+    assert fold_schedule(days_needed(4), 4).validation[-1] == 0
+    with pytest.raises(ValueError, match="at least 77 days"):
+        fold_schedule(76, 4)
+
+
+def test_platt_scaling_recovers_a_known_map() -> None:
+    rng = np.random.default_rng(5)
+    logits = rng.normal(0.0, 3.0, 200_000)
+    is_fraud = rng.random(len(logits)) < sigmoid(0.6 * logits - 2.0)
+    platt = fit_platt(logits, is_fraud)
+    assert platt.a == pytest.approx(0.6, abs=0.02) and platt.b == pytest.approx(-2.0, abs=0.03)
+    assert np.allclose(Platt(1.0, 0.0).apply(np.array([0.0, 50.0, -50.0])), [0.5, 1.0, 0.0])
+    with pytest.raises(ValueError, match="needs frauds"):
+        fit_platt(logits[:10], np.zeros(10, bool))
+
+
+def test_reliability_bins_count_every_row_once() -> None:
+    scores = np.array([0.0, 0.004, 0.5, 0.7, 1.0])
+    is_fraud = np.array([False, False, True, False, True])
+    bins = reliability(scores, is_fraud, (0.0, 0.01, 0.5, 1.0))
+    assert [b.rows for b in bins] == [2, 0, 3]
+    assert bins[2].frauds == 2 and bins[2].fraud_rate == pytest.approx(2 / 3)
+    assert bins[2].mean_score == pytest.approx(0.7333333)
+    assert np.isnan(bins[1].mean_score)
+
+
+def test_thresholds_meet_their_goals() -> None:
+    legit = np.linspace(0.0, 0.5, 1_001)  # 0.0005 apart
+    review = review_threshold(legit, 0.01)
+    assert (legit >= review).mean() <= 0.01 < (legit >= review - 1e-4).mean()
+    scores = np.array([0.1, 0.3, 0.6, 0.9, 0.95])
+    is_fraud = np.array([False, True, False, True, True])
+    amount = np.array([10.0, 30.0, 10.0, 500.0, 20.0])
+    # Declining from just above 0.1 costs one false decline; from just above 0.6, the fraud of
+    # 30 it lets through: the cheaper wins, the lowest such threshold.
+    assert decline_threshold(scores, is_fraud, amount, 25.0) == pytest.approx(0.1001)
+    assert decline_threshold(scores, is_fraud, amount, 40.0) == pytest.approx(0.6001)
+    assert decline_threshold(scores, is_fraud, amount, 40.0, floor=0.92) == pytest.approx(0.92)
+    assert flagged_shares(scores, Chosen(0.3, 0.9)) == (0.8, 0.4)
+
+
+def test_the_handbook_recipe_reads_its_fifteen_columns() -> None:
+    assert len(handbook_recipe.FEATURES) == len(set(handbook_recipe.COLUMNS.tolist())) == 15
+    assert handbook_recipe.FEATURES[0] == ("TX_AMOUNT", "log_amount")
+    assert ("TERMINAL_ID_RISK_30DAY_WINDOW", "terminal_risk_30d") in handbook_recipe.FEATURES
+    rng = np.random.default_rng(2)
+    features = rng.normal(size=(2_000, NUM_FEATURES)).astype(np.float32)
+    is_fraud = features[:, FEATURE_NAMES.index("terminal_risk_7d")] > 1.0
+    features[:, FEATURE_NAMES.index("card_testing_velocity")] = is_fraud  # not a handbook column
+    model = handbook_recipe.fit(features, is_fraud)
+    assert roc_auc(is_fraud, handbook_recipe.scores(model, features)) > 0.99
+
+
+def test_the_fallback_fit_finds_the_flags_that_carry_fraud() -> None:
+    rng = np.random.default_rng(3)
+    features = np.zeros((50_000, NUM_FEATURES), np.float32)
+    amount = rng.uniform(1.0, 400.0, len(features))
+    features[:, FEATURE_NAMES.index("log_amount")] = np.log1p(amount)
+    risk = rng.random(len(features)) < 0.01
+    features[:, FEATURE_NAMES.index("terminal_fresh_frauds_7d")] = np.where(risk, np.log1p(3), 0)
+    is_fraud = (amount > 250.0) | (risk & (rng.random(len(features)) < 0.5))
+    fit = fit_fallback(features, is_fraud)
+    assert fit.cutoffs.large_amount == 250.0 and fit.cutoffs.terminal_recent_frauds <= 3
+    assert fit.weights["large_amount"] > 5.0 and fit.weights["terminal_recent_frauds"] > 3.0
+    assert abs(fit.weights["card_testing_burst"]) < 0.5, "a flag never raised stays near 0"
+    assert set(fit.weights) == set(red_flags(features[:1], CUTOFFS))
 
 
 def test_shipped_package_matches_features_card_and_cuda_operators() -> None:
