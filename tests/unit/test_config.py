@@ -197,3 +197,12 @@ def test_a_missing_or_malformed_config_file_stops_the_cli_with_exit_2(
         assert code == 2
         err = capsys.readouterr().err
         assert "kafka config file" in err and "sasl.password" not in err.split(":", 1)[0]
+
+
+def test_a_rules_file_that_cannot_be_used_stops_the_start(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "x"\nwhen = "__import__(\'os\')"\nthen = "review"\n')
+    with pytest.raises(ConfigurationError, match=r"rules\.toml"):
+        ServiceConfig.from_sources({}, {"FRAUD_RULES": str(rules)})
+    with pytest.raises(ConfigurationError, match="rules_topic must be a topic of its own"):
+        ServiceConfig.from_sources({}, {"FRAUD_RULES_TOPIC": "transactions"})
