@@ -47,9 +47,9 @@ from bench.gpu_machine import (
     describe_software,
     process_gpu_memory_mib,
 )
+from bench.model_speed import bench_package
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
-from scorer.model_package import bench_package
 from scorer.runtime import CUDA, GPU_PROVIDERS, Device
 from stream.config import SHIPPED_MODEL_PATH
 

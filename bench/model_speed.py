@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 
+from contracts.errors import ConfigurationError
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
-from scorer.model_package import bench_package
+from scorer.model_package import ModelPackage, load_model_package, plain_manifest
 from stream.options import SHIPPED_MODEL_PATH
 
 DEFAULT_SIZES = (1, 16, 64, 256, 1024)
@@ -29,6 +31,22 @@ DEFAULT_SIZES = (1, 16, 64, 256, 1024)
 ROWS_PER_ROUND = 20_000
 MIN_CALLS = 5
 _SEED = 20_260_101
+
+
+def bench_package(path: Path) -> ModelPackage:
+    """The package at `path`, or a bare ONNX graph wrapped in memory, reading the features its
+    metadata names (every catalogue feature when it names none): benchmarks compare graphs,
+    older ones included, without packaging each."""
+    if path.is_dir():
+        return load_model_package(path)
+    try:
+        onnx = path.read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read model {str(path)!r}: {exc}") from exc
+    session = onnxruntime.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+    named = session.get_modelmeta().custom_metadata_map.get("feature_names")
+    manifest = plain_manifest(path.stem, path.stem, *([named.split(",")] if named else []))
+    return ModelPackage(path, manifest, onnx)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

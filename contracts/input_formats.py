@@ -236,7 +236,8 @@ def protobuf_paths(descriptor: Any, prefix: tuple[str, ...] = ()) -> list[tuple[
     for field in descriptor.fields:
         path = (*prefix, field.name)
         paths.append(path)
-        if field.message_type is not None and len(path) < _MAX_PROTOBUF_DEPTH:
+        nested = field.message_type is not None and not _is_map(field)
+        if nested and len(path) < _MAX_PROTOBUF_DEPTH:
             paths.extend(protobuf_paths(field.message_type, path))
     return paths
 
@@ -258,22 +259,37 @@ def _protobuf_deserializer(client: Any, message_class: Any) -> Callable[[bytes, 
 def _message_dict(message: Any) -> dict[str, Any]:
     """A parsed message as plain values: a field without presence that was not sent reads as
     its default (proto3 sends no false, 0 or ""), one with presence only when set; enums by
-    name, nested messages as dicts."""
+    name, nested messages and maps as dicts."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         repeated = field.is_repeated
         if not repeated and field.has_presence and not message.HasField(field.name):
             continue
         value = getattr(message, field.name)
-        if field.message_type is not None:
-            value = [_message_dict(v) for v in value] if repeated else _message_dict(value)
-        elif field.enum_type is not None:
-            names = field.enum_type.values_by_number
-            value = [names[v].name for v in value] if repeated else names[value].name
+        if _is_map(field):
+            entry = field.message_type.fields_by_name["value"]
+            value = {k: _plain(entry, v) for k, v in value.items()}
         elif repeated:
-            value = list(value)
+            value = [_plain(field, v) for v in value]
+        else:
+            value = _plain(field, value)
         out[field.name] = value
     return out
+
+
+def _plain(field: Any, value: Any) -> Any:
+    """One value of `field` as a plain value: a message as a dict, an enum by name (by number
+    when this class does not know it: a newer writer's value)."""
+    if field.message_type is not None:
+        return _message_dict(value)
+    if field.enum_type is not None:
+        known = field.enum_type.values_by_number.get(value)
+        return value if known is None else known.name
+    return value
+
+
+def _is_map(field: Any) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
 def _http_errors() -> type[BaseException]:

@@ -42,6 +42,8 @@ from scorer.rules import Rules
 log = logging.getLogger(__name__)
 
 LatePolicy = Literal["score", "fallback"]
+#: Rule hits that set a label whatever the score (an allow list only ever approves).
+_FORCING = ("deny:", "rule:")
 
 
 class DecisionPolicy(NamedTuple):
@@ -269,9 +271,16 @@ def _decide(
         check_canary(scorer, error)
         invalid = {int(i): ScoreError(f"model returned score {float(scores[i])!r}") for i in bad}
     ruled = rules.decide(columns, features, np.nan_to_num(scores), policy.thresholds)
-    rule_hits = {i: hits for i, hits in enumerate(ruled.hits) if hits}
+    rule_hits = {i: hits for i, hits in enumerate(ruled.hits) if hits and i not in invalid}
+    # A label a deny list or an expression rule forced, where the model approved, is the
+    # rules' (its `rules` say why), not the model's: it gets no model reasons.
+    forced = np.zeros(len(scores), np.bool_)
+    forced[[i for i, hits in rule_hits.items() if any(h.startswith(_FORCING) for h in hits)]] = True
+    model_flagged = ~forced | (np.nan_to_num(scores) >= policy.thresholds.review)
     started = time.perf_counter()
-    reasons = _reasons(explainer, features, scores, ruled.labels, by_rules, invalid)
+    reasons = _reasons(
+        explainer, features, scores, ruled.labels, by_rules | ~model_flagged, invalid
+    )
     return _Part(
         scores,
         ruled.labels,
@@ -282,8 +291,8 @@ def _decide(
         inference_s,
         reasons,
         rule_hits,
-        Counter(ruled.counts),
-        time.perf_counter() - started if reasons else 0.0,
+        Counter(name for hits in rule_hits.values() for name in hits),
+        time.perf_counter() - started,
     )
 
 
@@ -292,13 +301,14 @@ def _reasons(
     features: npt.NDArray[np.float32],
     scores: npt.NDArray[np.float32],
     labels: list[str],
-    by_rules: npt.NDArray[np.bool_],
+    not_the_models: npt.NDArray[np.bool_],
     invalid: dict[int, ScoreError],
 ) -> dict[int, tuple[Reason, ...]]:
-    """The reasons of the rows the model scored and that were flagged."""
+    """The reasons of the flagged rows whose label is the model's (`not_the_models`: decided by
+    the fallback rules, or forced by a rule where the model approved)."""
     if explainer is None:
         return {}
-    flagged = (np.asarray(labels, dtype=object) != APPROVE) & ~by_rules
+    flagged = (np.asarray(labels, dtype=object) != APPROVE) & ~not_the_models
     flagged[list(invalid)] = False
     rows = np.flatnonzero(flagged)
     if not len(rows):

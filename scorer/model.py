@@ -169,10 +169,10 @@ def _check_signature(session: ort.InferenceSession, package: ModelPackage) -> No
     features = package.manifest.features
     inputs = session.get_inputs()
     width = inputs[0].shape[-1] if inputs and inputs[0].shape else None
-    if len(inputs) != 1 or width != len(features):
+    if len(inputs) != 1 or width != len(features) or inputs[0].type != "tensor(float)":
         raise ConfigurationError(
-            f"model package {where!r}: the graph reads {[i.shape for i in inputs]} but the "
-            f"manifest names {len(features)} features: one float32 input [batch, "
+            f"model package {where!r}: the graph reads {[(i.type, i.shape) for i in inputs]} but "
+            f"the manifest names {len(features)} features: one float32 input [batch, "
             f"{len(features)}] is needed; fix the manifest's features or re-export the model"
         )
     outputs = session.get_outputs()

@@ -140,7 +140,7 @@ def load_model_package(path: Path) -> ModelPackage:
     try:
         raw = tomllib.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
         onnx = (directory / ONNX_FILE).read_bytes()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"model package {where!r}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigurationError(f"model package {where!r}: {MANIFEST_FILE}: {exc}") from exc
@@ -208,18 +208,6 @@ def plain_manifest(
         training=Training(data="none recorded", window="none recorded"),
         onnx_sha256="",
     )
-
-
-def bench_package(path: Path) -> ModelPackage:
-    """The package at `path`, or a bare ONNX graph that reads every catalogue feature wrapped
-    in memory: benchmarks compare graphs, old ones included, without packaging each."""
-    if path.is_dir():
-        return load_model_package(path)
-    try:
-        onnx = path.read_bytes()
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read model {str(path)!r}: {exc}") from exc
-    return ModelPackage(path, plain_manifest(path.stem, path.stem), onnx)
 
 
 def write_model_package(

@@ -133,7 +133,15 @@ class CompactedTopicReader:
                     if error.code() != KafkaError._PARTITION_EOF:
                         log.warning("reading %s: %s", self.topic, error.str())
                     continue
-                self._apply(message)
+                try:
+                    self._apply(message)
+                except Exception:  # one record must not end the table's reader
+                    log.exception(
+                        "%s: skipping the record at partition %s offset %s",
+                        self.topic,
+                        message.partition(),
+                        message.offset(),
+                    )
             self._after_read(bool(messages))
             if not self.loaded.is_set() and _caught_up(consumer, self.topic, ends):
                 self._set_loaded(self._loaded_note())

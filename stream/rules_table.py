@@ -88,7 +88,7 @@ class RulesTable:
             except UnicodeDecodeError as exc:
                 raise RulesError(f"the key is not UTF-8: {exc}") from exc
             self.current = self.current.with_update(name, message.value())
-        except RulesError as exc:
+        except Exception as exc:  # RulesError, or whatever else a record provokes
             log.warning(
                 "rules update refused (dead-lettered; the rules in force stay) "
                 "partition=%s offset=%s: %s",
@@ -106,13 +106,21 @@ class RulesTable:
         log.log(level, "rules update %s applied: %s", name, self.current.summary())
 
     def _dead_letter(self, message: Message, error: RulesUpdateError) -> None:
+        """Send the update's dead letter; a failure is logged, never stops the reader."""
         if self._router is None:
             return
-        letter = self._router.dead_letter(message, error)
-        if self._producer is None:
-            self._producer = Producer(self._kafka)
-        self._producer.produce(
-            letter.topic, key=letter.key, value=letter.value, headers=cast(Any, letter.headers)
-        )
-        if self._producer.flush(DEAD_LETTER_FLUSH_S):
-            log.error("the dead letter of a rules update was not acknowledged in time")
+        try:
+            letter = self._router.dead_letter(message, error)
+            if self._producer is None:
+                self._producer = Producer(self._kafka)
+            self._producer.produce(
+                letter.topic, key=letter.key, value=letter.value, headers=cast(Any, letter.headers)
+            )
+            if self._producer.flush(DEAD_LETTER_FLUSH_S):
+                raise TimeoutError("not acknowledged in time")
+        except Exception:
+            log.exception(
+                "the dead letter of a rules update (partition=%s offset=%s) was not sent",
+                message.partition(),
+                message.offset(),
+            )

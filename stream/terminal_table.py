@@ -145,10 +145,11 @@ class TerminalRiskTable:
             )
             self._metrics.record_terminal_risk_skipped("future")
             return
-        self._forget(record.terminal_id)
+        # Replaced, never removed first: the scoring thread reads the dict meanwhile.
+        old = self._records.get(record.terminal_id)
         self._records[record.terminal_id] = record
         self._as_of[record.terminal_id] = record.as_of_day
-        self._bytes += _entry_bytes(record)
+        self._bytes += _entry_bytes(record) - (0 if old is None else _entry_bytes(old))
         self._newest_day = max(self._newest_day, record.as_of_day)
 
     def _forget(self, terminal_id: str) -> None:

@@ -161,7 +161,9 @@ def build_app(
         newest_days.setdefault(partition, {})[terminal_id] = state.newest_day
         publish, features = state.to_publish() if publish else (False, None)
         table[terminal_id] = state.to_bytes()
-        waiting = unpublished.setdefault(partition, {})
+        waiting = unpublished.get(partition)
+        if waiting is None:
+            waiting = unpublished[partition] = _unpublished(partition)
         if state.unpublished():
             waiting[terminal_id] = state.as_of_day
         else:
@@ -172,6 +174,8 @@ def build_app(
     async def _close_days(partition: int) -> None:
         """Publish the terminals whose day the clock has passed with counts not published."""
         waiting = unpublished.get(partition)
+        if waiting is None:
+            waiting = unpublished[partition] = _unpublished(partition)
         if not waiting:
             return
         closed = [t for t, day in waiting.items() if day < clock.watermark_day]
@@ -180,7 +184,11 @@ def build_app(
             stored = table.get(terminal_id)
             if stored is None:
                 continue
-            state = TerminalState.from_bytes(stored)
+            try:
+                state = TerminalState.from_bytes(stored)
+            except ValueError as exc:
+                log.error("skipping terminal=%s: %s", terminal_id, exc)
+                continue
             publish, features = state.to_publish()
             if publish:
                 table[terminal_id] = state.to_bytes()
@@ -229,6 +237,21 @@ def build_app(
             metrics.evicted(len(idle))
             log.info("forgot %s idle terminals of partition %s", len(idle), partition)
 
+    def _unpublished(partition: int) -> dict[str, int]:
+        """Each terminal of the partition whose counts are not all published, with its day
+        (after an assignment: what another replica, or this one before a restart, left)."""
+        waiting = {}
+        for terminal_id, value in table.items():
+            if partition_of(terminal_id, config.table_partitions) != partition:
+                continue
+            try:
+                state = TerminalState.from_bytes(value)
+            except ValueError:
+                continue
+            if state.unpublished():
+                waiting[terminal_id] = state.as_of_day
+        return waiting
+
     def _newest_days(partition: int) -> dict[str, int]:
         """Each terminal of the partition held in the table, with its newest day."""
         days = {}
@@ -245,6 +268,7 @@ def build_app(
     def _assigned(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         # What another replica changed meanwhile is read again from the table.
         newest_days.clear()
+        unpublished.clear()
         applied.clear()
 
     async def count_terminals() -> None:

@@ -1,5 +1,5 @@
 """One terminal's entry in the worker's table, the worker's event-time clock, and when a
-terminal's published risk changes.
+terminal's published record (its features and daily buckets) changes.
 
 The entry wraps `scorer.terminal_risk.TerminalRisk`, whose 38 daily buckets of (transactions,
 confirmed frauds) are the 1-, 7- and 30-day windows with the handbook's delay: on day d, window w
@@ -78,7 +78,8 @@ class Applied(NamedTuple):
     result: str
     #: The entry changed (counts, day or positions): write it to the table.
     changed: bool
-    #: The published features may have changed (or the day advanced): see `to_publish`.
+    #: The published record may have changed (the day advanced, a label was counted, or a day
+    #: some window reads): see `to_publish`.
     publish: bool
     #: The event's time was past the clock's bound and counted at it.
     clamped: bool = False

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from scorer.terminal_risk import MS_PER_DAY, decode_terminal_risk
+from scorer.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,
@@ -194,7 +194,7 @@ class RiskReader:
         self._consumer.close()
 
 
-FEATURES = [f"terminal_{kind}_{w}d" for w in (1, 7, 30) for kind in ("tx", "risk", "frauds")]
+FEATURES = list(TERMINAL_FEATURE_NAMES)
 
 
 def _matches(record: dict[str, float] | None, expected: dict[str, float]) -> bool:

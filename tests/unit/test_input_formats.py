@@ -100,6 +100,17 @@ def _payment_class() -> Any:
         label=field.LABEL_OPTIONAL,
     )  # fmt: skip
     message.field.add(name="tags", number=5, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
+    entry = message.nested_type.add(name="ExtrasEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    entry.field.add(
+        name="value", number=2, type=field.TYPE_MESSAGE, type_name=".t.Card",
+        label=field.LABEL_OPTIONAL,
+    )  # fmt: skip
+    message.field.add(
+        name="extras", number=6, type=field.TYPE_MESSAGE, type_name=".t.Payment.ExtrasEntry",
+        label=field.LABEL_REPEATED,
+    )  # fmt: skip
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Payment"))
@@ -109,15 +120,20 @@ def test_a_protobuf_message_reads_as_plain_values_with_proto3_defaults() -> None
     payment = _payment_class()
     message = payment(amount=12.5, kind=1, tags=["a", "b"])
     message.card.token = "tok"
+    message.extras["x"].token = "t-x"
     assert _message_dict(message) == {
         "amount": 12.5,
         "present": False,  # proto3 sends no false: its default is read
         "kind": "ECOM",
         "card": {"token": "tok"},
         "tags": ["a", "b"],
+        "extras": {"x": {"token": "t-x"}},
     }
     assert "card" not in _message_dict(payment()), "a message field has presence"
-    assert ("card", "token") in protobuf_paths(payment.DESCRIPTOR)
+    assert _message_dict(payment(kind=7))["kind"] == 7, "a newer writer's enum value, by number"
+    paths = protobuf_paths(payment.DESCRIPTOR)
+    assert ("card", "token") in paths and ("extras",) in paths
+    assert ("extras", "key") not in paths
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from scorer.features import FEATURE_NAMES, NUM_FEATURES, build_features
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.reasons import Explainer
+from scorer.rules import Rules
 from stream.config import SHIPPED_MODEL_PATH
 from tests.models import onnx_model, package
 from tests.unit.fakes import FakeScorer
@@ -165,3 +166,16 @@ def test_the_time_of_day_is_one_reason_not_two() -> None:
         == BY_NAME["hour_cos"].label(values)
         == ("time of day 06h UTC")
     )
+
+
+def test_a_decline_a_rule_forced_where_the_model_approved_carries_no_model_reasons() -> None:
+    scorer = FakeScorer(rule=lambda f: np.full(len(f), 0.1, np.float32))
+    explainer = Explainer(
+        scorer, np.arange(NUM_FEATURES, dtype=np.intp), np.zeros(NUM_FEATURES, np.float32)
+    )
+    batch = transactions(4)
+    denied = Rules.EMPTY.with_update(f"deny:card:{batch[0].card_id}", b"{}")
+    verdicts = decide_batch(batch, scorer, POLICY, now_ms(), rules=denied, explainer=explainer)
+    assert verdicts.labels[0] == "decline" and verdicts.rule_hits[0] == ("deny:card",)
+    assert verdicts.reasons == {}, "the rules say why; the model approved"
+    assert verdicts.rule_counts == {"deny:card": sum(t.card_id == batch[0].card_id for t in batch)}
