@@ -105,6 +105,31 @@ def decided(topics: Topics, expected: int) -> Counter[str]:
     )
 
 
+def evolved_then_unreadable(
+    topics: Topics,
+    service: ServiceProcess,
+    v1: list[dict[str, Any]],
+    v2: list[dict[str, Any]],
+    v2_records: list[tuple[bytes | None, bytes | None]],
+) -> None:
+    """After v1 records, produce the v2 records (a newer schema version), one with a schema id
+    the registry does not know and one not in the wire format; every v1 and v2 transaction is
+    decided once and the two others are dead-lettered with their reasons, bytes unchanged."""
+    value = v2_records[0][1]
+    assert value is not None
+    unknown_id = b"\x00" + struct.pack(">I", 987_654_321) + value[5:]
+    not_wire_format = b'{"transaction_id": "plain-json"}'
+    produce(topics.input, [*v2_records, (b"c-unknown", unknown_id), (b"c-raw", not_wire_format)])
+
+    counts = decided(topics, len(v1) + len(v2))
+    assert set(counts) == {r["transaction_id"] for r in v1 + v2}
+    assert set(counts.values()) == {1}, "each decided once"
+    letters = read_topic(topics.dlq, 2)
+    reasons = {dict(m.headers() or [])["dlq.reason"].decode(): m.value() for m in letters}
+    assert reasons == {"schema_unknown": unknown_id, "schema_decode": not_wire_format}
+    assert service.process.poll() is None
+
+
 def test_avro_input_evolves_without_a_restart_and_dead_letters_what_the_registry_cannot_read(
     registry: SchemaRegistryClient,
     topics_factory: Callable[..., Topics],
@@ -129,17 +154,7 @@ def test_avro_input_evolves_without_a_restart_and_dead_letters_what_the_registry
         and v2_records[0][1][1:5]
         != serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, v1[:1])[0][1][1:5]
     ), "v2 has a schema id of its own"
-    unknown_id = b"\x00" + struct.pack(">I", 987_654_321) + v2_records[0][1][5:]
-    not_wire_format = b'{"transaction_id": "plain-json"}'
-    produce(topics.input, [*v2_records, (b"c-unknown", unknown_id), (b"c-raw", not_wire_format)])
-
-    counts = decided(topics, 300)
-    assert set(counts) == {r["transaction_id"] for r in v1 + v2}
-    assert set(counts.values()) == {1}, "each decided once"
-    letters = read_topic(topics.dlq, 2)
-    reasons = {dict(m.headers() or [])["dlq.reason"].decode(): m.value() for m in letters}
-    assert reasons == {"schema_unknown": unknown_id, "schema_decode": not_wire_format}
-    assert service.process.poll() is None
+    evolved_then_unreadable(topics, service, v1, v2, v2_records)
 
 
 def test_json_schema_input_is_decided(
@@ -392,14 +407,4 @@ def test_protobuf_input_evolves_and_dead_letters_what_it_cannot_read(
     v2 = [{**r, "device_id": f"d-{i}"} for i, r in enumerate(transactions(100, "proto2"))]
     v2_records = payments(team.PaymentV2, v2)
     assert v2_records[0][1] is not None
-    unknown_id = b"\x00" + struct.pack(">I", 987_654_322) + v2_records[0][1][5:]
-    not_wire_format = b'{"transaction_id": "plain-json"}'
-    produce(topics.input, [*v2_records, (b"c-unknown", unknown_id), (b"c-raw", not_wire_format)])
-
-    counts = decided(topics, 250)
-    assert set(counts) == {r["transaction_id"] for r in v1 + v2}
-    assert set(counts.values()) == {1}, "each decided once"
-    letters = read_topic(topics.dlq, 2)
-    reasons = {dict(m.headers() or [])["dlq.reason"].decode(): m.value() for m in letters}
-    assert reasons == {"schema_unknown": unknown_id, "schema_decode": not_wire_format}
-    assert service.process.poll() is None
+    evolved_then_unreadable(topics, service, v1, v2, v2_records)
