@@ -286,11 +286,10 @@ def terminal_features(
     `day` [B], from the latest record per terminal id (the scorer's copy of `terminal-risk`):
     from the record's buckets when it has them, as training computes them; as published
     otherwise; neutral where there is no record."""
-    n = len(terminal_ids)
-    out = np.empty((n, NUM_TERMINAL_FEATURES), np.float32)
+    out = np.empty((len(terminal_ids), NUM_TERMINAL_FEATURES), np.float32)
     out[:] = NEUTRAL_TERMINAL_FEATURES
-    days, counts = empty_buckets(n)
-    with_buckets = np.zeros(n, np.bool_)
+    rows: list[int] = []
+    buckets: list[tuple[_Ints, _Ints]] = []
     for i, terminal_id in enumerate(terminal_ids):
         record = None if terminal_id is None else known.get(terminal_id)
         if record is None:
@@ -298,9 +297,10 @@ def terminal_features(
         if record.buckets is None:
             out[i] = record.features
         else:
-            days[i], counts[i] = record.buckets
-            with_buckets[i] = True
-    if with_buckets.any():
-        rows = np.flatnonzero(with_buckets)
-        out[rows] = window_features(days[rows], counts[rows], np.asarray(day, np.int64)[rows])
+            rows.append(i)
+            buckets.append(record.buckets)
+    if rows:  # only the terminals that have buckets are stacked and computed
+        days = np.stack([b[0] for b in buckets])
+        counts = np.stack([b[1] for b in buckets])
+        out[rows] = window_features(days, counts, np.asarray(day, np.int64)[rows])
     return out

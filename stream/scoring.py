@@ -127,7 +127,9 @@ class BatchScorer:
             if self._terminals is None
             else self._terminals.features(
                 [t.terminal_id for t in transactions],
-                np.fromiter((t.event_time for t in transactions), np.int64, len(transactions)),
+                np.fromiter((t.event_time for t in transactions), np.int64, len(transactions))
+                if columns is None
+                else columns.event_time,
             )
         )
         now_ms = time.time_ns() // 1_000_000
