@@ -18,7 +18,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.harness import REPO, Broker, free_port, produce_backlog, stop
+from bench.harness import (
+    BACKLOG_EVENT_RATE,
+    BACKLOG_SEED,
+    REPO,
+    Broker,
+    free_port,
+    produce_backlog,
+    stop,
+    time_scale,
+)
 
 SAMPLE_EVERY_S = 0.25
 RESULTS = REPO / "bench" / "results" / "backlog.json"
@@ -102,6 +111,8 @@ def main() -> int:
             "127.0.0.1",
             "--metrics-port",
             str(port),
+            "--history-time-scale",
+            str(time_scale(BACKLOG_SEED, BACKLOG_EVENT_RATE)),
             "--slo-ms",
             str(args.slo_ms),
             "--max-batch-size",

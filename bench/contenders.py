@@ -24,17 +24,22 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.harness import (
+    BACKLOG_EVENT_RATE,
+    BACKLOG_SEED,
     REPO,
     Broker,
     Measurement,
+    flagged_share,
     free_port,
     load_average,
     measure,
     shown,
     stop,
+    time_scale,
     wait_for_assignment,
 )
 from loadgen.html_report import REPORT_FILE
+from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
 
 CONTENDERS: tuple[str, ...] = (
     "passthrough",
@@ -98,11 +103,17 @@ def _kafka_flags(run: Run) -> list[str]:
 
 
 def service_command(
-    run: Run, topics: tuple[str, str, str], group: str, metrics_port: int, *flags: str
+    run: Run,
+    topics: tuple[str, str, str],
+    group: str,
+    metrics_port: int,
+    *flags: str,
+    history_time_scale: float,
 ) -> list[str]:
     """`fraud-scorer run` on (input, output, dead-letter) topics in `group`, with a terminal-risk
     topic of its own that nothing fills: every contender scores with neutral terminal risk, and
-    none starts by reading a risk table left on the broker (a demo's held 294,359 records)."""
+    none starts by reading a risk table left on the broker (a demo's held 294,359 records).
+    `history_time_scale`: how compressed the input's event time is (`harness.time_scale`)."""
     input_topic, output_topic, dlq_topic = topics
     return [
         sys.executable,
@@ -125,6 +136,8 @@ def service_command(
         "127.0.0.1",
         "--metrics-port",
         str(metrics_port),
+        "--history-time-scale",
+        str(history_time_scale),
         *run.service_flags,
         *flags,
         *_kafka_flags(run),
@@ -159,7 +172,10 @@ def contender(
     env: dict[str, str] = {}
     if name in PIPELINE_FLAGS:
         topics = (backlog, output, broker.topic(f"{role}-dlq", run.partitions))
-        command = service_command(run, topics, group, free_port(), *PIPELINE_FLAGS[name])
+        scale = time_scale(BACKLOG_SEED, BACKLOG_EVENT_RATE)
+        command = service_command(
+            run, topics, group, free_port(), *PIPELINE_FLAGS[name], history_time_scale=scale
+        )
     elif name == "faust":
         if importlib.util.find_spec("faust") is None:
             return Measurement(
@@ -175,7 +191,7 @@ def contender(
         }
     else:
         command = _loop_command(run, name.replace("_", "-"), backlog, output, group)
-    return measure(
+    measured = measure(
         name,
         [*wrapper, *command],
         bootstrap=run.bootstrap,
@@ -187,6 +203,9 @@ def contender(
         log_path=run.logs / f"{role}.log",
         env=env,
     )
+    if name not in PIPELINE_FLAGS:
+        return measured
+    return measured._replace(flagged_share=flagged_share(run.bootstrap, output))
 
 
 def latency(
@@ -211,7 +230,8 @@ def latency(
     port = free_port()
     group = broker.group(role)
     flags = PIPELINE_FLAGS[variant]
-    command = service_command(run, topics, group, port, *flags)
+    scale = time_scale(LOADGEN_SEED, LATENCY_RATE)
+    command = service_command(run, topics, group, port, *flags, history_time_scale=scale)
     load = load_average()
     loadgen_command = [
         sys.executable,

@@ -11,7 +11,9 @@ shorter). Sampling watermarks costs the broker one small request and the contend
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +51,11 @@ FLUSH_TIMEOUT_S = 120.0
 ASSIGNMENT_POLL_S = 0.2
 READ_BATCH = 10_000
 READ_TIMEOUT_S = 1.0
+#: Decisions read back per service contender for its flagged share.
+FLAGGED_SAMPLE = 100_000
+#: How long a read of decisions may find none before it ends.
+FLAGGED_QUIET_S = 5.0
+_FLAGGED = re.compile(rb'"decision":"(?:review|decline)"')
 MS_PER_S = 1000.0
 
 
@@ -136,11 +143,20 @@ def connect(prog: str, bootstrap: str) -> Broker | None:
     return broker
 
 
-def backlog_templates(count: int) -> list[dict[str, object]]:
-    """The simulated transactions (contract records) a backlog repeats, starting now."""
-    simulator = TransactionSimulator(
-        BACKLOG_SEED, start_time_ms=time.time_ns() // 1_000_000, id_prefix="bench"
-    )
+def time_scale(seed: int, rate_per_s: float) -> float:
+    """How many times faster than the simulated clock the simulator's events run when it is
+    asked for `rate_per_s` (what `generate` compresses time by). A service given it as its
+    `--history-time-scale` sees each card's windows as the simulated card lived them: without
+    it, five simulated days squeezed into ten seconds make every card a burst of velocity and
+    the model flags a share of traffic no payment stream has."""
+    return rate_per_s / TransactionSimulator(seed).natural_rate_per_s
+
+
+def backlog_templates(count: int, start_time_ms: int | None = None) -> list[dict[str, object]]:
+    """The simulated transactions (contract records) a backlog repeats, from `start_time_ms`
+    (default: now)."""
+    start = time.time_ns() // 1_000_000 if start_time_ms is None else start_time_ms
+    simulator = TransactionSimulator(BACKLOG_SEED, start_time_ms=start, id_prefix="bench")
     return simulator.generate(count, rate_per_s=BACKLOG_EVENT_RATE).records
 
 
@@ -148,23 +164,33 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     """Produce `records` valid simulated transactions keyed by card; return the seconds taken.
 
     A block of BACKLOG_TEMPLATES simulated transactions is produced over and over with fresh
-    transaction ids: a backlog of millions costs seconds instead of minutes of simulation.
+    transaction ids, each copy one block's span of event time after the one before, so every
+    card's history goes on as the simulator's does: a backlog of millions costs seconds instead
+    of minutes of simulation. The last copy ends about now (no event time is in the future).
+    Services read it with `--history-time-scale` `time_scale(BACKLOG_SEED, BACKLOG_EVENT_RATE)`.
     """
     started = time.monotonic()
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", "batch.size": 1_000_000}
     )
-    templates = backlog_templates(min(BACKLOG_TEMPLATES, records))
+    count = min(BACKLOG_TEMPLATES, records)
+    span_ms = math.ceil(count * MS_PER_S / BACKLOG_EVENT_RATE)
+    copies = math.ceil(records / count)
+    templates = backlog_templates(count, time.time_ns() // 1_000_000 - copies * span_ms)
     keys = [str(r["card_id"]).encode() for r in templates]
-    # The id leads every record, so each copy only changes its first field.
-    bodies = [
-        msgspec.json.encode({**r, "transaction_id": ""})[len(b'{"transaction_id":""') :]
+    times = [int(str(r["event_time"])) for r in templates]
+    # The id leads every record and the event time ends it, so each copy changes only those.
+    middles = [
+        msgspec.json.encode({**r, "transaction_id": "", "event_time": 0})[
+            len(b'{"transaction_id":""') : -len(b"0}")
+        ]
         for r in templates
     ]
     produce = producer.produce
     for n in range(records):
-        i = n % len(templates)
-        value = b'{"transaction_id":"b' + str(n).encode() + b'"' + bodies[i]
+        copy, i = divmod(n, count)
+        event_time = times[i] + copy * span_ms
+        value = b'{"transaction_id":"b%d"%b%d}' % (n, middles[i], event_time)
         while True:
             try:
                 produce(topic, value, keys[i])
@@ -195,6 +221,9 @@ class Measurement(NamedTuple):
     load_average_before: float
     #: Why there is no number, when there is none.
     error: str | None = None
+    #: Share of its decisions that are reviews or declines (service contenders; what the cost of
+    #: reasons grows with), over the first FLAGGED_SAMPLE of them.
+    flagged_share: float | None = None
 
 
 def _partitions(consumer: Consumer, topic: str) -> list[int]:
@@ -286,6 +315,35 @@ def measure(
     elif rate is None:
         error = f"produced {outputs} outputs in {timeout_s} s: too few to measure"
     return Measurement(name, outputs, outputs >= expected, measured_s, rate, load, error)
+
+
+def flagged_share(bootstrap: str, topic: str, sample: int = FLAGGED_SAMPLE) -> float | None:
+    """The share of reviews and declines among the first `sample` decisions on `topic` (None
+    when it holds none)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-flagged-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    decisions = flagged = 0
+    try:
+        consumer.subscribe([topic])
+        quiet_since = time.monotonic()
+        while decisions < sample and time.monotonic() - quiet_since < FLAGGED_QUIET_S:
+            messages = consumer.consume(READ_BATCH, READ_TIMEOUT_S)
+            if messages:
+                quiet_since = time.monotonic()
+            for message in messages:
+                value = message.value()
+                if message.error() is None and value is not None:
+                    decisions += 1
+                    flagged += _FLAGGED.search(value) is not None
+    finally:
+        consumer.close()
+    return flagged / decisions if decisions else None
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from bench.contenders import CONTENDERS, LABELS, LATENCY_RATE
+from bench.contenders import CONTENDERS, LABELS, LATENCY_RATE, PIPELINE_FLAGS
 from bench.harness import Measurement
 
 SECONDS_PER_HOUR = 3_600.0
@@ -74,6 +74,10 @@ def figures(
         ratios = [_ratio(r[top].records_per_s, r[bottom].records_per_s) for r in rounds]
         median, spread[figure] = _median(ratios)
         values[figure] = None if median is None else round(median, 2)
+    for name in PIPELINE_FLAGS:
+        shares = [r[name].flagged_share for r in rounds]
+        median, spread[f"{name}_flagged_share"] = _median(shares)
+        values[f"{name}_flagged_share"] = None if median is None else round(median, 4)
     values["p99_ms_at_5000"] = latency.get("p99_ms")
     values["p99_ms_at_5000_eos"] = latency_eos.get("p99_ms")
     values["p99_ms_at_5000_no_reasons"] = latency_no_reasons.get("p99_ms")
@@ -81,7 +85,7 @@ def figures(
     values["price_per_hour_usd"] = price
     values["window_s"] = window_s
     values["spread"] = {
-        key: None if pair is None else [round(pair[0], 2), round(pair[1], 2)]
+        key: None if pair is None else [round(pair[0], 4), round(pair[1], 4)]
         for key, pair in spread.items()
     }
     return values
@@ -129,6 +133,11 @@ def render_table(rounds: Sequence[Round], values: dict[str, Any], price: float) 
         if pair is not None:
             shown += f" ({pair[0]:g} to {pair[1]:g})"
         lines.append(f"{figure:<28} {shown}")
+    shares = {LABELS[n]: values[f"{n}_flagged_share"] for n in PIPELINE_FLAGS}
+    lines.append(
+        "reviews and declines: "
+        + ", ".join(f"{label} {'n/a' if s is None else f'{s:.2%}'}" for label, s in shares.items())
+    )
     for key, label in (
         ("p99_ms_at_5000", ""),
         ("p99_ms_at_5000_eos", ", exactly-once"),

@@ -21,6 +21,9 @@ from loadgen.shapes import (
 )
 from simulator.transactions import MAX_FRAUD_SCALE
 
+#: The simulator seed of a run that names none.
+DEFAULT_SEED = 7
+
 
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
@@ -123,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="multiplies the simulator's compromised terminals and cards per day (the "
         "handbook's rates at 1; 0 for no fraud) (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=7, help="simulator seed (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="simulator seed (default: %(default)s)"
+    )
     parser.add_argument(
         "--drain-timeout",
         type=float,
