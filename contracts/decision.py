@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 APPROVE, REVIEW, DECLINE = "approve", "review", "decline"
 
@@ -38,6 +42,25 @@ class Decision(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     reasons: tuple[Reason, ...] = ()
     #: The rules that hit (FRAUD_RULES, docs/rules.md), in precedence order.
     rules: tuple[str, ...] = ()
+    #: With FRAUD_DECISION_FEATURES=on: the feature row it was scored with (`encode_features`).
+    features: str = ""
 
 
 encode_decision = msgspec.json.Encoder().encode
+
+
+def encode_features(row: npt.NDArray[np.float32]) -> str:
+    """A feature row as a decision carries it: its float32 values, little-endian, in the
+    feature catalogue's order (docs/features.md), base64 (4 bytes a value, a third more in
+    text)."""
+    return base64.b64encode(np.asarray(row, "<f4").tobytes()).decode("ascii")
+
+
+def decode_features(text: str) -> npt.NDArray[np.float32]:
+    """The feature row of a decision's `features` (empty when it carries none).
+
+    Raises ValueError when the text is not base64 of whole float32 values."""
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) % 4:
+        raise ValueError(f"features hold {len(raw)} bytes, not whole float32 values")
+    return np.frombuffer(raw, "<f4").astype(np.float32)

@@ -63,6 +63,13 @@ DECISION_AVRO_SCHEMA = json.dumps(
                 "default": [],
                 "doc": "the rules that hit",
             },
+            {
+                "name": "features",
+                "type": "string",
+                "default": "",
+                "doc": "with FRAUD_DECISION_FEATURES=on, the feature row scored: base64 of "
+                "float32 little-endian values in the feature catalogue's order",
+            },
         ],
     }
 )
@@ -108,8 +115,13 @@ def decision_encoder(
     serialize = AvroSerializer(
         client,
         DECISION_AVRO_SCHEMA,
-        # A decision leaves out empty reasons and rules; every Avro field needs a value.
-        lambda decision, _context: {"reasons": [], "rules": [], **msgspec.to_builtins(decision)},
+        # A decision leaves out its empty fields; every Avro field needs a value.
+        lambda decision, _context: {
+            "reasons": [],
+            "rules": [],
+            "features": "",
+            **msgspec.to_builtins(decision),
+        },
         {"auto.register.schemas": False},
     )
     context = SerializationContext(topic, MessageField.VALUE)

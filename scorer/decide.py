@@ -33,7 +33,12 @@ from contracts.decision import APPROVE, Reason
 from contracts.errors import ModelUnavailableError, ScoreError
 from scorer.decisions import Thresholds, valid_scores
 from scorer.fallback import fallback_scores
-from scorer.features import TransactionColumns, TransactionFields, build_features
+from scorer.features import (
+    NUM_FEATURES,
+    TransactionColumns,
+    TransactionFields,
+    build_features,
+)
 from scorer.isolation import bisect_failures, check_canary
 from scorer.model import Scorer
 from scorer.reasons import Explainer
@@ -84,6 +89,9 @@ class Verdicts(NamedTuple):
     rule_counts: Counter[str]
     #: Seconds spent computing reasons.
     reasons_s: float
+    #: The feature rows the batch was scored with [B, NUM_FEATURES] (zeros where the record
+    #: failed): what a shadow model scores and feature logging records.
+    features: npt.NDArray[np.float32]
 
 
 class _Part(NamedTuple):
@@ -98,6 +106,7 @@ class _Part(NamedTuple):
     rule_hits: dict[int, tuple[str, ...]]
     rule_counts: Counter[str]
     reasons_s: float
+    features: npt.NDArray[np.float32]
 
 
 class _FallbackScorer:
@@ -195,8 +204,10 @@ def _decide_isolating(
     reasons: dict[int, tuple[Reason, ...]] = {}
     rule_hits: dict[int, tuple[str, ...]] = {}
     rule_counts: Counter[str] = Counter()
+    features = np.zeros((n, NUM_FEATURES), np.float32)
     for start, part in parts:
         stop = start + len(part.scores)
+        features[start:stop] = part.features
         scores[start:stop] = part.scores
         labels[start:stop] = part.labels
         by_rules[start:stop] = part.by_rules
@@ -209,7 +220,7 @@ def _decide_isolating(
         inference_s += part.inference_s
         reasons_s += part.reasons_s
     for i in failed:
-        scores[i], labels[i], by_rules[i] = np.nan, "", False
+        scores[i], labels[i], by_rules[i], features[i] = np.nan, "", False, 0.0
         reasons.pop(i, None)
         rule_hits.pop(i, None)
     decided = n - len(failed)
@@ -230,6 +241,7 @@ def _decide_isolating(
         rule_hits=rule_hits,
         rule_counts=rule_counts,
         reasons_s=reasons_s,
+        features=features,
     )
 
 
@@ -293,6 +305,7 @@ def _decide(
         rule_hits,
         Counter(name for hits in rule_hits.values() for name in hits),
         time.perf_counter() - started,
+        features,
     )
 
 

@@ -1,4 +1,5 @@
-"""`fraud-model`: make a model package from a trained model (`import`) and read one (`inspect`).
+"""`fraud-model`: make a model package from a trained model (`import`), read one (`inspect`),
+and make one the model every replica serves (`promote`).
 
 This module parses and checks arguments, calls `scorer.model_import` or reads a package, and
 turns the outcome into output and an exit status: 0 done, 1 `inspect` found a graph that does
@@ -21,7 +22,13 @@ import onnxruntime as ort
 from contracts.errors import ConfigurationError
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
-from scorer.model_package import CARD_FILE, Calibration, ModelPackage, load_model_package
+from scorer.model_package import (
+    CARD_FILE,
+    Calibration,
+    ModelPackage,
+    load_model_package,
+    promote,
+)
 from scorer.runtime import ORT_ERRORS
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -176,6 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--json", action="store_true", help="print one JSON object (default: text)"
     )
+
+    promote = commands.add_parser(
+        "promote",
+        help="make a package the one every replica serves, without restarting them",
+        description="Check the package, then repoint the model source (the link every "
+        "replica's FRAUD_MODEL_PATH names) at it in one atomic rename. Each replica sees it "
+        "within FRAUD_MODEL_POLL_S, checks it again (graph, warm-up, a sanity score) and "
+        "serves it from its next batch; one that refuses it keeps serving the model before "
+        'and counts fraud_model_reloads_total{result="refused"}.',
+    )
+    promote.add_argument("package", type=Path, metavar="DIR", help="the package to serve")
+    promote.add_argument(
+        "--source",
+        type=Path,
+        required=True,
+        metavar="LINK",
+        help="the replicas' FRAUD_MODEL_PATH: a symbolic link, made if it does not exist",
+    )
     return parser
 
 
@@ -184,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "import":
             return _import(args)
+        if args.command == "promote":
+            return _promote(args.package, args.source)
         return _inspect(args.package, args.json)
     except ConfigurationError as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
@@ -240,6 +267,19 @@ def _feature_names(text: str | None, path: Path | None) -> tuple[str, ...]:
         names = [line.strip() for line in lines]
         return tuple(name for name in names if name and not name.startswith("#"))
     return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
+def _promote(package: Path, source: Path) -> int:
+    card = describe(load_model_package(package))
+    if not card["graph"]["agrees"]:
+        raise ConfigurationError(
+            f"{package} does not fit its manifest: {'; '.join(card['graph']['problems'])} "
+            f"(fraud-model inspect {package})"
+        )
+    before = promote(package, source)
+    was = "nothing" if before is None else str(before)
+    print(f"promoted {card['version']} ({package.resolve()}) at {source}, was {was}")
+    return EXIT_OK
 
 
 def _inspect(path: Path, as_json: bool) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,6 +153,25 @@ def load_model_package(path: Path) -> ModelPackage:
             f"{manifest.onnx_sha256}: the file changed after it was packaged; package it again"
         )
     return ModelPackage(directory, manifest, onnx)
+
+
+def promote(package: Path, source: Path) -> Path | None:
+    """Make the link `source` name `package` (checked first), in one atomic rename, so a
+    replica polling the source never reads a half-made link; returns what it named before
+    (None: it did not exist). ConfigurationError when `source` is not a link or `package`
+    does not load."""
+    load_model_package(package)
+    if source.exists() and not source.is_symlink():
+        raise ConfigurationError(
+            f"model source {str(source)!r} is not a symbolic link: move the package there aside "
+            f"and point FRAUD_MODEL_PATH at a link to it (ln -s DIR {source})"
+        )
+    before = Path(os.path.realpath(source)) if source.is_symlink() else None
+    staged = source.with_name(f".{source.name}.promoting")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(package.resolve(), target_is_directory=True)
+    os.replace(staged, source)
+    return before
 
 
 def parse_manifest(raw: dict[str, Any], where: str = "manifest") -> Manifest:

@@ -16,9 +16,6 @@ from contracts.errors import ClientFailure, ConfigurationError
 from contracts.health import HealthState, serve
 from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
-from scorer.model import OnnxScorer
-from scorer.model_package import load_model_package
-from scorer.reasons import Explainer
 from stream.config import ServiceConfig, settings
 from stream.kafka_clients import (
     ClientErrors,
@@ -30,6 +27,7 @@ from stream.kafka_clients import (
 )
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
+from stream.model_reload import load_serving_model, sanity_check
 from stream.service import ScoringService
 from stream.supervisor import supervise
 from stream.topics import ensure_changelog, ensure_topics
@@ -99,20 +97,6 @@ def _load_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
-def explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
-    """The reasons of flagged decisions (FRAUD_REASONS), from the package's reference row."""
-    reference = scorer.package.reference
-    if config.reasons == "off":
-        return None
-    if reference is None:
-        log.warning(
-            "reasons are off: model package %s has no reference row (model.toml reference)",
-            scorer.package.path,
-        )
-        return None
-    return Explainer(scorer, scorer.package.feature_index, reference)
-
-
 def run_service(config: ServiceConfig) -> int:
     """Start one replica and block until it stops; return the process exit code."""
     log.info(
@@ -121,27 +105,20 @@ def run_service(config: ServiceConfig) -> int:
         config.bootstrap_servers,
         config.redacted_kafka_options(),
     )
-    package = load_model_package(config.model_path)
-    policy = config.decision_policy(package.thresholds)
+    model = load_serving_model(config, config.model_path)
+    sanity_check(model)
     log.info(
         "model package %s: %s, thresholds review=%s decline=%s",
-        package.path,
-        package.version,
-        policy.thresholds.review,
-        policy.thresholds.decline,
-    )
-    scorer = OnnxScorer(
-        package,
-        config.device,
-        device_id=config.device_id,
-        cpu_threads=config.cpu_threads,
-        max_batch_size=config.max_batch_size,
+        model.scorer.package.path,
+        model.scorer.model_version,
+        model.policy.thresholds.review,
+        model.policy.thresholds.decline,
     )
     # Everything loaded so far lives as long as the process: keep it out of the collector's
     # full passes, whose pauses otherwise show up in the latency tail (measured 58-63 ms).
     gc.freeze()
     metrics = ServiceMetrics()
-    metrics.set_model(scorer.model_version, scorer.provider)
+    metrics.set_model(model.scorer.model_version, model.scorer.provider)
 
     health = HealthState()
     server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)
@@ -156,16 +133,14 @@ def run_service(config: ServiceConfig) -> int:
             config,
             create_consumer(config, lag.on_statistics, errors),
             lambda: create_producer(config, errors),
-            scorer,
+            model,
             health,
             lag,
             metrics,
-            policy,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
             kafka=reader_settings(config, errors),
             client_errors=errors,
-            explainer=explainer(config, scorer),
         ),
     )
 

@@ -186,6 +186,11 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         return self.state_changelog_topic or f"{self.group_id}-card-state-changelog"
 
     @property
+    def shadow_output_topic(self) -> str:
+        """Where the challenger's shadow decisions go (FRAUD_SHADOW_MODEL)."""
+        return self.shadow_topic or f"{self.output_topic}.shadow"
+
+    @property
     def exactly_once(self) -> bool:
         """Whether outputs and offsets commit in Kafka transactions."""
         return self.processing_guarantee == "exactly-once"

@@ -27,6 +27,8 @@ SHORT_SECONDS_BUCKETS += (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: End-to-end: the SLO region (tens of ms) finely, then a tail up to a minute for backlogs.
 LATENCY_SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05)
 LATENCY_SECONDS_BUCKETS += (0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+#: Fraud scores: calibrated scores sit mostly below 0.01 (the fraud rate), so fine there.
+SCORE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 
 class BatchHistogram(Collector):
@@ -281,6 +283,40 @@ class ServiceMetrics:
             ["provider"],
             registry=r,
         )
+        self._scores = BatchHistogram(
+            "fraud_model_score",
+            "Scores of the served model (every record it scored)",
+            SCORE_BUCKETS,
+            registry=r,
+        )
+        self._shadow_scores = BatchHistogram(
+            "fraud_shadow_model_score",
+            "Scores of the challenger in shadow (FRAUD_SHADOW_MODEL), of the same records",
+            SCORE_BUCKETS,
+            registry=r,
+        )
+        self._shadow_decisions = Counter(
+            "fraud_shadow_decisions_total",
+            "Records scored by both models, by the served model's label and the challenger's "
+            "(each by its own thresholds, rules not applied): agreement is served == shadow",
+            ["served", "shadow"],
+            registry=r,
+        )
+        self._shadow_failures = Counter(
+            "fraud_shadow_failures_total",
+            "Batches the challenger in shadow failed on (decided and sent without shadow records)",
+            registry=r,
+        )
+        self._model_reloads = Counter(
+            "fraud_model_reloads_total",
+            "New model packages found at FRAUD_MODEL_PATH (role served) or FRAUD_SHADOW_MODEL "
+            "(role shadow): loaded (it scores from the next batch) or refused (a check failed; "
+            "the model before stays)",
+            ["role", "result"],
+            registry=r,
+        )
+        for result in ("loaded", "refused"):
+            self._model_reloads.labels("served", result)
 
     def record_consumed(self, count: int) -> None:
         self._consumed.inc(count)
@@ -307,8 +343,28 @@ class ServiceMetrics:
         self._in_flight_bytes.set(size_bytes)
 
     def set_model(self, model_version: str, provider: str) -> None:
+        """The model now in use (the one before, if any, is no longer shown)."""
+        self._model.clear()
+        self._provider.clear()
         self._model.labels(model_version).set(1)
         self._provider.labels(provider).set(1)
+
+    def count_model_reload(self, role: str, result: str) -> None:
+        self._model_reloads.labels(role, result).inc()
+
+    def observe_scores(self, scores: npt.NDArray[np.floating[Any]]) -> None:
+        self._scores.observe_many(scores)
+
+    def record_shadow(
+        self, scores: npt.NDArray[np.floating[Any]], pairs: Mapping[tuple[str, str], int]
+    ) -> None:
+        """The challenger's scores, and (served label, shadow label) counts."""
+        self._shadow_scores.observe_many(scores)
+        for (served, shadow), count in pairs.items():
+            self._shadow_decisions.labels(served, shadow).inc(count)
+
+    def record_shadow_failure(self) -> None:
+        self._shadow_failures.inc()
 
     def set_paused_partitions(self, count: int) -> None:
         self._paused.set(count)

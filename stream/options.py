@@ -335,6 +335,15 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "extra model call over the flagged rows; needs the package's reference row)",
         ),
     ] = "on"
+    decision_features: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_DECISION_FEATURES",
+            "on: every decision carries the feature row it was scored with (`features`, base64 "
+            "float32, 232 characters), what `fraud-train --from-topics` trains on: "
+            "training sees exactly what serving saw (docs/contracts.md)",
+        ),
+    ] = "off"
     terminal_risk_load_timeout_s: Annotated[
         float,
         meta(
@@ -351,9 +360,37 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         meta(
             "FRAUD_MODEL_PATH",
             "model package to score with: a directory holding model.onnx and its manifest "
-            "model.toml (docs/models.md; `fraud-model import` makes one)",
+            "model.toml, or a link to one (docs/models.md; `fraud-model import` makes one, "
+            "`fraud-model promote` repoints a link)",
         ),
     ] = SHIPPED_MODEL_PATH
+    model_poll_s: Annotated[
+        float,
+        meta(
+            "FRAUD_MODEL_POLL_S",
+            "how often, in seconds, FRAUD_MODEL_PATH is looked at for a new package, which then "
+            "serves from the next batch without a restart (docs/models.md, Hot reload); 0: "
+            "never, the package read at start serves until the replica stops",
+            ge=0,
+            le=86_400,
+        ),
+    ] = 5.0
+    shadow_model: Annotated[
+        Path | None,
+        meta(
+            "FRAUD_SHADOW_MODEL",
+            "challenger model package (or a link to one) scored in shadow on every decided "
+            "record: its scores go to FRAUD_SHADOW_TOPIC and the metrics, never into a "
+            "decision (docs/models.md, Shadow scoring); reloaded like FRAUD_MODEL_PATH",
+        ),
+    ] = None
+    shadow_topic: Annotated[
+        _Topic | None,
+        meta(
+            "FRAUD_SHADOW_TOPIC",
+            "topic of the challenger's shadow decisions (default: <output_topic>.shadow)",
+        ),
+    ] = None
     device: Annotated[
         Device,
         meta(

@@ -181,8 +181,10 @@ class Redelivery:
             if output.kind == "dead_letter":
                 log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
             return found
-        if output.kind == "changelog":
-            log.error("card state refused (%s): check the changelog topic; retrying", error.code)
+        if output.kind in ("changelog", "shadow"):
+            log.error(
+                "%s refused (%s): check topic %s; retrying", output.kind, error.code, output.topic
+            )
         else:
             log.error(
                 "dead letter refused (%s) even without its value, key and original headers: "

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from contracts.decision import Decision, encode_decision
+from contracts.decision import Decision, encode_decision, encode_features
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
@@ -44,9 +44,11 @@ from stream.batcher import Batch
 from stream.card_state import CardState, ChangelogRecord
 from stream.handoff import Handoff
 from stream.metrics import ServiceMetrics
+from stream.model_reload import ModelReloader, ServingModel
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.rules_table import RulesTable
+from stream.shadow import Shadow, ShadowRecords
 from stream.sink import Output, OutputSink
 from stream.terminal_table import TerminalRiskTable
 
@@ -98,11 +100,20 @@ class BatchScorer:
         encode: DecisionEncoder = encode_decision,
         rules: RulesTable | None = None,
         explainer: Explainer | None = None,
+        reloader: ModelReloader | None = None,
+        shadow: Shadow | None = None,
+        log_features: bool = False,
     ) -> None:
         """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
-        decisions (None: none)."""
+        decisions (None: none); `reloader`: where a new model (scorer, policy and explainer
+        together) comes from between batches (None: the first serves for good); `shadow`: a
+        challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `log_features`: each
+        decision carries its feature row (FRAUD_DECISION_FEATURES)."""
+        self._log_features = log_features
         self._encode_decision = encode
+        self._reloader = reloader
+        self._shadow = shadow
         self._rules = rules
         self._explainer = explainer
         self._metrics = metrics
@@ -118,6 +129,8 @@ class BatchScorer:
     def process(self, batch: Batch[PendingRecord]) -> BatchReport:
         """Score the batch and send one output per record; return what the controller needs."""
         started = time.perf_counter()
+        if self._reloader is not None:
+            self._swap_model(self._reloader.take())
         records = batch.items
         transactions = [r.transaction for r in records]
         columns = _columns(transactions)
@@ -146,6 +159,17 @@ class BatchScorer:
         )
         decided_at = time.time_ns() // 1_000_000
         encoded = self._encode(records, verdicts, decided_at)
+        shadow = (
+            None
+            if self._shadow is None
+            else self._shadow.records(
+                transactions,
+                verdicts,
+                encoded.rows,
+                (self._scorer.model_version, self._policy),
+                decided_at,
+            )
+        )
         self._count(verdicts, len(records), batch.wait_s, now_ms)
 
         failed = verdicts.failed
@@ -156,18 +180,30 @@ class BatchScorer:
             outputs["dead_letter", ScoreError.reason] = len(failed)
         if changelog:
             outputs["changelog", "card_state"] = len(changelog)
+        if shadow is not None and shadow.keys:
+            outputs["shadow", "shadow"] = len(shadow.keys)
         group = OutcomeGroup(
             self._tracker, [r.position for r in records], outputs, self._metrics.count_delivered
         )
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, group)
+        if shadow is not None and shadow.keys:
+            self._send_shadow(records, encoded.rows, shadow, group)
         if encoded.rows:
             decided = np.asarray(encoded.rows)
             event_time = verdicts.event_time[decided]
             self._metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
+
+    def _swap_model(self, model: ServingModel | None) -> None:
+        """Score from now on with `model`, when there is a new one."""
+        if model is None:
+            return
+        self._scorer, self._policy, self._explainer = model.scorer, model.policy, model.explainer
+        self._metrics.set_model(model.scorer.model_version, model.scorer.provider)
+        log.info("model %s serves from this batch on", model.scorer.model_version)
 
     def _history(
         self, records: list[PendingRecord], columns: TransactionColumns | None
@@ -223,6 +259,7 @@ class BatchScorer:
         scores = verdicts.scores.tolist()
         degraded = verdicts.degraded.tolist()
         failed = verdicts.failed
+        features = verdicts.features if self._log_features else None
         for i, record in enumerate(records):
             if i in failed:
                 continue
@@ -240,6 +277,7 @@ class BatchScorer:
                         decided_at=decided_at,
                         reasons=verdicts.reasons.get(i, ()),
                         rules=verdicts.rule_hits.get(i, ()),
+                        features="" if features is None else encode_features(features[i]),
                     )
                 )
                 key = t.card_id.encode()
@@ -266,6 +304,9 @@ class BatchScorer:
             metrics.record_degraded("model_unavailable", verdicts.by_rules_model_unavailable)
         if verdicts.failed:
             metrics.record_poison(len(verdicts.failed))
+        by_model = decided & ~verdicts.degraded
+        if by_model.any():
+            metrics.observe_scores(verdicts.scores[by_model])
         if verdicts.rule_counts:
             metrics.record_rule_hits(verdicts.rule_counts)
         if verdicts.reasons:
@@ -311,6 +352,30 @@ class BatchScorer:
             )
 
         self._sink.send_batch(topic, encoded.keys, encoded.values, group, output_of)
+
+    def _send_shadow(
+        self,
+        records: list[PendingRecord],
+        rows: list[int],
+        shadow: ShadowRecords,
+        group: OutcomeGroup,
+    ) -> None:
+        assert self._shadow is not None
+        topic = self._shadow.topic
+
+        def output_of(j: int) -> Output:
+            return Output(
+                kind="shadow",
+                topic=topic,
+                key=shadow.keys[j],
+                value=shadow.values[j],
+                headers=None,
+                source=records[rows[j]].message,
+                group=group,
+                label="shadow",
+            )
+
+        self._sink.send_batch(topic, shadow.keys, shadow.values, group, output_of)
 
 
 def _columns(transactions: list[Transaction]) -> TransactionColumns | None:

@@ -68,6 +68,8 @@ class ScoringService:
         self._card_state = parts.card_state
         self._terminals = parts.terminals
         self._rules = parts.rules
+        self._reloader = parts.reloader
+        self._shadow = parts.shadow
         self._client_errors = parts.client_errors
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
@@ -136,6 +138,10 @@ class ScoringService:
         self._worker.warmed_up.wait()
         if self._transactions is not None:
             self._transactions.initialize(self._config.shutdown_timeout_s)
+        if self._reloader is not None:
+            self._reloader.start()
+        if self._shadow is not None:
+            self._shadow.start()
         if self._rules is not None:
             self._rules.start()
             self._wait_for_table("the rules topic", self._rules.loaded, "the rules read so far")
@@ -439,6 +445,10 @@ class ScoringService:
                 self._config.shutdown_timeout_s,
                 left,
             )
+        if self._reloader is not None:
+            self._reloader.stop()
+        if self._shadow is not None:
+            self._shadow.stop()
         # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()

@@ -22,7 +22,8 @@ METADATA_POLL_S = 1.0
 
 
 def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: int) -> list[str]:
-    """Create the input, output and dead-letter topics where missing; return those created."""
+    """Create the input, output and dead-letter topics (and the shadow topic, with a
+    FRAUD_SHADOW_MODEL) where missing; return those created."""
     if partitions < 1 or replication_factor < 1:
         raise ConfigurationError(
             "partitions and replication factor must be >= 1, "
@@ -30,6 +31,8 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
         )
     admin = _admin(config)
     names = [config.input_topic, config.output_topic, config.dlq_topic]
+    if config.shadow_model is not None:
+        names.append(config.shadow_output_topic)
     topics = [NewTopic(name, partitions, replication_factor) for name in names]
     if config.card_history == "on":
         topics.append(_changelog(config, partitions, replication_factor))

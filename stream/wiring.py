@@ -33,9 +33,17 @@ from stream.config import ServiceConfig
 from stream.kafka_clients import ClientErrors
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
+from stream.model_reload import (
+    ModelReloader,
+    ServingModel,
+    load_shadow_model,
+    sanity_check,
+    shadow_config,
+)
 from stream.redelivery import Redelivery
 from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
+from stream.shadow import Shadow
 from stream.sink import KafkaSink, OutputSink
 from stream.terminal_table import TerminalRiskTable
 from stream.transactions import TransactionalSink
@@ -74,6 +82,10 @@ class Collaborators:
     #: The rules in force (FRAUD_RULES and its topic), and the reasons of flagged decisions.
     rules: RulesTable | None = None
     explainer: Explainer | None = None
+    #: Where a new model comes from without a restart (FRAUD_MODEL_POLL_S > 0).
+    reloader: ModelReloader | None = None
+    #: The challenger scored in shadow (FRAUD_SHADOW_MODEL).
+    shadow: Shadow | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -91,6 +103,9 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         encode=parts.encode,
         rules=parts.rules,
         explainer=parts.explainer,
+        reloader=parts.reloader,
+        shadow=parts.shadow,
+        log_features=config.decision_features == "on",
     )
 
 
@@ -117,20 +132,20 @@ def build_collaborators(
     config: ServiceConfig,
     consumer: Consumer,
     new_producer: Callable[[], Producer],
-    scorer: Scorer,
+    model: ServingModel,
     health: HealthState,
     lag: LagMonitor,
     metrics: ServiceMetrics,
-    policy: DecisionPolicy,
     *,
     delivery_timeout_s: float,
     max_message_bytes: int,
     kafka: Mapping[str, Any],
     client_errors: ClientErrors,
-    explainer: Explainer | None = None,
 ) -> Collaborators:
     """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
-    readers it makes itself (the state restore, the terminal-risk and rules tables)."""
+    readers it makes itself (the state restore, the terminal-risk and rules tables); `model`:
+    the model loaded at start-up, replaced by newer ones at FRAUD_MODEL_PATH while
+    FRAUD_MODEL_POLL_S > 0."""
     router = dead_letter_router(config)
     card_state = (
         CardState(
@@ -179,13 +194,13 @@ def build_collaborators(
     return Collaborators(
         consumer=consumer,
         sink=transactions or KafkaSink(new_producer(), redelivery.failed),
-        scorer=scorer,
+        scorer=model.scorer,
         redelivery=redelivery,
         router=router,
         health=health,
         lag=lag,
         metrics=metrics,
-        policy=policy,
+        policy=model.policy,
         tracker=tracker,
         transactions=transactions,
         card_state=card_state,
@@ -214,5 +229,25 @@ def build_collaborators(
             topic=config.rules_topic,
             router=router,
         ),
-        explainer=explainer,
+        explainer=model.explainer,
+        reloader=ModelReloader(config, metrics, model) if config.model_poll_s > 0 else None,
+        shadow=shadow_scoring(config, metrics),
     )
+
+
+def shadow_scoring(config: ServiceConfig, metrics: ServiceMetrics) -> Shadow | None:
+    """The challenger of FRAUD_SHADOW_MODEL, loaded, warmed up and sanity-scored (None
+    without one); ConfigurationError when it cannot serve."""
+    if config.shadow_model is None:
+        return None
+    model = load_shadow_model(config, config.shadow_model)
+    model.scorer.warm_up()
+    sanity_check(model)
+    reloader = (
+        ModelReloader(
+            shadow_config(config), metrics, model, source=config.shadow_model, role="shadow"
+        )
+        if config.model_poll_s > 0
+        else None
+    )
+    return Shadow(model, config.shadow_output_topic, metrics, reloader)

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.decision import decode_features
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
+from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
+from scorer.features import build_features
 from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
@@ -39,7 +42,7 @@ def poison_amount(features: np.ndarray) -> np.ndarray:
     return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
 
 
-def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None):
+def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None, log_features=False):
     sink, tracker = MemorySink(), OffsetTracker()
     for record in batch.items:
         tracker.track(("tx", 0), record.message.offset())
@@ -52,6 +55,7 @@ def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None):
         output_topic="decisions",
         policy=policy,
         metrics=ServiceMetrics(registry or CollectorRegistry()),
+        log_features=log_features,
     )
     report = stage.process(batch)
     return sink, tracker, report
@@ -108,3 +112,17 @@ def test_a_broken_model_degrades_to_rules_instead_of_dead_lettering():
     assert len(decisions(sink)) == 12
     assert all(d["degraded"] for d in decisions(sink))
     assert all(0.0 <= d["score"] <= 1.0 for d in decisions(sink))
+
+
+def test_logged_features_are_the_rows_the_model_scored():
+    batch = make_batch(40, poison={5})
+    scorer = FakeScorer(raises_on=poison_amount)
+    sink, _, _ = run(batch, scorer, log_features=True)
+    logged = {d["transaction_id"]: decode_features(d["features"]) for d in decisions(sink)}
+    assert len(logged) == 39  # the poison record is dead-lettered, with no decision
+    transactions = [r.transaction for r in batch.items]
+    rows = build_features(TransactionColumns.from_transactions(transactions))
+    for t, row in zip(transactions, rows, strict=True):
+        if t.transaction_id in logged:
+            np.testing.assert_array_equal(logged[t.transaction_id], row)
+    assert all(len(d.get("features", "")) == 0 for d in decisions(run(batch, scorer)[0]))

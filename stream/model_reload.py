@@ -1,0 +1,210 @@
+"""Hot reload: the model a replica scores with, replaced between batches without a restart.
+
+`FRAUD_MODEL_PATH` names the model source: a package directory, or a symbolic link to one, which
+`fraud-model promote` repoints in one atomic rename. `ModelReloader` looks at the source every
+`FRAUD_MODEL_POLL_S` on a thread of its own. When what it names changes (another directory
+behind the link, or a rewritten model.toml or model.onnx), it loads the package there, checks it
+and hands it over as a `ServingModel`:
+
+- the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
+  configuration, and the reasons' reference row, exactly as at start-up;
+- a warm-up of every batch shape, so the first batch it scores pays no set-up;
+- a sanity score of the reference row (zeros where the package has none): a probability.
+
+The scoring stage takes the new model at the start of its next batch (`BatchScorer`): a batch is
+scored by one model from start to end, its decisions carry that model's version, and the swap
+costs the batch one attribute read. A package that fails a check is refused: logged, counted in
+`fraud_model_reloads_total{result="refused"}`, and the model in service keeps serving. The same
+files are not tried again until they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+
+from contracts.errors import ConfigurationError, ScoreError
+from scorer.decide import DecisionPolicy
+from scorer.features import NUM_FEATURES
+from scorer.model import OnnxScorer
+from scorer.model_package import MANIFEST_FILE, ONNX_FILE, load_model_package
+from scorer.reasons import Explainer
+from stream.config import ServiceConfig
+from stream.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+
+#: What a source names right now: the resolved directory and its two files' (mtime, size).
+SourceIdentity = tuple[str, tuple[int, int] | None, tuple[int, int] | None]
+
+
+class ServingModel(NamedTuple):
+    """Everything a batch needs from its model, replaced as one."""
+
+    scorer: OnnxScorer
+    #: The package's thresholds under the configuration's overrides.
+    policy: DecisionPolicy
+    #: Reasons of flagged decisions (None: off, or the package has no reference row).
+    explainer: Explainer | None
+    #: What its source named when it was read (a later change of the source is a new model).
+    source: SourceIdentity
+
+
+def source_identity(path: Path) -> SourceIdentity:
+    """What `path` names now; cheap enough to read every poll."""
+    directory = Path(os.path.realpath(path))
+    return (str(directory), _stamp(directory / MANIFEST_FILE), _stamp(directory / ONNX_FILE))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size)
+
+
+def load_serving_model(config: ServiceConfig, path: Path) -> ServingModel:
+    """Load, check and warm up the package at `path` for this configuration.
+
+    Raises ConfigurationError (one line: the package and what to fix) when it cannot serve."""
+    # Before the files are read: a change while they are read is seen by the next poll.
+    source = source_identity(path)
+    package = load_model_package(path)
+    policy = config.decision_policy(package.thresholds)
+    scorer = OnnxScorer(
+        package,
+        config.device,
+        device_id=config.device_id,
+        cpu_threads=config.cpu_threads,
+        max_batch_size=config.max_batch_size,
+    )
+    return ServingModel(scorer, policy, _explainer(config, scorer), source)
+
+
+def load_shadow_model(config: ServiceConfig, path: Path) -> ServingModel:
+    """The challenger at `path` (FRAUD_SHADOW_MODEL): checked like the served model, with its
+    package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and no
+    reasons."""
+    return load_serving_model(shadow_config(config), path)
+
+
+def shadow_config(config: ServiceConfig) -> ServiceConfig:
+    """The configuration a challenger is loaded and reloaded with."""
+    return msgspec.structs.replace(
+        config, review_threshold=None, decline_threshold=None, reasons="off"
+    )
+
+
+def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
+    if config.reasons == "off":
+        return None
+    reference = scorer.package.reference
+    if reference is None:
+        log.warning(
+            "reasons are off: model package %s has no reference row (model.toml reference)",
+            scorer.package.path,
+        )
+        return None
+    return Explainer(scorer, scorer.package.feature_index, reference)
+
+
+def sanity_check(model: ServingModel) -> None:
+    """Score the package's reference row (zeros without one); ConfigurationError unless the
+    score is a probability."""
+    package = model.scorer.package
+    row = np.zeros((1, NUM_FEATURES), np.float32)
+    if package.reference is not None:
+        row[0, package.feature_index] = package.reference
+    try:
+        score = float(model.scorer.score(row)[0])
+    except ScoreError as exc:
+        raise ConfigurationError(
+            f"model package {str(package.path)!r} fails on its reference row: {exc}"
+        ) from exc
+    if not 0.0 <= score <= 1.0:
+        raise ConfigurationError(
+            f"model package {str(package.path)!r} scores its reference row {score}, not a "
+            "probability in [0, 1]: check the graph's output (docs/models.md)"
+        )
+
+
+class ModelReloader:
+    """Watches the model source and hands the scoring stage each new model that passes its
+    checks (`take`)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        metrics: ServiceMetrics,
+        serving: ServingModel,
+        *,
+        source: Path | None = None,
+        role: str = "served",
+    ) -> None:
+        """`serving`: the model loaded from `source` (default: FRAUD_MODEL_PATH) at start-up;
+        `role`: which model this is, in logs and metrics (served, or shadow)."""
+        self._config = config
+        self._metrics = metrics
+        self._source = config.model_path if source is None else source
+        self._role = role
+        self._seen = serving.source
+        self._version = serving.scorer.model_version
+        self._pending: ServingModel | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="model-reload", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def take(self) -> ServingModel | None:
+        """The model to score the next batch with, once, when a new one is ready."""
+        with self._lock:
+            model, self._pending = self._pending, None
+        return model
+
+    def check_now(self) -> bool:
+        """Look at the source once; whether a new model was made ready."""
+        identity = source_identity(self._source)
+        if identity == self._seen:
+            return False
+        try:
+            model = load_serving_model(self._config, self._source)
+            model.scorer.warm_up()
+            sanity_check(model)
+        except ConfigurationError as exc:
+            self._seen = identity  # not tried again until it changes
+            self._metrics.count_model_reload(self._role, "refused")
+            log.error("%s model reload refused, %s stays: %s", self._role, self._version, exc)
+            return False
+        log.info(
+            "%s model %s loaded from %s: it scores from the next batch on (was %s)",
+            self._role,
+            model.scorer.model_version,
+            model.scorer.package.path,
+            self._version,
+        )
+        self._seen = model.source
+        self._metrics.count_model_reload(self._role, "loaded")
+        self._version = model.scorer.model_version
+        with self._lock:
+            self._pending = model  # a newer model replaces one not taken yet
+        return True
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self._config.model_poll_s):
+            try:
+                self.check_now()
+            except Exception:  # the watcher must outlive any surprise; the old model serves
+                log.exception("%s model source %s could not be checked", self._role, self._source)

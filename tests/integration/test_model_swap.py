@@ -1,0 +1,126 @@
+"""Hot reload through the real broker: `fraud-model promote` under 5,000 tx/s swaps the model of a
+running replica between batches, with nothing lost and every decision made by one of the two; a
+broken package promoted after it is refused and the model before keeps serving."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from scorer.model_cli import main as fraud_model
+from tests.integration.conftest import BOOTSTRAP, REPO, read_topic
+from tests.unit.test_model_reload import package_copy
+
+RATE = 5_000
+DURATION_S = 8
+#: When, into the load run, the new package is promoted.
+PROMOTE_AT_S = 3.0
+POLL_S = "0.2"
+#: The decision deadline of the service's defaults (FRAUD_DECISION_DEADLINE_MS).
+DEADLINE_MS = 1_000
+
+
+def test_a_promotion_under_load_swaps_between_batches_and_loses_nothing(
+    topics_factory, service_factory, tmp_path: Path
+):
+    link = tmp_path / "champion"
+    v1, v2 = package_copy(tmp_path / "v1", "swap-v1"), package_copy(tmp_path / "v2", "swap-v2")
+    assert fraud_model(["promote", str(v1), "--source", str(link)]) == 0
+    topics = topics_factory(partitions=3)
+    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+
+    promoted_ms: list[int] = []
+
+    def promote_midway() -> None:
+        time.sleep(PROMOTE_AT_S)
+        promoted_ms.append(time.time_ns() // 1_000_000)
+        assert fraud_model(["promote", str(v2), "--source", str(link)]) == 0
+
+    promoter = threading.Thread(target=promote_midway)
+    promoter.start()
+    summary = run_loadgen(topics, service.metrics_port)
+    promoter.join()
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
+
+    decisions = read_topic(topics.output, summary["sent"])
+    versions: dict[int, list[str]] = defaultdict(list)
+    for message in decisions:
+        versions[message.partition()].append(json.loads(message.value())["model_version"])
+    assert {v for seen in versions.values() for v in seen} == {"swap-v1", "swap-v2"}
+    for partition, seen in versions.items():
+        first_v2 = seen.index("swap-v2")
+        assert set(seen[first_v2:]) == {"swap-v2"}, f"partition {partition} went back to v1"
+    assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 1
+
+    # The batches around the swap: decided within the deadline (p99 of decided_at - event_time).
+    around = [
+        d["decided_at"] - d["event_time"]
+        for d in (json.loads(m.value()) for m in decisions)
+        if abs(d["event_time"] - promoted_ms[0]) <= 2_000
+    ]
+    assert around and float(np.percentile(around, 99)) < DEADLINE_MS
+
+
+def test_a_broken_package_is_refused_and_the_model_before_keeps_serving(
+    topics_factory, service_factory, tmp_path: Path
+):
+    link = tmp_path / "champion"
+    good, broken = package_copy(tmp_path / "good", "good"), package_copy(tmp_path / "bad", "bad")
+    assert fraud_model(["promote", str(good), "--source", str(link)]) == 0
+    topics = topics_factory(partitions=1)
+    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+    assert fraud_model(["promote", str(broken), "--source", str(link)]) == 0
+    (broken / "model.onnx").write_bytes(b"\x08\x07 not a graph")  # spoiled after promotion
+    service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
+
+    summary = run_loadgen(topics, service.metrics_port, rate=500, duration_s=2)
+    assert summary["lost"] == 0
+    decisions = read_topic(topics.output, summary["sent"])
+    assert {json.loads(m.value())["model_version"] for m in decisions} == {"good"}
+    assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 0
+
+
+def run_loadgen(
+    topics, metrics_port: int, rate: int = RATE, duration_s: int = DURATION_S
+) -> dict[str, int]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen.cli",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+            "--input-topic",
+            topics.input,
+            "--output-topic",
+            topics.output,
+            "--dlq-topic",
+            topics.dlq,
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration_s),
+            "--metrics-url",
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            "--json",
+            "--quiet",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=duration_s + 120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary

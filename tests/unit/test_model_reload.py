@@ -1,0 +1,156 @@
+"""Hot reload (stream/model_reload.py): a new package at FRAUD_MODEL_PATH is loaded, checked and
+handed over once; a package that fails a check is refused and the model in use keeps serving."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.errors import ConfigurationError
+from scorer.model_cli import main as fraud_model
+from scorer.model_package import (
+    MANIFEST_FILE,
+    ONNX_FILE,
+    load_model_package,
+    manifest_toml,
+    promote,
+    write_model_package,
+)
+from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.metrics import ServiceMetrics
+from stream.model_reload import ModelReloader, load_serving_model, sanity_check
+
+
+def package_copy(directory: Path, version: str) -> Path:
+    """The shipped package under another version name."""
+    shipped = load_model_package(SHIPPED_MODEL_PATH)
+    manifest = msgspec.structs.replace(
+        shipped.manifest, model=msgspec.structs.replace(shipped.manifest.model, version=version)
+    )
+    write_model_package(directory, shipped.onnx, manifest)
+    return directory
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    link = tmp_path / "champion"
+    link.symlink_to(package_copy(tmp_path / "v1", "v1"))
+    return link
+
+
+def reloader_on(source: Path) -> tuple[ModelReloader, CollectorRegistry]:
+    config = ServiceConfig(model_path=source, model_poll_s=60.0)
+    registry = CollectorRegistry()
+    reloader = ModelReloader(
+        config, ServiceMetrics(registry), load_serving_model(config, config.model_path)
+    )
+    return reloader, registry
+
+
+def reloads(registry: CollectorRegistry, result: str) -> float | None:
+    return registry.get_sample_value(
+        "fraud_model_reloads_total", {"role": "served", "result": result}
+    )
+
+
+def test_a_repointed_link_hands_over_the_new_model_once(source: Path, tmp_path: Path):
+    reloader, registry = reloader_on(source)
+    assert not reloader.check_now() and reloader.take() is None
+
+    promote(package_copy(tmp_path / "v2", "v2"), source)
+    assert reloader.check_now()
+    taken = reloader.take()
+    assert taken is not None and taken.scorer.model_version == "v2"
+    assert taken.explainer is not None and taken.policy.thresholds.review > 0
+    assert reloader.take() is None and not reloader.check_now()
+    assert reloads(registry, "loaded") == 1 and reloads(registry, "refused") == 0
+
+
+def test_a_package_rewritten_in_place_is_reloaded(source: Path):
+    reloader, _ = reloader_on(source)
+    package_copy(source.resolve(), "v1-fixed")
+    assert reloader.check_now()
+    taken = reloader.take()
+    assert taken is not None and taken.scorer.model_version == "v1-fixed"
+
+
+def test_a_broken_package_is_refused_once_and_the_old_model_keeps_serving(
+    source: Path, tmp_path: Path
+):
+    reloader, registry = reloader_on(source)
+    broken = package_copy(tmp_path / "broken", "broken")
+    promote(broken, source)
+    (broken / ONNX_FILE).write_bytes(b"not a graph")  # changed after it was promoted
+    assert not reloader.check_now() and reloader.take() is None
+    assert not reloader.check_now()  # the same files are not tried again
+    assert reloads(registry, "refused") == 1
+
+    promote(package_copy(tmp_path / "v3", "v3"), source)
+    assert reloader.check_now()
+    taken = reloader.take()
+    assert taken is not None and taken.scorer.model_version == "v3"
+
+
+def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
+    source: Path, tmp_path: Path
+):
+    config = ServiceConfig(model_path=source, review_threshold=0.3)
+    registry = CollectorRegistry()
+    reloader = ModelReloader(config, ServiceMetrics(registry), load_serving_model(config, source))
+    low = package_copy(tmp_path / "low", "low")
+    manifest = load_model_package(low).manifest
+    thresholds = msgspec.structs.replace(manifest.thresholds, review=0.1, decline=0.2)
+    (low / MANIFEST_FILE).write_text(
+        manifest_toml(msgspec.structs.replace(manifest, thresholds=thresholds))
+    )
+    promote(low, source)
+    assert not reloader.check_now()
+    assert reloads(registry, "refused") == 1
+
+
+def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path: Path):
+    model = load_serving_model(ServiceConfig(), package_copy(tmp_path / "p", "p"))
+    sanity_check(model)  # the shipped graph scores its reference row as a probability
+
+    class Doubling:
+        """The same model, its scores doubled past 1."""
+
+        package = model.scorer.package
+
+        def score(self, features):
+            return model.scorer.score(features) * 2 + 1
+
+    with pytest.raises(ConfigurationError, match="not a probability"):
+        sanity_check(model._replace(scorer=Doubling()))  # type: ignore[arg-type]
+
+
+def test_a_source_that_is_gone_is_refused(source: Path, tmp_path: Path):
+    reloader, registry = reloader_on(source)
+    shutil.rmtree(source.resolve())
+    assert not reloader.check_now()
+    assert reloads(registry, "refused") == 1
+
+
+def test_promote_refuses_a_source_that_is_not_a_link_and_a_package_that_does_not_load(
+    tmp_path: Path, capsys
+):
+    package = package_copy(tmp_path / "v1", "v1")
+    assert fraud_model(["promote", str(package), "--source", str(package)]) == 2
+    assert "is not a symbolic link" in capsys.readouterr().err
+    (package / ONNX_FILE).write_bytes(b"changed")
+    assert fraud_model(["promote", str(package), "--source", str(tmp_path / "link")]) == 2
+    assert "sha256" in capsys.readouterr().err and not (tmp_path / "link").exists()
+
+
+def test_promote_makes_and_repoints_the_link(tmp_path: Path, capsys):
+    link = tmp_path / "champion"
+    v1, v2 = package_copy(tmp_path / "v1", "v1"), package_copy(tmp_path / "v2", "v2")
+    assert fraud_model(["promote", str(v1), "--source", str(link)]) == 0
+    assert "promoted v1" in capsys.readouterr().out and link.resolve() == v1.resolve()
+    assert fraud_model(["promote", str(v2), "--source", str(link)]) == 0
+    assert f"was {v1.resolve()}" in capsys.readouterr().out
+    assert load_model_package(link).version == "v2"
