@@ -17,7 +17,7 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
 	kafka-status-secure registry-up registry-down test test-secure unit check demo model bench \
-	faults clean \
+	faults flywheel clean \
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
@@ -36,6 +36,7 @@ help:
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       decoding per input format; service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
+	@echo "make flywheel    v1 serves, the world drifts, v2 trained from the topics, shadowed, promoted"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
@@ -176,6 +177,11 @@ helm-check: venv $(TOOLS)/bin/helm
 FAULTS_ARGS ?=
 faults: venv
 	$(PY) -m faults $(FAULTS_ARGS)
+
+# FLYWHEEL_ARGS, e.g. --cards 2000 --late-days 5 (python -m flywheel -h).
+flywheel: venv
+	ops/kafka/kafka.sh status >/dev/null 2>&1 || ops/kafka/kafka.sh up
+	$(PY) -m flywheel $(FLYWHEEL_ARGS)
 
 clean:
 	-ops/registry/registry.sh down

@@ -7,6 +7,8 @@ writing to its own output topic:
 - pipeline: `python -m stream run` with its defaults; the service itself (card history on).
 - pipeline_stateless: the same with `--card-history off`: what the per-card state costs.
 - pipeline_eos: the same with `--processing-guarantee exactly-once`.
+- pipeline_no_reasons, pipeline_features: the same with `--reasons off`, and with every
+  decision carrying its feature row (`--decision-features on`).
 - faust (bench/faust_app.py): faust-streaming, `Stream.take(max_, within)`, the same model.
 - per_record (bench/loops.py): one ONNX Runtime call per record; the naive loop.
 
@@ -47,6 +49,7 @@ CONTENDERS: tuple[str, ...] = (
     "pipeline_stateless",
     "pipeline_eos",
     "pipeline_no_reasons",
+    "pipeline_features",
     "faust",
     "per_record",
 )
@@ -56,6 +59,7 @@ LABELS = {
     "pipeline_stateless": "pipeline, no card history",
     "pipeline_eos": "pipeline, exactly-once",
     "pipeline_no_reasons": "pipeline, no reasons",
+    "pipeline_features": "pipeline, features logged",
     "faust": "faust-streaming take()",
     "per_record": "per-record scoring",
 }
@@ -65,6 +69,7 @@ PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
     "pipeline_stateless": ("--card-history", "off"),
     "pipeline_eos": ("--processing-guarantee", "exactly-once"),
     "pipeline_no_reasons": ("--reasons", "off"),
+    "pipeline_features": ("--decision-features", "on"),
 }
 LATENCY_RATE = 5_000.0
 #: How long the latency run's service may take to be assigned its partitions.

@@ -26,6 +26,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("pipeline_vs_stateless", "pipeline", "pipeline_stateless"),
     ("eos_vs_at_least_once", "pipeline_eos", "pipeline"),
     ("reasons_on_vs_off", "pipeline", "pipeline_no_reasons"),
+    ("features_logged_vs_not", "pipeline_features", "pipeline"),
 )
 #: The JSON name of each contender's throughput.
 TPS_NAMES = {
@@ -34,6 +35,7 @@ TPS_NAMES = {
     "pipeline_stateless": "pipeline_stateless_tps",
     "pipeline_eos": "eos_tps",
     "pipeline_no_reasons": "pipeline_no_reasons_tps",
+    "pipeline_features": "pipeline_features_tps",
     "faust": "faust_tps",
     "per_record": "per_record_tps",
 }

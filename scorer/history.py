@@ -282,7 +282,7 @@ def neutral_history(columns: TransactionColumns) -> npt.NDArray[np.float32]:
     before each use, so no card is allocated on the way."""
     n = len(columns.amount)
     ids: list[str] = getattr(_SCRATCH, "ids", [])
-    if len(ids) < n:
+    if not ids or len(ids) < n:  # the first call on a thread may be an empty batch
         ids = [str(i) for i in range(max(n, 2 * len(ids), 256))]
         _SCRATCH.ids, _SCRATCH.history = ids, CardHistory()
     history: CardHistory = _SCRATCH.history

@@ -10,6 +10,14 @@ The handbook's three scenarios (Le Borgne et al., chapter 3), then card testing:
 4. ``card_testing``: each day two cards are tested: a burst of 3 … 12 tiny (< 2.0) e-commerce
    purchases a minute or two apart, mostly at digital-goods merchants.
 
+And one the simulator's default world never has, switched on mid-stream to show drift
+(`TransactionSimulator.start_account_takeovers`, `make flywheel`):
+
+5. ``account_takeover``: each day four cards' online accounts are taken over; for the next five
+   days the fraudster buys once to three times a night (midnight to 4 a.m.) at e-commerce
+   merchants abroad, at the card's usual amounts. Nothing in a model trained on the default
+   world has seen frauds that look like that.
+
 A later scenario overrides an earlier one's label on the same transaction, as in the handbook.
 Outcomes: every fraud is confirmed after a delay drawn from a mixture of analyst reviews (hours)
 and chargebacks or customer reports (days); a small sample of legitimate transactions is
@@ -35,10 +43,15 @@ SCENARIOS: tuple[str, ...] = (
     "compromised_terminal",
     "compromised_card",
     "card_testing",
+    "account_takeover",
 )
-LEGIT, LARGE_AMOUNT, COMPROMISED_TERMINAL, COMPROMISED_CARD, CARD_TESTING = range(len(SCENARIOS))
+LEGIT, LARGE_AMOUNT, COMPROMISED_TERMINAL, COMPROMISED_CARD, CARD_TESTING, ACCOUNT_TAKEOVER = range(
+    len(SCENARIOS)
+)
 #: The handbook's scenarios (1-3); card testing is this project's fourth.
 HANDBOOK_SCENARIOS: tuple[str, ...] = SCENARIOS[1:4]
+#: What the default world holds (the shipped model's training data): all but the drift.
+DEFAULT_SCENARIOS: tuple[str, ...] = SCENARIOS[:ACCOUNT_TAKEOVER]
 
 LARGE_AMOUNT_THRESHOLD = 220.0
 TERMINALS_PER_DAY, TERMINAL_DAYS = 2, 28
@@ -49,6 +62,10 @@ BURST_LENGTH_RANGE = (3, 12)  # inclusive
 BURST_GAP_S_RANGE = (20.0, 150.0)
 PROBE_AMOUNT_RANGE = (0.3, TINY_AMOUNT - 0.01)
 PROBE_DIGITAL_SHARE = 0.8
+TAKEOVER_CARDS_PER_DAY, TAKEOVER_DAYS = 4, 5
+TAKEOVER_BUYS_PER_NIGHT = (1, 3)  # inclusive
+TAKEOVER_NIGHT_S = (0.0, 4 * 3600.0)
+TAKEOVER_AMOUNT_FACTOR = (0.5, 1.5)  # x the card's mean amount
 
 #: Outcomes: share of frauds found by an analyst review (the rest: chargebacks, reports).
 REVIEW_SHARE = 0.35
@@ -68,6 +85,8 @@ class Compromised:
     def __init__(self) -> None:
         self.terminals: dict[int, int] = {}
         self.cards: dict[int, int] = {}
+        #: Cards whose online account is taken over (ACCOUNT_TAKEOVER, once switched on).
+        self.accounts: dict[int, int] = {}
 
     def start_day(
         self, rng: np.random.Generator, day: int, population: Population, scale: float
@@ -83,6 +102,16 @@ class Compromised:
             len(population.card_ids), _count(rng, CARDS_PER_DAY, scale), replace=False
         ).tolist():
             self.cards[card] = day + CARD_DAYS
+
+    def start_takeovers_day(
+        self, rng: np.random.Generator, day: int, population: Population, scale: float
+    ) -> None:
+        """Draw the accounts taken over from `day` on; forget the expired ones."""
+        self.accounts = {c: end for c, end in self.accounts.items() if end > day}
+        for card in rng.choice(
+            len(population.card_ids), _count(rng, TAKEOVER_CARDS_PER_DAY, scale), replace=False
+        ).tolist():
+            self.accounts[card] = day + TAKEOVER_DAYS
 
 
 def _count(rng: np.random.Generator, per_day: int, scale: float) -> int:
@@ -147,6 +176,29 @@ def card_testing(rng: np.random.Generator, population: Population, scale: float)
     )
     amount = np.round(rng.uniform(*PROBE_AMOUNT_RANGE, n), 2)
     return Probes(card, terminal, first + since_first, amount)
+
+
+def account_takeovers(
+    rng: np.random.Generator, population: Population, accounts: list[int]
+) -> Probes:
+    """Tonight's purchases on the taken-over `accounts`: e-commerce, abroad, usual amounts."""
+    low, high = TAKEOVER_BUYS_PER_NIGHT
+    buys = rng.integers(low, high + 1, len(accounts))
+    card = np.repeat(np.asarray(accounts, np.int64), buys)
+    ecom = np.flatnonzero(population.terminal_channel == ECOM)
+    terminal = ecom[rng.integers(0, len(ecom), len(card))] if len(ecom) else card
+    home = population.card_home[card]
+    clash = np.flatnonzero(population.terminal_country[terminal] == home)
+    for _ in range(8):  # a few redraws, as `abroad` does
+        if not len(clash) or not len(ecom):
+            break
+        terminal[clash] = ecom[rng.integers(0, len(ecom), len(clash))]
+        clash = clash[population.terminal_country[terminal[clash]] == home[clash]]
+    second = rng.uniform(*TAKEOVER_NIGHT_S, len(card))
+    amount = np.round(
+        population.card_mean_amount[card] * rng.uniform(*TAKEOVER_AMOUNT_FACTOR, len(card)), 2
+    )
+    return Probes(card, terminal, second, amount)
 
 
 def outcome_delays_s(rng: np.random.Generator, is_fraud: npt.NDArray[np.bool_]) -> _Floats:

@@ -33,9 +33,12 @@ import numpy.typing as npt
 from contracts.transaction import MAX_AMOUNT, MAX_ID_CHARS
 from scorer.columns import TransactionColumns
 from simulator.fraud import (
+    ACCOUNT_TAKEOVER,
     CARD_TESTING,
     SCENARIOS,
     Compromised,
+    Probes,
+    account_takeovers,
     card_testing,
     label_frauds,
     outcome_delays_s,
@@ -172,6 +175,7 @@ class TransactionSimulator:
         self._last_event = start_time_ms
         self._last_natural = 0
         self._labels: list[tuple[int, int, dict[str, object]]] = []  # heap by reported_at
+        self._takeovers = False
 
     @property
     def natural_rate_per_s(self) -> float:
@@ -244,6 +248,11 @@ class TransactionSimulator:
             terminal=terminal,
             time_scale=scale,
         )
+
+    def start_account_takeovers(self) -> None:
+        """Switch the drift scenario on (`simulator/fraud.py`, account_takeover): from the next
+        simulated day on, accounts are taken over. Days already simulated stay as they were."""
+        self._takeovers = True
 
     def pending_labels(self) -> list[dict[str, object]]:
         """Every outcome not yet handed out (reported after the last batch), in report order."""
@@ -322,13 +331,20 @@ class TransactionSimulator:
         amount = np.round(amount, 2)
         scenario = label_frauds(rng, self._compromised, card, terminal, amount, enabled)
 
+        extra: list[tuple[Probes, int]] = []
         if enabled:
-            probes = card_testing(rng, population, self._fraud_scale)
+            extra.append((card_testing(rng, population, self._fraud_scale), CARD_TESTING))
+        # Only once switched on: the default world's random draws stay as they were.
+        if enabled and self._takeovers:
+            self._compromised.start_takeovers_day(rng, day, population, self._fraud_scale)
+            accounts = sorted(self._compromised.accounts)
+            extra.append((account_takeovers(rng, population, accounts), ACCOUNT_TAKEOVER))
+        for probes, code in extra:
             card = np.concatenate((card, probes.card))
             terminal = np.concatenate((terminal, probes.terminal))
             second = np.concatenate((second, probes.second))
             amount = np.concatenate((amount, probes.amount))
-            scenario = np.concatenate((scenario, np.full(len(probes.card), CARD_TESTING, np.int8)))
+            scenario = np.concatenate((scenario, np.full(len(probes.card), code, np.int8)))
         order = np.argsort(second, kind="stable")
         natural_ms = day * _MS_PER_DAY + np.floor(second[order] * _MS_PER_S).astype(np.int64)
         scenario = scenario[order]

@@ -12,7 +12,7 @@ from scorer.fallback import BASE_LOG_ODDS, CUTOFFS, RED_FLAG_WEIGHTS
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.history import HISTORY_FEATURE_NAMES
 from scorer.terminal_risk import DELAY_DAYS
-from simulator.fraud import SCENARIOS
+from simulator.fraud import DEFAULT_SCENARIOS
 from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin
 from training.onnx_export import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME
@@ -214,7 +214,7 @@ def _outcome_table(columns: dict[str, Outcomes], run: TrainingResult) -> str:
     review, decline = run.thresholds
     heads = " | ".join(f"{name}: ≥ {review:g} | ≥ {decline:g}" for name in columns)
     lines = [f"| | {heads} |", "| --- |" + " ---: | ---: |" * len(columns)]
-    for scenario in SCENARIOS:
+    for scenario in DEFAULT_SCENARIOS:
         label = "legitimate flagged" if scenario == "legit" else f"recall: {scenario}"
         cells = " | ".join(
             f"{_percent(outcomes[scenario][0])} | {_percent(outcomes[scenario][1])}"
@@ -260,13 +260,13 @@ def _fallback_rules(run: TrainingResult) -> str:
 def _fallback_by_seed(runs: Sequence[TrainingResult]) -> str:
     lines = [
         "| seed | ROC-AUC | legitimate ≥ review | legitimate ≥ decline | "
-        + " | ".join(f"recall ≥ review: {name}" for name in SCENARIOS[1:])
+        + " | ".join(f"recall ≥ review: {name}" for name in DEFAULT_SCENARIOS[1:])
         + " |",
-        "| ---: | ---: | ---: | ---: |" + " ---: |" * len(SCENARIOS[1:]),
+        "| ---: | ---: | ---: | ---: |" + " ---: |" * len(DEFAULT_SCENARIOS[1:]),
     ]
     for run in runs:
         test = run.fallback.test
-        cells = " | ".join(_percent(test[name][0]) for name in SCENARIOS[1:])
+        cells = " | ".join(_percent(test[name][0]) for name in DEFAULT_SCENARIOS[1:])
         lines.append(
             f"| {run.seed} | {run.fallback.test_roc_auc:.3f} | {_percent(test['legit'][0])} "
             f"| {_percent(test['legit'][1])} | {cells} |"
@@ -322,7 +322,7 @@ def render_model_card(runs: Sequence[TrainingResult]) -> str:
         for theirs, ours in handbook_recipe.FEATURES
     )
     layers = " → ".join(map(str, (NUM_FEATURES, *mlp.HIDDEN_SIZES)))
-    counts = ", ".join(f"{name} {run.scenario_rows[name]}" for name in SCENARIOS)
+    counts = ", ".join(f"{name} {run.scenario_rows[name]}" for name in DEFAULT_SCENARIOS)
     ops = ", ".join(f"`{op}`" for op in operators(run.model))
     first_valid, last_valid = validation_days(run.schedule)
     folds = len(run.schedule.test)

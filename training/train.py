@@ -55,7 +55,7 @@ from scorer.model_package import (
     write_model_package,
 )
 from scorer.terminal_risk import FRESH_WINDOWS_DAYS
-from simulator.fraud import SCENARIOS
+from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin, Platt, fit_platt, reliability
@@ -232,7 +232,7 @@ def train_model(
         rows=len(stream.is_fraud),
         fraud_rows=int(stream.is_fraud.sum()),
         labels=stream.labels,
-        scenario_rows={name: int((stream.scenario == name).sum()) for name in SCENARIOS},
+        scenario_rows={name: int((stream.scenario == name).sum()) for name in DEFAULT_SCENARIOS},
         winner=chosen.winner,
         validation=chosen.validation,
         test=tested.folds,
@@ -387,7 +387,7 @@ def _outcomes(
     stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating], chosen: Chosen
 ) -> Outcomes:
     scenario = stream.scenario[rows]
-    return {name: flagged_shares(scores[scenario == name], chosen) for name in SCENARIOS}
+    return {name: flagged_shares(scores[scenario == name], chosen) for name in DEFAULT_SCENARIOS}
 
 
 def _fit(

@@ -22,6 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"stream", "terminals"}),
     frozenset({"simulator"}),
     frozenset({"training", "loadgen", "faults"}),
+    frozenset({"flywheel"}),
     frozenset({"bench"}),
 )
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}

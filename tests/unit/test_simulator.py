@@ -11,11 +11,15 @@ import pytest
 
 from contracts.transaction import decode_transaction
 from scorer.features import COUNTRY_CURRENCY, FEATURE_NAMES, TINY_AMOUNT, build_features
-from simulator.fraud import LARGE_AMOUNT_THRESHOLD
-from simulator.population import RADIUS
+from simulator.fraud import (
+    DEFAULT_SCENARIOS,
+    LARGE_AMOUNT_THRESHOLD,
+    TAKEOVER_AMOUNT_FACTOR,
+    TAKEOVER_NIGHT_S,
+)
+from simulator.population import ECOM, RADIUS
 from simulator.transactions import (
     DEFAULT_START_TIME_MS,
-    SCENARIOS,
     SimulatedBatch,
     TransactionSimulator,
 )
@@ -120,7 +124,7 @@ def test_real_time_follows_the_handbook_day(day: SimulatedBatch) -> None:
 
 def test_every_scenario_appears_at_the_handbook_rates(day: SimulatedBatch) -> None:
     counts = Counter(day.scenario.tolist())
-    assert set(counts) == set(SCENARIOS)
+    assert set(counts) == set(DEFAULT_SCENARIOS)
     assert np.array_equal(day.is_fraud, day.scenario != "legit")
     # The handbook's simulated data has 0.84 % fraud; a month includes the ramp-up.
     assert 0.004 < day.is_fraud.mean() < 0.012
@@ -294,3 +298,24 @@ def test_generate_zero_rows() -> None:
     assert batch.records == []
     assert len(batch.columns.amount) == 0
     assert build_features(batch.columns).shape == (0, len(FEATURE_NAMES))
+
+
+def test_account_takeovers_start_when_switched_on_and_change_nothing_before():
+    plain, drifting = TransactionSimulator(9), TransactionSimulator(9)
+    before = plain.generate(20_000)
+    assert drifting.generate(20_000).records == before.records  # switched on later: the same
+    drifting.start_account_takeovers()
+    after, unchanged = drifting.generate(60_000), plain.generate(60_000)
+    takeover = after.scenario == "account_takeover"
+    assert "account_takeover" not in set(unchanged.scenario.tolist())
+    assert 50 < takeover.sum() < 600  # 4 accounts a day, 5 days each, 1-3 buys a night
+    population = drifting.population
+    card, terminal = after.card[takeover], after.terminal[takeover]
+    assert (population.terminal_channel[terminal] == ECOM).all()
+    assert (population.terminal_country[terminal] != population.card_home[card]).mean() > 0.95
+    seconds = (after.columns.event_time[takeover] - DEFAULT_START_TIME_MS) // 1000 % 86_400
+    assert (seconds <= TAKEOVER_NIGHT_S[1]).all()
+    share = after.columns.amount[takeover] / population.card_mean_amount[card]
+    assert (share >= TAKEOVER_AMOUNT_FACTOR[0] - 0.01).all()
+    assert (share <= TAKEOVER_AMOUNT_FACTOR[1] + 0.01).all()
+    assert after.is_fraud[takeover].all()

@@ -1,0 +1,127 @@
+"""`fraud-train --from-topics` against the real broker: the service decides a simulated stream with
+its features logged, the simulator's labels arrive on a labels topic, and a challenger is trained
+from the two topics, counting only the labels reported by the cut-off."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from scorer.model_package import load_model_package
+from simulator.transactions import TransactionSimulator
+from stream.config import ServiceConfig
+from stream.model_reload import load_serving_model, sanity_check
+from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic
+from training.from_topics import main as fraud_train
+
+CARDS = 1_000
+TRANSACTIONS = 24_000
+RATE_PER_S = 100.0
+#: Outcome delays shrunk so that most frauds are reported within the stream.
+LABEL_DELAY_SCALE = 0.05
+
+
+@pytest.fixture
+def labels_topic(admin: AdminClient):
+    name = f"labels-{time.time_ns()}"
+    admin.create_topics([NewTopic(name, 2, 1)])[name].result(timeout=30)
+    yield name
+    admin.delete_topics([name])[name].result(timeout=30)
+
+
+def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_the_cut_off(
+    topics_factory, service_factory, labels_topic: str, tmp_path: Path, capsys
+):
+    span_ms = int(TRANSACTIONS / RATE_PER_S * 1000)
+    simulator = TransactionSimulator(
+        23,
+        num_cards=CARDS,
+        num_terminals=2 * CARDS,
+        fraud_scale=3.0,
+        start_time_ms=time.time_ns() // 1_000_000 - 2 * span_ms,
+        id_prefix="flywheel",
+        label_delay_scale=LABEL_DELAY_SCALE,
+    )
+    batch = simulator.generate(TRANSACTIONS, rate_per_s=RATE_PER_S)
+    topics: Topics = topics_factory(partitions=2)
+    produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in batch.records])
+    service_factory(
+        topics,
+        "--decision-features",
+        "on",
+        "--history-time-scale",
+        str(batch.time_scale),
+    )
+    assert len(read_topic(topics.output, TRANSACTIONS)) == TRANSACTIONS
+    until = time.time_ns() // 1_000_000
+    # One more outcome, reported after the cut-off: it must not count.
+    legit = next(label for label in batch.labels if not label["fraud"])
+    late = {**legit, "fraud": True, "reported_at": until + 60_000}
+    produce(
+        labels_topic,
+        [(str(label["card_id"]).encode(), msgspec.json.encode(label)) for label in batch.labels]
+        + [(str(late["card_id"]).encode(), msgspec.json.encode(late))],
+    )
+    out = tmp_path / "challenger"
+
+    code = fraud_train(
+        [
+            "--from-topics",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+            "--decisions-topic",
+            topics.output,
+            "--labels-topic",
+            labels_topic,
+            "--until",
+            str(until),
+            "--version",
+            "challenger-1",
+            "--out",
+            str(out),
+        ]
+    )
+
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert code == 0, captured.err
+    package = load_model_package(out)
+    assert package.version == "challenger-1"
+    sanity_check(load_serving_model(ServiceConfig(), out))
+    frauds = sum(1 for label in batch.labels if label["fraud"])
+    assert f"{frauds} frauds)" in package.manifest.training.data  # the late one is not counted
+    assert f"{TRANSACTIONS} kept" in package.manifest.training.data
+    metrics = package.manifest.training.metrics
+    assert metrics["evaluation_auc"] > 0.7, printed
+    assert 0.0 <= metrics["evaluation_served_auc"] <= 1.0
+    assert "evaluation rows 4800" in printed
+
+
+def test_decisions_without_features_are_refused_with_what_to_do(
+    topics_factory, service_factory, labels_topic: str, tmp_path: Path, capsys
+):
+    topics: Topics = topics_factory(partitions=1)
+    records = TransactionSimulator(3, id_prefix="nofeat").generate(200).records
+    produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in records])
+    service_factory(topics)
+    assert len(read_topic(topics.output, len(records))) == len(records)
+    code = fraud_train(
+        [
+            "--from-topics",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+            "--decisions-topic",
+            topics.output,
+            "--labels-topic",
+            labels_topic,
+            "--out",
+            str(tmp_path / "never"),
+        ]
+    )
+    assert code == 2
+    assert "FRAUD_DECISION_FEATURES=on" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

@@ -1,0 +1,48 @@
+"""The pure parts of `fraud-train --from-topics` (training/from_topics.py): the split by event time
+and the recall at a fixed false-positive rate the models are compared by."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.from_topics import parse_args, recall_at_fpr, split_by_time
+
+
+def test_the_split_is_by_event_time_oldest_first_and_leaves_the_delay_out():
+    rng = np.random.default_rng(0)
+    event_time = rng.permutation(np.arange(1_000, dtype=np.int64))
+    split = split_by_time(
+        event_time, until_ms=999, validation_share=0.2, evaluation_share=0.1, delay_ms=100
+    )
+    kept = 900  # event times 0..899: the last 100 ms before the cut-off are left out
+    assert (len(split.train), len(split.validation), len(split.evaluation)) == (630, 180, 90)
+    assert event_time[split.train].max() < event_time[split.validation].min()
+    assert event_time[split.validation].max() < event_time[split.evaluation].min()
+    assert event_time[split.evaluation].max() == kept - 1
+    assert len(np.unique(np.concatenate(split))) == kept
+
+
+def test_recall_at_fpr_counts_the_frauds_above_the_legitimate_quantile():
+    legit = np.linspace(0.0, 1.0, 1_001)[:-1]  # 1,000 legitimate scores in [0, 1)
+    frauds = np.array([0.5, 0.985, 0.995, 0.9999])
+    scores = np.concatenate([legit, frauds])
+    is_fraud = np.concatenate([np.zeros(1_000, bool), np.ones(4, bool)])
+    # 1 % of legitimate rows are at or above 0.990: two frauds are above that cut.
+    assert recall_at_fpr(is_fraud, scores, 0.01) == pytest.approx(0.5)
+    assert np.isnan(recall_at_fpr(np.zeros(3, bool), np.ones(3), 0.01))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--validation-share", "0.5", "--evaluation-share", "0.45"],
+        ["--validation-share", "0", "--evaluation-share", "0.2"],
+        ["--delay", "-1"],
+    ],
+)
+def test_shares_that_leave_no_training_rows_and_a_negative_delay_are_refused(flags, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--from-topics", "--out", "x", *flags])
+    assert exit_.value.code == 2
+    assert "must" in capsys.readouterr().err

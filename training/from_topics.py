@@ -1,0 +1,556 @@
+"""`fraud-train --from-topics`: a challenger trained from what the service decided and what was
+later confirmed, read back from Kafka; it promotes nothing.
+
+1. **Read** the decisions topic (JSON) from its start to its end as it is when the run starts,
+   keeping the decisions made by the cut-off `--until` that carry the feature row they were
+   scored with (`FRAUD_DECISION_FEATURES=on`): training sees exactly what serving saw, fresh-label
+   and terminal features included, as of each decision. A transaction decided twice (a
+   redelivery) counts once, its first decision.
+2. **Join** the labels topic, counting only labels reported by the cut-off, as the handbook's
+   delay does: a fraud reported after `--until` is not known yet, so its transaction trains as
+   legitimate. Where a transaction has several labels, the last one reported by then counts.
+3. **Split** by event time, oldest first: training rows, then `--validation-share` of the rows
+   (the GBDT's Platt calibration and both thresholds are fitted there, by the shipped model's
+   goals: docs/models.md), then the most recent `--evaluation-share`, on which the challenger
+   and the served model (its scores, as decided) are compared. `--delay` leaves the last stretch
+   of event time before the cut-off out of every split, where most frauds are not reported yet.
+4. **Train** with the shipped model's recipe (training/gbdt.py: LightGBM compiled to tensor
+   operations, Platt-calibrated), and write the package with a model card (`--out`).
+
+Memory is bounded by the rows kept: 43 float32 features and a few columns per decision
+(about 250 bytes), with the transaction ids of the decisions and labels (docs/models.md has the
+measured time and peak RSS on 1,000,000 decisions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import resource
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+
+from contracts.decision import decode_features
+from contracts.errors import ConfigurationError
+from contracts.label import decode_label
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.model_package import (
+    FORMAT,
+    Manifest,
+    ModelInfo,
+    ModelOutput,
+    ThresholdChoice,
+    Training,
+    write_model_package,
+)
+from training import gbdt
+from training.calibration import Platt, fit_platt, sigmoid
+from training.protocol import average_precision, roc_auc
+from training.thresholds import (
+    FALSE_DECLINE_COST,
+    REVIEW_LEGIT_SHARE,
+    decline_threshold,
+    review_threshold,
+)
+
+log = logging.getLogger(__name__)
+
+PROG = "fraud-train --from-topics"
+#: Fewest labelled frauds the training rows must hold to fit anything worth comparing.
+MIN_TRAINING_FRAUDS = 20
+#: The false-positive rate recall is compared at (the share of legitimate rows flagged).
+COMPARE_AT_FPR = 0.01
+READ_BATCH = 10_000
+#: Rows scored at once in numpy (a [rows, splits] matrix of about 4,500 splits).
+SCORE_CHUNK = 20_000
+READ_TIMEOUT_S = 1.0
+#: A read that gets nothing this long, with partitions still short of their end, fails.
+STALL_TIMEOUT_S = 30.0
+_LOG_AMOUNT = FEATURE_NAMES.index("log_amount")
+
+
+class _LoggedDecision(msgspec.Struct, frozen=True):
+    """The fields of a decision this reads (the rest are skipped by the decoder)."""
+
+    transaction_id: str
+    score: float
+    model_version: str
+    event_time: int
+    decided_at: int
+    features: str = ""
+
+
+class Decisions(NamedTuple):
+    """The decisions kept, one row each, in the order read."""
+
+    transaction_ids: list[str]
+    features: npt.NDArray[np.float32]
+    event_time: npt.NDArray[np.int64]
+    #: The served model's score, and its version.
+    score: npt.NDArray[np.float32]
+    model_version: list[str]
+    #: Decisions read but not kept: made after the cut-off, without features, repeated, or not
+    #: a JSON decision.
+    skipped: dict[str, int]
+
+
+class Comparison(NamedTuple):
+    """The challenger against the served model on the evaluation rows."""
+
+    rows: int
+    frauds: int
+    challenger: dict[str, float]
+    served: dict[str, float]
+    served_versions: list[str]
+
+
+class Retrained(NamedTuple):
+    path: Path
+    version: str
+    comparison: Comparison
+    training_rows: int
+    training_frauds: int
+    seconds: float
+    peak_rss_mb: float
+
+
+def read_decisions(bootstrap: str, topic: str, until_ms: int) -> Decisions:
+    """The decisions on `topic` made by `until_ms` that carry their features."""
+    decoder = msgspec.json.Decoder(_LoggedDecision)
+    ids: list[str] = []
+    seen: set[str] = set()
+    chunks: list[npt.NDArray[np.float32]] = []
+    chunk = np.empty((READ_BATCH, NUM_FEATURES), np.float32)
+    filled = 0
+    event_time: list[int] = []
+    score: list[float] = []
+    version: list[str] = []
+    skipped = {"after_cut_off": 0, "without_features": 0, "repeated": 0, "unreadable": 0}
+    for message in _read_to_end(bootstrap, topic):
+        try:
+            decision = decoder.decode(message.value() or b"")
+            row = decode_features(decision.features) if decision.features else None
+        except (msgspec.DecodeError, ValueError):
+            skipped["unreadable"] += 1
+            continue
+        if decision.decided_at > until_ms:
+            skipped["after_cut_off"] += 1
+            continue
+        if row is None or len(row) != NUM_FEATURES:
+            skipped["without_features"] += 1
+            continue
+        if decision.transaction_id in seen:
+            skipped["repeated"] += 1
+            continue
+        seen.add(decision.transaction_id)
+        ids.append(decision.transaction_id)
+        chunk[filled] = row
+        filled += 1
+        if filled == READ_BATCH:
+            chunks.append(chunk)
+            chunk, filled = np.empty((READ_BATCH, NUM_FEATURES), np.float32), 0
+        event_time.append(decision.event_time)
+        score.append(decision.score)
+        version.append(decision.model_version)
+    chunks.append(chunk[:filled])
+    return Decisions(
+        ids,
+        np.concatenate(chunks),
+        np.asarray(event_time, np.int64),
+        np.asarray(score, np.float32),
+        version,
+        skipped,
+    )
+
+
+def read_labels(bootstrap: str, topic: str, until_ms: int) -> dict[str, bool]:
+    """Each labelled transaction's outcome as known at `until_ms`: its last label reported by
+    then."""
+    latest: dict[str, tuple[int, bool]] = {}
+    for message in _read_to_end(bootstrap, topic):
+        try:
+            label = decode_label(message.value())
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue  # the features worker dead-letters these; they say nothing here
+        if label.reported_at > until_ms:
+            continue
+        known = latest.get(label.transaction_id)
+        if known is None or label.reported_at >= known[0]:
+            latest[label.transaction_id] = (label.reported_at, label.fraud)
+    return {transaction: fraud for transaction, (_, fraud) in latest.items()}
+
+
+def _read_to_end(bootstrap: str, topic: str) -> Iterator[Message]:
+    """Every record of `topic` up to its end as it is now, partition by partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fraud-train-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ConfigurationError(f"topic {topic!r} is not on the broker at {bootstrap}")
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
+            if high > low:
+                ends[partition] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        last_progress = time.monotonic()
+        while ends:
+            messages = consumer.consume(READ_BATCH, READ_TIMEOUT_S)
+            if not messages and time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise ConfigurationError(
+                    f"reading {topic!r} stalled {STALL_TIMEOUT_S:g} s short of its end "
+                    f"(partitions {sorted(ends)})"
+                )
+            for message in messages:
+                if message.error() is not None:
+                    raise ConfigurationError(f"reading {topic!r}: {message.error()}")
+                last_progress = time.monotonic()
+                partition, offset = message.partition(), message.offset()
+                if partition not in ends or offset is None or offset >= ends[partition]:
+                    continue
+                yield message
+                if offset + 1 >= ends[partition]:
+                    del ends[partition]
+    except KafkaException as exc:
+        raise ConfigurationError(f"reading {topic!r}: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+class Split(NamedTuple):
+    train: npt.NDArray[np.intp]
+    validation: npt.NDArray[np.intp]
+    evaluation: npt.NDArray[np.intp]
+
+
+def split_by_time(
+    event_time: npt.NDArray[np.int64],
+    until_ms: int,
+    validation_share: float,
+    evaluation_share: float,
+    delay_ms: int = 0,
+) -> Split:
+    """Rows by event time, oldest first: training, validation, evaluation (the most recent);
+    rows within `delay_ms` before the cut-off are in none."""
+    kept = np.flatnonzero(event_time <= until_ms - delay_ms)
+    ordered = kept[np.argsort(event_time[kept], kind="stable")]
+    n = len(ordered)
+    evaluation = round(n * evaluation_share)
+    validation = round(n * validation_share)
+    first_validation = n - evaluation - validation
+    return Split(
+        ordered[:first_validation],
+        ordered[first_validation : n - evaluation],
+        ordered[n - evaluation :],
+    )
+
+
+def recall_at_fpr(
+    is_fraud: npt.NDArray[np.bool_], scores: npt.NDArray[np.floating], fpr: float
+) -> float:
+    """The share of frauds scored above the score that flags `fpr` of the legitimate rows."""
+    legit = np.sort(scores[~is_fraud])
+    if not len(legit) or not is_fraud.any():
+        return float("nan")
+    cut = legit[min(len(legit) - 1, int(np.ceil(len(legit) * (1.0 - fpr))))]
+    return float((scores[is_fraud] > cut).mean())
+
+
+def figures(is_fraud: npt.NDArray[np.bool_], scores: npt.NDArray[np.floating]) -> dict[str, float]:
+    """ROC-AUC, average precision and recall at COMPARE_AT_FPR."""
+    return {
+        "auc": round(float(roc_auc(is_fraud, scores)), 4),
+        "average_precision": round(float(average_precision(is_fraud, scores)), 4),
+        f"recall_at_{COMPARE_AT_FPR:.0%}_fpr".replace("%", "pct"): round(
+            recall_at_fpr(is_fraud, scores, COMPARE_AT_FPR), 4
+        ),
+    }
+
+
+def retrain(args: argparse.Namespace) -> Retrained:
+    """The whole run: read, join, split, train, compare, write."""
+    began = time.perf_counter()
+    decisions = read_decisions(args.bootstrap_servers, args.decisions_topic, args.until)
+    log.info(
+        "read %d decisions with features; skipped %s",
+        len(decisions.transaction_ids),
+        decisions.skipped,
+    )
+    if not decisions.transaction_ids:
+        raise ConfigurationError(
+            f"no decision on {args.decisions_topic!r} made by {args.until} carries its features: "
+            "run the service with FRAUD_DECISION_FEATURES=on and let it decide first "
+            f"(skipped: {decisions.skipped})"
+        )
+    labels = read_labels(args.bootstrap_servers, args.labels_topic, args.until)
+    is_fraud = np.fromiter(
+        (labels.get(t, False) for t in decisions.transaction_ids),
+        np.bool_,
+        len(decisions.transaction_ids),
+    )
+    log.info(
+        "joined %d labels reported by %d: %d frauds", len(labels), args.until, int(is_fraud.sum())
+    )
+    split = split_by_time(
+        decisions.event_time, args.until, args.validation_share, args.evaluation_share, args.delay
+    )
+    train_frauds = int(is_fraud[split.train].sum())
+    if train_frauds < MIN_TRAINING_FRAUDS or not is_fraud[split.validation].any():
+        raise ConfigurationError(
+            f"the training rows hold {train_frauds} frauds reported by the cut-off (at least "
+            f"{MIN_TRAINING_FRAUDS} are needed) and the validation rows "
+            f"{int(is_fraud[split.validation].sum())}: wait for more labels, or move --until"
+        )
+    x = decisions.features
+    trees = gbdt.fit(x[split.train], is_fraud[split.train], args.seed)
+    platt = fit_platt(_raw_scores(trees, x[split.validation]), is_fraud[split.validation])
+    validation_scores = _calibrated_scores(trees, platt, x[split.validation])
+    validation_fraud = is_fraud[split.validation]
+    review = review_threshold(validation_scores[~validation_fraud])
+    amount = np.expm1(x[split.validation, _LOG_AMOUNT].astype(np.float64))
+    decline = decline_threshold(validation_scores, validation_fraud, amount, floor=review)
+    model = gbdt.calibrated(trees, platt.a, platt.b)
+    evaluation_fraud = is_fraud[split.evaluation]
+    if evaluation_fraud.all() or not evaluation_fraud.any():
+        raise ConfigurationError(
+            f"the {len(split.evaluation)} evaluation rows hold {int(evaluation_fraud.sum())} "
+            "frauds reported by the cut-off: the models cannot be compared there; raise "
+            "--evaluation-share or move --until"
+        )
+    comparison = Comparison(
+        rows=len(split.evaluation),
+        frauds=int(evaluation_fraud.sum()),
+        challenger=figures(evaluation_fraud, _calibrated_scores(trees, platt, x[split.evaluation])),
+        served=figures(evaluation_fraud, decisions.score[split.evaluation]),
+        served_versions=sorted({decisions.model_version[i] for i in split.evaluation}),
+    )
+    version = args.version or _version(model)
+    onnx = gbdt.export_onnx(
+        model,
+        NUM_FEATURES,
+        args.name,
+        {
+            "model_version": version,
+            "feature_names": ",".join(FEATURE_NAMES),
+            "seed": str(args.seed),
+        },
+    )
+    legit_train = x[split.train][~is_fraud[split.train]]
+    manifest = _manifest(args, version, decisions, split, is_fraud, (review, decline), comparison)
+    manifest = msgspec.structs.replace(
+        manifest, reference=[float(v) for v in np.median(legit_train, axis=0)]
+    )
+    write_model_package(args.out, onnx, manifest, _card(args, version, comparison, split, is_fraud))
+    return Retrained(
+        args.out,
+        version,
+        comparison,
+        len(split.train),
+        train_frauds,
+        time.perf_counter() - began,
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    )
+
+
+def _calibrated_scores(
+    trees: gbdt.Trees, platt: Platt, features: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float64]:
+    return sigmoid(platt.apply(_raw_scores(trees, features)))
+
+
+def _raw_scores(trees: gbdt.Trees, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """`gbdt.raw_scores` a chunk of rows at a time: its walk holds a [rows, splits] matrix."""
+    return np.concatenate(
+        [
+            gbdt.raw_scores(trees, features[i : i + SCORE_CHUNK])
+            for i in range(0, len(features), SCORE_CHUNK)
+        ]
+        or [np.zeros(0)]
+    )
+
+
+def _version(model: gbdt.Trees) -> str:
+    digest = hashlib.sha256()
+    for array in model:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return f"fraud-gbdt-retrained-{digest.hexdigest()[:8]}"
+
+
+def _manifest(
+    args: argparse.Namespace,
+    version: str,
+    decisions: Decisions,
+    split: Split,
+    is_fraud: npt.NDArray[np.bool_],
+    thresholds: tuple[float, float],
+    comparison: Comparison,
+) -> Manifest:
+    first, last = (
+        int(decisions.event_time[split.train].min()),
+        int(decisions.event_time[split.train].max()),
+    )
+    metrics = {f"evaluation_{k}": v for k, v in comparison.challenger.items()}
+    metrics |= {f"evaluation_served_{k}": v for k, v in comparison.served.items()}
+    return Manifest(
+        format=FORMAT,
+        model=ModelInfo(args.name, version),
+        features=list(FEATURE_NAMES),
+        output=ModelOutput(
+            meaning="probability of fraud, calibrated by Platt scaling on the validation rows "
+            f"({len(split.validation)} decisions before the evaluation rows)",
+            calibration="platt",
+        ),
+        thresholds=ThresholdChoice(
+            thresholds[0],
+            thresholds[1],
+            chosen_by=f"on the validation rows: review, the lowest score at which at most "
+            f"{REVIEW_LEGIT_SHARE:.0%} of legitimate transactions reach review; decline, the "
+            f"score at or above review with the lowest cost when a declined legitimate "
+            f"transaction costs {FALSE_DECLINE_COST:g} and a fraud not declined its amount",
+        ),
+        training=Training(
+            data=f"decisions on {args.decisions_topic!r} made by {args.until} (epoch ms) with "
+            f"their logged features, {len(decisions.transaction_ids)} kept, joined to labels on "
+            f"{args.labels_topic!r} reported by then ({int(is_fraud.sum())} frauds)",
+            window=f"event times {first}-{last} ({len(split.train)} rows, "
+            f"{int(is_fraud[split.train].sum())} frauds)",
+            metrics=metrics,
+        ),
+        onnx_sha256="",
+    )
+
+
+def _card(
+    args: argparse.Namespace,
+    version: str,
+    comparison: Comparison,
+    split: Split,
+    is_fraud: npt.NDArray[np.bool_],
+) -> str:
+    frauds = [int(is_fraud[part].sum()) for part in split]
+    rows = "\n".join(
+        f"| {name} | {comparison.challenger[name]:.4f} | {comparison.served[name]:.4f} |"
+        for name in comparison.challenger
+    )
+    return f"""# {args.name} {version}
+
+Trained by `{PROG}` from the decisions on `{args.decisions_topic}` (with their logged features)
+and the labels on `{args.labels_topic}` reported by {args.until} (epoch ms), with the shipped
+model's recipe (training/gbdt.py, Platt calibration). Promoted by nobody yet: compare, run it in
+shadow (FRAUD_SHADOW_MODEL), then `fraud-model promote`.
+
+| rows | decisions | frauds reported by the cut-off |
+| --- | ---: | ---: |
+| training | {len(split.train)} | {frauds[0]} |
+| validation (calibration, thresholds) | {len(split.validation)} | {frauds[1]} |
+| evaluation (most recent) | {comparison.rows} | {comparison.frauds} |
+
+## Against the served model on the evaluation rows
+
+The served model's figures are its scores as decided ({", ".join(comparison.served_versions)}).
+
+| figure | this model | served |
+| --- | ---: | ---: |
+{rows}
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fraud-train",
+        description="Train a challenger from the decisions topic (with logged features) and the "
+        "labels topic, compare it with the served model on the most recent rows, and write its "
+        "package. It promotes nothing: run it in shadow, then `fraud-model promote`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--from-topics", action="store_true", required=True, help="train from the topics"
+    )
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka brokers")
+    parser.add_argument("--decisions-topic", default="decisions", help="decisions to learn from")
+    parser.add_argument("--labels-topic", default="labels", help="confirmed outcomes")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="cut-off, epoch ms: only decisions made and labels reported by then count "
+        "(default: now)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=int,
+        default=0,
+        help="ms of event time before the cut-off left out of every split (their frauds are "
+        "mostly not reported yet)",
+    )
+    parser.add_argument(
+        "--validation-share", type=float, default=0.2, help="share of rows for calibration"
+    )
+    parser.add_argument(
+        "--evaluation-share",
+        type=float,
+        default=0.2,
+        help="share of rows, the most recent, the two models are compared on",
+    )
+    parser.add_argument("--name", default="fraud-gbdt", help="the package's model name")
+    parser.add_argument(
+        "--version", default=None, help="its version (default: from a hash of its trees)"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="LightGBM's seed")
+    parser.add_argument("--out", type=Path, required=True, help="package directory to write")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.until is None:
+        args.until = time.time_ns() // 1_000_000
+    shares = (args.validation_share, args.evaluation_share)
+    if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
+        parser.error(
+            "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
+            f"least 10 %% of the rows for training, got {shares}"
+        )
+    if args.delay < 0:
+        parser.error(f"--delay must be >= 0, got {args.delay}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args = parse_args(argv)
+    try:
+        result = retrain(args)
+    except ConfigurationError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    comparison = result.comparison
+    print(f"wrote {result.path} ({result.version})")
+    print(
+        f"  trained on {result.training_rows} decisions ({result.training_frauds} frauds) in "
+        f"{result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB"
+    )
+    print(f"  evaluation rows {comparison.rows} ({comparison.frauds} frauds):")
+    for name in comparison.challenger:
+        print(
+            f"    {name:<22} challenger {comparison.challenger[name]:.4f}   served "
+            f"{comparison.served[name]:.4f}"
+        )
+    return 0
