@@ -53,7 +53,7 @@ from scorer.model_package import (
     write_model_package,
 )
 from training import gbdt
-from training.calibration import Platt, fit_platt, sigmoid
+from training.calibration import Platt, fit_platt
 from training.protocol import average_precision, roc_auc
 from training.thresholds import (
     FALSE_DECLINE_COST,
@@ -371,7 +371,7 @@ def retrain(args: argparse.Namespace) -> Retrained:
 def _calibrated_scores(
     trees: gbdt.Trees, platt: Platt, features: npt.NDArray[np.float32]
 ) -> npt.NDArray[np.float64]:
-    return sigmoid(platt.apply(_raw_scores(trees, features)))
+    return platt.apply(_raw_scores(trees, features))
 
 
 def _raw_scores(trees: gbdt.Trees, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
