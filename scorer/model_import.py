@@ -33,6 +33,7 @@ import onnxruntime as ort
 
 from contracts.errors import ConfigurationError
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
+from scorer.drift import drift_reference, most_influential
 from scorer.features import FEATURE_NAMES
 from scorer.model_package import (
     CARD_FILE,
@@ -182,6 +183,13 @@ def import_model(request: ImportRequest) -> ImportResult:
         training=Training(request.training_data, request.training_window, dict(request.metrics)),
         onnx_sha256="",
         reference=[float(value) for value in np.median(rows, axis=0)],
+        drift=drift_reference(
+            f"the import sample ({len(rows)} rows), scored by the ONNX graph",
+            onnx_scores(onnx_model, rows),
+            rows,
+            request.features,
+            most_influential(lambda part: onnx_scores(onnx_model, part), rows, request.features),
+        ),
     )
     return ImportResult(_write(request.out, onnx_model, manifest), check, native)
 

@@ -17,6 +17,7 @@ graph's inputs and outputs against it. Every check fails with one line that says
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import numpy.typing as npt
 
 from contracts.errors import ConfigurationError
 from scorer.decisions import DEFAULT_THRESHOLDS, Thresholds
+from scorer.drift import DriftReference
 from scorer.features import FEATURE_NAMES
 
 MANIFEST_FILE = "model.toml"
@@ -88,6 +90,9 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: A typical legitimate row (same order as `features`): reason codes measure each
     #: feature's contribution against it. Empty: reasons are off for this package.
     reference: list[float] = msgspec.field(default_factory=list)
+    #: Histograms of the validation data's score and most used features: live traffic's PSI
+    #: against them is the drift metrics' (scorer/drift.py). None: no drift metrics.
+    drift: DriftReference | None = None
 
 
 class ModelPackage(msgspec.Struct, frozen=True):
@@ -205,9 +210,26 @@ def _manifest_problem(manifest: Manifest) -> str | None:
         )
     if not all(math.isfinite(value) for value in manifest.reference):
         return "reference holds a value that is not finite"
+    if manifest.drift is not None:
+        problem = _drift_problem(manifest.drift, manifest.features)
+        if problem:
+            return f"drift: {problem}"
     review, decline = manifest.thresholds.review, manifest.thresholds.decline
     if not 0.0 <= review <= decline <= 1.0:
         return f"thresholds must satisfy 0 <= review <= decline <= 1, got {review} and {decline}"
+    return None
+
+
+def _drift_problem(drift: DriftReference, features: list[str]) -> str | None:
+    unknown = [name for name in drift.features if name not in features]
+    if unknown:
+        return f"features {unknown} are not among the package's features"
+    for name, histogram in [("score", drift.score), *drift.features.items()]:
+        edges, shares = histogram.edges, histogram.shares
+        if len(shares) != len(edges) + 1 or any(b <= a for a, b in itertools.pairwise(edges)):
+            return f"{name}: needs increasing edges and one more share than edges"
+        if not all(math.isfinite(v) for v in [*edges, *shares]) or min(shares) < 0:
+            return f"{name}: edges and shares must be finite, shares >= 0"
     return None
 
 
@@ -250,6 +272,8 @@ def manifest_toml(manifest: Manifest) -> str:
     lines = ["# A fraud-scorer model package manifest (docs/models.md)."]
     tables: list[tuple[str, dict[str, Any]]] = []
     for key, value in document.items():
+        if value is None:
+            continue
         if isinstance(value, dict):
             tables.append((key, value))
         else:

@@ -307,6 +307,20 @@ class ServiceMetrics:
             "Batches the challenger in shadow failed on (decided and sent without shadow records)",
             registry=r,
         )
+        self._score_psi = Gauge(
+            "fraud_score_psi",
+            "Population stability index of the served model's scores over the last "
+            "FRAUD_DRIFT_WINDOW scored records, against its package's [drift] reference "
+            "(above 0.25: a shift worth a look)",
+            registry=r,
+        )
+        self._feature_psi = Gauge(
+            "fraud_feature_psi",
+            "Population stability index of a drift feature of the served model's package over "
+            "the last FRAUD_DRIFT_WINDOW scored records, against its [drift] reference",
+            ["feature"],
+            registry=r,
+        )
         self._model_reloads = Counter(
             "fraud_model_reloads_total",
             "New model packages found at FRAUD_MODEL_PATH (role served) or FRAUD_SHADOW_MODEL "
@@ -351,6 +365,19 @@ class ServiceMetrics:
 
     def count_model_reload(self, role: str, result: str) -> None:
         self._model_reloads.labels(role, result).inc()
+
+    def set_drift(self, psi: Mapping[str, float]) -> None:
+        """The latest window's PSI: key "score", and one per drift feature."""
+        for name, value in psi.items():
+            if name == "score":
+                self._score_psi.set(value)
+            else:
+                self._feature_psi.labels(name).set(value)
+
+    def clear_drift(self) -> None:
+        """No PSI to show (a new model, whose first window is not complete)."""
+        self._score_psi.set(0.0)
+        self._feature_psi.clear()
 
     def observe_scores(self, scores: npt.NDArray[np.floating[Any]]) -> None:
         self._scores.observe_many(scores)

@@ -16,6 +16,7 @@ import msgspec
 
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
 from scorer.decide import LatePolicy
+from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.runtime import Device
 from stream.declarations import meta
 
@@ -335,6 +336,17 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "extra model call over the flagged rows; needs the package's reference row)",
         ),
     ] = "on"
+    drift_window: Annotated[
+        int,
+        meta(
+            "FRAUD_DRIFT_WINDOW",
+            "scored records per drift measurement: every this many, the population stability "
+            "index of the score and of the package's drift features against its [drift] "
+            "reference is set (fraud_score_psi, fraud_feature_psi; docs/models.md, Drift)",
+            ge=100,
+            le=100_000_000,
+        ),
+    ] = DEFAULT_DRIFT_WINDOW
     decision_features: Annotated[
         OnOff,
         meta(

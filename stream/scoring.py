@@ -36,6 +36,9 @@ from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch
+from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
+from scorer.drift import DriftWindow
+from scorer.features import FEATURE_NAMES
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from scorer.reasons import Explainer
@@ -103,6 +106,7 @@ class BatchScorer:
         reloader: ModelReloader | None = None,
         shadow: Shadow | None = None,
         log_features: bool = False,
+        drift_window: int = DEFAULT_DRIFT_WINDOW,
     ) -> None:
         """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
@@ -112,6 +116,8 @@ class BatchScorer:
         decision carries its feature row (FRAUD_DECISION_FEATURES)."""
         self._log_features = log_features
         self._encode_decision = encode
+        self._drift_window = drift_window
+        self._drift = _drift_of(scorer, drift_window)
         self._reloader = reloader
         self._shadow = shadow
         self._rules = rules
@@ -202,7 +208,9 @@ class BatchScorer:
         if model is None:
             return
         self._scorer, self._policy, self._explainer = model.scorer, model.policy, model.explainer
+        self._drift = _drift_of(model.scorer, self._drift_window)
         self._metrics.set_model(model.scorer.model_version, model.scorer.provider)
+        self._metrics.clear_drift()
         log.info("model %s serves from this batch on", model.scorer.model_version)
 
     def _history(
@@ -307,6 +315,10 @@ class BatchScorer:
         by_model = decided & ~verdicts.degraded
         if by_model.any():
             metrics.observe_scores(verdicts.scores[by_model])
+            if self._drift is not None:
+                psi = self._drift.observe(verdicts.scores[by_model], verdicts.features[by_model])
+                if psi is not None:
+                    metrics.set_drift(psi)
         if verdicts.rule_counts:
             metrics.record_rule_hits(verdicts.rule_counts)
         if verdicts.reasons:
@@ -376,6 +388,17 @@ class BatchScorer:
             )
 
         self._sink.send_batch(topic, shadow.keys, shadow.values, group, output_of)
+
+
+def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:
+    """The drift measurement of a model whose package has a [drift] reference."""
+    package = getattr(scorer, "package", None)
+    reference = None if package is None else package.manifest.drift
+    if reference is None:
+        return None
+    return DriftWindow(
+        reference, {name: FEATURE_NAMES.index(name) for name in reference.features}, window
+    )
 
 
 def _columns(transactions: list[Transaction]) -> TransactionColumns | None:

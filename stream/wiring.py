@@ -106,6 +106,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         reloader=parts.reloader,
         shadow=parts.shadow,
         log_features=config.decision_features == "on",
+        drift_window=config.drift_window,
     )
 
 

@@ -7,7 +7,7 @@ Served on `/metrics` (FRAUD_FEATURES_METRICS_PORT) with `/healthz` and `/readyz`
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 #: Outcomes of a transaction record: counted on its terminal, no terminal (skipped), invalid
 #: (skipped: the scorer dead-letters it).
@@ -15,6 +15,9 @@ TRANSACTION_OUTCOMES = ("routed", "no_terminal", "invalid")
 #: Outcomes of a label record: routed to its terminal (fraud or legit), no terminal (skipped),
 #: dead-lettered (decode or validate).
 LABEL_OUTCOMES = ("fraud", "legit", "no_terminal", "dead_lettered")
+#: A minute to two months: analyst reviews take hours, chargebacks days to weeks.
+LABEL_DELAY_BUCKETS: tuple[float, ...] = (60.0, 600.0, 3_600.0, 4 * 3_600.0, 12 * 3_600.0, 86_400.0)
+LABEL_DELAY_BUCKETS += (2.5 * 86_400.0, 7 * 86_400.0, 14 * 86_400.0, 30 * 86_400.0, 60 * 86_400.0)
 
 
 class WorkerMetrics:
@@ -78,6 +81,14 @@ class WorkerMetrics:
             "Terminals in this replica's table partitions",
             registry=self.registry,
         )
+        self._label_delay = Histogram(
+            "fraud_features_label_delay_seconds",
+            "How long after its transaction a label naming a terminal was reported "
+            "(reported_at - event_time; in event time, so a compressed-time run shows it "
+            "compressed)",
+            buckets=LABEL_DELAY_BUCKETS,
+            registry=self.registry,
+        )
         for outcome in TRANSACTION_OUTCOMES:
             self._transactions.labels(outcome)
         for outcome in LABEL_OUTCOMES:
@@ -90,6 +101,9 @@ class WorkerMetrics:
 
     def label(self, outcome: str) -> None:
         self._labels.labels(outcome).inc()
+
+    def label_delay(self, delay_ms: int) -> None:
+        self._label_delay.observe(max(delay_ms, 0) / 1000.0)
 
     def event(self, source: str, result: str) -> None:
         kind = "transaction" if source == "t" else "label"

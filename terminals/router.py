@@ -205,6 +205,7 @@ class Router:
             return
         routed.append(found)
         self._metrics.label("fraud" if found.event.fraud else "legit")
+        self._metrics.label_delay(found.event.reported_at - found.event.event_time)
 
     def _deliver(self, outputs: list[_Output], stop: threading.Event) -> None:
         """Send `outputs` until every one is acknowledged (or `stop`); `outputs` is left with

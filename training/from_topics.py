@@ -42,6 +42,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from contracts.decision import decode_features
 from contracts.errors import ConfigurationError
 from contracts.label import decode_label
+from scorer.drift import drift_reference, most_influential
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import (
     FORMAT,
@@ -352,9 +353,19 @@ def retrain(args: argparse.Namespace) -> Retrained:
         },
     )
     legit_train = x[split.train][~is_fraud[split.train]]
+    validation_rows = x[split.validation]
+    drift = drift_reference(
+        f"the validation rows ({len(split.validation)} decisions), calibrated scores",
+        validation_scores,
+        validation_rows,
+        FEATURE_NAMES,
+        most_influential(
+            lambda rows: _calibrated_scores(trees, platt, rows), validation_rows, FEATURE_NAMES
+        ),
+    )
     manifest = _manifest(args, version, decisions, split, is_fraud, (review, decline), comparison)
     manifest = msgspec.structs.replace(
-        manifest, reference=[float(v) for v in np.median(legit_train, axis=0)]
+        manifest, reference=[float(v) for v in np.median(legit_train, axis=0)], drift=drift
     )
     write_model_package(args.out, onnx, manifest, _card(args, version, comparison, split, is_fraud))
     return Retrained(

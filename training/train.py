@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from scorer.drift import DriftReference, drift_reference, most_influential
 from scorer.fallback import fallback_scores
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import FORMAT as MANIFEST_FORMAT
@@ -179,6 +180,8 @@ class TrainingResult(NamedTuple):
     fallback: FallbackReport
     #: The median of the shipped model's training week's legitimate rows: reason codes' row.
     reference: list[float]
+    #: Histograms of the validation weeks' scores and most influential features (drift PSI).
+    drift: DriftReference
     train_rows: int
     test_rows: int
 
@@ -222,6 +225,18 @@ def train_model(
     rules_test = fallback_scores(stream.features[tested.rows])
     latest = handbook_fold(stream.day, stream.card, stream.is_fraud, schedule.test[0])
     legit_train = stream.features[latest.train][~stream.is_fraud[latest.train]]
+    validation_rows = stream.features[chosen.rows]
+    first, last = validation_days(schedule)
+    drift = drift_reference(
+        f"the validation weeks' {len(chosen.rows)} rows (days {first}-{last}), scored by the "
+        "chosen candidate, calibrated, as the thresholds were chosen",
+        chosen.scores,
+        validation_rows,
+        FEATURE_NAMES,
+        most_influential(
+            lambda rows: score_with_onnxruntime(tested.model, rows), validation_rows, FEATURE_NAMES
+        ),
+    )
     return TrainingResult(
         model=tested.model,
         model_name=MODEL_NAMES[chosen.winner],
@@ -258,6 +273,7 @@ def train_model(
             roc_auc(test_fraud, rules_test),
         ),
         reference=[float(v) for v in np.median(legit_train, axis=0)],
+        drift=drift,
         train_rows=len(latest.train),
         test_rows=len(latest.test),
     )
@@ -494,6 +510,7 @@ def manifest(result: TrainingResult) -> Manifest:
         ),
         onnx_sha256="",
         reference=result.reference,
+        drift=result.drift,
     )
 
 

@@ -146,6 +146,30 @@ def run_tool(module: str, *args: str, timeout_s: float = 180) -> subprocess.Comp
     )
 
 
+def run_loadgen(
+    topics: Topics, metrics_port: int, *args: str, timeout_s: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """fraud-loadgen against `topics` and the service whose metrics are on `metrics_port`, with
+    a JSON summary (`--json --quiet`) and `args` (the rate, duration, shape …)."""
+    return run_tool(
+        "loadgen.cli",
+        "--bootstrap-servers",
+        BOOTSTRAP,
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dlq-topic",
+        topics.dlq,
+        "--metrics-url",
+        f"http://127.0.0.1:{metrics_port}/metrics",
+        "--json",
+        "--quiet",
+        *args,
+        timeout_s=timeout_s,
+    )
+
+
 def encode(record: dict[str, object]) -> bytes:
     return msgspec.json.encode(record)
 

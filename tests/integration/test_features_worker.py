@@ -135,6 +135,12 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         assert after != before
         assert worker.metric('fraud_features_labels_total{outcome="no_terminal"}') == 1
         assert worker.metric('fraud_features_transactions_total{outcome="no_terminal"}') == 1
+        # The five labels naming a terminal, each reported (today, 2 h in) after its day began.
+        delays = [msgspec.json.decode(value) for _, value in late[:5]]
+        assert worker.metric("fraud_features_label_delay_seconds_count") == 5
+        assert worker.metric("fraud_features_label_delay_seconds_sum") == pytest.approx(
+            sum((d["reported_at"] - d["event_time"]) / 1000 for d in delays)
+        )
 
         # Everything read is committed: the restarted worker does not read these transactions
         # again, so their counts can only come back from the table's changelog.

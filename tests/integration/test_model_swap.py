@@ -5,8 +5,6 @@ broken package promoted after it is refused and the model before keeps serving."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -15,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from scorer.model_cli import main as fraud_model
-from tests.integration.conftest import BOOTSTRAP, REPO, read_topic
+from tests.integration.conftest import Topics, read_topic, run_loadgen
 from tests.unit.test_model_reload import package_copy
 
 RATE = 5_000
@@ -46,7 +44,7 @@ def test_a_promotion_under_load_swaps_between_batches_and_loses_nothing(
 
     promoter = threading.Thread(target=promote_midway)
     promoter.start()
-    summary = run_loadgen(topics, service.metrics_port)
+    summary = loadgen_summary(topics, service.metrics_port)
     promoter.join()
     assert summary["lost"] == 0 and summary["duplicates"] == 0
     assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
@@ -83,43 +81,24 @@ def test_a_broken_package_is_refused_and_the_model_before_keeps_serving(
     (broken / "model.onnx").write_bytes(b"\x08\x07 not a graph")  # spoiled after promotion
     service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
 
-    summary = run_loadgen(topics, service.metrics_port, rate=500, duration_s=2)
+    summary = loadgen_summary(topics, service.metrics_port, rate=500, duration_s=2)
     assert summary["lost"] == 0
     decisions = read_topic(topics.output, summary["sent"])
     assert {json.loads(m.value())["model_version"] for m in decisions} == {"good"}
     assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 0
 
 
-def run_loadgen(
-    topics, metrics_port: int, rate: int = RATE, duration_s: int = DURATION_S
+def loadgen_summary(
+    topics: Topics, metrics_port: int, rate: int = RATE, duration_s: int = DURATION_S
 ) -> dict[str, int]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen.cli",
-            "--bootstrap-servers",
-            BOOTSTRAP,
-            "--input-topic",
-            topics.input,
-            "--output-topic",
-            topics.output,
-            "--dlq-topic",
-            topics.dlq,
-            "--rate",
-            str(rate),
-            "--duration",
-            str(duration_s),
-            "--metrics-url",
-            f"http://127.0.0.1:{metrics_port}/metrics",
-            "--json",
-            "--quiet",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=duration_s + 120,
+    result = run_loadgen(
+        topics,
+        metrics_port,
+        "--rate",
+        str(rate),
+        "--duration",
+        str(duration_s),
+        timeout_s=duration_s + 120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     summary: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])

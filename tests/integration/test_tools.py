@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.integration.conftest import BOOTSTRAP, produce, run_tool
+from tests.integration.conftest import BOOTSTRAP, produce, run_loadgen, run_tool
 
 
 def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_factory):
@@ -12,26 +12,8 @@ def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_
     service = service_factory(topics)
     service.wait_for_metric("fraud_records_consumed_total", 0)
 
-    result = run_tool(
-        "loadgen.cli",
-        "--bootstrap-servers",
-        BOOTSTRAP,
-        "--input-topic",
-        topics.input,
-        "--output-topic",
-        topics.output,
-        "--dlq-topic",
-        topics.dlq,
-        "--rate",
-        "400",
-        "--duration",
-        "3",
-        "--bad-ratio",
-        "0.05",
-        "--metrics-url",
-        f"http://127.0.0.1:{service.metrics_port}/metrics",
-        "--json",
-        "--quiet",
+    result = run_loadgen(
+        topics, service.metrics_port, "--rate", "400", "--duration", "3", "--bad-ratio", "0.05"
     )
 
     assert result.returncode == 0, result.stderr + service.log()

@@ -25,6 +25,24 @@ RATE_PER_S = 100.0
 LABEL_DELAY_SCALE = 0.05
 
 
+def train_from(topics: Topics, labels_topic: str, out: Path, *args: str) -> int:
+    """fraud-train --from-topics on the service's decisions and `labels_topic`, into `out`."""
+    return fraud_train(
+        [
+            "--from-topics",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+            "--decisions-topic",
+            topics.output,
+            "--labels-topic",
+            labels_topic,
+            "--out",
+            str(out),
+            *args,
+        ]
+    )
+
+
 @pytest.fixture
 def labels_topic(admin: AdminClient):
     name = f"labels-{time.time_ns()}"
@@ -68,23 +86,7 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
     )
     out = tmp_path / "challenger"
 
-    code = fraud_train(
-        [
-            "--from-topics",
-            "--bootstrap-servers",
-            BOOTSTRAP,
-            "--decisions-topic",
-            topics.output,
-            "--labels-topic",
-            labels_topic,
-            "--until",
-            str(until),
-            "--version",
-            "challenger-1",
-            "--out",
-            str(out),
-        ]
-    )
+    code = train_from(topics, labels_topic, out, "--until", str(until), "--version", "challenger-1")
 
     captured = capsys.readouterr()
     printed = captured.out
@@ -109,19 +111,7 @@ def test_decisions_without_features_are_refused_with_what_to_do(
     produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in records])
     service_factory(topics)
     assert len(read_topic(topics.output, len(records))) == len(records)
-    code = fraud_train(
-        [
-            "--from-topics",
-            "--bootstrap-servers",
-            BOOTSTRAP,
-            "--decisions-topic",
-            topics.output,
-            "--labels-topic",
-            labels_topic,
-            "--out",
-            str(tmp_path / "never"),
-        ]
-    )
+    code = train_from(topics, labels_topic, tmp_path / "never")
     assert code == 2
     assert "FRAUD_DECISION_FEATURES=on" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
