@@ -183,7 +183,7 @@ class ModelReloader:
             model = load_serving_model(self._config, self._source)
             model.scorer.warm_up()
             sanity_check(model)
-        except (ConfigurationError, ScoreError) as exc:  # ScoreError: it fails on zeros
+        except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
             self._seen = identity  # not tried again until it changes
             self._metrics.count_model_reload(self._role, "refused")
             log.error("%s model reload refused, %s stays: %s", self._role, self._version, exc)

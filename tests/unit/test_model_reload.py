@@ -7,10 +7,13 @@ import shutil
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
+from onnx import helper
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import ConfigurationError
+from scorer.features import FEATURE_NAMES
 from scorer.model_cli import main as fraud_model
 from scorer.model_package import (
     MANIFEST_FILE,
@@ -23,6 +26,7 @@ from scorer.model_package import (
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, load_serving_model, sanity_check
+from tests.models import onnx_model, package
 
 
 def package_copy(directory: Path, version: str) -> Path:
@@ -154,3 +158,21 @@ def test_promote_makes_and_repoints_the_link(tmp_path: Path, capsys):
     assert fraud_model(["promote", str(v2), "--source", str(link)]) == 0
     assert f"was {v1.resolve()}" in capsys.readouterr().out
     assert load_model_package(link).version == "v2"
+
+
+def test_a_package_that_fails_its_warm_up_is_refused_once(source: Path, tmp_path: Path):
+    reloader, registry = reloader_on(source)
+    # Reshapes the batch to one row: opens and scores a single row, fails on two or more.
+    one_row_only = onnx_model(
+        [
+            helper.make_node("Reshape", ["features", "one_row"], ["row"]),
+            helper.make_node("ReduceMax", ["row"], ["peak"], axes=[1], keepdims=0),
+            helper.make_node("Sigmoid", ["peak"], ["score"]),
+        ],
+        {"one_row": np.array([1, len(FEATURE_NAMES)], np.int64)},
+        ["batch"],
+    )
+    promote(package(tmp_path / "one-row", one_row_only, version="one-row"), source)
+    assert not reloader.check_now() and reloader.take() is None
+    assert not reloader.check_now()
+    assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
