@@ -41,8 +41,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from scorer.model_cli import main as fraud_model
 from simulator.transactions import SimulatedBatch, TransactionSimulator
 from stream.config import SHIPPED_MODEL_PATH
+from training.from_topics import fpr_cut, recall_at_fpr
 from training.from_topics import main as fraud_train
-from training.from_topics import recall_at_fpr
 
 REPO = Path(__file__).resolve().parents[1]
 #: The false-positive rate the two models' recall is compared at.
@@ -225,8 +225,7 @@ def _window(
 ) -> Window:
     """Recall at FPR overall and on the new pattern (the same cut: FPR of legitimate rows), and
     what the model's own thresholds flag (`flagged`)."""
-    legit = np.sort(scores[~is_fraud])
-    cut = legit[min(len(legit) - 1, int(np.ceil(len(legit) * (1.0 - FPR))))]
+    cut = fpr_cut(is_fraud, scores, FPR)
     on_new = scores[new & is_fraud]
     return Window(
         round(recall_at_fpr(is_fraud, scores, FPR), 4),

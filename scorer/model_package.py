@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -277,16 +278,22 @@ def manifest_toml(manifest: Manifest) -> str:
         if isinstance(value, dict):
             tables.append((key, value))
         else:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     while tables:
         name, table = tables.pop(0)
         lines.append(f"\n[{name}]")
         for key, value in table.items():
             if isinstance(value, dict):
-                tables.insert(0, (f"{name}.{key}", value))
+                tables.insert(0, (f"{name}.{_toml_key(key)}", value))
             else:
-                lines.append(f"{key} = {_toml_value(value)}")
+                lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    """A bare key where TOML allows one; quoted otherwise (a metric named "recall@1%" or
+    "auc_0.5" would read back as another key, or not at all)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def _toml_value(value: object) -> str:

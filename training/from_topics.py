@@ -25,7 +25,6 @@ measured time and peak RSS on 1,000,000 decisions).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import resource
 import sys
@@ -62,6 +61,7 @@ from training.thresholds import (
     decline_threshold,
     review_threshold,
 )
+from training.train import parameters_digest
 
 log = logging.getLogger(__name__)
 
@@ -262,15 +262,21 @@ def split_by_time(
     )
 
 
+def fpr_cut(is_fraud: npt.NDArray[np.bool_], scores: npt.NDArray[np.floating], fpr: float) -> float:
+    """The score above which `fpr` of the legitimate rows lie (NaN without any)."""
+    legit = np.sort(scores[~is_fraud])
+    if not len(legit):
+        return float("nan")
+    return float(legit[min(len(legit) - 1, int(np.ceil(len(legit) * (1.0 - fpr))))])
+
+
 def recall_at_fpr(
     is_fraud: npt.NDArray[np.bool_], scores: npt.NDArray[np.floating], fpr: float
 ) -> float:
     """The share of frauds scored above the score that flags `fpr` of the legitimate rows."""
-    legit = np.sort(scores[~is_fraud])
-    if not len(legit) or not is_fraud.any():
+    if not is_fraud.any() or is_fraud.all():
         return float("nan")
-    cut = legit[min(len(legit) - 1, int(np.ceil(len(legit) * (1.0 - fpr))))]
-    return float((scores[is_fraud] > cut).mean())
+    return float((scores[is_fraud] > fpr_cut(is_fraud, scores, fpr)).mean())
 
 
 def figures(is_fraud: npt.NDArray[np.bool_], scores: npt.NDArray[np.floating]) -> dict[str, float]:
@@ -397,10 +403,7 @@ def _raw_scores(trees: gbdt.Trees, features: npt.NDArray[np.float32]) -> npt.NDA
 
 
 def _version(model: gbdt.Trees) -> str:
-    digest = hashlib.sha256()
-    for array in model:
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return f"fraud-gbdt-retrained-{digest.hexdigest()[:8]}"
+    return f"fraud-gbdt-retrained-{parameters_digest(list(model))}"
 
 
 def _manifest(

@@ -435,10 +435,7 @@ def _export(kind: str, model: _Model, seed: int, training_rows: int) -> tuple[by
     arrays: list[npt.NDArray[np.generic]] = (
         list(model) if isinstance(model, gbdt.Trees) else [a for layer in model for a in layer]
     )
-    digest = hashlib.sha256()
-    for array in arrays:
-        digest.update(np.ascontiguousarray(array).tobytes())
-    version = f"{name}-{MODEL_RELEASE}-{digest.hexdigest()[:8]}"
+    version = f"{name}-{MODEL_RELEASE}-{parameters_digest(arrays)}"
     metadata = {
         "model_version": version,
         "feature_names": ",".join(FEATURE_NAMES),
@@ -448,6 +445,14 @@ def _export(kind: str, model: _Model, seed: int, training_rows: int) -> tuple[by
     if isinstance(model, gbdt.Trees):
         return gbdt.export_onnx(model, NUM_FEATURES, name, metadata), version
     return mlp.export_onnx(model, NUM_FEATURES, name, metadata), version
+
+
+def parameters_digest(arrays: Sequence[npt.NDArray[np.generic]]) -> str:
+    """The first 8 hex digits of the sha256 of a model's parameters: its version's suffix."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:8]
 
 
 def package_path(name: str) -> Path:

@@ -12,7 +12,7 @@ import msgspec
 from loadgen.html_report import REPORT_FILE
 from simulator.team_shapes import checkout_event
 from simulator.transactions import TransactionSimulator
-from tests.integration.conftest import BOOTSTRAP, REPO
+from tests.integration.conftest import BOOTSTRAP, REPO, run_loadgen
 
 RATE = 200
 DURATION_S = 4
@@ -26,43 +26,23 @@ def test_burst_run_writes_a_report_and_loses_nothing(topics_factory, service_fac
     service.wait_for_metric("fraud_records_consumed_total", 0)
     report_dir = tmp_path / "report"
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen.cli",
-            "--bootstrap-servers",
-            BOOTSTRAP,
-            "--input-topic",
-            topics.input,
-            "--output-topic",
-            topics.output,
-            "--dlq-topic",
-            topics.dlq,
-            "--shape",
-            "burst",
-            "--rate",
-            str(RATE),
-            "--duration",
-            str(DURATION_S),
-            "--burst-every",
-            str(BURST_EVERY_S),
-            "--burst-seconds",
-            "0.5",
-            "--burst-factor",
-            str(BURST_FACTOR),
-            "--metrics-url",
-            f"http://127.0.0.1:{service.metrics_port}/metrics",
-            "--report",
-            str(report_dir),
-            "--json",
-            "--quiet",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    result = run_loadgen(
+        topics,
+        service.metrics_port,
+        "--shape",
+        "burst",
+        "--rate",
+        str(RATE),
+        "--duration",
+        str(DURATION_S),
+        "--burst-every",
+        str(BURST_EVERY_S),
+        "--burst-seconds",
+        "0.5",
+        "--burst-factor",
+        str(BURST_FACTOR),
+        "--report",
+        str(report_dir),
     )
 
     assert result.returncode == 0, result.stderr + service.log()

@@ -128,3 +128,12 @@ def test_the_scoring_stage_sets_the_psi_of_each_window(tmp_path: Path):
     stage.process(batch)
     assert registry.get_sample_value("fraud_score_psi") > 1.0
     assert registry.get_sample_value("fraud_feature_psi", {"feature": "log_amount"}) > 1.0
+
+
+def test_metric_and_feature_names_toml_cannot_write_bare_are_kept(tmp_path: Path):
+    shipped = load_model_package(SHIPPED_MODEL_PATH)
+    metrics = {"recall@1%": 0.5, "auc_0.5": 0.9}
+    training = msgspec.structs.replace(shipped.manifest.training, metrics=metrics)
+    manifest = msgspec.structs.replace(shipped.manifest, training=training)
+    written = write_model_package(tmp_path / "p", shipped.onnx, manifest)
+    assert written.manifest.training.metrics == metrics
