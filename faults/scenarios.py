@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from faults.harness import ADMIN_TIMEOUT_S, ScenarioRun
+from faults.harness import ADMIN_TIMEOUT_S, Freeze, ScenarioRun
 from faults.reading import read_dead_letters
 from faults.replicas import Replica
 
@@ -161,6 +161,7 @@ def zombie(run: ScenarioRun, t: Timing) -> None:
     run.start_load()
     time.sleep(t.warm_s)
     with run.fault("SIGSTOP zombie"):
+        owned = frozenset(run.assignment()[1][frozen.name])
         frozen.signal(signal.SIGSTOP)
         stopped, stopped_ms = time.monotonic(), time.time_ns() // 1_000_000
         try:
@@ -169,7 +170,7 @@ def zombie(run: ScenarioRun, t: Timing) -> None:
         finally:
             frozen.signal(signal.SIGCONT)
         frozen_s = time.monotonic() - stopped
-        run.frozen = (stopped_ms, time.time_ns() // 1_000_000)
+        run.frozen = Freeze(stopped_ms, time.time_ns() // 1_000_000, owned)
         run.wait_assigned([frozen, other], RECOVERY_TIMEOUT_S)
     time.sleep(t.tail_s)
     run.result.figures["frozen_s"] = f"{frozen_s:.1f}"

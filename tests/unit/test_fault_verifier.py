@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from faults.harness import Freeze
 from faults.verifier import DeadLetter, Decision, FaultWindow, InputRecord, Report, verify
 
 T0 = 1_800_000_000_000
@@ -220,3 +221,26 @@ def test_a_record_caught_by_the_next_fault_counts_for_that_one() -> None:
     ]
     report = check(records, decisions, faults=[first, second])
     assert report.recovery_s == (pytest.approx(1.4), pytest.approx(4.0))
+
+
+def test_a_zombie_late_write_counts_only_when_it_repeats_a_decision() -> None:
+    """Scenario 3's account: a late write of the zombie (partition 0) that appears once is a
+    commit completed at the thaw; one repeated by the new owner is a fencing failure; the other
+    replica's writes held behind the zombie's transaction are counted apart."""
+    records = inputs(6)
+    freeze = Freeze(stopped_ms=T0 + 100, thawed_ms=T0 + 9_000, partitions=frozenset({0}))
+
+    def late(record: InputRecord, offset: int) -> Decision:
+        return decision(record, offset)._replace(produced_ms=T0 + 50, visible_at_ms=T0 + 9_100)
+
+    on_time = [
+        decision(r, r.offset)._replace(produced_ms=T0, visible_at_ms=T0 + 60) for r in records
+    ]
+    # t0 (zombie's) completes at the thaw, once; t1 (the other replica's) was held back.
+    once = [late(records[0], 0), late(records[1], 0), *on_time[2:]]
+    assert freeze.late_writes(records, once) == (1, 0, 1)
+    # The new owner decided t0 as well: the zombie's late write repeats it.
+    twice = [*once, decision(records[0], 9)._replace(produced_ms=T0 + 9_500)]
+    assert freeze.late_writes(records, twice) == (1, 1, 1)
+    # Produced after the freeze, or visible before the thaw: not late.
+    assert freeze.late_writes(records, on_time) == (0, 0, 0)
