@@ -163,11 +163,15 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         # As of `later` the windows end on DAY0 + 8: the 1-day window holds the one transaction
         # of DAY0 + 8 and its fraud; 7 days (DAY0 + 2 … + 8): 11 transactions, 1 fraud; 30
         # days: all 21 transactions and the 3 + 1 + 1 frauds, counted before and after the kill.
-        reader.wait_for(
-            "P",
-            {"as_of_day": later} | risk(1, 1, 1) | risk(11, 1, 7) | risk(21, 5, 30),
-            timeout_s=SESSION_TIMEOUT_S + READY_TIMEOUT_S,
-        )
+        try:
+            reader.wait_for(
+                "P",
+                {"as_of_day": later} | risk(1, 1, 1) | risk(11, 1, 7) | risk(21, 5, 30),
+                timeout_s=SESSION_TIMEOUT_S + READY_TIMEOUT_S,
+            )
+        except AssertionError as exc:  # seen once in CI: keep what the worker did meanwhile
+            tail = restarted.log()[-6000:]
+            raise AssertionError(f"{exc}\nthe restarted worker:\n{tail}") from None
         counted = 'fraud_features_terminal_events_total{result="counted",source="label"}'
         duplicate = 'fraud_features_terminal_events_total{result="duplicate",source="label"}'
         assert restarted.metric(counted) == 1
