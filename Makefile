@@ -16,7 +16,7 @@ UV := $(TOOLS)/uv/bin/uv
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
-	kafka-status-secure registry-up registry-down test test-secure unit check demo model bench \
+	kafka-status-secure registry-up registry-down mlflow-up mlflow-down test test-secure unit check demo model bench \
 	faults flywheel clean \
 	alerts-check lock resolve-check compose-check helm-check
 
@@ -33,6 +33,8 @@ help:
 	@echo "make kafka-down-secure  stop it"
 	@echo "make registry-up   start a Schema Registry (Apicurio, Confluent API) on 127.0.0.1:18081"
 	@echo "make registry-down stop it"
+	@echo "make mlflow-up     start an MLflow tracking server and model registry on 127.0.0.1:15000"
+	@echo "make mlflow-down   stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       decoding per input format; service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
@@ -75,19 +77,22 @@ kafka-down-secure:
 kafka-status-secure:
 	ops/kafka/kafka.sh status --secure
 
-# Starts both brokers (the plain one and the secured one, side by side) and the Schema Registry
-# unless ours already run, and stops again only those it started. The secured one adds about
+# Starts both brokers (the plain one and the secured one, side by side), the Schema Registry and
+# the MLflow server unless ours already run, and stops again only those it started. The secured one adds about
 # 5 s (starting both in parallel saved under 1 s on 2 cores: not worth interleaved output), the
-# registry about 10 s (and its 150 MB download once). The tests create their own topics, users,
+# registry about 10 s (and its 150 MB download once), MLflow about 10 s (and its install, about
+# 70 s, once). The tests create their own topics, users,
 # ACLs and schemas.
 test: venv
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then plain=0; else plain=1; fi; \
 	if ops/kafka/kafka.sh status --secure >/dev/null 2>&1; then secure=0; else secure=1; fi; \
 	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
+	if ops/mlflow/mlflow.sh status >/dev/null 2>&1; then mlflow=0; else mlflow=1; fi; \
 	status=0; \
 	ops/kafka/kafka.sh up && ops/kafka/kafka.sh up --secure && ops/registry/registry.sh up \
-		|| status=$$?; \
+		&& ops/mlflow/mlflow.sh up || status=$$?; \
 	if [ $$status = 0 ]; then $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; fi; \
+	if [ $$mlflow = 1 ]; then ops/mlflow/mlflow.sh down; fi; \
 	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
 	if [ $$secure = 1 ]; then ops/kafka/kafka.sh down --secure; fi; \
 	if [ $$plain = 1 ]; then ops/kafka/kafka.sh down; fi; \
@@ -100,6 +105,14 @@ registry-up:
 
 registry-down:
 	ops/registry/registry.sh down
+
+# A real MLflow tracking server and model registry on 127.0.0.1:15000, installed from PyPI into
+# .mlflow/ (the service itself needs only the client, the mlflow extra).
+mlflow-up:
+	ops/mlflow/mlflow.sh up
+
+mlflow-down:
+	ops/mlflow/mlflow.sh down
 
 # Only the secured-broker tier (tests/secure/), with that broker alone.
 test-secure: venv
@@ -184,9 +197,10 @@ flywheel: venv
 	$(PY) -m flywheel $(FLYWHEEL_ARGS)
 
 clean:
+	-ops/mlflow/mlflow.sh down
 	-ops/registry/registry.sh down
 	-ops/kafka/kafka.sh down
 	-ops/kafka/kafka.sh down --secure
 	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry $(TOOLS) .pytest_cache \
+	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow $(TOOLS) .pytest_cache \
 		.mypy_cache .ruff_cache *.egg-info

@@ -17,7 +17,9 @@
     │   ├── RecordRejectedError    permanent for this record (too large, invalid): dead-lettered
     │   └── TransientDeliveryError infrastructure (broker down, timeouts, missing or forbidden
     │                              topic): retried with backoff, never dead-lettered
-    └── ModelUnavailableError      the model fails on every input: infrastructure, not the record
+    ├── ModelUnavailableError      the model fails on every input: infrastructure, not the record
+    └── ModelSourceUnavailableError  the model source (MLflow) cannot be read now: the model in
+                                   service keeps serving
 
 Errors of librdkafka and ONNX Runtime are translated into this tree where they are caught
 (`raise ... from exc`; `contracts.kafka_errors.translate_kafka_error`), so callers decide by cause.
@@ -107,3 +109,8 @@ class TransientDeliveryError(DeliveryError):
 
 class ModelUnavailableError(FraudScorerError):
     """The model fails even on a known-good input: no record is to blame."""
+
+
+class ModelSourceUnavailableError(FraudScorerError):
+    """The model source cannot be asked now (an MLflow server down or refusing): the model in
+    service keeps serving, and the source is asked again at the next poll."""

@@ -1,9 +1,11 @@
 """`fraud-model`: make a model package from a trained model (`import`), read one (`inspect`),
-and make one the model every replica serves (`promote`).
+register one in an MLflow model registry (`publish`), and make one the model every replica
+serves (`promote`).
 
 This module parses and checks arguments, calls `scorer.model_import` or reads a package, and
 turns the outcome into output and an exit status: 0 done, 1 `inspect` found a graph that does
-not fit its manifest (the card says how), 2 a refusal or a bad package (one line on stderr).
+not fit its manifest (the card says how), 2 a refusal or a bad package (one line on stderr), 3
+the MLflow server could not be reached or refused (one line; try again).
 `import` needs the `import` extra (the converters); `inspect` only the service's dependencies.
 """
 
@@ -19,7 +21,7 @@ from typing import Any, NoReturn, get_args
 
 import onnxruntime as ort
 
-from contracts.errors import ConfigurationError
+from contracts.errors import ConfigurationError, ModelSourceUnavailableError
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
 from scorer.model_package import (
@@ -29,9 +31,16 @@ from scorer.model_package import (
     load_model_package,
     promote,
 )
+from scorer.model_source import (
+    MLFLOW_PREFIX,
+    MlflowSource,
+    is_mlflow_uri,
+    move_mlflow_alias,
+    publish_to_mlflow,
+)
 from scorer.runtime import ORT_ERRORS
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 PROG = "fraud-model"
 #: A metadata value longer than this is cut in the text card (--json has it whole).
 _METADATA_CHARS = 100
@@ -187,19 +196,61 @@ def build_parser() -> argparse.ArgumentParser:
     promote = commands.add_parser(
         "promote",
         help="make a package the one every replica serves, without restarting them",
-        description="Check the package, then repoint the model source (the link every "
-        "replica's FRAUD_MODEL_PATH names) at it in one atomic rename. Each replica sees it "
-        "within FRAUD_MODEL_POLL_S, checks it again (graph, warm-up, a sanity score) and "
-        "serves it from its next batch; one that refuses it keeps serving the model before "
+        description="Check the package, then repoint the model source every replica's "
+        "FRAUD_MODEL_PATH names: a symbolic link (--source), repointed in one atomic rename, "
+        "or an MLflow registered model's alias (--alias), moved to the version. Each replica "
+        "sees it within FRAUD_MODEL_POLL_S, checks it again (graph, warm-up, a sanity score) "
+        "and serves it from its next batch; one that refuses it keeps serving the model before "
         'and counts fraud_model_reloads_total{result="refused"}.',
     )
-    promote.add_argument("package", type=Path, metavar="DIR", help="the package to serve")
     promote.add_argument(
+        "package",
+        metavar="PACKAGE",
+        help="the package to serve: a directory, or an MLflow version models:/<name>/<version>",
+    )
+    where = promote.add_mutually_exclusive_group(required=True)
+    where.add_argument(
         "--source",
         type=Path,
-        required=True,
         metavar="LINK",
-        help="the replicas' FRAUD_MODEL_PATH: a symbolic link, made if it does not exist",
+        help="for a directory: the replicas' FRAUD_MODEL_PATH, a symbolic link, made if it "
+        "does not exist",
+    )
+    where.add_argument(
+        "--alias",
+        metavar="ALIAS",
+        help="for an MLflow version: the alias the replicas follow (FRAUD_MODEL_PATH="
+        "models:/<name>@<alias>), read from MLFLOW_TRACKING_URI",
+    )
+
+    publish = commands.add_parser(
+        "publish",
+        help="register a package as a version of an MLflow registered model",
+        description="Check the package, log it as the artifacts of a run and register it as "
+        "the next version of the registered model (made if new) on the MLflow tracking server "
+        "at MLFLOW_TRACKING_URI, with MLflow's own credentials (MLFLOW_TRACKING_TOKEN, or "
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD). Needs the mlflow extra. "
+        "Prints the version's models:/ URI; nothing serves it until an alias the replicas "
+        "follow names it (--alias here, or fraud-model promote later).",
+    )
+    publish.add_argument("package", type=Path, metavar="DIR", help="the package directory")
+    publish.add_argument(
+        "--registered-model",
+        required=True,
+        metavar="NAME",
+        help="the registered model's name (the <name> of models:/<name>@<alias>)",
+    )
+    publish.add_argument(
+        "--alias",
+        metavar="ALIAS",
+        help="also move this alias to the new version (default: move none; a shadow alias "
+        "such as challenger is a safe first step)",
+    )
+    publish.add_argument(
+        "--experiment",
+        default="fraud-model-packages",
+        metavar="NAME",
+        help="the experiment its run is logged under (default: fraud-model-packages)",
     )
     return parser
 
@@ -210,11 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "import":
             return _import(args)
         if args.command == "promote":
-            return _promote(args.package, args.source)
+            return _promote(args.package, args.source, args.alias)
+        if args.command == "publish":
+            return _publish(args)
         return _inspect(args.package, args.json)
     except ConfigurationError as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ModelSourceUnavailableError as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -269,16 +325,44 @@ def _feature_names(text: str | None, path: Path | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 
-def _promote(package: Path, source: Path) -> int:
+def _promote(package: str, source: Path | None, alias: str | None) -> int:
+    if is_mlflow_uri(package):
+        if alias is None:
+            raise ConfigurationError(f"{package} is an MLflow version: promote it with --alias")
+        registry = MlflowSource(package)
+        _check_fits(registry.package_dir(registry.identity()))
+        moved_from = move_mlflow_alias(package, alias)
+        was = "no version" if moved_from is None else f"version {moved_from}"
+        print(f"promoted {package} as @{alias} of {registry.name}, was {was}")
+        return EXIT_OK
+    if source is None:
+        raise ConfigurationError(f"{package} is a directory: promote it with --source LINK")
+    version = _check_fits(Path(package))
+    before = promote(Path(package), source)
+    was = "nothing" if before is None else str(before)
+    print(f"promoted {version} ({Path(package).resolve()}) at {source}, was {was}")
+    return EXIT_OK
+
+
+def _check_fits(package: Path) -> str:
+    """The package's version; ConfigurationError unless its graph fits its manifest."""
     card = describe(load_model_package(package))
     if not card["graph"]["agrees"]:
         raise ConfigurationError(
             f"{package} does not fit its manifest: {'; '.join(card['graph']['problems'])} "
             f"(fraud-model inspect {package})"
         )
-    before = promote(package, source)
-    was = "nothing" if before is None else str(before)
-    print(f"promoted {card['version']} ({package.resolve()}) at {source}, was {was}")
+    return str(card["version"])
+
+
+def _publish(args: argparse.Namespace) -> int:
+    version = _check_fits(args.package)
+    number = publish_to_mlflow(
+        args.package, args.registered_model, alias=args.alias, experiment=args.experiment
+    )
+    uri = f"{MLFLOW_PREFIX}{args.registered_model}/{number}"
+    moved = f", @{args.alias} names it" if args.alias else ""
+    print(f"published {version} ({args.package.resolve()}) as {uri}{moved}")
     return EXIT_OK
 
 

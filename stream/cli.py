@@ -12,10 +12,11 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.errors import ClientFailure, ConfigurationError
+from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
 from contracts.health import HealthState, serve
 from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
+from scorer.model_source import open_model_source
 from stream.config import ServiceConfig, settings
 from stream.kafka_clients import (
     ClientErrors,
@@ -105,7 +106,8 @@ def run_service(config: ServiceConfig) -> int:
         config.bootstrap_servers,
         config.redacted_kafka_options(),
     )
-    model = load_serving_model(config, config.model_path)
+    source = open_model_source(config.model_path)
+    model = load_serving_model(config, source)
     sanity_check(model)
     log.info(
         "model package %s: %s, thresholds review=%s decline=%s",
@@ -137,6 +139,7 @@ def run_service(config: ServiceConfig) -> int:
             health,
             lag,
             metrics,
+            model_source=source,
             delivery_timeout_s=delivery_timeout_s(config),
             max_message_bytes=max_message_bytes(config),
             kafka=reader_settings(config, errors),
@@ -177,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
-    except ClientFailure as exc:
+    except (ClientFailure, ModelSourceUnavailableError) as exc:
         log.error("stopping: %s", exc)
         return EXIT_FAILURE
     except KafkaException as exc:

@@ -27,6 +27,7 @@ from contracts.kafka_settings import (
 )
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
+from scorer.model_source import check_model_location
 from scorer.rules import Rules
 from stream.declarations import (
     Setting,
@@ -82,11 +83,9 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 "retry backoffs must satisfy retry_backoff_ms <= retry_backoff_max_ms, got "
                 f"{self.retry_backoff_ms} and {self.retry_backoff_max_ms}"
             )
-        if not self.model_path.is_dir():
-            raise ValueError(
-                f"model_path {str(self.model_path)!r} is not a model package directory "
-                "(model.onnx + model.toml, docs/models.md)"
-            )
+        check_model_location(self.model_path, "model_path")
+        if self.shadow_model is not None:
+            check_model_location(self.shadow_model, "shadow_model")
         for key in self.kafka_options:
             if key in ("bootstrap.servers", "group.id"):
                 raise ValueError(f"set {key} with its own option, not in kafka_options")

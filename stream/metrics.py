@@ -324,12 +324,13 @@ class ServiceMetrics:
         self._model_reloads = Counter(
             "fraud_model_reloads_total",
             "New model packages found at FRAUD_MODEL_PATH (role served) or FRAUD_SHADOW_MODEL "
-            "(role shadow): loaded (it scores from the next batch) or refused (a check failed; "
-            "the model before stays)",
+            "(role shadow): loaded (it scores from the next batch), refused (a check failed; "
+            "the model before stays) or unavailable (the source, an MLflow server, could not be "
+            "read; asked again at the next poll)",
             ["role", "result"],
             registry=r,
         )
-        for result in ("loaded", "refused"):
+        for result in ("loaded", "refused", "unavailable"):
             self._model_reloads.labels("served", result)
 
     def record_consumed(self, count: int) -> None:

@@ -1,10 +1,12 @@
 """Hot reload: the model a replica scores with, replaced between batches without a restart.
 
-`FRAUD_MODEL_PATH` names the model source: a package directory, or a symbolic link to one, which
-`fraud-model promote` repoints in one atomic rename. `ModelReloader` looks at the source every
-`FRAUD_MODEL_POLL_S` on a thread of its own. When what it names changes (another directory
-behind the link, or a rewritten model.toml or model.onnx), it loads the package there, checks it
-and hands it over as a `ServingModel`:
+`FRAUD_MODEL_PATH` names the model source (`scorer.model_source`): a package directory, or a
+symbolic link to one, which `fraud-model promote` repoints in one atomic rename; or an MLflow
+registered model followed by alias (`models:/<name>@champion`), whose alias `fraud-model promote`
+moves. `ModelReloader` looks at the source every `FRAUD_MODEL_POLL_S` on a thread of its own.
+When what it names changes (another directory behind the link, a rewritten model.toml or
+model.onnx, another version behind the alias), it loads the package there, checks it and hands
+it over as a `ServingModel`:
 
 - the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
   configuration, and the reasons' reference row, exactly as at start-up;
@@ -15,34 +17,31 @@ The scoring stage takes the new model at the start of its next batch (`BatchScor
 scored by one model from start to end, its decisions carry that model's version, and the swap
 costs the batch one attribute read. A package that fails a check is refused: logged, counted in
 `fraud_model_reloads_total{result="refused"}`, and the model in service keeps serving. The same
-files are not tried again until they change.
+files are not tried again until they change. A source that cannot be asked (MLflow down) is
+counted as `result="unavailable"` and asked again at the next poll.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from pathlib import Path
+from collections.abc import Hashable
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
-from contracts.errors import ConfigurationError, ScoreError
+from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
-from scorer.model_package import MANIFEST_FILE, ONNX_FILE, load_model_package
+from scorer.model_package import load_model_package
+from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
 from stream.config import ServiceConfig
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
-
-
-#: What a source names right now: the resolved directory and its two files' (mtime, size).
-SourceIdentity = tuple[str, tuple[int, int] | None, tuple[int, int] | None]
 
 
 class ServingModel(NamedTuple):
@@ -54,30 +53,20 @@ class ServingModel(NamedTuple):
     #: Reasons of flagged decisions (None: off, or the package has no reference row).
     explainer: Explainer | None
     #: What its source named when it was read (a later change of the source is a new model).
-    source: SourceIdentity
+    source: Hashable
 
 
-def source_identity(path: Path) -> SourceIdentity:
-    """What `path` names now; cheap enough to read every poll."""
-    directory = Path(os.path.realpath(path))
-    return (str(directory), _stamp(directory / MANIFEST_FILE), _stamp(directory / ONNX_FILE))
+def load_serving_model(
+    config: ServiceConfig, source: ModelSource, identity: Hashable | None = None
+) -> ServingModel:
+    """Load, check and warm up the package `source` names now (or `identity` names, as the
+    source gave it), for this configuration.
 
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return (status.st_mtime_ns, status.st_size)
-
-
-def load_serving_model(config: ServiceConfig, path: Path) -> ServingModel:
-    """Load, check and warm up the package at `path` for this configuration.
-
-    Raises ConfigurationError (one line: the package and what to fix) when it cannot serve."""
-    # Before the files are read: a change while they are read is seen by the next poll.
-    source = source_identity(path)
-    package = load_model_package(path)
+    Raises ConfigurationError (one line: the package and what to fix) when it cannot serve,
+    ModelSourceUnavailableError when the source cannot be asked."""
+    # Asked before the files are read: a change while they are read is seen by the next poll.
+    identity = source.identity() if identity is None else identity
+    package = load_model_package(source.package_dir(identity))
     policy = config.decision_policy(package.thresholds)
     scorer = OnnxScorer(
         package,
@@ -86,14 +75,14 @@ def load_serving_model(config: ServiceConfig, path: Path) -> ServingModel:
         cpu_threads=config.cpu_threads,
         max_batch_size=config.max_batch_size,
     )
-    return ServingModel(scorer, policy, _explainer(config, scorer), source)
+    return ServingModel(scorer, policy, _explainer(config, scorer), identity)
 
 
-def load_shadow_model(config: ServiceConfig, path: Path) -> ServingModel:
-    """The challenger at `path` (FRAUD_SHADOW_MODEL): checked like the served model, with its
-    package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and no
-    reasons."""
-    return load_serving_model(shadow_config(config), path)
+def load_shadow_model(config: ServiceConfig, source: ModelSource) -> ServingModel:
+    """The challenger `source` names (FRAUD_SHADOW_MODEL): checked like the served model, with
+    its package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and
+    no reasons."""
+    return load_serving_model(shadow_config(config), source)
 
 
 def shadow_config(config: ServiceConfig) -> ServiceConfig:
@@ -146,14 +135,14 @@ class ModelReloader:
         metrics: ServiceMetrics,
         serving: ServingModel,
         *,
-        source: Path | None = None,
+        source: ModelSource,
         role: str = "served",
     ) -> None:
-        """`serving`: the model loaded from `source` (default: FRAUD_MODEL_PATH) at start-up;
-        `role`: which model this is, in logs and metrics (served, or shadow)."""
+        """`serving`: the model loaded from `source` at start-up; `role`: which model this is,
+        in logs and metrics (served, or shadow)."""
         self._config = config
         self._metrics = metrics
-        self._source = config.model_path if source is None else source
+        self._source = source
         self._role = role
         self._seen = serving.source
         self._version = serving.scorer.model_version
@@ -176,22 +165,28 @@ class ModelReloader:
 
     def check_now(self) -> bool:
         """Look at the source once; whether a new model was made ready."""
-        identity = source_identity(self._source)
+        try:
+            identity = self._source.identity()
+        except (ModelSourceUnavailableError, ConfigurationError) as exc:  # an alias on nothing
+            return self._unavailable(exc)
         if identity == self._seen:
             return False
         try:
-            model = load_serving_model(self._config, self._source)
+            model = load_serving_model(self._config, self._source, identity)
             model.scorer.warm_up()
             sanity_check(model)
+        except ModelSourceUnavailableError as exc:  # its download failed
+            return self._unavailable(exc)
         except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
             self._seen = identity  # not tried again until it changes
             self._metrics.count_model_reload(self._role, "refused")
             log.error("%s model reload refused, %s stays: %s", self._role, self._version, exc)
             return False
         log.info(
-            "%s model %s loaded from %s: it scores from the next batch on (was %s)",
+            "%s model %s loaded from %s (%s): it scores from the next batch on (was %s)",
             self._role,
             model.scorer.model_version,
+            self._source,
             model.scorer.package.path,
             self._version,
         )
@@ -201,6 +196,12 @@ class ModelReloader:
         with self._lock:
             self._pending = model  # a newer model replaces one not taken yet
         return True
+
+    def _unavailable(self, exc: Exception) -> bool:
+        """Counted and logged; the source is asked again at the next poll."""
+        self._metrics.count_model_reload(self._role, "unavailable")
+        log.warning("%s model source unavailable, %s stays: %s", self._role, self._version, exc)
+        return False
 
     def _watch(self) -> None:
         while not self._stopping.wait(self._config.model_poll_s):

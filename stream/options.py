@@ -368,14 +368,16 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = 120.0
     model_path: Annotated[
-        Path,
+        str,
         meta(
             "FRAUD_MODEL_PATH",
             "model package to score with: a directory holding model.onnx and its manifest "
             "model.toml, or a link to one (docs/models.md; `fraud-model import` makes one, "
-            "`fraud-model promote` repoints a link)",
+            "`fraud-model promote` repoints a link); or an MLflow registered model, "
+            "models:/<name>@<alias> or models:/<name>/<version>, read from MLFLOW_TRACKING_URI "
+            "(the mlflow extra; `fraud-model promote` moves the alias)",
         ),
-    ] = SHIPPED_MODEL_PATH
+    ] = str(SHIPPED_MODEL_PATH)
     model_poll_s: Annotated[
         float,
         meta(
@@ -388,12 +390,13 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = 5.0
     shadow_model: Annotated[
-        Path | None,
+        str | None,
         meta(
             "FRAUD_SHADOW_MODEL",
-            "challenger model package (or a link to one) scored in shadow on every decided "
-            "record: its scores go to FRAUD_SHADOW_TOPIC and the metrics, never into a "
-            "decision (docs/models.md, Shadow scoring); reloaded like FRAUD_MODEL_PATH",
+            "challenger model package (a directory, a link to one, or an MLflow models:/ URI) "
+            "scored in shadow on every decided record: its scores go to FRAUD_SHADOW_TOPIC and "
+            "the metrics, never into a decision (docs/models.md, Shadow scoring); reloaded like "
+            "FRAUD_MODEL_PATH",
         ),
     ] = None
     shadow_topic: Annotated[

@@ -25,6 +25,7 @@ from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy
 from scorer.model import Scorer
+from scorer.model_source import ModelSource, open_model_source
 from scorer.reasons import Explainer
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
@@ -138,6 +139,7 @@ def build_collaborators(
     lag: LagMonitor,
     metrics: ServiceMetrics,
     *,
+    model_source: ModelSource,
     delivery_timeout_s: float,
     max_message_bytes: int,
     kafka: Mapping[str, Any],
@@ -145,8 +147,8 @@ def build_collaborators(
 ) -> Collaborators:
     """The collaborators of a replica on real Kafka clients; `kafka` holds the settings of the
     readers it makes itself (the state restore, the terminal-risk and rules tables); `model`:
-    the model loaded at start-up, replaced by newer ones at FRAUD_MODEL_PATH while
-    FRAUD_MODEL_POLL_S > 0."""
+    the model loaded at start-up from `model_source` (FRAUD_MODEL_PATH), replaced by newer ones
+    there while FRAUD_MODEL_POLL_S > 0."""
     router = dead_letter_router(config)
     card_state = (
         CardState(
@@ -231,7 +233,11 @@ def build_collaborators(
             router=router,
         ),
         explainer=model.explainer,
-        reloader=ModelReloader(config, metrics, model) if config.model_poll_s > 0 else None,
+        reloader=(
+            ModelReloader(config, metrics, model, source=model_source)
+            if config.model_poll_s > 0
+            else None
+        ),
         shadow=shadow_scoring(config, metrics),
     )
 
@@ -241,13 +247,12 @@ def shadow_scoring(config: ServiceConfig, metrics: ServiceMetrics) -> Shadow | N
     without one); ConfigurationError when it cannot serve."""
     if config.shadow_model is None:
         return None
-    model = load_shadow_model(config, config.shadow_model)
+    source = open_model_source(config.shadow_model)
+    model = load_shadow_model(config, source)
     model.scorer.warm_up()
     sanity_check(model)
     reloader = (
-        ModelReloader(
-            shadow_config(config), metrics, model, source=config.shadow_model, role="shadow"
-        )
+        ModelReloader(shadow_config(config), metrics, model, source=source, role="shadow")
         if config.model_poll_s > 0
         else None
     )

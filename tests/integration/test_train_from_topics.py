@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from scorer.model_package import load_model_package
+from scorer.model_source import DirectorySource
 from simulator.transactions import TransactionSimulator
 from stream.config import ServiceConfig
 from stream.model_reload import load_serving_model, sanity_check
@@ -93,7 +94,7 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
     assert code == 0, captured.err
     package = load_model_package(out)
     assert package.version == "challenger-1"
-    sanity_check(load_serving_model(ServiceConfig(), out))
+    sanity_check(load_serving_model(ServiceConfig(), DirectorySource(out)))
     frauds = sum(1 for label in batch.labels if label["fraud"])
     assert f"{frauds} frauds)" in package.manifest.training.data  # the late one is not counted
     assert f"{TRANSACTIONS} kept" in package.manifest.training.data

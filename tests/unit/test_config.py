@@ -20,7 +20,7 @@ def test_defaults_match_the_documented_contract() -> None:
         "transactions.dlq",
     )
     assert config.group_id == "fraud-scorer"
-    assert config.model_path.is_dir(), "the shipped model package is the default"
+    assert Path(config.model_path).is_dir(), "the shipped model package is the default"
     assert (config.review_threshold, config.decline_threshold) == (None, None)
 
 
@@ -78,7 +78,7 @@ def test_wrong_type_in_code_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="max_batch_size"):
         ServiceConfig(max_batch_size="8")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="model_path"):
-        ServiceConfig(model_path="model.onnx")  # type: ignore[arg-type]
+        ServiceConfig(model_path=Path("/tmp"))  # type: ignore[arg-type]
 
 
 def test_cli_rejects_bad_configuration_before_connecting(
@@ -110,10 +110,20 @@ def test_cli_help_documents_every_option_with_env_and_default(
     assert "default: 256" in text
 
 
-def test_model_path_from_environment_is_a_path(tmp_path: Path) -> None:
-    assert (
-        ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": str(tmp_path)}).model_path == tmp_path
-    )
+def test_model_path_is_a_package_directory_or_an_mlflow_model(tmp_path: Path) -> None:
+    def model_path(value: str) -> str:
+        return ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": value}).model_path
+
+    assert model_path(str(tmp_path)) == str(tmp_path)
+    assert model_path("models:/fraud@champion") == "models:/fraud@champion"
+    assert model_path("models:/fraud/3") == "models:/fraud/3"
+    with pytest.raises(ConfigurationError, match="not a model package directory"):
+        model_path(str(tmp_path / "model.onnx"))
+    with pytest.raises(ConfigurationError, match=r"not models:/<name>@<alias> nor"):
+        model_path("models:/fraud")
+    shadow = {"FRAUD_SHADOW_MODEL": "models:/fraud@challenger/extra"}
+    with pytest.raises(ConfigurationError, match="not models:/<name>@<alias>"):
+        ServiceConfig.from_sources({}, shadow)
 
 
 def test_thresholds_default_to_the_packages_and_each_may_be_set() -> None:

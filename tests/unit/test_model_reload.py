@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError
+from contracts.errors import ConfigurationError, ModelSourceUnavailableError
 from scorer.features import FEATURE_NAMES
 from scorer.model_cli import main as fraud_model
 from scorer.model_package import (
@@ -23,6 +23,7 @@ from scorer.model_package import (
     promote,
     write_model_package,
 )
+from scorer.model_source import DirectorySource, ModelSource
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, load_serving_model, sanity_check
@@ -46,12 +47,14 @@ def source(tmp_path: Path) -> Path:
     return link
 
 
-def reloader_on(source: Path) -> tuple[ModelReloader, CollectorRegistry]:
-    config = ServiceConfig(model_path=source, model_poll_s=60.0)
+def reloader_on(
+    source: Path, model_source: ModelSource | None = None
+) -> tuple[ModelReloader, CollectorRegistry]:
+    config = ServiceConfig(model_path=str(source), model_poll_s=60.0)
     registry = CollectorRegistry()
-    reloader = ModelReloader(
-        config, ServiceMetrics(registry), load_serving_model(config, config.model_path)
-    )
+    watched = model_source or DirectorySource(source)
+    serving = load_serving_model(config, watched)
+    reloader = ModelReloader(config, ServiceMetrics(registry), serving, source=watched)
     return reloader, registry
 
 
@@ -102,9 +105,11 @@ def test_a_broken_package_is_refused_once_and_the_old_model_keeps_serving(
 def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
     source: Path, tmp_path: Path
 ):
-    config = ServiceConfig(model_path=source, review_threshold=0.3)
+    config = ServiceConfig(model_path=str(source), review_threshold=0.3)
     registry = CollectorRegistry()
-    reloader = ModelReloader(config, ServiceMetrics(registry), load_serving_model(config, source))
+    watched = DirectorySource(source)
+    serving = load_serving_model(config, watched)
+    reloader = ModelReloader(config, ServiceMetrics(registry), serving, source=watched)
     low = package_copy(tmp_path / "low", "low")
     manifest = load_model_package(low).manifest
     thresholds = msgspec.structs.replace(manifest.thresholds, review=0.1, decline=0.2)
@@ -117,7 +122,7 @@ def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
 
 
 def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path: Path):
-    model = load_serving_model(ServiceConfig(), package_copy(tmp_path / "p", "p"))
+    model = load_serving_model(ServiceConfig(), DirectorySource(package_copy(tmp_path / "p", "p")))
     sanity_check(model)  # the shipped graph scores its reference row as a probability
 
     class Doubling:
@@ -176,3 +181,27 @@ def test_a_package_that_fails_its_warm_up_is_refused_once(source: Path, tmp_path
     assert not reloader.check_now() and reloader.take() is None
     assert not reloader.check_now()
     assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
+
+
+class Flaky(DirectorySource):
+    """A directory source that cannot be asked while `down` (as an MLflow server down)."""
+
+    down = False
+
+    def identity(self):  # type: ignore[override]
+        if self.down:
+            raise ModelSourceUnavailableError("the registry is down")
+        return super().identity()
+
+
+def test_a_source_that_cannot_be_asked_is_counted_and_asked_again(source: Path, tmp_path: Path):
+    flaky = Flaky(source)
+    reloader, registry = reloader_on(source, flaky)
+    promote(package_copy(tmp_path / "v2", "v2"), source)
+    flaky.down = True
+    assert not reloader.check_now() and not reloader.check_now()
+    assert reloads(registry, "unavailable") == 2 and reloads(registry, "refused") == 0
+    flaky.down = False
+    assert reloader.check_now()
+    taken = reloader.take()
+    assert taken is not None and taken.scorer.model_version == "v2"

@@ -1,0 +1,103 @@
+"""An MLflow model registry as the model source, against a real MLflow tracking server
+(ops/mlflow/mlflow.sh, started by `make test`) and the real broker: `fraud-model publish`
+registers packages as versions, a replica follows `models:/<name>@champion`, and `fraud-model
+promote models:/<name>/2 --alias champion` swaps its model under load with nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from scorer.model_cli import main as fraud_model
+from tests.integration.conftest import read_topic
+from tests.integration.test_model_swap import loadgen_summary
+from tests.unit.test_model_reload import package_copy
+
+TRACKING_URI = os.environ.get("FRAUD_TEST_MLFLOW_TRACKING_URI", "http://127.0.0.1:15000")
+RATE, DURATION_S, PROMOTE_AT_S = 2_000, 6, 2.0
+
+
+@pytest.fixture
+def tracking(monkeypatch: pytest.MonkeyPatch) -> str:
+    """MLflow's client (here and in the replica, which inherits the environment) talks to the
+    test server; a registered model of the test's own."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", TRACKING_URI)
+    return f"fraud-{uuid.uuid4().hex[:8]}"
+
+
+def publish(package: Path, name: str, *more: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert fraud_model(["publish", str(package), "--registered-model", name, *more]) == 0
+    out = capsys.readouterr().out
+    return out.split(" as ")[1].split()[0].rstrip(",")  # models:/<name>/<version>
+
+
+def test_a_replica_follows_an_mlflow_alias_and_swaps_under_load(
+    tracking: str, topics_factory, service_factory, tmp_path: Path, capsys
+):
+    name = tracking
+    v1, v2 = package_copy(tmp_path / "v1", "mlflow-v1"), package_copy(tmp_path / "v2", "mlflow-v2")
+    first = publish(v1, name, "--alias", "champion", capsys=capsys)
+    second = publish(v2, name, capsys=capsys)  # registered, not served: no alias names it
+    assert (first, second) == (f"models:/{name}/1", f"models:/{name}/2")
+
+    topics = topics_factory(partitions=3)
+    source = f"models:/{name}@champion"
+    service = service_factory(topics, "--model-path", source, "--model-poll-s", "0.5")
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+
+    def promote_midway() -> None:
+        time.sleep(PROMOTE_AT_S)
+        assert fraud_model(["promote", second, "--alias", "champion"]) == 0
+
+    promoter = threading.Thread(target=promote_midway)
+    promoter.start()
+    summary = loadgen_summary(topics, service.metrics_port, rate=RATE, duration_s=DURATION_S)
+    promoter.join()
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
+
+    versions: dict[int, list[str]] = defaultdict(list)
+    for message in read_topic(topics.output, summary["sent"]):
+        versions[message.partition()].append(json.loads(message.value())["model_version"])
+    assert {v for seen in versions.values() for v in seen} == {"mlflow-v1", "mlflow-v2"}
+    for partition, seen in versions.items():
+        assert set(seen[seen.index("mlflow-v2") :]) == {"mlflow-v2"}, f"{partition}: back to v1"
+    assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 1
+    assert service.metric('fraud_model_reloads_total{result="unavailable",role="served"}') == 0
+    assert f"loaded from {source}" in service.log()
+
+
+def test_publish_and_promote_refuse_what_cannot_serve(tracking: str, tmp_path: Path, capsys):
+    name = tracking
+    # Not a package: refused before anything is registered.
+    assert fraud_model(["publish", str(tmp_path), "--registered-model", name]) == 2
+    assert "model.toml" in capsys.readouterr().err
+    # A version that does not exist: the registry says so, and the alias stays unset.
+    publish(package_copy(tmp_path / "v1", "v1"), name, capsys=capsys)
+    assert fraud_model(["promote", f"models:/{name}/7", "--alias", "champion"]) == 2
+    assert f"MLflow has no models:/{name}/7" in capsys.readouterr().err
+    assert fraud_model(["inspect", str(tmp_path / "v1")]) == 0  # (the package itself is fine)
+    capsys.readouterr()
+    # A directory promoted by alias, or a version by link: each says which to use.
+    assert fraud_model(["promote", f"models:/{name}/1", "--source", str(tmp_path / "l")]) == 2
+    assert "--alias" in capsys.readouterr().err
+    assert fraud_model(["promote", str(tmp_path / "v1"), "--alias", "champion"]) == 2
+    assert "--source" in capsys.readouterr().err
+
+
+def test_a_registry_that_cannot_be_reached_is_unavailable_not_a_refusal(
+    monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Exit 3 (try again) with the tracking URI named, after MLflow's own retries (none here)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # discard: nothing listens
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert fraud_model(["promote", "models:/fraud/1", "--alias", "champion"]) == 3
+    err = capsys.readouterr().err
+    assert "could not be read from http://127.0.0.1:9" in err and len(err.splitlines()) == 1
