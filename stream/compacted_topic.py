@@ -2,7 +2,8 @@
 
 `CompactedTopicReader` reads every partition of a topic from the beginning, and then as it
 grows, on a daemon thread of its own, and hands each record to its owner (the terminal-risk
-table, the rules table). Responsibilities and decisions:
+table, the rules table); or, started at the end, follows a topic's new records (the labels of
+the observed precision). Responsibilities and decisions:
 - `loaded` is set once every partition is read up to the end it had when it was first assigned
   (or at once when the topic does not exist yet): a replica scores only after that, so a
   restart does not score with an empty table.
@@ -52,16 +53,19 @@ class CompactedTopicReader:
         name: str,
         after_read: Callable[[bool], None] = lambda _read_some: None,
         loaded_note: Callable[[], str] = lambda: "",
+        start_at: int = OFFSET_BEGINNING,
     ) -> None:
         """`apply` gets every record, tombstones included, on the reader's thread; `after_read`
         runs after each read (True when it returned records); `loaded_note` says what was
-        loaded, for the log line."""
+        loaded, for the log line; `start_at`: where each partition is read from (OFFSET_END:
+        only what is written from now on)."""
         self._kafka = dict(kafka)
         self.topic = topic
         self._apply = apply
         self._name = name
         self._after_read = after_read
         self._loaded_note = loaded_note
+        self._start_at = start_at
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = threading.Event()
         self._stop = threading.Event()
@@ -86,8 +90,12 @@ class CompactedTopicReader:
             assigned: set[int] = set()
             #: The end of each partition when it was first assigned: `loaded` waits for it.
             ends: dict[int, int] = {}
+            #: Only what is there at the first look starts at `start_at`: a partition found
+            #: later (the topic made, or grown, since) holds nothing written before the start.
+            start_at = self._start_at
             while not self._stop.is_set():
                 partitions = self._partitions(consumer)
+                offset, start_at = start_at, OFFSET_BEGINNING
                 if partitions is None:
                     self._set_loaded("the topic is not there yet")
                     self._stop.wait(MISSING_TOPIC_RETRY_S)
@@ -99,7 +107,7 @@ class CompactedTopicReader:
                             TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
                         )
                     consumer.incremental_assign(
-                        [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(new)]
+                        [TopicPartition(self.topic, p, offset) for p in sorted(new)]
                     )
                     assigned |= new
                 self._read(consumer, ends)

@@ -96,6 +96,10 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         others = (self.input_topic, self.output_topic, self.dlq_topic, self.terminal_risk_topic)
         if self.rules_topic in (*others, self.changelog_topic):
             raise ValueError(f"rules_topic must be a topic of its own, got {self.rules_topic!r}")
+        if self.observed_precision == "on" and self.labels_topic in (*others, self.rules_topic):
+            raise ValueError(
+                f"labels_topic must be the topic of confirmed outcomes, got {self.labels_topic!r}"
+            )
         if (self.input_format == "protobuf") != (self.input_protobuf_message is not None):
             raise ValueError(
                 "input_format protobuf and input_protobuf_message (FRAUD_INPUT_PROTOBUF_MESSAGE, "

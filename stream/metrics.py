@@ -314,6 +314,28 @@ class ServiceMetrics:
             "(above 0.25: a shift worth a look)",
             registry=r,
         )
+        self._flagged_outcomes = Counter(
+            "fraud_flagged_outcomes_total",
+            "Flagged (review or decline) transactions whose labels had their time to arrive "
+            "(FRAUD_OBSERVED_PRECISION_MATURITY_DAYS), by outcome: fraud (a fraud label came), "
+            "legit (a legitimate one did) or unreported (none); observed precision is fraud over "
+            "all three",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("fraud", "legit", "unreported"):
+            self._flagged_outcomes.labels(outcome)
+        self._flagged_pending = Gauge(
+            "fraud_flagged_outcomes_pending",
+            "Flagged transactions followed until their labels have had their time to arrive",
+            registry=r,
+        )
+        self._flagged_untracked = Counter(
+            "fraud_flagged_outcomes_untracked_total",
+            "Flagged transactions not followed for observed precision: "
+            "FRAUD_OBSERVED_PRECISION_MAX_PENDING were followed already",
+            registry=r,
+        )
         self._feature_psi = Gauge(
             "fraud_feature_psi",
             "Population stability index of a drift feature of the served model's package over "
@@ -374,6 +396,15 @@ class ServiceMetrics:
                 self._score_psi.set(value)
             else:
                 self._feature_psi.labels(name).set(value)
+
+    def count_flagged_outcomes(self, outcome: str, n: int) -> None:
+        self._flagged_outcomes.labels(outcome).inc(n)
+
+    def set_flagged_pending(self, n: int) -> None:
+        self._flagged_pending.set(n)
+
+    def count_flagged_untracked(self, n: int) -> None:
+        self._flagged_untracked.inc(n)
 
     def clear_drift(self) -> None:
         """No PSI to show (a new model, whose first window is not complete)."""

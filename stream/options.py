@@ -347,6 +347,44 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             le=100_000_000,
         ),
     ] = DEFAULT_DRIFT_WINDOW
+    observed_precision: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_OBSERVED_PRECISION",
+            "on: follow the labels topic (FRAUD_LABELS_TOPIC) and count, for each flagged "
+            "transaction once its labels have had their time, whether it turned out fraud "
+            "(fraud_flagged_outcomes_total; docs/models.md, Drift)",
+        ),
+    ] = "off"
+    labels_topic: Annotated[
+        _Topic,
+        meta(
+            "FRAUD_LABELS_TOPIC",
+            "topic of confirmed outcomes (contracts: labels) read for the observed precision, "
+            "from its end",
+        ),
+    ] = "labels"
+    observed_precision_maturity_days: Annotated[
+        float,
+        meta(
+            "FRAUD_OBSERVED_PRECISION_MATURITY_DAYS",
+            "how long after its event time (history time, like the card windows) a flagged "
+            "transaction's label may arrive; one not labelled fraud by then counts as not "
+            "fraud: set it past most label delays (fraud_features_label_delay_seconds)",
+            gt=0,
+            le=365,
+        ),
+    ] = 7.0
+    observed_precision_max_pending: Annotated[
+        int,
+        meta(
+            "FRAUD_OBSERVED_PRECISION_MAX_PENDING",
+            "flagged transactions followed at once (about 250 bytes each with its id); more "
+            "are not followed (fraud_flagged_outcomes_untracked_total)",
+            ge=1,
+            le=100_000_000,
+        ),
+    ] = 200_000
     decision_features: Annotated[
         OnOff,
         meta(

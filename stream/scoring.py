@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from contracts.decision import Decision, encode_decision, encode_features
+from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encode_features
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
@@ -48,6 +48,7 @@ from stream.card_state import CardState, ChangelogRecord
 from stream.handoff import Handoff
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel
+from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.redelivery import Redelivery
 from stream.rules_table import RulesTable
@@ -105,6 +106,7 @@ class BatchScorer:
         explainer: Explainer | None = None,
         reloader: ModelReloader | None = None,
         shadow: Shadow | None = None,
+        observed_precision: ObservedPrecision | None = None,
         log_features: bool = False,
         drift_window: int = DEFAULT_DRIFT_WINDOW,
     ) -> None:
@@ -112,14 +114,16 @@ class BatchScorer:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
         decisions (None: none); `reloader`: where a new model (scorer, policy and explainer
         together) comes from between batches (None: the first serves for good); `shadow`: a
-        challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `log_features`: each
-        decision carries its feature row (FRAUD_DECISION_FEATURES)."""
+        challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `observed_precision`:
+        follows the flagged transactions until their labels arrive (FRAUD_OBSERVED_PRECISION);
+        `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES)."""
         self._log_features = log_features
         self._encode_decision = encode
         self._drift_window = drift_window
         self._drift = _drift_of(scorer, drift_window)
         self._reloader = reloader
         self._shadow = shadow
+        self._observed_precision = observed_precision
         self._rules = rules
         self._explainer = explainer
         self._metrics = metrics
@@ -200,6 +204,13 @@ class BatchScorer:
             decided = np.asarray(encoded.rows)
             event_time = verdicts.event_time[decided]
             self._metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
+            if self._observed_precision is not None:
+                flagged = [i for i in encoded.rows if verdicts.labels[i] in (REVIEW, DECLINE)]
+                if flagged:
+                    self._observed_precision.note_flagged(
+                        [transactions[i].transaction_id for i in flagged],
+                        verdicts.event_time[flagged],
+                    )
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
 

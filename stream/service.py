@@ -70,6 +70,7 @@ class ScoringService:
         self._rules = parts.rules
         self._reloader = parts.reloader
         self._shadow = parts.shadow
+        self._observed_precision = parts.observed_precision
         self._client_errors = parts.client_errors
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
@@ -142,6 +143,8 @@ class ScoringService:
             self._reloader.start()
         if self._shadow is not None:
             self._shadow.start()
+        if self._observed_precision is not None:
+            self._observed_precision.start()
         if self._rules is not None:
             self._rules.start()
             self._wait_for_table("the rules topic", self._rules.loaded, "the rules read so far")
@@ -456,6 +459,8 @@ class ScoringService:
             self._terminals.close()
         if self._rules is not None:
             self._rules.close()
+        if self._observed_precision is not None:
+            self._observed_precision.close()
         log.info("stopped; records left uncommitted: %s", self._abandoned + self._tracker.in_flight)
 
 

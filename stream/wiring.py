@@ -41,6 +41,7 @@ from stream.model_reload import (
     sanity_check,
     shadow_config,
 )
+from stream.observed_precision import ObservedPrecision
 from stream.redelivery import Redelivery
 from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
@@ -87,6 +88,8 @@ class Collaborators:
     reloader: ModelReloader | None = None
     #: The challenger scored in shadow (FRAUD_SHADOW_MODEL).
     shadow: Shadow | None = None
+    #: Flagged transactions followed until their labels arrive (FRAUD_OBSERVED_PRECISION).
+    observed_precision: ObservedPrecision | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -106,6 +109,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         explainer=parts.explainer,
         reloader=parts.reloader,
         shadow=parts.shadow,
+        observed_precision=parts.observed_precision,
         log_features=config.decision_features == "on",
         drift_window=config.drift_window,
     )
@@ -239,6 +243,19 @@ def build_collaborators(
             else None
         ),
         shadow=shadow_scoring(config, metrics),
+        observed_precision=(
+            ObservedPrecision(
+                metrics,
+                maturity_days=config.observed_precision_maturity_days,
+                time_scale=config.history_time_scale,
+                max_pending=config.observed_precision_max_pending,
+                clock=event_clock(config),
+                kafka=kafka,
+                topic=config.labels_topic,
+            )
+            if config.observed_precision == "on"
+            else None
+        ),
     )
 
 
