@@ -18,8 +18,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from contracts.reference_data import (
+    COUNTRY_CURRENCIES,
+    HIGH_RISK_COUNTRIES,
+    MCC_FAMILIES,
+    MCC_FAMILY_CODES,
+    MCC_FAMILY_RANGES,
+)
 from scorer.card_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
-from scorer.features import FEATURE_NAMES, MCC_FAMILIES, TINY_AMOUNT
+from scorer.features import FEATURE_NAMES, TINY_AMOUNT
 from scorer.terminal_risk import DELAY_DAYS, FRESH_WINDOWS_DAYS, TERMINAL_FEATURE_NAMES
 
 #: A catalogue row by feature name → a short, human-readable sentence.
@@ -89,7 +96,9 @@ _TRANSACTION = {
     "mcc_digital": "1 for digital goods and online services",
     "mcc_high_value": "1 for high-value goods (electronics, jewellery, computers)",
     "mcc_cash": "1 for cash and quasi-cash (ATM, wire transfer, gambling)",
-    "cross_border": "1 if the merchant country's currency differs from the card's",
+    "cross_border": (
+        "1 if the card's currency is none of the merchant country's legal tenders (CLDR)"
+    ),
     "high_risk_country": "1 if the merchant country is on the high-risk list",
     "weekend": "1 on Saturday and Sunday (UTC)",
 }
@@ -311,6 +320,39 @@ def markdown() -> str:
     lines += [
         f"| {i} | `{feature.name}` | {feature.group} | {feature.description} |"
         for i, feature in enumerate(CATALOGUE)
+    ]
+    lines += [
+        "",
+        "## Reference data",
+        "",
+        "The tables these features read (`contracts/reference_data.py`), with their sources:",
+        "",
+        f"- Currencies of {len(COUNTRY_CURRENCIES)} ISO 3166 countries (ISO 4217), from the "
+        "Unicode CLDR as `babel` ships it (generated into `contracts/country_currencies.py` by "
+        "`ops/tools/country_currencies.py`; a test compares them). `cross_border` is 1 when "
+        "the card's currency is none of the merchant country's; a country with two "
+        f"({', '.join(c for c, v in COUNTRY_CURRENCIES.items() if len(v) > 1)}) accepts "
+        "either; a country CLDR does not know is cross-border.",
+        "- Merchant category families (ISO 18245 codes; each named code and the range are "
+        "checked against the `iso18245` package's list):",
+        "",
+        "| family | codes |",
+        "| --- | --- |",
+    ]
+    for family, codes in MCC_FAMILY_CODES.items():
+        spans = MCC_FAMILY_RANGES.get(family, ())
+        named = [str(c) for c in codes if not any(low <= c <= high for low, high in spans)]
+        lines.append(
+            f"| `mcc_{family}` | {', '.join([*(f'{low}-{high}' for low, high in spans), *named])} |"
+        )
+    lines += [
+        "",
+        "  The range 3000-3999 holds the codes the card networks give individual airlines, "
+        "car-rental companies and hotels. A code in no family is 0 in every `mcc_` column.",
+        f"- High-risk merchant countries ({', '.join(sorted(HIGH_RISK_COUNTRIES))}): a curated "
+        "list from card-fraud reports of card-not-present fraud, for each team to set.",
+        "- Hour-of-day features (`hour_sin`, `hour_cos`, `night`) and `weekend` read the event "
+        "time as UTC.",
     ]
     return "\n".join(lines) + "\n"
 

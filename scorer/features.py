@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from contracts.reference_data import COUNTRY_CURRENCIES, HIGH_RISK_COUNTRIES, MCC_FAMILIES
 from scorer.columns import TINY_AMOUNT, TransactionColumns, TransactionFields, letters_index
 from scorer.history import HISTORY_FEATURE_NAMES, NUM_HISTORY_FEATURES, neutral_history
 from scorer.terminal_risk import (
@@ -70,53 +71,37 @@ _SATURDAY = 5
 #: Hours [start, end) counted as night; event_time is read as UTC.
 NIGHT_HOURS = (0, 5)
 
-#: Settlement currency of each country the features know. A card's `currency` is its billing
-#: currency, so a country whose currency differs marks a cross-border transaction.
-COUNTRY_CURRENCY: dict[str, str] = {
-    "US": "USD",
-    "CA": "CAD",
-    "MX": "MXN",
-    "BR": "BRL",
-    "GB": "GBP",
-    "IE": "EUR",
-    "FR": "EUR",
-    "DE": "EUR",
-    "ES": "EUR",
-    "IT": "EUR",
-    "NL": "EUR",
-    "PL": "PLN",
-    "RO": "RON",
-    "UA": "UAH",
-    "RU": "RUB",
-    "NG": "NGN",
-    "IN": "INR",
-    "CN": "CNY",
-    "JP": "JPY",
-    "AU": "AUD",
-    "ID": "IDR",
-    "PH": "PHP",
-}
-#: Merchant countries that card-fraud reports rank high for card-not-present fraud.
-HIGH_RISK_COUNTRIES: frozenset[str] = frozenset({"NG", "RU", "UA", "RO", "ID", "PH"})
-
-#: Merchant category codes by risk family (ISO 18245); codes not listed belong to none.
-MCC_FAMILIES: dict[str, tuple[int, ...]] = {
-    "everyday": (5311, 5411, 5499, 5541, 5542, 5812, 5814, 5912),
-    "travel": (3000, 3001, 3005, 3501, 3502, 4111, 4121, 4511, 7011, 7512),
-    "digital": (4816, 5815, 5816, 5817, 5818, 5967),
-    "high_value": (5045, 5094, 5732, 5944),
-    "cash": (4829, 6010, 6011, 6051, 7995),
-}
-
 
 def _country_tables() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    currency_of_country = np.full(26 * 26, -1, np.int64)
+    """The (country, currency) pairs of legal tender, as sorted `_pair` numbers, and whether
+    each country (by `letters_index`) is high-risk."""
+    countries = np.array(
+        [c for c, currencies in COUNTRY_CURRENCIES.items() for _ in currencies], dtype="<U2"
+    )
+    currencies = np.array(
+        [currency for all_of in COUNTRY_CURRENCIES.values() for currency in all_of], dtype="<U3"
+    )
+    pairs = np.unique(_pair(letters_index(countries, 2), letters_index(currencies, 3)))
     high_risk = np.zeros(26 * 26, np.bool_)
-    countries = np.array(list(COUNTRY_CURRENCY), dtype="<U2")
-    currencies = np.array(list(COUNTRY_CURRENCY.values()), dtype="<U3")
-    currency_of_country[letters_index(countries, 2)] = letters_index(currencies, 3)
     high_risk[letters_index(np.array(sorted(HIGH_RISK_COUNTRIES), dtype="<U2"), 2)] = True
-    return currency_of_country, high_risk
+    return pairs, high_risk
+
+
+def _pair(country: npt.NDArray[np.int64], currency: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """One number per (country, currency) pair of `letters_index` values."""
+    pair: npt.NDArray[np.int64] = country * 26**3 + currency
+    return pair
+
+
+def _legal_tender(
+    country: npt.NDArray[np.int64], currency: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Whether each currency is legal tender in its country (False in a country CLDR does not
+    know): a vectorised lookup in the sorted pairs."""
+    pair = _pair(country, currency)
+    at = np.minimum(np.searchsorted(_TENDER_PAIRS, pair), len(_TENDER_PAIRS) - 1)
+    found: npt.NDArray[np.bool_] = _TENDER_PAIRS[at] == pair
+    return found
 
 
 def _mcc_table() -> npt.NDArray[np.float32]:
@@ -126,7 +111,7 @@ def _mcc_table() -> npt.NDArray[np.float32]:
     return table
 
 
-_CURRENCY_OF_COUNTRY, _HIGH_RISK_COUNTRY = _country_tables()
+_TENDER_PAIRS, _HIGH_RISK_COUNTRY = _country_tables()
 _MCC_FAMILY = _mcc_table()
 
 
@@ -165,7 +150,7 @@ def build_features(
     out[:, 9] = (hour >= NIGHT_HOURS[0]) & (hour < NIGHT_HOURS[1])
     out[:, 10:15] = _MCC_FAMILY[columns.mcc]
     country = letters_index(columns.country, 2)
-    out[:, 15] = _CURRENCY_OF_COUNTRY[country] != letters_index(columns.currency, 3)
+    out[:, 15] = ~_legal_tender(country, letters_index(columns.currency, 3))
     out[:, 16] = _HIGH_RISK_COUNTRY[country]
     weekday = (columns.event_time // _MS_PER_DAY + _MONDAY_SHIFT) % 7
     out[:, 17] = weekday >= _SATURDAY

@@ -44,10 +44,10 @@ import numpy.typing as npt
 
 from contracts.decision import APPROVE, DECLINE, REVIEW
 from contracts.errors import ConfigurationError
+from contracts.reference_data import MCC_FAMILIES
 from scorer.catalogue import BY_NAME, LOG1P_FEATURES
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds, classify
-from scorer.features import MCC_FAMILIES
 from scorer.history import MS_PER_DAY, MS_PER_HOUR
 
 __all__ = ["Rules", "RulesError", "RulesOutcome"]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from scorer.features import COUNTRY_CURRENCY, MCC_FAMILIES
+from contracts.reference_data import MCC_FAMILY_CODES
 
 _Ints = npt.NDArray[np.int64]
 _Floats = npt.NDArray[np.float64]
@@ -36,6 +36,32 @@ TX_PER_DAY_RANGE = (0.0, 4.0)
 
 CHANNELS: tuple[str, ...] = ("pos", "ecom", "atm")
 POS, ECOM, ATM = range(len(CHANNELS))
+#: The simulated world's countries and the currency its cards there bill in (each one of the
+#: country's legal tenders in contracts/reference_data.py: a test checks).
+COUNTRY_CURRENCY: dict[str, str] = {
+    "US": "USD",
+    "CA": "CAD",
+    "MX": "MXN",
+    "BR": "BRL",
+    "GB": "GBP",
+    "IE": "EUR",
+    "FR": "EUR",
+    "DE": "EUR",
+    "ES": "EUR",
+    "IT": "EUR",
+    "NL": "EUR",
+    "PL": "PLN",
+    "RO": "RON",
+    "UA": "UAH",
+    "RU": "RUB",
+    "NG": "NGN",
+    "IN": "INR",
+    "CN": "CNY",
+    "JP": "JPY",
+    "AU": "AUD",
+    "ID": "IDR",
+    "PH": "PHP",
+}
 COUNTRIES: tuple[str, ...] = tuple(COUNTRY_CURRENCY)
 #: Where cards are issued and terminals stand: most in a few big markets, a small tail.
 HOME_COUNTRY_WEIGHTS: dict[str, float] = {
@@ -60,8 +86,8 @@ TRAVELLER_SHARE = 0.08
 #: Share of a card's transactions abroad: travellers, everybody else (foreign web shops).
 TRAVELLER_FOREIGN_SHARE, HOMEBODY_FOREIGN_SHARE = 0.25, 0.03
 
-# Merchant families: the keys of MCC_FAMILIES, then "other" for codes in no family.
-FAMILIES: tuple[str, ...] = (*MCC_FAMILIES, "other")
+# Merchant families: the keys of MCC_FAMILY_CODES, then "other" for codes in no family.
+FAMILIES: tuple[str, ...] = (*MCC_FAMILY_CODES, "other")
 DIGITAL = FAMILIES.index("digital")
 ATM_MCC = 6011
 _UNLISTED_MCCS: tuple[int, ...] = (
@@ -82,7 +108,7 @@ _UNLISTED_MCCS: tuple[int, ...] = (
     8099,
 )
 _FAMILY_MCCS: tuple[tuple[int, ...], ...] = (
-    *(tuple(code for code in codes if code != ATM_MCC) for codes in MCC_FAMILIES.values()),
+    *(tuple(code for code in codes if code != ATM_MCC) for codes in MCC_FAMILY_CODES.values()),
     _UNLISTED_MCCS,
 )
 #: Share of terminals by channel (pos, ecom, atm); a transaction's channel is its terminal's.

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from contracts.transaction import decode_transaction
-from scorer.features import COUNTRY_CURRENCY, FEATURE_NAMES, TINY_AMOUNT, build_features
+from scorer.features import FEATURE_NAMES, TINY_AMOUNT, build_features
 from simulator.fraud import (
     DEFAULT_SCENARIOS,
     LARGE_AMOUNT_THRESHOLD,
     TAKEOVER_AMOUNT_FACTOR,
     TAKEOVER_NIGHT_S,
 )
-from simulator.population import ECOM, RADIUS
+from simulator.population import COUNTRY_CURRENCY, ECOM, RADIUS
 from simulator.transactions import (
     DEFAULT_START_TIME_MS,
     SimulatedBatch,
