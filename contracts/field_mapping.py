@@ -23,7 +23,9 @@ A contract field that is neither mapped nor a constant is read from the field of
 so a mapping names only what differs. The mapped record is then validated by the contract as
 any other (`contracts/transaction.py`): a record that lacks a mapped path, or whose time does not
 parse, is invalid (dead letter `validate`, naming the path). ISO-8601 times must carry their
-offset (`Z` or `+02:00`): a time without one is ambiguous, so invalid.
+offset (`Z` or `+02:00`): a time without one is ambiguous, so invalid. The offset also sets
+`utc_offset_minutes` (unless the mapping maps or fixes that field), so hour-of-day features read
+the local time of a checkout stamped `2026-03-01T23:30:00-05:00`.
 
 The file is checked when the service starts: unknown keys or contract fields, a field both
 mapped and constant, a bad scale or time format stop it with one line naming the key; and
@@ -134,6 +136,12 @@ class FieldMapping:
                     raise ValidationError(f"mapped field {'.'.join(path)} is missing")
                 continue  # the contract says whether it may be absent
             out[contract_field] = self._convert(contract_field, value)
+        if self.time_format == "iso8601" and "event_time" in out:
+            out["event_time"], offset = out["event_time"]
+            if not any(
+                "utc_offset_minutes" in where for where in (out, self.paths, self.constants)
+            ):
+                out["utc_offset_minutes"] = offset
         return out
 
     def check_schema_fields(self, declared: Iterable[tuple[str, ...]]) -> None:
@@ -168,7 +176,8 @@ class FieldMapping:
             value = self._event_time_ms(value)
         return value
 
-    def _event_time_ms(self, value: Any) -> int:
+    def _event_time_ms(self, value: Any) -> int | tuple[int, int]:
+        """Epoch ms; for ISO-8601, (epoch ms, the time's offset from UTC in minutes)."""
         if self.time_format == "iso8601":
             if not isinstance(value, str):
                 raise ValidationError(f"event_time: expected an ISO-8601 string, got {value!r}")
@@ -176,9 +185,10 @@ class FieldMapping:
                 moment = dt.datetime.fromisoformat(value)
             except ValueError as exc:
                 raise ValidationError(f"event_time: not ISO-8601: {value!r}") from exc
-            if moment.tzinfo is None:
+            offset = moment.utcoffset()
+            if offset is None:
                 raise ValidationError(f"event_time: {value!r} has no offset (add Z or +hh:mm)")
-            return int(moment.timestamp() * 1000)
+            return int(moment.timestamp() * 1000), round(offset.total_seconds() / 60)
         if not _is_number(value):
             raise ValidationError(
                 f"event_time: expected a number ({self.time_format}), got {value!r}"

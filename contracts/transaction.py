@@ -17,6 +17,9 @@ MAX_AMOUNT = 1_000_000.0
 #: 9999-12-31T23:59:59.999Z. Event times are epoch milliseconds in [0, this]: they fit int64
 #: columns, float64 exactly (< 2**53) and every calendar library; anything else is invalid.
 MAX_EVENT_TIME_MS = 253_402_300_799_999
+#: The widest offset of a local clock from UTC, in minutes (ISO 8601 allows +/-23:59; real time
+#: zones span -12:00 to +14:00).
+MAX_UTC_OFFSET_MINUTES = 1_439
 
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 
@@ -38,6 +41,12 @@ class Transaction(msgspec.Struct, frozen=True, gc=False):
     card_present: bool
     event_time: Annotated[int, msgspec.Meta(ge=0, le=MAX_EVENT_TIME_MS)]
     terminal_id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] | None = None
+    #: The local clock's offset from UTC where the transaction happened, in minutes (east of
+    #: Greenwich positive): hour-of-day features read local time when it is given, UTC
+    #: otherwise. A mapped ISO-8601 time sets it from its own offset.
+    utc_offset_minutes: (
+        Annotated[int, msgspec.Meta(ge=-MAX_UTC_OFFSET_MINUTES, le=MAX_UTC_OFFSET_MINUTES)] | None
+    ) = None
 
 
 _decoder = msgspec.json.Decoder(Transaction)

@@ -88,9 +88,9 @@ _TRANSACTION = {
     "channel_ecom": "1 for an e-commerce transaction",
     "channel_atm": "1 for an ATM withdrawal",
     "card_present": "1 if the card was physically present",
-    "hour_sin": "sine of the UTC hour of day",
-    "hour_cos": "cosine of the UTC hour of day",
-    "night": "1 between 00:00 and 05:00 UTC",
+    "hour_sin": "sine of the local hour of day (UTC without utc_offset_minutes)",
+    "hour_cos": "cosine of the local hour of day (UTC without utc_offset_minutes)",
+    "night": "1 between 00:00 and 05:00 local time (UTC without utc_offset_minutes)",
     "mcc_everyday": "1 for everyday merchants (groceries, fuel, restaurants, pharmacies)",
     "mcc_travel": "1 for travel merchants (airlines, hotels, car rental, transport)",
     "mcc_digital": "1 for digital goods and online services",
@@ -100,7 +100,7 @@ _TRANSACTION = {
         "1 if the card's currency is none of the merchant country's legal tenders (CLDR)"
     ),
     "high_risk_country": "1 if the merchant country is on the high-risk list",
-    "weekend": "1 on Saturday and Sunday (UTC)",
+    "weekend": "1 on Saturday and Sunday, local time (UTC without utc_offset_minutes)",
 }
 _HISTORY = {
     **{
@@ -167,7 +167,7 @@ def _labels() -> dict[str, Label]:
         "card_present": _flag("card present", "card not present", "card_present"),
         "hour_sin": _time_of_day,
         "hour_cos": _time_of_day,
-        "night": _flag("at night (00-05h UTC)", "not at night", "night"),
+        "night": _flag("at night (00-05h)", "not at night", "night"),
         "cross_border": _flag("cross-border (merchant abroad)", "domestic", "cross_border"),
         "high_risk_country": _flag(
             "merchant in a high-risk country",
@@ -279,7 +279,7 @@ def _time_of_day(row: Mapping[str, float]) -> str:
     angle = math.atan2(row["hour_sin"], row["hour_cos"])
     if not math.isfinite(angle):
         return "time of day unknown"
-    return f"time of day {round(angle * 24 / (2 * math.pi)) % 24:02d}h UTC"
+    return f"time of day {round(angle * 24 / (2 * math.pi)) % 24:02d}h"
 
 
 def _duration(seconds: float) -> str:
@@ -351,8 +351,10 @@ def markdown() -> str:
         "car-rental companies and hotels. A code in no family is 0 in every `mcc_` column.",
         f"- High-risk merchant countries ({', '.join(sorted(HIGH_RISK_COUNTRIES))}): a curated "
         "list from card-fraud reports of card-not-present fraud, for each team to set.",
-        "- Hour-of-day features (`hour_sin`, `hour_cos`, `night`) and `weekend` read the event "
-        "time as UTC.",
+        "- Hour-of-day features (`hour_sin`, `hour_cos`, `night`), `weekend` and the rules' "
+        "`hour` read the local time where the transaction gives its clock's offset "
+        "(`utc_offset_minutes`; a mapped ISO-8601 time gives its own), and UTC otherwise. "
+        "The shipped model was trained on UTC times (the simulator gives no offsets).",
     ]
     return "\n".join(lines) + "\n"
 

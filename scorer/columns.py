@@ -8,7 +8,7 @@ the per-card history and the terminal risk work on these columns, vectorised.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,8 @@ class TransactionFields(Protocol):
     def card_present(self) -> bool: ...
     @property
     def event_time(self) -> int: ...
+    @property
+    def utc_offset_minutes(self) -> int | None: ...
 
 
 class TransactionColumns(NamedTuple):
@@ -56,6 +58,8 @@ class TransactionColumns(NamedTuple):
     merchant_id: Sequence[str]
     #: None where the transaction names no terminal.
     terminal_id: Sequence[str | None]
+    #: Each local clock's offset from UTC in minutes (0 where not given); None: all UTC.
+    utc_offset_minutes: npt.NDArray[np.int64] | None = None
 
     @classmethod
     def from_transactions(cls, batch: Sequence[TransactionFields]) -> TransactionColumns:
@@ -72,15 +76,59 @@ class TransactionColumns(NamedTuple):
             card_id=[t.card_id for t in batch],
             merchant_id=[t.merchant_id for t in batch],
             terminal_id=[t.terminal_id for t in batch],
+            utc_offset_minutes=_offsets([t.utc_offset_minutes for t in batch]),
         )
+
+    @classmethod
+    def concat(cls, parts: Sequence[TransactionColumns]) -> TransactionColumns:
+        """The rows of `parts`, one after the other."""
+        columns: list[Any] = []
+        for name in cls._fields:
+            pieces = [getattr(part, name) for part in parts]
+            if name == "utc_offset_minutes":
+                given = any(piece is not None for piece in pieces)
+                columns.append(
+                    np.concatenate(
+                        [
+                            np.zeros(len(part.event_time), np.int64) if piece is None else piece
+                            for part, piece in zip(parts, pieces, strict=True)
+                        ]
+                    )
+                    if given
+                    else None
+                )
+            elif isinstance(pieces[0], np.ndarray):
+                columns.append(np.concatenate(pieces))
+            else:
+                columns.append([x for piece in pieces for x in piece])
+        return cls._make(columns)
+
+    def local_time(self) -> npt.NDArray[np.int64]:
+        """Event times (epoch ms) shifted to each local clock where its offset is given: what
+        hour-of-day and weekday read."""
+        if self.utc_offset_minutes is None:
+            return self.event_time
+        shifted: npt.NDArray[np.int64] = self.event_time + self.utc_offset_minutes * 60_000
+        return shifted
 
     def rows(self, index: npt.NDArray[np.int64]) -> TransactionColumns:
         """The columns of the rows at `index`, in that order."""
         listed = index.tolist()
         return TransactionColumns._make(
-            column[index] if isinstance(column, np.ndarray) else [column[i] for i in listed]
+            column[index]
+            if isinstance(column, np.ndarray)
+            else None
+            if column is None
+            else [column[i] for i in listed]
             for column in self
         )
+
+
+def _offsets(given: list[int | None]) -> npt.NDArray[np.int64] | None:
+    """The offsets as a column, 0 where not given; None when none is (the usual case)."""
+    if not any(offset is not None for offset in given):
+        return None
+    return np.array([0 if offset is None else offset for offset in given], np.int64)
 
 
 def letters_index(codes: npt.NDArray[np.str_], width: int) -> npt.NDArray[np.int64]:

@@ -68,7 +68,7 @@ _MS_PER_DAY = 24 * _MS_PER_HOUR
 #: 1970-01-01 was a Thursday: day numbers shifted by this start weeks on Monday.
 _MONDAY_SHIFT = 3
 _SATURDAY = 5
-#: Hours [start, end) counted as night; event_time is read as UTC.
+#: Hours [start, end) counted as night, of the local time (`utc_offset_minutes`), else UTC.
 NIGHT_HOURS = (0, 5)
 
 
@@ -143,7 +143,8 @@ def build_features(
     out[:, 4] = columns.channel == "ecom"
     out[:, 5] = columns.channel == "atm"
     out[:, 6] = columns.card_present
-    hour = (columns.event_time % _MS_PER_DAY) / _MS_PER_HOUR
+    local_time = columns.local_time()
+    hour = (local_time % _MS_PER_DAY) / _MS_PER_HOUR
     angle = hour * (2.0 * np.pi / 24.0)
     out[:, 7] = np.sin(angle)
     out[:, 8] = np.cos(angle)
@@ -152,7 +153,7 @@ def build_features(
     country = letters_index(columns.country, 2)
     out[:, 15] = ~_legal_tender(country, letters_index(columns.currency, 3))
     out[:, 16] = _HIGH_RISK_COUNTRY[country]
-    weekday = (columns.event_time // _MS_PER_DAY + _MONDAY_SHIFT) % 7
+    weekday = (local_time // _MS_PER_DAY + _MONDAY_SHIFT) % 7
     out[:, 17] = weekday >= _SATURDAY
     out[:, _HISTORY] = neutral_history(columns) if history is None else history
     out[:, _TERMINAL] = NEUTRAL_TERMINAL_FEATURES if terminal is None else terminal

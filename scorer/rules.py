@@ -99,7 +99,7 @@ _FieldReader = Callable[[TransactionColumns], npt.NDArray[Any]]
 _FIELDS: dict[str, tuple[str, _FieldReader]] = {
     "amount": (_NUMBER, lambda c: c.amount),
     "mcc": (_NUMBER, lambda c: c.mcc.astype(np.float64)),
-    "hour": (_NUMBER, lambda c: (c.event_time % MS_PER_DAY // MS_PER_HOUR).astype(np.float64)),
+    "hour": (_NUMBER, lambda c: (c.local_time() % MS_PER_DAY // MS_PER_HOUR).astype(np.float64)),
     "country": (_TEXT, lambda c: c.country),
     "currency": (_TEXT, lambda c: c.currency),
     "channel": (_TEXT, lambda c: c.channel),

@@ -72,12 +72,7 @@ def simulate(seed: int, days: int, cards: int = DEFAULT_CARDS) -> Stream:
             break
     time_ms = np.concatenate([b.columns.event_time for b in batches])
     keep = int(np.searchsorted(time_ms, end_ms))
-    columns = TransactionColumns._make(
-        np.concatenate([getattr(b.columns, f) for b in batches])[:keep]
-        if f not in ("card_id", "merchant_id", "terminal_id")
-        else [x for b in batches for x in getattr(b.columns, f)][:keep]
-        for f in TransactionColumns._fields
-    )
+    columns = TransactionColumns.concat([b.columns for b in batches]).rows(np.arange(keep))
     labels = [label for label in labels if int(str(label["reported_at"])) < end_ms]
     scenario = np.concatenate([b.scenario for b in batches])[:keep]
     card = np.concatenate([b.card for b in batches])[:keep]

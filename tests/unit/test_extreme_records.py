@@ -21,6 +21,7 @@ from contracts.transaction import (
     MAX_AMOUNT,
     MAX_EVENT_TIME_MS,
     MAX_ID_CHARS,
+    MAX_UTC_OFFSET_MINUTES,
     Transaction,
     decode_transaction,
 )
@@ -50,6 +51,9 @@ event_times = st.one_of(
     st.sampled_from([0, 1, 2**31, MAX_EVENT_TIME_MS - 1, MAX_EVENT_TIME_MS]),
     st.integers(min_value=0, max_value=MAX_EVENT_TIME_MS),
 )
+utc_offsets = st.sampled_from(
+    [-MAX_UTC_OFFSET_MINUTES, -1, 0, 1, MAX_UTC_OFFSET_MINUTES]
+) | st.integers(-MAX_UTC_OFFSET_MINUTES, MAX_UTC_OFFSET_MINUTES)
 extra_fields = st.dictionaries(
     st.text(max_size=10).filter(lambda k: k not in TRANSACTION_FIELDS),
     st.one_of(st.none(), st.integers(-(2**70), 2**70), st.text(max_size=30)),
@@ -67,6 +71,7 @@ TRANSACTION_FIELDS = {
     "channel",
     "card_present",
     "event_time",
+    "utc_offset_minutes",
 }
 
 
@@ -87,6 +92,9 @@ def legal_record(draw: st.DrawFn) -> dict[str, object]:
     terminal = draw(st.none() | st.text(max_size=MAX_ID_CHARS))
     if terminal is not None:
         record["terminal_id"] = terminal
+    offset = draw(st.none() | utc_offsets)
+    if offset is not None:  # local time before the epoch or past 9999: still a legal record
+        record["utc_offset_minutes"] = offset
     return {**draw(extra_fields), **record}
 
 

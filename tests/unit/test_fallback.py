@@ -36,7 +36,7 @@ def columns(**overrides: list[object]) -> TransactionColumns:
         "terminal_id": ["t-1"],
     }
     base.update(overrides)
-    return TransactionColumns(*(np.array(base[f]) for f in TransactionColumns._fields))
+    return TransactionColumns(**{field: np.array(values) for field, values in base.items()})
 
 
 def ordinary(**features: float) -> npt.NDArray[np.float32]:

@@ -50,6 +50,7 @@ def test_the_card_processor_example_maps_codes_minor_units_and_local_times() -> 
         channel="pos",
         card_present=True,
         event_time=1_767_603_600_250,  # 09:00:00.250 UTC
+        utc_offset_minutes=60,  # the time's own offset: its hour features read 10h
     )
     online = mapped(ISO8583, {**AUTHORIZATION, "pos_entry_mode": "81"})
     assert (online.channel, online.card_present) == ("ecom", False)
@@ -75,6 +76,7 @@ def test_the_checkout_example_maps_nested_fields_epoch_seconds_and_constants() -
         False,
     )
     assert transaction.terminal_id is None
+    assert transaction.utc_offset_minutes is None  # epoch times carry no offset: UTC
 
 
 @pytest.mark.parametrize(
@@ -143,3 +145,15 @@ def test_times_in_seconds_and_microseconds_are_exact_for_integers() -> None:
         assert mapping.apply({"event_time": value})["event_time"] == expected
     with pytest.raises(ValidationError, match="out of range"):
         FieldMapping.from_document({"time_format": "epoch_s"}).apply({"event_time": float("inf")})
+
+
+def test_an_iso_time_gives_its_offset_unless_the_mapping_gives_one() -> None:
+    for stamp, offset in (("2026-03-01T23:30:00-05:00", -300), ("2026-03-01T04:30:00Z", 0)):
+        assert mapped(ISO8583, {**AUTHORIZATION, "transmitted_at": stamp}).utc_offset_minutes == (
+            offset
+        )
+    fixed = FieldMapping(
+        ISO8583.paths, {**ISO8583.constants, "utc_offset_minutes": 330}, ISO8583.amount_scale,
+        ISO8583.values, ISO8583.time_format,
+    )  # fmt: skip
+    assert mapped(fixed, AUTHORIZATION).utc_offset_minutes == 330

@@ -63,14 +63,7 @@ def replay(stream: TransactionColumns, batch_size: int) -> np.ndarray:
     parts = []
     for begin in range(0, n, batch_size):
         rows = np.arange(begin, min(begin + batch_size, n))
-        part = TransactionColumns(
-            *(
-                [getattr(stream, f)[i] for i in rows]
-                if isinstance(getattr(stream, f), list)
-                else getattr(stream, f)[rows]
-                for f in TransactionColumns._fields
-            )
-        )
+        part = stream.rows(rows)
         parts.append(run(history, part, rows.tolist()))
     return np.concatenate(parts)
 

@@ -164,7 +164,7 @@ def test_the_time_of_day_is_one_reason_not_two() -> None:
     assert (
         BY_NAME["hour_sin"].label(values)
         == BY_NAME["hour_cos"].label(values)
-        == ("time of day 06h UTC")
+        == ("time of day 06h")
     )
 
 

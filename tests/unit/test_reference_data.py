@@ -86,3 +86,38 @@ def test_cross_border_reads_every_countrys_currencies(country, currency, cross_b
 def test_an_airline_or_hotel_code_of_the_iso_range_is_travel():
     assert feature("mcc_travel", "US", "USD", mcc=3650) == 1.0  # a hotel chain's own code
     assert feature("mcc_travel", "US", "USD", mcc=4000) == 0.0
+
+
+def test_hour_night_and_weekend_read_the_local_clock_when_the_transaction_gives_it():
+    # Saturday 2027-01-02 02:30 UTC: night in UTC; 21:30 on Friday in New York (-05:00);
+    # 08:00 on Saturday in Kolkata (+05:30); 16:30 on Saturday at +14:00 (Kiribati).
+    moment = 1_798_857_000_000
+    batch = columns("US", "USD")._replace(
+        event_time=np.full(4, moment, np.int64),
+        utc_offset_minutes=np.array([0, -300, 330, 840], np.int64),
+        **{
+            name: np.repeat(getattr(columns("US", "USD"), name), 4)
+            for name in ("amount", "currency", "mcc", "country", "channel", "card_present")
+        },
+        card_id=["c"] * 4,
+        merchant_id=["m"] * 4,
+        terminal_id=[None] * 4,
+    )
+    rows = build_features(batch)
+    sin, cos = (rows[:, FEATURE_NAMES.index(name)] for name in ("hour_sin", "hour_cos"))
+    assert np.allclose(np.degrees(np.arctan2(sin, cos)) / 15 % 24, [2.5, 21.5, 8.0, 16.5])
+    assert rows[:, FEATURE_NAMES.index("night")].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert rows[:, FEATURE_NAMES.index("weekend")].tolist() == [1.0, 0.0, 1.0, 1.0]
+    # Unoffset, the same instant reads as UTC: the columns without offsets are the old ones.
+    plain = build_features(batch._replace(utc_offset_minutes=None))
+    assert np.array_equal(plain[0], rows[0]) and np.array_equal(plain[1], rows[0])
+
+
+def test_offsets_survive_concatenation_and_row_selection():
+    given = columns("US", "USD")._replace(utc_offset_minutes=np.array([330], np.int64))
+    joined = TransactionColumns.concat([columns("US", "USD"), given, columns("DE", "EUR")])
+    assert joined.utc_offset_minutes is not None
+    assert joined.utc_offset_minutes.tolist() == [0, 330, 0]
+    assert joined.rows(np.array([1]))._replace(card_id=["c"]).utc_offset_minutes.tolist() == [330]
+    plain = TransactionColumns.concat([columns("US", "USD"), columns("DE", "EUR")])
+    assert plain.utc_offset_minutes is None and plain.rows(np.array([1])).country.tolist() == ["DE"]
