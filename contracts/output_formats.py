@@ -1,13 +1,16 @@
-"""The formats a decision may be written in (FRAUD_OUTPUT_FORMAT): the contract's JSON, or Avro in
-the Schema Registry wire format, for teams whose consumers read Avro.
+"""The formats a decision may be written in (FRAUD_OUTPUT_FORMAT): the contract's JSON, or Avro,
+Protobuf or JSON Schema in the Schema Registry wire format, for teams whose consumers read those.
 
-The Avro schema (`DECISION_AVRO_SCHEMA`) has the decision contract's fields and types. When the
-service starts it sets its subject (`<output topic>-value`) to BACKWARD compatibility, the
-registry rule under which a consumer with the new schema reads what the old one wrote, and
-registers the schema there; a later version of this service may only add fields with defaults.
-Every decision is then written with that schema's id (`confluent_kafka.schema_registry`'s
-serializer, which looks the id up once and caches it). Dead letters keep the input's bytes
-exactly, whatever the formats.
+Each registry format has a schema of the decision contract's fields and types:
+`DECISION_AVRO_SCHEMA`, `decision_message()` (the Protobuf message, whose .proto text is
+`DECISION_PROTO`), `DECISION_JSON_SCHEMA`. When the service starts it sets the subject
+(`<output topic>-value`) to BACKWARD compatibility, the registry rule under which a consumer with
+the new schema reads what the old one wrote, and registers the schema there by serializing one
+decision, so a registry that refuses it stops the start; a later version of this service may
+only add fields with defaults. Every decision is then written with that schema's id
+(`confluent_kafka.schema_registry`'s serializers, which look the id up once and cache it). The
+JSON Schema serializer does not validate each decision against the schema: the service made
+them, from the same contract. Dead letters keep the input's bytes exactly, whatever the formats.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import msgspec
 from contracts.decision import Decision, encode_decision
 from contracts.errors import ClientFailure, ConfigurationError
 
-OUTPUT_FORMATS = ("json", "avro")
+OUTPUT_FORMATS = ("json", "avro", "protobuf", "json-schema")
 #: The registry rule the decision subject is registered under (see the module docstring).
 COMPATIBILITY = "BACKWARD"
 
@@ -74,18 +77,91 @@ DECISION_AVRO_SCHEMA = json.dumps(
     }
 )
 
+#: The decision as a proto3 message (`decision_message()` builds its class), for consumers that
+#: generate their own with protoc.
+DECISION_PROTO = """syntax = "proto3";
+package fraudscorer;
+
+// One decision per transaction (docs/contracts.md, Decision).
+message Decision {
+  string transaction_id = 1;
+  string card_id = 2;
+  double score = 3;           // in [0, 1]
+  string decision = 4;        // approve, review or decline
+  string model_version = 5;
+  bool degraded = 6;
+  int64 event_time = 7;       // epoch ms, from the transaction
+  int64 decided_at = 8;       // epoch ms
+  repeated Reason reasons = 9;
+  repeated string rules = 10;
+  string features = 11;       // with FRAUD_DECISION_FEATURES=on: base64 float32 row
+
+  message Reason {
+    string feature = 1;
+    string label = 2;
+    double contribution = 3;
+  }
+}
+"""
+
+DECISION_JSON_SCHEMA = json.dumps(
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Decision",
+        "description": "One decision per transaction (docs/contracts.md, Decision)",
+        "type": "object",
+        "properties": {
+            "transaction_id": {"type": "string"},
+            "card_id": {"type": "string"},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "decision": {"type": "string", "enum": ["approve", "review", "decline"]},
+            "model_version": {"type": "string"},
+            "degraded": {"type": "boolean"},
+            "event_time": {"type": "integer", "description": "epoch ms, from the transaction"},
+            "decided_at": {"type": "integer", "description": "epoch ms"},
+            "reasons": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "feature": {"type": "string"},
+                        "label": {"type": "string"},
+                        "contribution": {"type": "number"},
+                    },
+                    "required": ["feature", "label", "contribution"],
+                },
+            },
+            "rules": {"type": "array", "items": {"type": "string"}},
+            "features": {"type": "string"},
+        },
+        "required": [
+            "transaction_id",
+            "card_id",
+            "score",
+            "decision",
+            "model_version",
+            "degraded",
+            "event_time",
+            "decided_at",
+        ],
+    }
+)
+
 #: Encodes one decision into the output record's value.
 DecisionEncoder = Callable[[Decision], bytes]
+#: The serializer's call: (value, context) -> bytes.
+_Serialize = Callable[[Any, Any], bytes | None]
 
 
 def decision_encoder(
     output_format: str, topic: str, registry: Mapping[str, Any] | None = None
 ) -> DecisionEncoder:
     """The encoder of `output_format` for decisions written to `topic`; `registry` is the
-    Schema Registry client's configuration, needed by `avro`.
+    Schema Registry client's configuration, needed by every format but json.
 
-    Raises ConfigurationError for an unknown format or avro without a registry URL, and
-    ClientFailure when the registry refuses the schema or cannot be reached at start-up.
+    Raises ConfigurationError for an unknown format or a registry format without a registry
+    URL, and ClientFailure when the registry refuses the schema or cannot be reached at
+    start-up.
     """
     if output_format not in OUTPUT_FORMATS:
         raise ConfigurationError(
@@ -95,36 +171,23 @@ def decision_encoder(
         return encode_decision
     if not registry or not registry.get("url"):
         raise ConfigurationError(
-            "output format avro needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
+            f"output format {output_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
         )
-    from confluent_kafka.schema_registry import Schema
-    from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from contracts.input_formats import registry_client
 
     client = registry_client(registry)
     subject = f"{topic}-value"
+    context = SerializationContext(topic, MessageField.VALUE)
     try:
         client.set_compatibility(subject, COMPATIBILITY)
-        client.register_schema(subject, Schema(DECISION_AVRO_SCHEMA, "AVRO"))
+        serialize = _serializer(output_format, client)
+        serialize(_PROBE, context)  # registers the schema now, not at the first decision
     except Exception as exc:
         raise ClientFailure(
             f"cannot register the decision schema under {subject}: {type(exc).__name__}: {exc}"
         ) from exc
-    serialize = AvroSerializer(
-        client,
-        DECISION_AVRO_SCHEMA,
-        # A decision leaves out its empty fields; every Avro field needs a value.
-        lambda decision, _context: {
-            "reasons": [],
-            "rules": [],
-            "features": "",
-            **msgspec.to_builtins(decision),
-        },
-        {"auto.register.schemas": False},
-    )
-    context = SerializationContext(topic, MessageField.VALUE)
 
     def encode(decision: Decision) -> bytes:
         value = serialize(decision, context)
@@ -132,3 +195,83 @@ def decision_encoder(
         return bytes(value)
 
     return encode
+
+
+def _serializer(output_format: str, client: Any) -> _Serialize:
+    """The registry serializer of a decision in `output_format` (registering its schema)."""
+    if output_format == "avro":
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+
+        # A decision leaves out its empty fields; every Avro field needs a value.
+        return AvroSerializer(client, DECISION_AVRO_SCHEMA, _full_record)  # type: ignore[no-any-return]
+    if output_format == "json-schema":
+        from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+        return JSONSerializer(  # type: ignore[no-any-return]
+            DECISION_JSON_SCHEMA, client, _full_record, {"validate": False}
+        )
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    message = decision_message()
+    protobuf = ProtobufSerializer(message, client, {"use.deprecated.format": False})
+
+    def serialize(decision: Decision, context: Any) -> bytes | None:
+        record = _full_record(decision, context)
+        record["reasons"] = [message.Reason(**reason) for reason in record["reasons"]]
+        return protobuf(message(**record), context)  # type: ignore[no-any-return]
+
+    return serialize
+
+
+def _full_record(decision: Decision, _context: Any) -> dict[str, Any]:
+    """The decision with its empty fields too (a registry schema names every field)."""
+    return {"reasons": [], "rules": [], "features": "", **msgspec.to_builtins(decision)}
+
+
+def decision_message() -> Any:
+    """The Protobuf message class of `DECISION_PROTO`, as protoc would generate it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    kind = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="fraudscorer/decision.proto", package="fraudscorer", syntax="proto3"
+    )
+    message = proto.message_type.add(name="Decision")
+    reason = message.nested_type.add(name="Reason")
+    for number, (name, field_type) in enumerate(
+        (("feature", "TYPE_STRING"), ("label", "TYPE_STRING"), ("contribution", "TYPE_DOUBLE")),
+        start=1,
+    ):
+        reason.field.add(
+            name=name, number=number, type=getattr(kind, field_type), label=kind.LABEL_OPTIONAL
+        )
+    fields = (
+        ("transaction_id", "TYPE_STRING"),
+        ("card_id", "TYPE_STRING"),
+        ("score", "TYPE_DOUBLE"),
+        ("decision", "TYPE_STRING"),
+        ("model_version", "TYPE_STRING"),
+        ("degraded", "TYPE_BOOL"),
+        ("event_time", "TYPE_INT64"),
+        ("decided_at", "TYPE_INT64"),
+        ("reasons", "TYPE_MESSAGE"),
+        ("rules", "TYPE_STRING"),
+        ("features", "TYPE_STRING"),
+    )
+    for number, (name, field_type) in enumerate(fields, start=1):
+        repeated = name in ("reasons", "rules")
+        field = message.field.add(
+            name=name,
+            number=number,
+            type=getattr(kind, field_type),
+            label=kind.LABEL_REPEATED if repeated else kind.LABEL_OPTIONAL,
+        )
+        if name == "reasons":
+            field.type_name = ".fraudscorer.Decision.Reason"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("fraudscorer.Decision"))
+
+
+#: What start-up serializes once to register the schema (written nowhere).
+_PROBE = Decision("probe", "probe", 0.0, "approve", "probe", False, 0, 0)

@@ -28,7 +28,7 @@ Scoring = Literal["inline", "thread"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 InputFormat = Literal["json", "avro", "json-schema", "protobuf"]
-OutputFormat = Literal["json", "avro"]
+OutputFormat = Literal["json", "avro", "protobuf", "json-schema"]
 
 
 def _default_instance_id() -> str:
@@ -89,9 +89,9 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         OutputFormat,
         meta(
             "FRAUD_OUTPUT_FORMAT",
-            "format of the decisions: json, or avro in the Schema Registry wire format (its "
-            "schema registered under <output topic>-value, BACKWARD compatible; needs "
-            "FRAUD_SCHEMA_REGISTRY_URL)",
+            "format of the decisions: json, or avro, protobuf or json-schema in the Schema "
+            "Registry wire format (the schema registered under <output topic>-value, BACKWARD "
+            "compatible; needs FRAUD_SCHEMA_REGISTRY_URL; docs/contracts.md)",
         ),
     ] = "json"
     output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (

@@ -329,23 +329,65 @@ def test_a_mapping_that_does_not_fit_the_registered_schema_stops_the_start(
     assert "card_id = 'pan', but the input schema has no such field" in service.log()
 
 
-def test_avro_in_and_avro_out_read_back_by_a_confluent_deserializer(
+def _decision_deserializer(output_format: str, registry: SchemaRegistryClient) -> Any:
+    """Confluent's deserializer of decisions in `output_format`, as a team's consumer makes it,
+    returning dicts."""
+    if output_format == "avro":
+        return AvroDeserializer(registry)  # the writer's schema, by the id in each record
+    if output_format == "json-schema":
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        return JSONDeserializer(None, schema_registry_client=registry)
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from google.protobuf.json_format import MessageToDict
+
+    from contracts.output_formats import decision_message
+
+    read = ProtobufDeserializer(decision_message(), {"use.deprecated.format": False})
+    return lambda value, context: MessageToDict(
+        read(value, context),
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+@pytest.mark.parametrize("registry_format", ["avro", "protobuf", "json-schema"])
+def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
+    registry_format: str,
     registry: SchemaRegistryClient,
     topics_factory: Callable[..., Topics],
     service_factory: Callable[..., ServiceProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A producer's serializer -> the service -> decisions in the same format, read back by
+    Confluent's deserializer: each transaction decided once."""
+    flags = ["--input-format", registry_format, "--output-format", registry_format]
+    records = transactions(200, f"roundtrip-{registry_format}")
+    if registry_format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+        (tmp_path / "team_payment_pb2.py").write_text(PROTO_MODULE, encoding="utf-8")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv(
+            "PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        )
+        import team_payment_pb2 as team
+
+        flags += ["--input-protobuf-message", "team_payment_pb2:Payment"]
+        protobuf = ProtobufSerializer(team.Payment, registry, {"use.deprecated.format": False})
+        records = [{k: v for k, v in r.items() if v is not None} for r in records]
+        serializer: Any = lambda r, c: protobuf(team.Payment(**r), c)  # noqa: E731
+    elif registry_format == "json-schema":
+        serializer = JSONSerializer(json.dumps(JSON_SCHEMA), registry)
+    else:
+        serializer = AvroSerializer(registry, json.dumps(AVRO_V1))
     topics = topics_factory()
-    service_factory(
-        topics, "--input-format", "avro", "--output-format", "avro",
-        "--schema-registry-url", REGISTRY_URL,
-    )  # fmt: skip
-    records = transactions(200, "avroout")
-    produce(
-        topics.input,
-        serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, records),
-    )
+    service_factory(topics, *flags, "--schema-registry-url", REGISTRY_URL)
+    produce(topics.input, serialize(serializer, topics.input, records))
+
     context = SerializationContext(topics.output, MessageField.VALUE)
-    deserialize = AvroDeserializer(registry)  # the writer's schema, by the id in each record
+    deserialize = _decision_deserializer(registry_format, registry)
     decisions = [deserialize(m.value(), context) for m in read_topic(topics.output, 200)]
     assert Counter(d["transaction_id"] for d in decisions) == Counter(
         r["transaction_id"] for r in records
@@ -354,8 +396,12 @@ def test_avro_in_and_avro_out_read_back_by_a_confluent_deserializer(
     for decision in decisions:
         assert 0.0 <= decision["score"] <= 1.0
         assert decision["decision"] in ("approve", "review", "decline")
-        assert decision["event_time"] == event_times[decision["transaction_id"]]
-    assert registry.get_compatibility(f"{topics.output}-value") == "BACKWARD"
+        assert int(decision["event_time"]) == event_times[decision["transaction_id"]]
+        assert isinstance(decision["reasons"], list) and isinstance(decision["rules"], list)
+    subject = f"{topics.output}-value"
+    assert registry.get_compatibility(subject) == "BACKWARD"
+    kind = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}[registry_format]
+    assert registry.get_latest_version(subject).schema.schema_type == kind
 
 
 #: A team's generated protobuf module (simulator/team_shapes.py builds its classes as protoc's

@@ -6,13 +6,14 @@ And what each decision format needs."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from contracts.decision import encode_decision
+from contracts.decision import Decision, encode_decision
 from contracts.errors import (
     ConfigurationError,
     RegistryUnavailableError,
@@ -26,7 +27,7 @@ from contracts.input_formats import (
     protobuf_paths,
     transaction_decoder,
 )
-from contracts.output_formats import decision_encoder
+from contracts.output_formats import DECISION_PROTO, decision_encoder, decision_message
 from contracts.transaction import decode_transaction
 from stream.config import ServiceConfig
 
@@ -71,12 +72,26 @@ def test_json_needs_no_registry_and_the_registry_formats_need_one() -> None:
         transaction_decoder("avro", "tx", {"url": "http://127.0.0.1:1", "no.such.setting": "x"})
 
 
-def test_json_decisions_need_no_registry_and_avro_ones_need_one() -> None:
+def test_json_decisions_need_no_registry_and_the_registry_formats_need_one() -> None:
     assert decision_encoder("json", "decisions") is encode_decision
-    with pytest.raises(ConfigurationError, match="FRAUD_SCHEMA_REGISTRY_URL"):
-        decision_encoder("avro", "decisions", {})
-    with pytest.raises(ConfigurationError, match="unknown output format 'protobuf'"):
-        decision_encoder("protobuf", "decisions")
+    for output_format in ("avro", "protobuf", "json-schema"):
+        with pytest.raises(ConfigurationError, match="FRAUD_SCHEMA_REGISTRY_URL"):
+            decision_encoder(output_format, "decisions", {})
+    with pytest.raises(ConfigurationError, match="unknown output format 'xml'"):
+        decision_encoder("xml", "decisions")
+
+
+def test_the_protobuf_decision_message_is_the_proto_text_and_round_trips() -> None:
+    message = decision_message()
+    fields = [(f.name, f.number) for f in message.DESCRIPTOR.fields]
+    declared = re.findall(r"^  \S+(?: \S+)? (\w+) = (\d+);", DECISION_PROTO, re.MULTILINE)
+    assert fields == [(name, int(number)) for name, number in declared]
+    assert [name for name, _ in fields] == list(Decision.__struct_fields__)
+    decision = message(
+        transaction_id="t", score=0.9, decision="decline", rules=["deny"],
+        reasons=[message.Reason(feature="amount", label="1,000", contribution=0.4)],
+    )  # fmt: skip
+    assert message.FromString(decision.SerializeToString()) == decision
 
 
 def _payment_class() -> Any:
