@@ -1,4 +1,5 @@
-"""Decoding cost per input format (FRAUD_INPUT_FORMAT), side by side, on the same records.
+"""Decoding cost per input format (FRAUD_INPUT_FORMAT), and encoding cost per decision format
+(FRAUD_OUTPUT_FORMAT), side by side, on the same records.
 
     python -m bench.input_formats [--records 20000] [--rounds 5] [--registry URL]
 
@@ -10,7 +11,9 @@ each format's decoder (`contracts.input_formats.transaction_decoder`, what the c
 calls per record, validation included) reads them all. Formats take turns within each round,
 so a noisy neighbour slows all of them alike; the figure per format is the median of the
 rounds, with their range. The schema lookup is cached after the first record, as in the
-service. One JSON line; also written to bench/results/input-formats.json.
+service. The decisions of those records (a score, a decision, and reasons on every fifth) are
+then encoded by each output format's encoder (`contracts.output_formats.decision_encoder`) the
+same way. One JSON line; also written to bench/results/input-formats.json.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench.harness import REPO
 from bench.payment_pb2 import Payment
+from contracts.decision import Decision, Reason
 from contracts.field_mapping import FieldMapping
 from contracts.input_formats import INPUT_FORMATS, transaction_decoder
+from contracts.output_formats import OUTPUT_FORMATS, decision_encoder
 from simulator.team_shapes import checkout_event
 from simulator.transactions import TransactionSimulator
 
@@ -101,26 +106,58 @@ def run(records: int, rounds: int, registry_url: str) -> dict[str, Any]:
     decoders["json, mapped"] = transaction_decoder(
         "json", TOPIC, mapping=FieldMapping.load(REPO / "examples" / "checkout" / "mapping.toml")
     )
+    decisions = [_decision(r, i) for i, r in enumerate(simulated)]
+    encoders = {
+        name: decision_encoder(name, f"{TOPIC}-decisions-{name}", {"url": registry_url})
+        for name in OUTPUT_FORMATS
+    }
     rates: dict[str, list[float]] = {name: [] for name in decoders}
+    encode_rates: dict[str, list[float]] = {name: [] for name in encoders}
     for _ in range(rounds):
         for name, decode in decoders.items():
-            batch = values[name]
-            started = time.perf_counter()
-            for value in batch:
-                decode(value)
-            rates[name].append(len(batch) / (time.perf_counter() - started))
+            rates[name].append(_rate(decode, values[name]))
+        for name, encode in encoders.items():
+            encode_rates[name].append(_rate(encode, decisions))
     return {
         "records": len(simulated),
         "rounds": rounds,
-        "records_per_s": {
-            name: {
-                "median": round(statistics.median(r)),
-                "min": round(min(r)),
-                "max": round(max(r)),
-                "vs_json": round(statistics.median(r) / statistics.median(rates["json"]), 3),
-            }
-            for name, r in rates.items()
-        },
+        "records_per_s": _summary(rates),
+        "decisions_encoded_per_s": _summary(encode_rates),
+    }
+
+
+def _decision(record: dict[str, Any], i: int) -> Decision:
+    flagged = i % 5 == 0
+    return Decision(
+        str(record["transaction_id"]),
+        str(record["card_id"]),
+        0.9 if flagged else 0.01,
+        "review" if flagged else "approve",
+        "bench",
+        False,
+        int(record["event_time"]),
+        int(record["event_time"]) + 12,
+        reasons=(Reason("log_amount", "amount 120.00", 0.3),) * 3 if flagged else (),
+    )
+
+
+def _rate(call: Callable[[Any], Any], items: list[Any]) -> float:
+    started = time.perf_counter()
+    for item in items:
+        call(item)
+    return len(items) / (time.perf_counter() - started)
+
+
+def _summary(rates: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Median and range per format, and the median against JSON's."""
+    return {
+        name: {
+            "median": round(statistics.median(r)),
+            "min": round(min(r)),
+            "max": round(max(r)),
+            "vs_json": round(statistics.median(r) / statistics.median(rates["json"]), 3),
+        }
+        for name, r in rates.items()
     }
 
 
