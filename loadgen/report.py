@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -225,6 +226,28 @@ def summarize(
     }
 
 
+#: Periods of recall listed one by one; more are drawn as a sparkline (one screen).
+MAX_LISTED_PERIODS = 6
+_SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def _recall_periods(rows: list[dict[str, Any]]) -> str:
+    """Each period's recall: listed when few, else a sparkline of them (`·`: no fraud)."""
+    if len(rows) <= MAX_LISTED_PERIODS:
+        return ", ".join(
+            f"{row['from_s']}-{row['to_s']} s {row['recall']} ({row['caught']}/{row['fraud']})"
+            for row in rows
+        )
+    recalls = [row["recall"] for row in rows]
+    known = [r for r in recalls if r is not None]
+    line = "".join(
+        "·" if r is None else _SPARKS[min(int(r * len(_SPARKS)), len(_SPARKS) - 1)] for r in recalls
+    )
+    span = rows[0]["to_s"] - rows[0]["from_s"]
+    low_high = f"lowest {min(known)}, highest {max(known)}" if known else "no fraud"
+    return f"per {span} s {line} ({low_high}; --report draws it)"
+
+
 def _of(pair: object) -> str:
     part, whole = pair if isinstance(pair, list) else (0, 0)
     return f"{part} of {whole}"
@@ -272,12 +295,8 @@ def render_text(summary: dict[str, object]) -> str:
     ]
     rows = summary.get("recall_over_time")
     if isinstance(rows, list) and rows:
-        periods = ", ".join(
-            f"{row['from_s']}-{row['to_s']} s {row['recall']} ({row['caught']}/{row['fraud']})"
-            for row in rows
-        )
         halves = summary.get("fraud_recall_halves") or [None, None]
-        lines.append(f"recall by time  halves {halves}; {periods}")
+        lines.append(f"recall by time  halves {halves}; {_recall_periods(rows)}")
         lines.append(f"  by scenario   halves {summary.get('recall_by_scenario_halves')}")
     if "labels_sent" in summary:
         lines.append(

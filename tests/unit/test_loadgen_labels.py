@@ -100,7 +100,8 @@ def test_recall_over_time_counts_the_fraud_sent_in_each_period() -> None:
     ]
 
 
-def test_the_summary_shows_recall_by_time_and_the_labels() -> None:
+def four_frauds_summary() -> dict[str, Any]:
+    """The summary of four frauds sent 10 s apart: two approved, one declined, one reviewed."""
     sent = SentLog(started_ms=0)
     for i in range(4):
         sent.transaction_ids.append(f"t{i}")
@@ -110,7 +111,11 @@ def test_the_summary_shows_recall_by_time_and_the_labels() -> None:
         sent.malformed.append(False)
     decisions = [("t0", "approve"), ("t1", "approve"), ("t2", "decline"), ("t3", "review")]
     received = ReceivedLog(decisions=[(tx, d, i, i + 5) for i, (tx, d) in enumerate(decisions)])
-    summary = summarize(sent, received, 30.0, 31.0)
+    return summarize(sent, received, 30.0, 31.0)
+
+
+def test_the_summary_shows_recall_by_time_and_the_labels() -> None:
+    summary = four_frauds_summary()
     assert summary["fraud_recall_halves"] == [0.0, 1.0]
     assert summary["recall_by_scenario_halves"] == {"compromised_terminal": [0.0, 1.0]}
     summary.update(labels_topic="labels", labels_sent=7, labels_fraud_sent=5)
@@ -119,3 +124,18 @@ def test_the_summary_shows_recall_by_time_and_the_labels() -> None:
     assert "recall by time  halves [0.0, 1.0]; 0-10 s 0.0 (0/1)" in text
     assert "labels sent              7" in text
     assert "27000.0 x real time" in text
+
+
+def test_recall_over_many_periods_is_one_sparkline() -> None:
+    summary = four_frauds_summary()
+    summary["recall_over_time"] = [
+        {"from_s": 10 * i, "to_s": 10 * i + 10, "fraud": f, "caught": c, "recall": r}
+        for i, (f, c, r) in enumerate([(4, 0, 0.0), (0, 0, None), *[(4, 4, 1.0)] * 28])
+    ]
+    summary["fraud_recall_halves"] = [0.5, 1.0]
+    line = next(x for x in render_text(summary).splitlines() if x.startswith("recall by time"))
+    assert line == (
+        "recall by time  halves [0.5, 1.0]; per 10 s ▁·"
+        + "█" * 28
+        + " (lowest 0.0, highest 1.0; --report draws it)"
+    )
