@@ -58,7 +58,7 @@ install() {
 }
 
 up() {
-  local pid deadline
+  local pid
   if pid="$(running_pid)"; then
     echo "mlflow.sh: already running (pid $pid) at $url"
     return 0
@@ -72,13 +72,9 @@ up() {
     --port "$port" --workers 1 --backend-store-uri "sqlite:///$data/mlflow.db" \
     --artifacts-destination "$data/artifacts" </dev/null >"$logs/mlflow.log" 2>&1 &
   echo $! >"$pidfile"
-  deadline=$((SECONDS + ready_timeout_s))
-  until is_ready; do
-    pid="$(cat "$pidfile")"
-    kill -0 "$pid" 2>/dev/null || die "the server exited while starting; see $logs/mlflow.log"
-    [[ $SECONDS -lt $deadline ]] || die "the server was not ready within ${ready_timeout_s}s; see $logs/mlflow.log"
-    sleep 0.5
-  done
+  pidfile_wait_ready "$pidfile" "$ready_timeout_s" "$logs/mlflow.log" "mlflow.sh: the server" \
+    is_ready \
+    || exit 1
   echo "mlflow.sh: ready at $url (pid $(cat "$pidfile")), logs in $logs"
 }
 

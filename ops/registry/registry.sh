@@ -84,7 +84,7 @@ fetch() {
 }
 
 up() {
-  local pid java deadline
+  local pid java
   if pid="$(running_pid)"; then
     echo "registry.sh: already running (pid $pid) at $url"
     return 0
@@ -100,13 +100,8 @@ up() {
     -Dquarkus.http.access-log.enabled=false \
     -jar quarkus-run.jar </dev/null >"$logs/registry.log" 2>&1 &
   echo $! >"$pidfile"
-  deadline=$((SECONDS + ready_timeout_s))
-  until is_ready; do
-    pid="$(cat "$pidfile")"
-    kill -0 "$pid" 2>/dev/null || die "the registry exited while starting; see $logs/registry.log"
-    [[ $SECONDS -lt $deadline ]] || die "the registry was not ready within ${ready_timeout_s}s; see $logs/registry.log"
-    sleep 0.5
-  done
+  pidfile_wait_ready "$pidfile" "$ready_timeout_s" "$logs/registry.log" "registry.sh: the registry" \
+    is_ready || exit 1
   echo "registry.sh: ready at $url (pid $(cat "$pidfile")), logs in $logs"
 }
 

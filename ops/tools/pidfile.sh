@@ -28,3 +28,17 @@ pidfile_stop() {
   fi
   rm -f "$pidfile"
 }
+
+# pidfile_wait_ready PIDFILE TIMEOUT_S LOG NAME CHECK...: run CHECK every 0.5 s until it
+# succeeds; fail (return 1, saying why and where to look) when the process in PIDFILE exits or
+# TIMEOUT_S pass first.
+pidfile_wait_ready() {
+  local pidfile="$1" timeout_s="$2" log="$3" name="$4"
+  shift 4
+  local deadline=$((SECONDS + timeout_s))
+  until "$@"; do
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || { echo "$name exited while starting; see $log" >&2; return 1; }
+    [[ $SECONDS -lt $deadline ]] || { echo "$name was not ready within ${timeout_s}s; see $log" >&2; return 1; }
+    sleep 0.5
+  done
+}
