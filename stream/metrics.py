@@ -25,6 +25,9 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 SHORT_SECONDS_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005)
 SHORT_SECONDS_BUCKETS += (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: End-to-end: the SLO region (tens of ms) finely, then a tail up to a minute for backlogs.
+#: Stages of a batch (`fraud_stage_seconds{stage}`), in the order a record passes them.
+STAGES = ("queue", "batch", "handoff", "state", "terminal", "decide", "encode", "delivery")
+STAGE_SECONDS_BUCKETS = (*SHORT_SECONDS_BUCKETS, 2.5, 5.0, 10.0, 60.0)
 LATENCY_SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05)
 LATENCY_SECONDS_BUCKETS += (0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 #: Fraud scores: calibrated scores sit mostly below 0.01 (the fraud rate), so fine there.
@@ -112,6 +115,17 @@ class ServiceMetrics:
             buckets=SHORT_SECONDS_BUCKETS,
             registry=r,
         )
+        self._stage = Histogram(
+            "fraud_stage_seconds",
+            "Where a batch's time goes, one observation per batch and stage (stream/scoring.py, "
+            "Stages): queue (producer to batch), batch (to its close), handoff, state, terminal, "
+            "decide, encode, delivery (first output produced to last acknowledged)",
+            ["stage"],
+            buckets=STAGE_SECONDS_BUCKETS,
+            registry=r,
+        )
+        for stage in STAGES:
+            self._stage.labels(stage)
         self._event_to_decision = BatchHistogram(
             "fraud_event_to_decision_seconds",
             "Transaction event_time to decided_at",
@@ -371,6 +385,10 @@ class ServiceMetrics:
         self._batch_size.observe(size)
         self._batch_wait.observe(wait_s)
         self._inference.observe(inference_s)
+
+    def observe_stages(self, seconds: Mapping[str, float]) -> None:
+        for stage, value in seconds.items():
+            self._stage.labels(stage).observe(value)
 
     def observe_event_to_decision(self, latencies_s: npt.NDArray[np.floating[Any]]) -> None:
         self._event_to_decision.observe_many(latencies_s)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encode_features
 from contracts.errors import ScoreError
@@ -69,6 +69,53 @@ class PendingRecord(NamedTuple):
     transaction: Transaction
     #: Where it came from, as the offset tracker knows it.
     position: SourceOffset
+
+
+class Stages:
+    """Where a batch's time went, stage by stage, for `fraud_stage_seconds{stage}` (each stage
+    one observation per batch; together, a record's way from its producer to its output's
+    acknowledgement):
+
+    - queue: from the batch's first record's Kafka timestamp (its producer's clock) to its
+      joining the batch: the broker, the fetch and the consumer's own queue;
+    - batch: from then to the batch's close (`max_wait_ms` or the size cap);
+    - handoff: waiting for the scoring stage (the handoff queue);
+    - state, terminal: the card history and the terminal-risk features;
+    - decide: features, model, rules and reasons (`fraud_inference_seconds` is its model call);
+    - encode: the decisions (and shadow records) made into output values;
+    - delivery: from the first output produced to the last one acknowledged (in exactly-once
+      mode, the transaction's commit).
+    """
+
+    __slots__ = ("_last", "seconds")
+
+    def __init__(self, batch: Batch[PendingRecord], started: float) -> None:
+        self.seconds: dict[str, float] = {
+            "batch": batch.wait_s,
+            "handoff": max(0.0, time.monotonic() - batch.closed_at_s),
+        }
+        kind, produced_ms = batch.items[0].message.timestamp() if batch.items else (0, 0)
+        if kind != TIMESTAMP_NOT_AVAILABLE and produced_ms > 0:
+            opened_ms = time.time() * 1000.0 - (time.monotonic() - batch.opened_at_s) * 1000.0
+            self.seconds["queue"] = max(0.0, (opened_ms - produced_ms) / 1000.0)
+        self._last = started
+
+    def done(self, stage: str) -> None:
+        """The stage that just ended (timed from the end of the one before)."""
+        now = time.perf_counter()
+        self.seconds[stage] = now - self._last
+        self._last = now
+
+    def on_delivered(self, metrics: ServiceMetrics) -> Callable[[Counter[OutputLabel]], None]:
+        """The batch's outcome group's completion: its outputs counted, and the delivery timed
+        (from now: its first output is produced next)."""
+        since = time.perf_counter()
+
+        def delivered(labels: Counter[OutputLabel]) -> None:
+            metrics.count_delivered(labels)
+            metrics.observe_stages({"delivery": time.perf_counter() - since})
+
+        return delivered
 
 
 class BatchReport(NamedTuple):
@@ -139,12 +186,14 @@ class BatchScorer:
     def process(self, batch: Batch[PendingRecord]) -> BatchReport:
         """Score the batch and send one output per record; return what the controller needs."""
         started = time.perf_counter()
+        stages = Stages(batch, started)
         if self._reloader is not None:
             self._swap_model(self._reloader.take())
         records = batch.items
         transactions = [r.transaction for r in records]
         columns = _columns(transactions)
         history, changelog = self._history(records, columns)
+        stages.done("state")
         terminal = (
             None
             if self._terminals is None
@@ -155,6 +204,7 @@ class BatchScorer:
                 else columns.event_time,
             )
         )
+        stages.done("terminal")
         now_ms = time.time_ns() // 1_000_000
         verdicts = decide_batch(
             transactions,
@@ -168,6 +218,7 @@ class BatchScorer:
             explainer=self._explainer,
         )
         decided_at = time.time_ns() // 1_000_000
+        stages.done("decide")
         encoded = self._encode(records, verdicts, decided_at)
         shadow = (
             None
@@ -181,6 +232,7 @@ class BatchScorer:
             )
         )
         self._count(verdicts, len(records), batch.wait_s, now_ms)
+        stages.done("encode")
 
         failed = verdicts.failed
         outputs: Counter[OutputLabel] = Counter(
@@ -193,7 +245,10 @@ class BatchScorer:
         if shadow is not None and shadow.keys:
             outputs["shadow", "shadow"] = len(shadow.keys)
         group = OutcomeGroup(
-            self._tracker, [r.position for r in records], outputs, self._metrics.count_delivered
+            self._tracker,
+            [r.position for r in records],
+            outputs,
+            stages.on_delivered(self._metrics),
         )
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
@@ -211,6 +266,7 @@ class BatchScorer:
                         [transactions[i].transaction_id for i in flagged],
                         verdicts.event_time[flagged],
                     )
+        self._metrics.observe_stages(stages.seconds)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
 

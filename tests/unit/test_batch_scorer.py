@@ -7,6 +7,7 @@ import time
 import msgspec
 import numpy as np
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from prometheus_client import CollectorRegistry
 
 from contracts.decision import decode_features
@@ -126,3 +127,36 @@ def test_logged_features_are_the_rows_the_model_scored():
         if t.transaction_id in logged:
             np.testing.assert_array_equal(logged[t.transaction_id], row)
     assert all(len(d.get("features", "")) == 0 for d in decisions(run(batch, scorer)[0]))
+
+
+def test_each_stage_of_a_batch_is_timed_once_and_delivery_when_its_outputs_are_acknowledged():
+    registry = CollectorRegistry()
+    produced_ms = time.time_ns() // 1_000_000 - 2_000  # two seconds before it joined the batch
+    batch = make_batch(8)
+    items = [
+        item._replace(
+            message=Message(
+                topic="tx", partition=0, offset=i, value=item.message.value(),
+                timestamp=(TIMESTAMP_CREATE_TIME, produced_ms),
+            )
+        )
+        for i, item in enumerate(batch.items)
+    ]  # fmt: skip
+    now = time.monotonic()
+    sink, _, _ = run(
+        Batch(items, now - 0.004, now, closed_full=False), FakeScorer(), registry=registry
+    )
+
+    def count(stage: str) -> float | None:
+        return registry.get_sample_value("fraud_stage_seconds_count", {"stage": stage})
+
+    for stage in ("queue", "batch", "handoff", "state", "terminal", "decide", "encode"):
+        assert count(stage) == 1, stage
+    assert count("delivery") == 0, "not before the broker acknowledges"
+    sink.deliver_all()
+    assert count("delivery") == 1
+    queue = registry.get_sample_value("fraud_stage_seconds_sum", {"stage": "queue"})
+    assert queue is not None and 1.9 < queue < 60.0
+    assert registry.get_sample_value("fraud_stage_seconds_sum", {"stage": "batch"}) == (
+        pytest.approx(0.004)
+    )
