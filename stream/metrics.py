@@ -27,7 +27,9 @@ SHORT_SECONDS_BUCKETS += (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: End-to-end: the SLO region (tens of ms) finely, then a tail up to a minute for backlogs.
 #: Stages of a batch (`fraud_stage_seconds{stage}`), in the order a record passes them.
 STAGES = ("queue", "batch", "handoff", "state", "terminal", "decide", "encode", "delivery")
-STAGE_SECONDS_BUCKETS = (*SHORT_SECONDS_BUCKETS, 2.5, 5.0, 10.0, 60.0)
+#: Fine between 10 ms and 0.5 s, where a latency tail is told apart.
+STAGE_SECONDS_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005)
+STAGE_SECONDS_BUCKETS += (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 10.0)
 LATENCY_SECONDS_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05)
 LATENCY_SECONDS_BUCKETS += (0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 #: Fraud scores: calibrated scores sit mostly below 0.01 (the fraud rate), so fine there.
