@@ -15,6 +15,7 @@ from tests.deploy.repo import (
     ALERTS,
     ALERTS_TEST,
     PROMETHEUS,
+    ROOT,
     TARGET_LABELS,
     alert_rules,
     dashboard_panels,
@@ -173,3 +174,16 @@ def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_does_not() -> No
     assert (firing | quiet) <= alerts, (
         f"tests of unknown alerts: {sorted((firing | quiet) - alerts)}"
     )
+
+
+def test_every_alert_links_to_its_runbook_on_the_docs_site() -> None:
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    headings = set(re.findall(r"^## (\w+)$", runbooks, flags=re.M))
+    alerts = {rule["alert"]: rule["annotations"].get("runbook_url") for rule in alert_rules()}
+    for alert, url in alerts.items():
+        # mkdocs' anchor of a heading that is one word: the word in lower case.
+        assert url == "{{ $externalLabels.docs_url }}/runbooks/#" + alert.lower(), alert
+        assert alert in headings, f"docs/runbooks.md has no section '## {alert}'"
+    assert headings <= set(alerts), f"runbooks of no alert: {sorted(headings - set(alerts))}"
+    docs_url = load_yaml(PROMETHEUS)["global"]["external_labels"]["docs_url"]
+    assert docs_url.startswith("http"), "the compose Prometheus sets the runbooks' docs_url"
