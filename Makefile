@@ -16,7 +16,7 @@ UV := $(TOOLS)/uv/bin/uv
 PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/usr/bin/promtool)
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
-	kafka-status-secure registry-up registry-down mlflow-up mlflow-down test test-secure unit check demo model bench \
+	kafka-status-secure registry-up registry-down mlflow-up mlflow-down test test-secure unit check docs docs-serve demo model bench \
 	faults flywheel clean \
 	alerts-check lock resolve-check compose-check helm-check
 
@@ -25,7 +25,8 @@ help:
 	@echo "make test        install, start both brokers and the registry, run every test tier, stop them"
 	@echo "make test-secure the secured-broker tests only (starts and stops that broker)"
 	@echo "make unit        unit tests only (no Kafka)"
-	@echo "make check       format, lint and type checks"
+	@echo "make check       format, lint and type checks; the docs site built --strict"
+	@echo "make docs        build the docs site into site/ (make docs-serve: on 127.0.0.1:8000)"
 	@echo "make kafka-up    start a single-node Kafka (KRaft) on 127.0.0.1:9092"
 	@echo "make kafka-down  stop it"
 	@echo "make kafka-up-secure    start the secured Kafka (SASL_SSL, ACLs) on 127.0.0.1:9192,"
@@ -63,7 +64,7 @@ kafka-down:
 kafka-status:
 	ops/kafka/kafka.sh status
 
-# The secured broker, ready for `fraud-scorer run` as the user fraud-scorer (README: "Running
+# The secured broker, ready for `fraud-scorer run` as the user fraud-scorer (docs/security.md: "Running
 # against a secured cluster"): the service's topics and exactly its ACLs, made by the admin.
 SECURE_STATE = $${KAFKA_SECURE_STATE_DIR:-.kafka-secure}
 
@@ -129,6 +130,15 @@ check: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) -m ops.tools.reference_pages --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The docs site (mkdocs.yml): built into site/, or served with live reload.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 demo: venv
 	ops/demo.sh

@@ -1,9 +1,9 @@
 """Reading what a scenario left in Kafka: the three topics to their end, committed and end
 offsets, and a live reader that notes when each decision became visible.
 
-Decisions are read with `isolation.level=read_committed`, as the README tells their consumers
-to: in exactly-once mode an aborted transaction's writes never show, and reading "to the end"
-means up to the last stable offset once no transaction is open any more.
+Decisions are read with `isolation.level=read_committed`, as docs/contracts.md tells their
+consumers to: in exactly-once mode an aborted transaction's writes never show, and reading "to
+the end" means up to the last stable offset once no transaction is open any more.
 """
 
 from __future__ import annotations

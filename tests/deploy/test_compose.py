@@ -195,7 +195,8 @@ def test_only_the_load_tools_are_behind_a_profile() -> None:
 def test_every_profile_the_docs_name_exists() -> None:
     # `--profile load` once did nothing at all: the profile was called otherwise.
     profiles = {p for svc in compose()["services"].values() for p in svc.get("profiles", [])}
-    for path in (README, COMPOSE, GPU_OVERRIDE, ROOT / "ops" / "compose" / "check.sh"):
+    docs = (README, ROOT / "docs" / "compose.md", ROOT / "docs" / "getting-started.md")
+    for path in (*docs, COMPOSE, GPU_OVERRIDE, ROOT / "ops" / "compose" / "check.sh"):
         for named in re.findall(r"compose\b[^\n]*?--profile[ =](\S+)", path.read_text()):
             assert named in profiles, f"{path.name} names --profile {named}; profiles: {profiles}"
 

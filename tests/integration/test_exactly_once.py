@@ -1,6 +1,6 @@
 """Exactly-once mode against the real broker: a crash repeats nothing, and a zombie's writes are
 fenced. Decisions are read with isolation.level=read_committed (librdkafka's default, which
-`read_topic` uses), as the README tells consumers of `decisions` to."""
+`read_topic` uses), as docs/contracts.md tells consumers of `decisions` to."""
 
 from __future__ import annotations
 
