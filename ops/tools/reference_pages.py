@@ -33,7 +33,8 @@ import stream.metrics
 import terminals.cli
 import terminals.metrics
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 #: `--help` is wrapped to the terminal's width: fix it, so the pages do not depend on who
 #: generated them.
 HELP_WIDTH = 100
@@ -59,6 +60,10 @@ def _commands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
     def walk(
         name: str, parser: argparse.ArgumentParser
     ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+        for action in parser._actions:
+            # A default under the checkout (the shipped model) is shown from the installation.
+            if action.help:
+                action.help = action.help.replace(str(ROOT), "<installation>")
         yield name, parser
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
