@@ -14,13 +14,10 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.reference_data import COUNTRY_CURRENCIES, HIGH_RISK_COUNTRIES, MCC_FAMILIES
+from contracts.terminal_risk import NUM_TERMINAL_FEATURES, TERMINAL_FEATURE_NAMES
 from scorer.columns import TINY_AMOUNT, TransactionColumns, TransactionFields, letters_index
 from scorer.history import HISTORY_FEATURE_NAMES, NUM_HISTORY_FEATURES, neutral_history
-from scorer.terminal_risk import (
-    NEUTRAL_TERMINAL_FEATURES,
-    NUM_TERMINAL_FEATURES,
-    TERMINAL_FEATURE_NAMES,
-)
+from scorer.terminal_risk import NEUTRAL_TERMINAL_FEATURES
 
 __all__ = [
     "FEATURE_NAMES",

@@ -42,12 +42,8 @@ import numpy.typing as npt
 from confluent_kafka import Message
 
 from contracts.event_time import EventClock
-from scorer.terminal_risk import (
-    HORIZON_DAYS,
-    TerminalRiskRecord,
-    decode_terminal_risk,
-    terminal_features,
-)
+from contracts.terminal_risk import HORIZON_DAYS, TerminalRiskRecord, decode_terminal_risk
+from scorer.terminal_risk import terminal_features
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from faust.types import StreamT
 
-from scorer.terminal_risk import encode_terminal_risk
+from contracts.terminal_risk import encode_terminal_risk
 from terminals.config import WorkerConfig
 from terminals.events import TerminalEvent, decode_batch, partition_of
 from terminals.health import WorkerHealth

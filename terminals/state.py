@@ -55,7 +55,8 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.event_time import EventClock
-from scorer.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS, TerminalRisk
+from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS
+from scorer.terminal_risk import TerminalRisk
 from terminals.events import TRANSACTION, TerminalEvent
 
 #: `as_of_day` of a terminal that has seen nothing yet.

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import onnx
 
+from contracts.terminal_risk import DELAY_DAYS
 from scorer.catalogue import BY_NAME
 from scorer.fallback import BASE_LOG_ODDS, CUTOFFS, RED_FLAG_WEIGHTS
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.history import HISTORY_FEATURE_NAMES
-from scorer.terminal_risk import DELAY_DAYS
 from simulator.fraud import DEFAULT_SCENARIOS
 from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin

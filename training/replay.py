@@ -20,17 +20,11 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from contracts.terminal_risk import MS_PER_DAY, NUM_TERMINAL_FEATURES
 from scorer.columns import TransactionColumns
 from scorer.features import build_features
 from scorer.history import NUM_HISTORY_FEATURES, CardHistory
-from scorer.terminal_risk import (
-    MS_PER_DAY,
-    NUM_TERMINAL_FEATURES,
-    add_events,
-    day_of,
-    empty_buckets,
-    window_features,
-)
+from scorer.terminal_risk import add_events, day_of, empty_buckets, window_features
 from simulator.transactions import DEFAULT_CARDS, DEFAULT_START_TIME_MS, TransactionSimulator
 
 logger = logging.getLogger(__name__)

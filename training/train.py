@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from contracts.terminal_risk import FRESH_WINDOWS_DAYS
 from scorer.drift import DriftReference, drift_reference, most_influential
 from scorer.fallback import fallback_scores
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
@@ -55,7 +56,6 @@ from scorer.model_package import (
     Training,
     write_model_package,
 )
-from scorer.terminal_risk import FRESH_WINDOWS_DAYS
 from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt, handbook_recipe, mlp

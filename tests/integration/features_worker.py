@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from scorer.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
+from contracts.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,

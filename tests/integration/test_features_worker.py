@@ -25,8 +25,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.dead_letter import decode_headers
 from contracts.label import decode_label
+from contracts.terminal_risk import DELAY_DAYS
 from contracts.transaction import decode_transaction
-from scorer.terminal_risk import DELAY_DAYS
 from terminals.router import router_group
 from terminals.topics import changelog_topic_name, events_topic_name
 from tests.integration.conftest import (

@@ -15,10 +15,10 @@ import pytest
 from confluent_kafka import KafkaError, Message
 from prometheus_client import CollectorRegistry
 
+from contracts.terminal_risk import NUM_TERMINAL_FEATURES
 from contracts.transaction import decode_transaction
 from scorer.columns import TransactionColumns
 from scorer.history import CardHistory
-from scorer.terminal_risk import NUM_TERMINAL_FEATURES
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.sink import Output

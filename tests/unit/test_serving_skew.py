@@ -24,17 +24,17 @@ from prometheus_client import CollectorRegistry
 
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
-from contracts.transaction import Transaction
-from scorer.columns import TransactionColumns
-from scorer.features import FEATURE_NAMES, build_features
-from scorer.terminal_risk import (
+from contracts.terminal_risk import (
     MS_PER_DAY,
     TERMINAL_FEATURE_NAMES,
     TerminalRiskRecord,
     decode_terminal_risk,
     encode_terminal_risk,
-    terminal_features,
 )
+from contracts.transaction import Transaction
+from scorer.columns import TransactionColumns
+from scorer.features import FEATURE_NAMES, build_features
+from scorer.terminal_risk import terminal_features
 from simulator.transactions import DEFAULT_START_TIME_MS, TransactionSimulator
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics

@@ -23,12 +23,13 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import TransientDeliveryError
 from contracts.event_time import EventClock
 from contracts.offsets import OffsetTracker, SourceOffset
+from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.card_record import LONGEST_WINDOW_MS
 from scorer.columns import TransactionColumns
-from scorer.terminal_risk import HORIZON_DAYS, MS_PER_DAY, day_length_ms
+from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup

@@ -5,18 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scorer.terminal_risk import (
+from contracts.terminal_risk import (
     BUCKET_DAYS,
     DELAY_DAYS,
-    NEUTRAL_TERMINAL_FEATURES,
     TERMINAL_FEATURE_NAMES,
-    TerminalRisk,
     TerminalRiskRecord,
+    decode_terminal_risk,
+    encode_terminal_risk,
+)
+from scorer.terminal_risk import (
+    NEUTRAL_TERMINAL_FEATURES,
+    TerminalRisk,
     add_events,
     day_of,
-    decode_terminal_risk,
     empty_buckets,
-    encode_terminal_risk,
     terminal_features,
     window_features,
 )

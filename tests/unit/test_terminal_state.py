@@ -11,8 +11,9 @@ import pytest
 
 from contracts.errors import DecodeError, ValidationError
 from contracts.event_time import EventClock
+from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, MS_PER_DAY
 from contracts.transaction import MAX_EVENT_TIME_MS
-from scorer.terminal_risk import DELAY_DAYS, HORIZON_DAYS, MS_PER_DAY, TerminalRisk
+from scorer.terminal_risk import TerminalRisk
 from terminals.events import (
     LABEL,
     TRANSACTION,

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from contracts.event_time import EventClock
-from scorer.terminal_risk import (
+from contracts.terminal_risk import (
     HORIZON_DAYS,
     MS_PER_DAY,
     NUM_TERMINAL_FEATURES,
