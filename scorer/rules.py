@@ -55,6 +55,8 @@ __all__ = ["Rules", "RulesError", "RulesOutcome"]
 #: An expression may nest this deep. The compiled closures recurse once per level on every
 #: batch; the bound keeps any accepted rule far from Python's recursion limit.
 MAX_EXPRESSION_DEPTH = 64
+#: A rules file with one of these suffixes is YAML; any other is TOML.
+YAML_SUFFIXES = (".yaml", ".yml")
 
 _LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 _LEVEL_OF_THEN = {REVIEW: 1, DECLINE: 2}
@@ -635,10 +637,14 @@ class Rules:
 
     @classmethod
     def load(cls, path: Path) -> Rules:
-        """The rules of a TOML file; ConfigurationError naming the file and the problem."""
+        """The rules of a TOML file, or of a YAML one (`.yaml`, `.yml`: the same tables as
+        mappings and lists); ConfigurationError naming the file and the problem."""
         try:
             with path.open("rb") as file:
-                document = tomllib.load(file)
+                if path.suffix in YAML_SUFFIXES:
+                    document = _yaml_document(path, file.read())
+                else:
+                    document = tomllib.load(file)
         except OSError as exc:
             raise ConfigurationError(f"rules file {path}: cannot read it: {exc.strerror}") from exc
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -777,3 +783,24 @@ def _hits(
 
 
 Rules.EMPTY = Rules(_NO_ENTRIES, _NO_ENTRIES, _NO_ENTRIES.lists)
+
+
+def _yaml_document(path: Path, text: bytes) -> Mapping[str, Any]:
+    """A YAML rules file as the mapping a TOML one parses to. PyYAML is the `yaml` extra: the
+    service needs it only for such a file."""
+    try:
+        import yaml
+    except ModuleNotFoundError:
+        raise ConfigurationError(
+            f"rules file {path}: reading YAML needs PyYAML: pip install 'fraud-scorer[yaml]', "
+            "or write the rules as TOML"
+        ) from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"rules file {path}: not valid YAML: {exc}") from exc
+    if document is None:  # an empty file: no rules, as an empty TOML file
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigurationError(f"rules file {path}: a YAML rules file is a mapping of tables")
+    return document

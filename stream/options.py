@@ -315,8 +315,9 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         Path | None,
         meta(
             "FRAUD_RULES",
-            "TOML rules file: deny and allow lists, threshold overrides per segment and "
-            "expression rules that overrule the model (docs/rules.md); a bad file stops the start",
+            "rules file, TOML (or YAML: .yaml/.yml, with the yaml extra): deny and allow lists, "
+            "threshold overrides per segment and expression rules that overrule the model "
+            "(docs/rules.md); a bad file stops the start",
         ),
     ] = None
     rules_topic: Annotated[

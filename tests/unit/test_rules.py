@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
@@ -376,6 +377,81 @@ def test_load_reads_a_file_and_names_it_when_it_cannot(tmp_path: Path) -> None:
             ConfigurationError, match=f"rules file {re.escape(str(path))}: .*{re.escape(problem)}"
         ):
             Rules.load(path)
+
+
+def test_a_yaml_file_holds_the_same_rules_as_its_toml_twin(tmp_path: Path) -> None:
+    toml_rules = Rules.load(
+        _written(
+            tmp_path / "rules.toml",
+            """
+            [deny]
+            cards = ["c-0"]
+            [allow]
+            merchants = ["m-1"]
+            [[override]]
+            name = "ecom"
+            channel = "ecom"
+            review = 0.2
+            decline = 0.3
+            [[rule]]
+            name = "big"
+            when = "amount > 5000"
+            then = "decline"
+            """.replace("            ", ""),
+        )
+    )
+    yaml_rules = Rules.load(
+        _written(
+            tmp_path / "rules.yaml",
+            """
+            deny: {cards: [c-0]}
+            allow:
+              merchants: [m-1]
+            override:
+              - {name: ecom, channel: ecom, review: 0.2, decline: 0.3}
+            rule:
+              - name: big
+                when: amount > 5000
+                then: decline
+            """.replace("            ", ""),
+        )
+    )
+    cols = columns(
+        4,
+        card_id=["c-0", "c-1", "c-2", "c-3"],
+        merchant_id=["m-0", "m-1", "m-0", "m-0"],
+        channel=["pos", "pos", "ecom", "pos"],
+        amount=[10.0, 9000.0, 10.0, 9000.0],
+    )
+    score = scores(0.0, 0.99, 0.25, 0.0)
+    outcome = yaml_rules.decide(cols, features(cols), score, DEFAULTS)
+    assert outcome == toml_rules.decide(cols, features(cols), score, DEFAULTS)
+    assert outcome.labels == ["decline", "approve", "review", "decline"]
+    assert yaml_rules.summary() == toml_rules.summary() == "1 deny, 1 allow, 1 override, 1 rule"
+
+
+def test_a_bad_yaml_file_is_refused_naming_it(tmp_path: Path) -> None:
+    for name, text, problem in (
+        ("broken.yaml", "deny: [", "not valid YAML"),
+        ("list.yml", "- deny", "a YAML rules file is a mapping of tables"),
+        # YAML reads an unquoted number as one: an id must be text, as in TOML.
+        ("number.yaml", "allow: {cards: [1234]}", "Expected `str`, got `int`"),
+    ):
+        path = _written(tmp_path / name, text)
+        with pytest.raises(ConfigurationError, match=f"rules file .*{name}: .*{problem}"):
+            Rules.load(path)
+    assert Rules.load(_written(tmp_path / "empty.yaml", "")).summary() == (
+        "0 deny, 0 allow, 0 overrides, 0 rules"
+    )
+
+
+def test_a_yaml_file_without_pyyaml_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml fails as if not installed
+    path = _written(tmp_path / "rules.yml", "deny: {cards: [c-0]}")
+    with pytest.raises(ConfigurationError, match=r"pip install 'fraud-scorer\[yaml\]'"):
+        Rules.load(path)
 
 
 def _written(path: Path, text: str) -> Path:
