@@ -41,7 +41,8 @@ class Server:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", "application/json")
+        patch = method == "PATCH"
+        request.add_header("Content-Type", f"application/{'merge-patch+' if patch else ''}json")
         try:
             with urllib.request.urlopen(request, context=self.tls, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"null")
