@@ -6,18 +6,24 @@ the chart with Helm and has a real kube-apiserver accept the result (server-side
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from contracts.errors import ConfigurationError
 from contracts.health import HealthServer, HealthState
 from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from stream.config import ServiceConfig
+from stream.supervisor import child_command
 from terminals.config import OPTIONS as WORKER_OPTIONS
+from terminals.health import STALL_AFTER_S, WorkerHealth
 from tests.deploy.repo import (
+    ALERTS,
     CHART,
     ROOT,
     alert_rules,
@@ -27,6 +33,9 @@ from tests.deploy.repo import (
 
 TEMPLATES = CHART / "templates"
 VALUES_FILES = [CHART / "values.yaml", CHART / "values-gpu.yaml"]
+SCHEMA = CHART / "values.schema.json"
+#: The chart's copy of the alert rules: a symbolic link to ops/prometheus/alerts.yml.
+CHART_ALERTS = CHART / "files" / "alerts.yml"
 
 
 def values(*overlays: str) -> dict[str, Any]:
@@ -79,7 +88,7 @@ def values_ref(expression: str) -> str:
     """The .Values path an expression reads, e.g. `.Values.kafka.groupId`."""
     refs = re.findall(r"\.Values(?:\.\w+)+", expression)
     assert len(refs) == 1, expression
-    return refs[0]
+    return str(refs[0])
 
 
 # ── the service's settings ───────────────────────────────────────────────────────────────────
@@ -150,10 +159,46 @@ def test_max_replicas_default_to_the_partitions_the_topics_job_creates() -> None
     assert 'allowIdleConsumers: "false"' in scaled, "replicas beyond the partitions idle"
 
 
+def test_the_hpa_fallback_has_kedas_bounds() -> None:
+    hpa = template("hpa.yaml")
+    assert field_expr(hpa, "maxReplicas") == field_expr(
+        template("scaledobject.yaml"), "maxReplicaCount"
+    )
+    assert ".Values.autoscaling.minReplicaCount" in field_expr(hpa, "minReplicas")
+    assert "requests" in values()["resources"] and "cpu" in values()["resources"]["requests"], (
+        "an HPA on CPU utilization needs the scorer's CPU request"
+    )
+
+
+def _capability(template_text: str) -> str:
+    """The API a template is guarded by, as `.Capabilities.APIVersions.Has` names it."""
+    (api,) = re.findall(r'\.Capabilities\.APIVersions\.Has "([^"]+)"', template_text)
+    return str(api)
+
+
+def _kind(template_text: str) -> str:
+    api_version = re.search(r"^apiVersion: (\S+)$", template_text, re.MULTILINE)
+    kind = re.search(r"^kind: (\S+)$", template_text, re.MULTILINE)
+    assert api_version and kind
+    return f"{api_version.group(1)}/{kind.group(1)}"
+
+
+def test_keda_and_the_prometheus_operator_are_asked_for_what_is_rendered() -> None:
+    # A guard that names another API than the object it guards renders nothing, or fails.
+    helpers = template("_helpers.tpl")
+    keda = helpers[helpers.index('define "fraud-scorer.keda"') :]
+    assert _capability(keda) == _kind(template("scaledobject.yaml"))
+    assert template("scaledobject.yaml").startswith('{{- if include "fraud-scorer.keda" . }}')
+    assert 'not (include "fraud-scorer.keda" .)' in template("hpa.yaml").splitlines()[0]
+    rule = template("prometheusrule.yaml")
+    assert _capability(rule) == _kind(rule) == "monitoring.coreos.com/v1/PrometheusRule"
+
+
 def test_keda_scales_the_workload_kind_the_scorer_runs_as() -> None:
     # workload: StatefulSet (stable transactional ids for exactly-once) must move both.
     assert "kind: {{ .Values.workload }}" in template("deployment.yaml")
     assert "kind: {{ .Values.workload }}" in template("scaledobject.yaml")
+    assert "kind: {{ .Values.workload }}" in template("hpa.yaml")
     assert values()["workload"] == "Deployment"
     identity = re.search(r"- name: FRAUD_INSTANCE_ID\n(.*\n){3}", template("deployment.yaml"))
     assert identity and "fieldPath: metadata.name" in identity.group(0), "the pod name is the id"
@@ -213,11 +258,68 @@ def test_probes_ask_the_service_what_they_mean() -> None:
         server.close()
 
 
+def test_the_features_probes_ask_the_worker_what_they_mean() -> None:
+    probes = _probes(template(FEATURES_TEMPLATE))
+    assert set(probes) == {"startupProbe", "livenessProbe", "readinessProbe"}
+    now = [0.0]
+    health = WorkerHealth(clock=lambda: now[0])
+    server = HealthServer("127.0.0.1", 0, health)
+    server.start()
+    try:
+        # Recovering its table: alive, not ready.
+        assert _status(server.port, probes["startupProbe"]) == 200
+        assert _status(server.port, probes["livenessProbe"]) == 200
+        assert _status(server.port, probes["readinessProbe"]) == 503
+        health.recovered(True)
+        assert _status(server.port, probes["readinessProbe"]) == 200
+        # Its event loop silent for too long: restarted (and not ready meanwhile).
+        now[0] += STALL_AFTER_S + 1
+        health.router_beat()
+        assert _status(server.port, probes["livenessProbe"]) == 503
+        assert _status(server.port, probes["readinessProbe"]) == 503
+    finally:
+        server.close()
+
+
+def test_the_features_worker_is_probed_where_it_serves_its_health() -> None:
+    features = template(FEATURES_TEMPLATE)
+    assert values_ref(env_value_expr("FRAUD_FEATURES_METRICS_PORT")) == (
+        ".Values.features.metricsPort"
+    )
+    port = re.search(r"- name: (\S+)\n\s+containerPort: (\{\{.*?\}\})", features)
+    assert port and values_ref(port.group(2)) == ".Values.features.metricsPort"
+    probed = set(re.findall(r"Probe:\n\s+httpGet:\n\s+path: \S+\n\s+port: (\S+)", features))
+    assert probed == {port.group(1)}
+
+
+def test_every_process_has_its_metrics_port_scraped() -> None:
+    # fraud-scorer run --processes N: process i serves metrics_port + i (stream/supervisor.py).
+    config = ServiceConfig(processes=3, metrics_port=9102)
+    served = []
+    for index in range(config.processes):
+        command = child_command([], config, index)
+        served.append(int(command[command.index("--metrics-port") + 1]))
+    assert served == [9102, 9103, 9104], "the chart numbers the ports as metrics.port + index"
+    assert values_ref(env_value_expr("FRAUD_PROCESSES")) == ".Values.processes"
+    loop = "{{- range $i := until (int .Values.processes) }}"
+    name = '{{ include "fraud-scorer.metricsPortName" $i }}'
+    deployment = template("deployment.yaml")
+    assert f"{loop}\n            - name: {name}\n" in deployment
+    assert "containerPort: {{ add $.Values.metrics.port $i }}" in deployment
+    service = template("service.yaml")
+    assert f"port: {{{{ add $.Values.metrics.port $i }}}}\n      targetPort: {name}" in service
+    assert f"{loop}\n    - port: {name}\n      path: /metrics" in template("servicemonitor.yaml")
+    assert f"{loop}\n    - port: {name}\n      path: /metrics" in template("podmonitor.yaml")
+    # The probes ask the first process, whose port keeps the name `metrics`.
+    helpers = template("_helpers.tpl")
+    assert "{{- if . }}metrics-{{ . }}{{ else }}metrics{{ end -}}" in helpers
+    assert set(re.findall(r"\n\s+port: (\S+)", deployment)) == {"metrics"}
+
+
 def test_the_metrics_port_is_one_value() -> None:
     deployment = template("deployment.yaml")
     assert values_ref(env_value_expr("FRAUD_METRICS_PORT")) == ".Values.metrics.port"
     assert values_ref(field_expr(deployment, "containerPort")) == ".Values.metrics.port"
-    assert "port: metrics" in deployment and "name: metrics" in deployment
 
 
 def test_pods_run_as_the_images_user() -> None:
@@ -236,7 +338,69 @@ def test_the_kafka_config_secret_is_mounted_where_the_setting_points() -> None:
     assert 'include "fraud-scorer.kafkaConfigDir"' in file_expr
     assert ".Values.kafka.config.key" in file_expr
     assert 'mountPath: {{ include "fraud-scorer.kafkaConfigDir" . }}' in helpers
-    assert "path: {{ .Values.kafka.config.key }}" in helpers
+    assert "path: {{ $.root.Values.kafka.config.key }}" in helpers
+
+
+def test_the_topics_hook_needs_nothing_the_release_creates_after_it() -> None:
+    # A pre-install hook runs before the release's objects exist: the Job mounts and runs as
+    # its own hook-scoped Secret and ServiceAccount, weighted before it (make helm-check
+    # installs the chart and checks that they exist when the Job is created).
+    job = template("topics-job.yaml")
+    before = re.search(r'"helm.sh/hook-weight" "(-?\d+)"', job)
+    own = re.search(r'helm.sh/hook-weight: "(-?\d+)"', job)
+    assert before and own and int(before.group(1)) < int(own.group(1))
+    assert '"helm.sh/hook" "pre-install,pre-upgrade"' in job
+    assert "helm.sh/hook: pre-install,pre-upgrade" in job
+    assert '"kafkaSecret" (include "fraud-scorer.topicsKafkaConfigSecret" .)' in job
+    assert '"serviceAccount" (include "fraud-scorer.topicsServiceAccountName" .)' in job
+    for other in ("deployment.yaml", FEATURES_TEMPLATE):
+        assert '"fraud-scorer.topics' not in template(other), f"{other} uses the Job's objects"
+
+
+# ── values and their schema ──────────────────────────────────────────────────────────────────
+
+
+def _declared(schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
+    """Paths of values that a strict object of the schema does not declare."""
+    schema = _resolve(schema)
+    if not isinstance(value, dict) or "properties" not in schema:
+        return
+    for key, item in value.items():
+        if key not in schema["properties"]:
+            if schema.get("additionalProperties") is False:
+                yield f"{path}.{key}"
+            continue
+        yield from _declared(schema["properties"][key], item, f"{path}.{key}")
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" not in schema:
+        return schema
+    resolved: dict[str, Any] = json.loads(SCHEMA.read_text())
+    for part in schema["$ref"].removeprefix("#/").split("/"):
+        resolved = resolved[part]
+    return resolved
+
+
+@pytest.mark.parametrize("path", VALUES_FILES, ids=lambda p: p.name)
+def test_every_value_is_in_the_schema(path: Any) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    assert schema["additionalProperties"] is False, "unknown top-level keys are refused"
+    assert not list(_declared(schema, load_yaml(path), "")), path.name
+
+
+def test_the_schema_knows_what_the_templates_compare() -> None:
+    properties = json.loads(SCHEMA.read_text())["properties"]
+    assert properties["workload"]["enum"] == ["Deployment", "StatefulSet"]
+    anti = set(re.findall(r'\.Values\.antiAffinity "(\w+)"', template("deployment.yaml")))
+    assert anti < set(properties["antiAffinity"]["enum"])
+    # The schema refuses at install what the service would refuse at start, no more, no less.
+    low, high = properties["processes"]["minimum"], properties["processes"]["maximum"]
+    for accepted in (low, high):
+        ServiceConfig.from_sources({}, {"FRAUD_PROCESSES": str(accepted)})
+    for refused in (low - 1, high + 1):
+        with pytest.raises(ConfigurationError):
+            ServiceConfig.from_sources({}, {"FRAUD_PROCESSES": str(refused)})
 
 
 def test_the_gpu_profile_asks_for_a_gpu_and_the_cuda_provider() -> None:
@@ -261,6 +425,17 @@ def test_monitors_name_the_job_the_alert_rules_select() -> None:
     for name in ("servicemonitor.yaml", "podmonitor.yaml"):
         text = template(name)
         assert "jobLabel: app.kubernetes.io/name" in text, name
-        assert "path: /metrics" in text and "port: metrics" in text, name
+        assert "path: /metrics" in text, name
     helpers = template("_helpers.tpl")
     assert 'app.kubernetes.io/name: {{ include "fraud-scorer.name" . }}' in helpers
+
+
+def test_the_prometheus_rule_holds_the_alert_rules_of_ops_prometheus() -> None:
+    # One set of rules for compose and Kubernetes: the chart's file is a symbolic link to
+    # ops/prometheus/alerts.yml (helm package stores the file itself), read as it is today.
+    assert CHART_ALERTS.is_symlink(), "a copy would drift: link it (ln -s) instead"
+    assert CHART_ALERTS.resolve() == ALERTS.resolve()
+    assert CHART_ALERTS.read_bytes() == ALERTS.read_bytes()
+    assert '.Files.Get "files/alerts.yml"' in template("prometheusrule.yaml")
+    helmignore = CHART / ".helmignore"
+    assert not helmignore.exists() or "files" not in helmignore.read_text()
