@@ -1,6 +1,6 @@
-"""The scoring work of the faust and per-record contenders: the service's own decision path
-(`scorer.decide.decide_batch`) and decision records, without its Kafka loop, so that only the
-loop around them differs between contenders."""
+"""The scoring work of the faust, Quix Streams and per-record contenders: the service's own
+decision path (`scorer.decide.decide_batch`) and decision records, without its Kafka loop, so
+that only the loop around them differs between contenders."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from contracts.decision import Decision, encode_decision
-from contracts.transaction import decode_transaction
+from contracts.transaction import Transaction, decode_transaction
+from scorer.columns import TransactionColumns
 from scorer.decide import decide_batch
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
@@ -38,10 +40,23 @@ class Decider:
             self._scorer.score(np.zeros((size, NUM_FEATURES), np.float32))
 
     def decide(self, values: Sequence[bytes | None]) -> list[KeyValue]:
-        """The decision of each value, in order (the backlog holds valid transactions only)."""
-        transactions = [decode_transaction(value) for value in values]
+        """The decision of each value, in order (the backlog holds valid transactions only),
+        with neutral card history."""
+        return self.decide_transactions([decode_transaction(value) for value in values])
+
+    def decide_transactions(
+        self,
+        transactions: Sequence[Transaction],
+        *,
+        history: npt.NDArray[np.float32] | None = None,
+        columns: TransactionColumns | None = None,
+    ) -> list[KeyValue]:
+        """The decision of each decoded transaction, in order; `history`: their card history
+        feature rows (None: neutral), `columns`: their columns, where the caller has them."""
         now_ms = time.time_ns() // 1_000_000
-        verdicts = decide_batch(transactions, self._scorer, self._policy, now_ms)
+        verdicts = decide_batch(
+            transactions, self._scorer, self._policy, now_ms, history=history, columns=columns
+        )
         decided_at = time.time_ns() // 1_000_000
         model_version = self._scorer.model_version
         degraded = verdicts.degraded.tolist()
