@@ -37,7 +37,7 @@ help:
 	@echo "make mlflow-up     start an MLflow tracking server and model registry on 127.0.0.1:15000"
 	@echo "make mlflow-down   stop it"
 	@echo "make model       retrain and export the shipped ONNX model"
-	@echo "make bench       decoding per input format; service vs pass-through, faust and per-record; p99 at 5,000 tx/s"
+	@echo "make bench       decoding per input format; service vs pass-through, faust, Quix Streams and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
 	@echo "make flywheel    v1 serves, the world drifts, v2 trained from the topics, shadowed, promoted"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
@@ -155,8 +155,21 @@ $(BENCH_INSTALLED): $(INSTALLED)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $@
 
+# The Quix Streams contender's virtualenv (bench/quix-requirements.txt says why it has its own),
+# with the .venv's versions of what it shares with the other contenders.
+QUIX_VENV := .venv-quix
+QUIX_INSTALLED := $(QUIX_VENV)/.installed
+QUIX_SHARED := ^(numpy|msgspec|onnxruntime(-gpu)?|prometheus[-_]client)==
+
+$(QUIX_INSTALLED): $(INSTALLED) bench/quix-requirements.txt
+	$(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PY) -m pip freeze | grep -E '$(QUIX_SHARED)' > $(QUIX_VENV)/shared.txt
+	$(QUIX_VENV)/bin/python -m pip install --quiet -r bench/quix-requirements.txt -r $(QUIX_VENV)/shared.txt
+	@touch $@
+
 # Starts the broker unless one of ours already runs, and stops it again only if it started it.
-bench: $(BENCH_INSTALLED)
+bench: $(BENCH_INSTALLED) $(QUIX_INSTALLED)
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then started=0; else started=1; fi; \
 	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
 	ops/kafka/kafka.sh up && ops/registry/registry.sh up || exit 1; \
@@ -212,5 +225,5 @@ clean:
 	-ops/kafka/kafka.sh down
 	-ops/kafka/kafka.sh down --secure
 	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
-	rm -rf $(VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow $(TOOLS) .pytest_cache \
+	rm -rf $(VENV) $(QUIX_VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow $(TOOLS) .pytest_cache \
 		.mypy_cache .ruff_cache *.egg-info

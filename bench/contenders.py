@@ -10,6 +10,8 @@ writing to its own output topic:
 - pipeline_no_reasons, pipeline_features: the same with `--reasons off`, and with every
   decision carrying its feature row (`--decision-features on`).
 - faust (bench/faust_app.py): faust-streaming, `Stream.take(max_, within)`, the same model.
+- quix (bench/quix_app.py): Quix Streams, record by record, per-card history in its RocksDB
+  `State`, the same model; in its own virtualenv (QUIX_PYTHON).
 - per_record (bench/loops.py): one ONNX Runtime call per record; the naive loop.
 
 Plus the service's event→decision latency under fraud-loadgen at an open-loop rate.
@@ -51,6 +53,7 @@ CONTENDERS: tuple[str, ...] = (
     "pipeline_no_reasons",
     "pipeline_features",
     "faust",
+    "quix",
     "per_record",
 )
 LABELS = {
@@ -61,6 +64,7 @@ LABELS = {
     "pipeline_no_reasons": "pipeline, no reasons",
     "pipeline_features": "pipeline, features logged",
     "faust": "faust-streaming take()",
+    "quix": "Quix Streams, RocksDB state",
     "per_record": "per-record scoring",
 }
 #: Service flags of each pipeline contender.
@@ -78,6 +82,10 @@ ASSIGNMENT_TIMEOUT_S = 60.0
 LOADGEN_GRACE_S = 120.0
 #: Start-up (imports, model, group join) and stopping, on top of warm-up and window.
 START_STOP_ALLOWANCE_S = 45.0
+#: The Quix Streams contender's interpreter: quixstreams pins confluent-kafka below the
+#: project's, so it has a virtualenv of its own (`make bench` builds it).
+QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
+QUIX_MISSING = f"Quix Streams' virtualenv is missing ({shown(QUIX_PYTHON)}): `make bench` builds it"
 
 
 class Run(NamedTuple):
@@ -97,7 +105,8 @@ class Run(NamedTuple):
     service_flags: tuple[str, ...]
     #: Contender logs, the profile, the latency run's report.
     logs: Path
-    #: Throw-away state of the contenders (faust's data directory), removed after the run.
+    #: Throw-away state of the contenders (faust's data directory, Quix's RocksDB state),
+    #: removed after the run.
     scratch: Path
     #: Seconds of unmeasured latency-run load before the latency runs (a cold broker is slow).
     broker_warmup_s: float = 0.0
@@ -167,6 +176,27 @@ def _loop_command(run: Run, mode: str, backlog: str, output: str, group: str) ->
     ]
 
 
+def _quix_command(run: Run, backlog: str, output: str, group: str, state_dir: Path) -> list[str]:
+    return [
+        str(QUIX_PYTHON),
+        "-m",
+        "bench.quix_app",
+        "--bootstrap-servers",
+        run.bootstrap,
+        "--input-topic",
+        backlog,
+        "--output-topic",
+        output,
+        "--group-id",
+        group,
+        "--state-dir",
+        str(state_dir),
+        "--history-time-scale",
+        str(time_scale(BACKLOG_SEED, BACKLOG_EVENT_RATE)),
+        *_kafka_flags(run),
+    ]
+
+
 def contender(
     run: Run, broker: Broker, name: str, backlog: str, role: str, wrapper: Sequence[str] = ()
 ) -> Measurement:
@@ -194,6 +224,10 @@ def contender(
             "BENCH_GROUP_ID": group,
             "BENCH_DATADIR": str(run.scratch / f"faust-{role}"),
         }
+    elif name == "quix":
+        if not QUIX_PYTHON.is_file():
+            return Measurement(name, 0, False, 0.0, None, load_average(), QUIX_MISSING)
+        command = _quix_command(run, backlog, output, group, run.scratch / f"quix-{role}")
     else:
         command = _loop_command(run, name.replace("_", "-"), backlog, output, group)
     measured = measure(

@@ -109,10 +109,11 @@ class Broker:
     def delete_topics(self, keep: Collection[str] = ()) -> None:
         """Delete every topic of this run but `keep`: those it created and those its services
         created (their card-state changelogs, which once piled up on the dev broker: 62 topics,
-        gigabytes of logs, after a few runs)."""
+        gigabytes of logs, after a few runs), Quix Streams' too, which put the run's names
+        behind a prefix of their own (`changelog__<group>--<topic>--default`)."""
         prefix = f"bench-{self.run_id}-"
         existing = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
-        names = {*self._created, *(name for name in existing if name.startswith(prefix))}
+        names = {*self._created, *(name for name in existing if prefix in name)}
         doomed = sorted(names - set(keep))
         if doomed:
             for future in self._admin.delete_topics(doomed).values():

@@ -22,6 +22,7 @@ Round = dict[str, Measurement]
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("pipeline_vs_passthrough", "pipeline", "passthrough"),
     ("pipeline_vs_faust", "pipeline", "faust"),
+    ("pipeline_vs_quix", "pipeline", "quix"),
     ("pipeline_vs_per_record", "pipeline", "per_record"),
     ("pipeline_vs_stateless", "pipeline", "pipeline_stateless"),
     ("eos_vs_at_least_once", "pipeline_eos", "pipeline"),
@@ -37,6 +38,7 @@ TPS_NAMES = {
     "pipeline_no_reasons": "pipeline_no_reasons_tps",
     "pipeline_features": "pipeline_features_tps",
     "faust": "faust_tps",
+    "quix": "quix_tps",
     "per_record": "per_record_tps",
 }
 
