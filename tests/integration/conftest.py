@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,9 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support.network import free_port
+from tests.support.topics import create_topics, delete_topics
 
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 REPO = Path(__file__).resolve().parents[2]
@@ -55,15 +57,11 @@ def topics_factory(admin: AdminClient) -> Iterator[Callable[..., Topics]]:
         suffix = uuid.uuid4().hex[:10]
         topics = Topics(f"tx-{suffix}", f"decisions-{suffix}", f"tx-{suffix}.dlq", partitions)
         names = [topics.input, topics.output, topics.dlq]
-        for future in admin.create_topics([NewTopic(n, partitions, 1) for n in names]).values():
-            future.result(timeout=30)
-        created.extend(names)
+        created.extend(create_topics(admin, [NewTopic(n, partitions, 1) for n in names]))
         return topics
 
     yield make
-    if created:
-        for future in admin.delete_topics(created).values():
-            future.result(timeout=30)
+    delete_topics(admin, created)
 
 
 #: The broker's default max.message.bytes (1 MiB and batch overhead), less a little.
@@ -201,12 +199,6 @@ def read_topic(
     finally:
         consumer.close()
     return messages
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -23,8 +23,8 @@ from tests.integration.conftest import (
     committed_offsets,
     encode,
     end_offsets,
-    free_port,
 )
+from tests.support.network import free_port
 
 #: Day 20,000 since the epoch (2024-10-04): the transactions' day in these tests.
 DAY0 = 20_000

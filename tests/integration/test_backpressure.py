@@ -16,7 +16,7 @@ from onnx import helper
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
-from tests.models import onnx_model, package
+from tests.support.models import onnx_model, package
 
 #: Hidden width of the deliberately slow model.
 SLOW_WIDTH = 2048

@@ -32,13 +32,13 @@ from tests.integration.conftest import (
     RecordWithHeaders,
     committed_offsets,
     end_offsets,
-    free_port,
     produce,
     produce_to_partition,
     read_topic,
     run_tool,
 )
 from tests.integration.raw_produce import produce_raw
+from tests.support.network import free_port
 
 ERRORS: dict[str, type[RecordError]] = {
     "decode": DecodeError,

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-import numpy as np
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from onnx import TensorProto, helper
+from confluent_kafka.admin import AdminClient
 
-from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import (
     LARGE_MESSAGE_BYTES,
@@ -27,57 +21,12 @@ from tests.integration.conftest import (
     produce,
     read_topic,
 )
-from tests.models import onnx_model, package
+from tests.support.models import amount_poison_model, package
+from tests.support.network import http_status
+from tests.support.topics import temporary_topic
+from tests.support.waiting import wait_until
 
 VALID = TransactionSimulator(3, id_prefix="failures").generate(1).records[0]
-#: The crafted model breaks (ONNX Runtime raises) on transactions above this amount.
-POISON_AMOUNT = 500_000.0
-
-
-def poison_model(path: Path) -> Path:
-    """A model that scores like a tiny logistic regression but whose Gather index runs out of
-    bounds (an ONNX Runtime error for the whole call) for any row above POISON_AMOUNT."""
-    rng = np.random.default_rng(1)
-    initializers = {
-        "w": rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32),
-        "b": np.array([-2.0], np.float32),
-        "flat": np.array([-1], np.int64),
-        "amount_column": np.array(0, np.int64),
-        "limit": np.array(np.log1p(POISON_AMOUNT), np.float32),
-        "out_of_bounds": np.array(7, np.int64),
-        "table": np.zeros(1, np.float32),
-    }
-    nodes = [
-        helper.make_node("Gemm", ["features", "w", "b"], ["z"]),
-        helper.make_node("Sigmoid", ["z"], ["p"]),
-        helper.make_node("Reshape", ["p", "flat"], ["p_flat"]),
-        helper.make_node("Gather", ["features", "amount_column"], ["log_amount"], axis=1),
-        helper.make_node("Greater", ["log_amount", "limit"], ["too_big"]),
-        helper.make_node("Cast", ["too_big"], ["too_big_i"], to=TensorProto.INT64),
-        helper.make_node("Mul", ["too_big_i", "out_of_bounds"], ["index"]),
-        helper.make_node("Gather", ["table", "index"], ["zero_or_crash"], axis=0),
-        helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
-    ]
-    return package(path, onnx_model(nodes, initializers, ["batch"]), version="poison-test-1")
-
-
-def http_status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except urllib.error.URLError:
-        return 0  # not listening yet
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_poison_records_are_isolated_and_their_batch_mates_decided(
@@ -90,7 +39,7 @@ def test_poison_records_are_isolated_and_their_batch_mates_decided(
         records[i] = {**records[i], "amount": 900_000.0}
         poison_ids.add(records[i]["transaction_id"])
     produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in records])
-    model = poison_model(tmp_path / "poison")
+    model = package(tmp_path / "poison", amount_poison_model(), version="poison-test-1")
     service = service_factory(topics, "--model-path", str(model), "--max-batch-size", "64")
 
     decisions = [json.loads(m.value()) for m in read_topic(topics.output, 296)]
@@ -154,9 +103,7 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
     assert committed_offsets(group, topics.input, 1)[0] in (-1001, 10)
     assert http_status(service.metrics_port, "/healthz") == 200, "alive, just not ready"
 
-    for future in admin.create_topics([NewTopic(missing.dlq, 1, 1)]).values():
-        future.result(timeout=30)
-    try:
+    with temporary_topic(admin, missing.dlq):
         wait_until(lambda: http_status(service.metrics_port, "/readyz") == 200, 90, "recovery")
         letters = read_topic(missing.dlq, 1)
         assert [m.value() for m in letters] == [b"{broken"]
@@ -165,9 +112,6 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
         )
         decided = read_topic(topics.output, 40)
         assert len({json.loads(m.value())["transaction_id"] for m in decided}) == 40
-    finally:
-        for future in admin.delete_topics([missing.dlq]).values():
-            future.result(timeout=30)
 
 
 #: Both sinks reroute an output the broker refuses for itself (stream/refusals.py): the
@@ -181,13 +125,8 @@ def limited_topic(admin: AdminClient, suffix: str, max_message_bytes: int) -> It
     the way out."""
     name = f"limited-{uuid.uuid4().hex[:8]}.{suffix}"
     config = {"max.message.bytes": str(max_message_bytes)}
-    for future in admin.create_topics([NewTopic(name, 1, 1, config=config)]).values():
-        future.result(timeout=30)
-    try:
+    with temporary_topic(admin, name, config=config):
         yield name
-    finally:
-        for future in admin.delete_topics([name]).values():
-            future.result(timeout=30)
 
 
 @GUARANTEES
@@ -301,17 +240,12 @@ def test_the_consumer_keeps_its_group_while_outputs_are_retried(
     produce(topics.input, [(b"k", encode(r)) for r in valid])
     wait_until(lambda: http_status(service.metrics_port, "/readyz") == 503, 60, "/readyz 503")
     time.sleep(3)
-    for future in admin.create_topics([NewTopic(missing.dlq, 1, 1)]).values():
-        future.result(timeout=30)
-    try:
+    with temporary_topic(admin, missing.dlq):
         wait_until(lambda: http_status(service.metrics_port, "/readyz") == 200, 90, "recovery")
         wait_until(
             lambda: committed_offsets(group, topics.input, 1)[0] == 201, 60, "commit to the end"
         )
         decided = read_topic(topics.output, 200)
-    finally:
-        for future in admin.delete_topics([missing.dlq]).values():
-            future.result(timeout=30)
     log = service.log()
     assert "MAX_POLL_EXCEEDED" not in log and "lost " not in log, log
     ids = [json.loads(m.value())["transaction_id"] for m in decided]

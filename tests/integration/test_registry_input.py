@@ -30,7 +30,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from simulator.team_shapes import ENTRY_MODES, authorization, checkout_event
 from simulator.transactions import TransactionSimulator
-from tests.integration.conftest import ServiceProcess, Topics, free_port, produce, read_topic
+from tests.integration.conftest import ServiceProcess, Topics, produce, read_topic
+from tests.support.network import free_port
 
 REGISTRY_URL = os.environ.get(
     "FRAUD_TEST_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18081/apis/ccompat/v7"

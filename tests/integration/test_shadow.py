@@ -17,7 +17,7 @@ from scorer.decisions import DEFAULT_THRESHOLDS, classify
 from scorer.features import FEATURE_NAMES, build_features
 from tests.integration.conftest import BOOTSTRAP, Topics, produce, read_topic
 from tests.integration.test_pipeline import decisions_of, simulated
-from tests.models import onnx_model, package
+from tests.support.models import onnx_model, package
 
 #: The challenger: sigmoid(SLOPE * (log_amount - CENTRE)), reading that one feature.
 SLOPE, CENTRE = 2.0, 4.0

@@ -43,7 +43,9 @@ from confluent_kafka.admin import (
 from ops.kafka import acls as acl_tools
 from ops.kafka.acls import ServiceAcls
 from ops.kafka.kafka_ready import AuthenticationError, broker_count, read_properties
-from tests.integration.conftest import ServiceProcess, free_port
+from tests.integration.conftest import ServiceProcess
+from tests.support.network import free_port
+from tests.support.topics import ADMIN_TIMEOUT_S, create_topics, delete_topics
 
 REPO = Path(__file__).resolve().parents[2]
 SECURE_BOOTSTRAP = os.environ.get("KAFKA_SECURE_BOOTSTRAP_SERVERS", "127.0.0.1:9192")
@@ -51,7 +53,6 @@ SECURE_STATE_DIR = Path(os.environ.get("KAFKA_SECURE_STATE_DIR", REPO / ".kafka-
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 #: Kafka's default for SCRAM credentials; the hash cost of one authentication.
 SCRAM_ITERATIONS = 4096
-ADMIN_TIMEOUT_S = 30.0
 #: A new user is known to the broker once the controller committed it and the broker applied it.
 USER_PROPAGATION_TIMEOUT_S = 30.0
 
@@ -213,16 +214,12 @@ def secure_topics_factory(secure_admin: AdminClient) -> Iterator[Callable[..., S
             f"tx-{suffix}.dlq",
             partitions,
         )
-        futures = secure_admin.create_topics([NewTopic(n, partitions, 1) for n in topics.names])
-        for future in futures.values():
-            future.result(timeout=ADMIN_TIMEOUT_S)
-        created.extend(topics.names)
+        new = [NewTopic(n, partitions, 1) for n in topics.names]
+        created.extend(create_topics(secure_admin, new))
         return topics
 
     yield make
-    if created:
-        for future in secure_admin.delete_topics(created).values():
-            future.result(timeout=ADMIN_TIMEOUT_S)
+    delete_topics(secure_admin, created)
 
 
 @pytest.fixture

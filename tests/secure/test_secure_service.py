@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +34,8 @@ from tests.secure.conftest import (
     only,
     service_acls,
 )
+from tests.support.network import http_status
+from tests.support.waiting import wait_until
 
 
 def produce_as(broker: SecureBroker, user: Credentials, topic: str, records: list[bytes]) -> None:
@@ -71,25 +71,6 @@ def committed(broker: SecureBroker, group: str, topic: str) -> int:
         return int(consumer.committed([TopicPartition(topic, 0)], timeout=30)[0].offset)
     finally:
         consumer.close()
-
-
-def http_status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except urllib.error.URLError:
-        return 0  # not listening yet
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def transactions(n: int, prefix: str) -> list[bytes]:

@@ -212,10 +212,3 @@ class Replica:
     def progress(self) -> dict[tuple[str, int], int]:
         """Positions made committable so far: stored offsets, or committed ones."""
         return self.consumer.committed_offsets if self.transactions else self.consumer.stored
-
-
-def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)

@@ -9,7 +9,8 @@ import threading
 
 from contracts.errors import RegistryUnavailableError
 from contracts.transaction import Transaction, decode_transaction
-from tests.unit.replica import TOPIC, Replica, messages, tp, until
+from tests.support.waiting import wait_until
+from tests.unit.replica import TOPIC, Replica, messages, tp
 
 
 class FlakyRegistry:
@@ -39,16 +40,16 @@ def test_a_registry_that_is_down_holds_the_partition_and_loses_nothing() -> None
         replica.consumer.feed(messages(0, range(40)) + messages(1, range(60)))
         # Partition 0 is decided up to the first record the registry cannot read; partition 1
         # all the way.
-        until(lambda: replica.progress() == {(TOPIC, 0): 20, (TOPIC, 1): 60})
-        until(lambda: registry.failures >= 3)  # held, resumed and held again, with backoff
+        wait_until(lambda: replica.progress() == {(TOPIC, 0): 20, (TOPIC, 1): 60})
+        wait_until(lambda: registry.failures >= 3)  # held, resumed and held again, with backoff
         assert replica.progress()[(TOPIC, 0)] == 20
-        until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 1)
+        wait_until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 1)
         assert (TOPIC, 0) in {(t, p) for t, p, _ in replica.consumer.seeks}
         assert not [t for t, _ in replica.outputs() if t == replica.config.dlq_topic]
 
         registry.down.clear()
-        until(lambda: replica.progress() == {(TOPIC, 0): 40, (TOPIC, 1): 60})
-        until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 0)
+        wait_until(lambda: replica.progress() == {(TOPIC, 0): 40, (TOPIC, 1): 60})
+        wait_until(lambda: replica.metrics.registry.get_sample_value("fraud_held_partitions") == 0)
     decisions = [t for t, _ in replica.outputs() if t == replica.config.output_topic]
     assert len(decisions) == len(replica.decided()) == 100, "each record decided once"
     assert replica.committed() == {(TOPIC, 0): 40, (TOPIC, 1): 60}

@@ -15,7 +15,7 @@ from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.runtime import CPU
 from stream.config import SHIPPED_MODEL_PATH
-from tests.models import POISON, onnx_model, package, poison_model
+from tests.support.models import POISON, onnx_model, package, poison_model
 
 
 def test_only_the_gpu_build_of_onnxruntime_is_installed() -> None:

@@ -27,7 +27,7 @@ from scorer.model_source import DirectorySource, ModelSource
 from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, load_serving_model, sanity_check
-from tests.models import onnx_model, package
+from tests.support.models import onnx_model, package
 
 
 def package_copy(directory: Path, version: str) -> Path:

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from contracts.errors import TransientDeliveryError
+from tests.support.waiting import wait_until
 from tests.unit.fakes import FakeScorer
 from tests.unit.replica import (
     RECORDS,
@@ -25,7 +26,6 @@ from tests.unit.replica import (
     messages,
     record_value,
     tp,
-    until,
 )
 
 MODES = pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
@@ -43,7 +43,7 @@ def test_every_record_is_decided_and_committed_after_its_outputs_are_durable(mod
     with Replica(processing_guarantee=mode) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(100)) + messages(1, range(50)))
-        until(lambda: replica.progress() == {(TOPIC, 0): 100, (TOPIC, 1): 50})
+        wait_until(lambda: replica.progress() == {(TOPIC, 0): 100, (TOPIC, 1): 50})
         assert len(replica.decided()) == 150
     assert replica.committed() == {(TOPIC, 0): 100, (TOPIC, 1): 50}
     assert replica.consumer.closed
@@ -57,7 +57,7 @@ def test_invalid_records_are_dead_lettered_in_line_with_the_decisions(mode: str)
     with Replica(processing_guarantee=mode) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(10), value_of))
-        until(lambda: replica.progress() == {(TOPIC, 0): 10})
+        wait_until(lambda: replica.progress() == {(TOPIC, 0): 10})
     topics = [topic for topic, _ in replica.outputs()]
     assert topics.count(replica.config.dlq_topic) == 1 and len(replica.decided()) == 9
 
@@ -67,12 +67,12 @@ def test_at_the_in_flight_bound_partitions_pause_and_the_consumer_keeps_polling(
         replica.sink.holding = True  # the broker acknowledges nothing for now
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(500)))
-        until(lambda: replica.consumer.paused == {(TOPIC, 0)})
+        wait_until(lambda: replica.consumer.paused == {(TOPIC, 0)})
         polls = replica.consumer.polls
-        until(lambda: replica.consumer.polls > polls + 20)
+        wait_until(lambda: replica.consumer.polls > polls + 20)
         assert replica.parts.tracker.in_flight <= 64, "never past the bound"
         replica.sink.holding = False
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 500})
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 500})
         assert not replica.consumer.paused
 
 
@@ -83,12 +83,12 @@ def test_while_outputs_are_retried_partitions_pause_and_the_consumer_keeps_polli
         replica.sink.failing = TransientDeliveryError("broker down", "_TRANSPORT")
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(200)))
-        until(lambda: replica.consumer.paused == {(TOPIC, 0)})
+        wait_until(lambda: replica.consumer.paused == {(TOPIC, 0)})
         polls = replica.consumer.polls
-        until(lambda: replica.consumer.polls > polls + 50)
+        wait_until(lambda: replica.consumer.polls > polls + 50)
         assert replica.consumer.stored == {}, "nothing is committed while outputs fail"
         replica.sink.failing = None
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 200}, timeout_s=30)
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 200}, timeout_s=30)
         assert len(replica.decided()) == 200
 
 
@@ -108,16 +108,16 @@ def test_a_stuck_model_call_pauses_partitions_on_the_thread_and_stops_the_loop_i
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(100)))
         if scoring == "thread":  # the consumer keeps the group while the thread is stuck
-            until(lambda: replica.consumer.paused == {(TOPIC, 0)}, timeout_s=10)
+            wait_until(lambda: replica.consumer.paused == {(TOPIC, 0)}, timeout_s=10)
             polls = replica.consumer.polls
-            until(lambda: replica.consumer.polls > polls + 20)
+            wait_until(lambda: replica.consumer.polls > polls + 20)
         else:  # the loop itself waits: no pass, so no heartbeat, and /healthz says so in time
-            until(stuck.is_set)
+            wait_until(stuck.is_set)
             polls = replica.consumer.polls
             time.sleep(0.3)
             assert replica.consumer.polls == polls
         release.set()
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 100})
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 100})
 
 
 def test_batches_are_scored_on_the_thread_the_setting_names(scoring: str) -> None:
@@ -132,7 +132,7 @@ def test_batches_are_scored_on_the_thread_the_setting_names(scoring: str) -> Non
         replica.thread.name = "consuming"
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(40)))
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 40})
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 40})
     assert threads == {"consuming" if scoring == "inline" else "scoring"}
 
 
@@ -142,13 +142,13 @@ def test_a_revoke_releases_undecided_records_and_commits_what_was_decided(mode: 
     with Replica(processing_guarantee=mode, transaction_ms=60_000) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(40)) + messages(1, range(40)))
-        until(
+        wait_until(
             lambda: replica.parts.tracker.in_flight == 0 and len(replica.consumer.handed_out) == 80
         )
         replica.consumer.revoke(tp(1))
         replica.consumer.feed(messages(0, range(40, 60)) + messages(1, range(40, 60)))
-        until(lambda: replica.committed().get((TOPIC, 1)) == 40)
-        until(lambda: len(replica.consumer.handed_out) == 100)
+        wait_until(lambda: replica.committed().get((TOPIC, 1)) == 40)
+        wait_until(lambda: len(replica.consumer.handed_out) == 100)
         assert replica.parts.tracker.pending_in([(TOPIC, 1)]) == 0
     assert replica.committed() == {(TOPIC, 0): 60, (TOPIC, 1): 40}, "nothing after the revoke"
 
@@ -158,9 +158,9 @@ def test_lost_partitions_are_forgotten_without_a_commit() -> None:
         replica.sink.holding = True
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(30)))
-        until(lambda: replica.parts.tracker.in_flight == 30)
+        wait_until(lambda: replica.parts.tracker.in_flight == 30)
         replica.consumer.lose(tp(0))
-        until(lambda: replica.parts.tracker.in_flight == 0)
+        wait_until(lambda: replica.parts.tracker.in_flight == 0)
         replica.sink.holding = False
         time.sleep(0.05)
     assert (TOPIC, 0) not in replica.consumer.consumer_commits
@@ -181,7 +181,7 @@ def test_shutdown_has_one_deadline_and_reports_what_stays_uncommitted(
         replica.sink.holding = True  # nothing is ever acknowledged
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(25)))
-        until(lambda: replica.parts.tracker.in_flight == 25)
+        wait_until(lambda: replica.parts.tracker.in_flight == 25)
         took_s = replica.stop()
     assert took_s < 2.5, f"shutdown took {took_s:.1f}s for a 1.5s grace period"
     assert "stopped; records left uncommitted: 25" in caplog.text
@@ -207,7 +207,7 @@ def test_revokes_never_pair_scores_with_the_wrong_records() -> None:
                 )
                 time.sleep(0.002)
                 replica.consumer.revoke(tp(1))
-            until(lambda: replica.consumer.stored.get((TOPIC, 0)) == 1_000, timeout_s=60)
+            wait_until(lambda: replica.consumer.stored.get((TOPIC, 0)) == 1_000, timeout_s=60)
     finally:
         sys.setswitchinterval(interval)
     assert replica.service.failure is None
@@ -220,12 +220,12 @@ def test_an_aborted_transaction_is_decided_again_and_nothing_becomes_durable_twi
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
         replica.producer.fail_next_commit = KafkaError(
             KafkaError._STATE, "transaction failed", txn_requires_abort=True
         )
         replica.consumer.feed(messages(0, range(50, 120)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 120})
     assert replica.consumer.seeks, "the consumer went back to the committed offset"
     assert len(replica.decided()) == 120
 
@@ -236,18 +236,18 @@ def test_exactly_once_is_unready_while_a_commit_is_not_confirmed() -> None:
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
-        until(lambda: replica.health.ready()[0])
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.health.ready()[0])
         replica.producer.commit_error = KafkaError(
             KafkaError._TIMED_OUT, "coordinator unreachable", retriable=True
         )
         replica.consumer.feed(messages(0, range(50, 100)))
-        until(lambda: not replica.health.ready()[0])
+        wait_until(lambda: not replica.health.ready()[0])
         assert replica.health.ready()[1] == "outputs cannot be delivered; fetching stopped"
-        until(lambda: replica.consumer.paused == {(TOPIC, 0)})
+        wait_until(lambda: replica.consumer.paused == {(TOPIC, 0)})
         replica.producer.commit_error = None
-        until(lambda: replica.committed() == {(TOPIC, 0): 100})
-        until(lambda: replica.health.ready()[0])
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 100})
+        wait_until(lambda: replica.health.ready()[0])
     assert len(replica.decided()) == 100
 
 
@@ -258,23 +258,23 @@ def test_after_the_cluster_went_away_a_new_producer_takes_over_and_nothing_is_du
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
         old = replica.producer
         old.commit_error = KafkaError(KafkaError._TRANSPORT, "broker down", retriable=True)
         replica.consumer.feed(messages(0, range(50, 100)))
-        until(lambda: not replica.health.ready()[0])
+        wait_until(lambda: not replica.health.ready()[0])
         unregistered = KafkaError(KafkaError._TIMED_OUT, "coordinator not found", retriable=True)
         replica.replacement_init_error = unregistered
         replica.transactions.cluster_lost()  # what the clients' error callback does
-        until(lambda: len(replica.producers) == 2)
+        wait_until(lambda: len(replica.producers) == 2)
         replica.transactions.cluster_lost()  # still down: the replacement covers this too
         polls = replica.consumer.polls
-        until(lambda: replica.consumer.polls > polls + 20)
+        wait_until(lambda: replica.consumer.polls > polls + 20)
         assert not replica.health.ready()[0], "not ready while the new producer is unregistered"
         assert replica.service.failure is None and replica.committed() == {(TOPIC, 0): 50}
         replica.producer.init_error = None
-        until(lambda: replica.committed() == {(TOPIC, 0): 100})
-        until(lambda: replica.health.ready()[0])
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 100})
+        wait_until(lambda: replica.health.ready()[0])
     assert replica.service.failure is None and replica.producer.initialized
     assert len(replica.producers) == 2, "one replacement for one outage"
     replaced = replica.metrics.registry.get_sample_value("fraud_producer_replacements_total")
@@ -291,7 +291,7 @@ def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() ->
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
         replica.producer.abort_error = KafkaError(
             KafkaError._TIMED_OUT, "Timed out, retry call to resume", retriable=True
         )
@@ -299,13 +299,13 @@ def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() ->
             KafkaError._STATE, "transaction failed", txn_requires_abort=True
         )
         replica.consumer.feed(messages(0, range(50, 120)))
-        until(lambda: not replica.health.ready()[0])
+        wait_until(lambda: not replica.health.ready()[0])
         polls = replica.consumer.polls
-        until(lambda: replica.consumer.polls > polls + 20)
+        wait_until(lambda: replica.consumer.polls > polls + 20)
         assert replica.service.failure is None and replica.committed() == {(TOPIC, 0): 50}
         replica.producer.abort_error = None
-        until(lambda: replica.committed() == {(TOPIC, 0): 120})
-        until(lambda: replica.health.ready()[0])
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        wait_until(lambda: replica.health.ready()[0])
     assert replica.service.failure is None
     assert len(replica.producer.committed) == len(replica.decided()) == 120
 
@@ -314,7 +314,7 @@ def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
         # What librdkafka reports: the committed offset it fetched when the partition came.
         stale = {"fetch_state": "active", "committed_offset": 0, "ls_offset": 50}
         partitions = {"0": {**stale, "consumer_lag": 50}}
@@ -330,14 +330,14 @@ def test_outputs_refused_by_a_failed_transaction_abort_it_instead_of_killing_the
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
         replica.producer.produce_error = KafkaError(
             KafkaError._STATE, "Unable to produce message: Local: Erroneous state"
         )
         replica.consumer.feed(messages(0, range(50, 120)))
-        until(lambda: bool(replica.consumer.seeks))
+        wait_until(lambda: bool(replica.consumer.seeks))
         replica.producer.produce_error = None
-        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 120})
     assert replica.service.failure is None
     assert len(replica.producer.committed) == len(replica.decided()) == 120
 
@@ -362,7 +362,7 @@ def test_no_transaction_commits_an_outcome_past_the_offsets_it_commits() -> None
     ) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(120), value_of))
-        until(lambda: replica.committed() == {(TOPIC, 0): 120})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 120})
     assert len(replica.producer.transactions) > 1
     letters = []
     for outputs, committed in replica.producer.transactions:

@@ -22,8 +22,9 @@ from scorer.history import CardHistory
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.sink import Output
+from tests.support.waiting import wait_until
 from tests.unit.fakes import MemoryChangelog
-from tests.unit.replica import RECORDS, TOPIC, Replica, messages, record_value, tp, until
+from tests.unit.replica import RECORDS, TOPIC, Replica, messages, record_value, tp
 
 
 def states(state: CardState, partition: int, cards: set[str]) -> dict[str, bytes | None]:
@@ -87,14 +88,14 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
             state.drop = noted_drop  # type: ignore[method-assign]
             replica.consumer.assign(tp(0, 1))
             replica.consumer.feed(interleaved(0, 50))
-            until(in_update.is_set)
+            wait_until(in_update.is_set)
             replica.consumer.lose(tp(1))
             for round_ in range(1, 20):
                 replica.consumer.assign(tp(1))
                 replica.consumer.feed(interleaved(round_ * 50, round_ * 50 + 50))
                 time.sleep(0.002)
                 replica.consumer.lose(tp(1))
-            until(lambda: replica.consumer.stored.get((TOPIC, 0)) == 1_000, timeout_s=60)
+            wait_until(lambda: replica.consumer.stored.get((TOPIC, 0)) == 1_000, timeout_s=60)
             held = states(state, 0, set(expected := expected_states(range(1_000))))
     finally:
         sys.setswitchinterval(interval)
@@ -125,7 +126,7 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
         assert len(same_card) >= 6
         end = same_card[5] + 1
         replica.consumer.feed(messages(0, range(end)))
-        until(lambda: replica.consumer.stored.get((TOPIC, 0)) == end)
+        wait_until(lambda: replica.consumer.stored.get((TOPIC, 0)) == end)
         assert replica.card_state is not None
         held = replica.card_state.current(0, card).state
     assert failed, "the first state of the card failed once"
@@ -142,7 +143,7 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
     ) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(200)) + messages(1, range(200)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 200, (TOPIC, 1): 200})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 200, (TOPIC, 1): 200})
         reads: list[int] = []
         read = replica.changelog.read
 
@@ -155,7 +156,7 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
             KafkaError._STATE, "transaction failed", txn_requires_abort=True
         )
         replica.consumer.feed(messages(0, range(200, 400)) + messages(1, range(200, 400)))
-        until(lambda: replica.committed() == {(TOPIC, 0): 400, (TOPIC, 1): 400})
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 400, (TOPIC, 1): 400})
         assert replica.card_state is not None
         expected = {p: expected_states(range(400), p) for p in (0, 1)}
         held = {p: states(replica.card_state, p, set(expected[p])) for p in (0, 1)}
@@ -201,12 +202,12 @@ def test_a_replica_consumes_only_once_terminal_risk_is_loaded() -> None:
         assert replica.health.ready() == (False, "loading terminal-risk")
         assert replica.health.alive()[0]
         terminals.loaded.set()
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
-        until(lambda: replica.health.ready()[0])
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+        wait_until(lambda: replica.health.ready()[0])
 
 
 def test_a_replica_consumes_anyway_once_terminal_risk_is_overdue() -> None:
     with Replica(terminals=Terminals(), terminal_risk_load_timeout_s=0.2) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(20)))
-        until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})

@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
-from scorer.features import FEATURE_NAMES
+from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import plain_manifest, write_model_package
 
 #: A feature value at which `poison_model` fails inside ONNX Runtime.
 POISON = 7.0
+#: A transaction amount above which `amount_poison_model` fails inside ONNX Runtime.
+POISON_AMOUNT = 500_000.0
 
 
 def onnx_model(
@@ -66,3 +68,31 @@ def poison_model() -> bytes:
         {"table": np.ones(2, np.float32)},
         ["batch"],
     )
+
+
+def amount_poison_model() -> bytes:
+    """Scores like a tiny logistic regression, but its Gather index runs out of bounds (an ONNX
+    Runtime error for the whole call) for any row whose amount is above POISON_AMOUNT: a model
+    that breaks on real transactions, not on crafted feature rows."""
+    rng = np.random.default_rng(1)
+    initializers: dict[str, np.ndarray] = {
+        "w": rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32),
+        "b": np.array([-2.0], np.float32),
+        "flat": np.array([-1], np.int64),
+        "amount_column": np.array(0, np.int64),
+        "limit": np.array(np.log1p(POISON_AMOUNT), np.float32),
+        "out_of_bounds": np.array(7, np.int64),
+        "table": np.zeros(1, np.float32),
+    }
+    nodes = [
+        helper.make_node("Gemm", ["features", "w", "b"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Reshape", ["p", "flat"], ["p_flat"]),
+        helper.make_node("Gather", ["features", "amount_column"], ["log_amount"], axis=1),
+        helper.make_node("Greater", ["log_amount", "limit"], ["too_big"]),
+        helper.make_node("Cast", ["too_big"], ["too_big_i"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["too_big_i", "out_of_bounds"], ["index"]),
+        helper.make_node("Gather", ["table", "index"], ["zero_or_crash"], axis=0),
+        helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
+    ]
+    return onnx_model(nodes, initializers, ["batch"])

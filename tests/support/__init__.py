@@ -1,0 +1,3 @@
+"""Helpers the test tiers share, each defined once: waiting for a condition (`waiting`), local
+ports and HTTP probes (`network`), topics created and deleted on a broker (`topics`), and small
+ONNX models built to break or to mismatch (`models`)."""
