@@ -105,6 +105,13 @@ def test_invalid_records_are_dead_lettered_and_neighbours_decided(topics_factory
 
     decisions = decisions_of(topics.output, len(good))
     dead = read_topic(topics.dlq, len(bad))
+    # Where each bad record landed (their keys are unique): its dead letter must point there.
+    bad_keys = {key for key, _ in bad}
+    origin = {
+        m.key(): (m.partition(), m.offset())
+        for m in read_topic(topics.input, len(mixed))
+        if m.key() in bad_keys
+    }
 
     assert sorted(d["transaction_id"] for d in decisions) == sorted(
         r["transaction_id"] for r in sent
@@ -116,7 +123,9 @@ def test_invalid_records_are_dead_lettered_and_neighbours_decided(topics_factory
         assert letter.value() == value, "the original bytes travel unchanged"
         headers = {k: v.decode() for k, v in letter.headers()}
         assert headers["dlq.original.topic"] == topics.input
-        assert int(headers["dlq.original.offset"]) >= 0
+        partition, offset = origin[key]
+        assert headers["dlq.original.partition"] == str(partition)
+        assert headers["dlq.original.offset"] == str(offset)
         assert headers["dlq.attempts"] == "1"
         assert headers["dlq.error"] in ("DecodeError", "ValidationError")
         assert headers["dlq.message"]
