@@ -1,8 +1,10 @@
-"""The packages import one way: contracts at the bottom, tools at the top.
+"""The packages import one way: contracts at the bottom, tools at the top, tests above all.
 
 A module may import its own package and the packages of lower layers, never a higher layer nor
 a sibling of its own layer. The scan reads every import statement (module level or not) of the
-project's packages, so a new upward import fails here before it can form a cycle.
+project's packages, the tools (bench/, and ops/, whose Python tools run as `python -m ops.…`)
+and the tests, so a new upward import fails here before it can form a cycle: no service package
+imports bench, ops or tests, and bench and ops do not import each other.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"simulator"}),
     frozenset({"training", "loadgen", "faults"}),
     frozenset({"flywheel"}),
-    frozenset({"bench"}),
+    # Tools that drive the service packages from outside: the benchmarks, and the operations
+    # tools (ACLs, the Helm chart's checks, the generated reference pages).
+    frozenset({"bench", "ops"}),
+    frozenset({"tests"}),
 )
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
@@ -44,8 +49,9 @@ def modules() -> list[Path]:
 
 
 def test_every_top_level_package_has_a_layer() -> None:
-    packages = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
     assert packages <= set(LAYER_OF), f"give {sorted(packages - set(LAYER_OF))} a layer"
+    assert {"bench", "ops", "tests"} <= {p.relative_to(REPO).parts[0] for p in modules()}
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(REPO)))
@@ -63,3 +69,11 @@ def test_the_scan_sees_an_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from stream.service import ScoringService\n")
     assert imported_packages(module) == {"stream"}
+
+
+@pytest.mark.parametrize("tool", ["bench", "ops", "tests"])
+def test_the_scan_sees_a_service_module_import_a_tool_or_a_test(tmp_path: Path, tool: str) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(f"import {tool}.x\n")
+    assert imported_packages(module) == {tool}
+    assert LAYER_OF[tool] > max(LAYER_OF[p] for p in ("contracts", "stream", "loadgen"))
