@@ -21,7 +21,7 @@ from http.client import HTTPException
 from pathlib import Path
 
 from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from faults.broker import Broker
 from faults.load import OpenLoopLoad

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic
 
 from faults.harness import ADMIN_TIMEOUT_S, Freeze, ScenarioRun
 from faults.reading import read_dead_letters

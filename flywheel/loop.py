@@ -36,7 +36,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from scorer.model_cli import main as fraud_model
 from simulator.transactions import SimulatedBatch, TransactionSimulator

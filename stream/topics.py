@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.errors import ConfigurationError
 from stream.config import ServiceConfig

@@ -25,7 +25,7 @@ import logging
 import time
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
+from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
     NewTopic,
