@@ -269,7 +269,9 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     group = f"fraud-scorer-{uuid.uuid4().hex[:10]}"
 
     def start(topics: Topics, *extra: str, instance: str = "a") -> ServiceProcess:
-        port = free_port()
+        # A supervisor numbers its processes' ports from this one up.
+        processes = int(extra[extra.index("--processes") + 1]) if "--processes" in extra else 1
+        port = free_port(processes)
         args = [
             "--bootstrap-servers",
             BOOTSTRAP,

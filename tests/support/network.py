@@ -2,16 +2,44 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that nothing listens on now.
+
+    Drawn below the kernel's ephemeral range: a port in it can be taken, between this check
+    and the server's bind, by any outgoing connection (a Kafka client's, say), which is how
+    a supervised second process once found its metrics port in use.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, low - count)
+        if all(_bindable(port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports below {low} on 127.0.0.1")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def http_status(port: int, path: str) -> int:
