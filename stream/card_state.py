@@ -3,7 +3,8 @@ kept durable in a compacted changelog topic.
 
 Responsibilities:
 - restore a partition's state from its changelog before the partition's first batch is scored
-  (on assignment), and say how long that took;
+  (on assignment, on the restore thread of `stream/restores.py` while the partition is
+  paused), and say how long that took;
 - turn a batch's records into their history feature rows (in consumption order) and into the
   changelog records their updates produced (changed cards, and tombstones for cards idle past
   the longest window), to be written with the batch's outputs: the commit that covers a batch's
@@ -45,8 +46,8 @@ Key design decisions:
   newest first. Its cost is the batches' size, not the state's (a reload read every owned
   partition's changelog again: about 9 s per million cards). Past `UNDO_MAX_CARDS` copies
   between two commits the copies are dropped and an abort reloads, so memory stays bounded.
-- A lock orders the consuming thread's restores and drops against the scoring thread's batches;
-  a restore takes it per chunk read, so batches of other partitions go on meanwhile.
+- A lock orders the restore thread's restores and the consuming thread's drops against the
+  batches; a restore takes it per chunk read, so batches of other partitions go on meanwhile.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ paused, so the group never evicts the replica for silence (`max.poll.interval.ms
 also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat.
 
 librdkafka keeps an application's pause flag on a partition across a rebalance, so the state
-of every newly assigned partition is set explicitly in the assignment callback.
+of every newly assigned partition is set explicitly in the assignment callback. A partition
+assigned `withheld` (its card state still restoring, `stream/restores.py`) stays paused
+whatever the bounds say until it is released.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class FlowControl:
         self.high_water_bytes = max_in_flight_bytes
         self.low_water_bytes = int(max_in_flight_bytes * RESUME_FRACTION)
         self._assigned: set[PartitionKey] = set()
+        #: Assigned partitions kept paused until released, whatever the bounds.
+        self._withheld: set[PartitionKey] = set()
         self._paused = False
         self._paused_at_bound = False
         self._average_size = INITIAL_AVERAGE_SIZE_BYTES
@@ -100,22 +104,37 @@ class FlowControl:
         else:
             self._set(False, "")
 
-    def on_assign(self, partitions: list[TopicPartition]) -> None:
-        self._assigned.update((p.topic, p.partition) for p in partitions)
+    def on_assign(self, partitions: list[TopicPartition], withheld: bool = False) -> None:
+        """Newly assigned partitions: paused or fetching as the others are, or paused until
+        `release` if `withheld`."""
+        keys = {(p.topic, p.partition) for p in partitions}
+        self._assigned.update(keys)
+        if withheld:
+            self._withheld.update(keys)
         if not partitions:
             return
-        if self._paused:
+        if self._paused or withheld:
             self._consumer.pause(partitions)
         else:
             self._consumer.resume(partitions)
         self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
+    def release(self, keys: list[PartitionKey]) -> None:
+        """Withheld partitions may fetch again (now, unless backpressure pauses them all)."""
+        released = [key for key in keys if key in self._withheld]
+        self._withheld.difference_update(released)
+        if released and not self._paused:
+            self._consumer.resume([TopicPartition(t, p) for t, p in released])
+
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
-        self._assigned.difference_update((p.topic, p.partition) for p in partitions)
+        keys = {(p.topic, p.partition) for p in partitions}
+        self._assigned.difference_update(keys)
+        self._withheld.difference_update(keys)
         self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
     def _set(self, paused: bool, reason: str) -> None:
-        partitions = [TopicPartition(t, p) for t, p in sorted(self._assigned)]
+        kept = self._assigned if paused else self._assigned - self._withheld
+        partitions = [TopicPartition(t, p) for t, p in sorted(kept)]
         if partitions:
             (self._consumer.pause if paused else self._consumer.resume)(partitions)
         self._paused = paused

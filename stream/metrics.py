@@ -240,6 +240,12 @@ class ServiceMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=r,
         )
+        self._restoring = Gauge(
+            "fraud_state_restoring_partitions",
+            "Assigned partitions paused while their card state restores in the background (the "
+            "partitions already owned are scored meanwhile)",
+            registry=r,
+        )
         self._out_of_bounds = Counter(
             "fraud_state_event_time_out_of_bounds_total",
             "Records whose event time the card state did not take as it is: future (past the "
@@ -502,6 +508,9 @@ class ServiceMetrics:
 
     def observe_state_restore(self, seconds: float) -> None:
         self._restore.observe(seconds)
+
+    def set_restoring_partitions(self, count: int) -> None:
+        self._restoring.set(count)
 
     def record_event_time_out_of_bounds(self, reason: str, count: int) -> None:
         self._out_of_bounds.labels(reason).inc(count)

@@ -32,6 +32,7 @@ from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
 from stream.outcomes import OutcomeGroup
+from stream.restores import BackgroundRestores
 from stream.scoring import BatchReport, PendingRecord, ScoringWorker
 from stream.sink import Output
 from stream.wiring import Collaborators, batch_scorer
@@ -120,6 +121,15 @@ class ScoringService:
         self._shutdown_deadline: float | None = None
         #: Records given up on during shutdown (their outputs never acknowledged).
         self._abandoned = 0
+        #: Newly assigned partitions whose card state loads in the background, paused meanwhile
+        #: (kept here too, for a per-record check without the restores' lock).
+        self._restores = (
+            BackgroundRestores(parts.card_state, self._restore_failed)
+            if parts.card_state is not None
+            else None
+        )
+        self._restoring: set[PartitionKey] = set()
+        self._restore_failure: BaseException | None = None
 
     def stop(self) -> None:
         """Ask the replica to drain and exit (safe from a signal handler)."""
@@ -194,6 +204,10 @@ class ScoringService:
         self._health.beat()
         if self._client_errors is not None:
             self._client_errors.raise_if_failed()
+        if self._restore_failure is not None:
+            raise self._restore_failure
+        if self._restoring:
+            self._resume_restored()
         if self._rewind_pending:
             self._rewind()
         self._apply_backpressure()
@@ -261,6 +275,7 @@ class ScoringService:
         records: list[Message] = []
         positions: list[SourceOffset] = []
         decoded: list[Transaction | RecordError] = []
+        rewound: set[PartitionKey] = set()
         for message in messages:
             error = message.error()
             if error is not None:
@@ -270,6 +285,11 @@ class ScoringService:
             key = position[0]
             if key in self._held:
                 continue  # read again from the held record once its hold ends
+            if self._restoring and key in self._restoring:
+                if key not in rewound:  # the partition's first record in this fetch
+                    self._rewind_restoring(position)
+                    rewound.add(key)
+                continue
             try:
                 decoded.append(self._decode(message.value()))
                 self._held.decoded(key)
@@ -368,11 +388,43 @@ class ScoringService:
 
     def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", _describe(partitions))
-        if self._card_state is not None:
-            # Before the partitions' first batch: their records are fetched after this returns.
-            self._card_state.restore([p.partition for p in partitions], self._health.beat)
-        self._flow.on_assign(partitions)
+        if self._restores is not None and partitions:
+            # Paused before their first fetch, until their card state is loaded; the partitions
+            # already owned go on meanwhile.
+            self._restoring.update((p.topic, p.partition) for p in partitions)
+            self._restores.start([p.partition for p in partitions])
+            self._metrics.set_restoring_partitions(len(self._restoring))
+        self._flow.on_assign(partitions, withheld=self._restores is not None)
         self._lag.assign([(p.topic, p.partition) for p in partitions])
+
+    def _resume_restored(self) -> None:
+        assert self._restores is not None
+        finished = self._restores.finished()
+        if not finished:
+            return
+        keys = [(self._config.input_topic, f.partition) for f in finished]
+        self._restoring.difference_update(keys)
+        self._flow.release(keys)
+        self._metrics.set_restoring_partitions(len(self._restoring))
+        for restore in finished:
+            log.info(
+                "partition=%s resumed: its card state loaded %.3fs after its assignment",
+                restore.partition,
+                restore.seconds,
+            )
+
+    def _rewind_restoring(self, position: SourceOffset) -> None:
+        """A record of a partition whose state is not loaded yet (fetched before its pause took
+        effect): go back to it, so it is read once the state is there."""
+        (topic, partition), offset = position
+        where = TopicPartition(topic, partition, offset)
+        self._consumer.pause([where])
+        self._consumer.seek(where)
+
+    def _restore_failed(self, error: BaseException) -> None:
+        """On the restore thread: the next pass of the loop raises it (the replica stops)."""
+        log.error("card state restore failed: %s", error)
+        self._restore_failure = error
 
     def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
@@ -410,6 +462,10 @@ class ScoringService:
         return self._batcher.discard(revoked) + self._handoff.discard(revoked)
 
     def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
+        if self._restores is not None:
+            self._restores.cancel([p.partition for p in partitions])
+            self._restoring.difference_update(keys)
+            self._metrics.set_restoring_partitions(len(self._restoring))
         if self._card_state is not None:
             self._card_state.drop([p.partition for p in partitions])
         if self._transactions is not None:
@@ -452,6 +508,8 @@ class ScoringService:
             self._reloader.stop()
         if self._shadow is not None:
             self._shadow.stop()
+        if self._restores is not None:
+            self._restores.stop()
         # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()

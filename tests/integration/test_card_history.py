@@ -112,3 +112,5 @@ def test_the_state_moves_with_its_partition_on_a_rebalance(
     after = scores(topics, second)
     assert after == pytest.approx(uninterrupted, abs=1e-6)
     assert "restored card state" in joiner.log()
+    # Restored in the background, the partition paused until then (issue 26).
+    assert "resumed: its card state loaded" in joiner.log()

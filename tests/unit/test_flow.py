@@ -92,3 +92,43 @@ def test_a_block_that_clears_resumes_at_once_below_the_bounds() -> None:
     assert flow.paused
     flow.update(80, 0, None)
     assert not flow.paused, "paused for a block, not for the bound: no need to drain to half"
+
+
+def test_a_withheld_partition_stays_paused_until_released_whatever_the_bounds() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    flow.on_assign(tps(1), withheld=True)
+    assert consumer.calls[-1] == ("pause", [("tx", 1)])
+    flow.update(100, 0, None)
+    flow.update(0, 0, None)
+    assert consumer.calls[-1] == ("resume", [("tx", 0)]), "backpressure's end leaves it paused"
+    flow.release([("tx", 1)])
+    assert consumer.calls[-1] == ("resume", [("tx", 1)])
+    flow.update(100, 0, None)
+    assert consumer.calls[-1] == ("pause", [("tx", 0), ("tx", 1)]), "then it is like the others"
+
+
+def test_a_partition_released_under_backpressure_waits_for_its_end() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
+    flow.on_assign(tps(0))
+    flow.on_assign(tps(1), withheld=True)
+    flow.update(100, 0, None)
+    consumer.calls.clear()
+    flow.release([("tx", 1)])
+    assert consumer.calls == [], "no fetching while the replica is paused"
+    flow.update(0, 0, None)
+    assert consumer.calls == [("resume", [("tx", 0), ("tx", 1)])]
+
+
+def test_a_revoked_withheld_partition_is_forgotten() -> None:
+    consumer = RecordingConsumer()
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS)  # type: ignore[arg-type]
+    flow.on_assign(tps(1), withheld=True)
+    flow.on_revoke(tps(1))
+    flow.on_assign(tps(1))
+    assert consumer.calls[-1] == ("resume", [("tx", 1)]), "assigned again, not withheld"
+    consumer.calls.clear()
+    flow.release([("tx", 1)])
+    assert consumer.calls == []

@@ -211,3 +211,40 @@ def test_a_replica_consumes_anyway_once_terminal_risk_is_overdue() -> None:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(20)))
         wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_partition_restoring_its_state_never_stops_the_partitions_kept(guarantee: str) -> None:
+    # Issue 26: the replica restored a new partition's card state inside the assignment
+    # callback, and scored nothing meanwhile (about 9 s per million cards). Partition 1's
+    # restore now waits on a gate while partition 0 goes on; partition 1 is scored once it
+    # opens, with the history its changelog held.
+    with Replica(card_state=True, processing_guarantee=guarantee, max_batch_size=8) as replica:
+        state, gauge = replica.card_state, replica.metrics.registry.get_sample_value
+        assert state is not None
+        changelog_read, gate = replica.changelog.read, threading.Event()
+
+        def gated_read(partition: int, progress: Any) -> Any:
+            while partition == 1 and not gate.wait(0.001):
+                progress()
+            yield from changelog_read(partition, progress)
+
+        replica.changelog.read = gated_read  # type: ignore[method-assign]
+        held = expected_states(range(20), partition=1)
+        for card, card_state in held.items():
+            replica.changelog.append(1, card, card_state)
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        wait_until(lambda: replica.progress().get((TOPIC, 0)) == 50)
+        replica.consumer.assign(tp(1))
+        replica.consumer.feed(messages(1, range(20, 40)) + messages(0, range(50, 100)))
+        wait_until(lambda: replica.progress().get((TOPIC, 0)) == 100, what="partition 0 scored")
+        assert (TOPIC, 1) not in replica.progress(), "partition 1 waits for its state"
+        assert gauge("fraud_state_restoring_partitions") == 1
+        gate.set()
+        wait_until(lambda: replica.progress().get((TOPIC, 1)) == 40, what="partition 1 scored")
+        assert gauge("fraud_state_restoring_partitions") == 0
+        assert gauge("fraud_state_restore_seconds_count") == 2
+        expected = expected_states(range(40), partition=1)
+        assert states(state, 1, set(expected)) == expected, "scored on its restored history"
+    assert replica.service.failure is None
