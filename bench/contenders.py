@@ -255,10 +255,12 @@ def latency(
     exactly_once: bool = False,
     role: str | None = None,
     variant: str | None = None,
+    rate: float = LATENCY_RATE,
 ) -> dict[str, Any]:
-    """The service's event→decision latency under fraud-loadgen at LATENCY_RATE, open loop;
-    `role` names its topics and group (one per latency run of a bench); `variant`: the pipeline
-    contender whose flags the service runs with (default: by `exactly_once`)."""
+    """The service's event→decision latency under fraud-loadgen at `rate` tx/s, open loop, on
+    topics of `run.partitions`; `role` names its topics and group (one per latency run of a
+    bench); `variant`: the pipeline contender whose flags the service runs with (default: by
+    `exactly_once`)."""
     variant = variant or ("pipeline_eos" if exactly_once else "pipeline")
     role = role or f"latency-{variant}"
     topics = (
@@ -269,7 +271,7 @@ def latency(
     port = free_port()
     group = broker.group(role)
     flags = PIPELINE_FLAGS[variant]
-    scale = time_scale(LOADGEN_SEED, LATENCY_RATE)
+    scale = time_scale(LOADGEN_SEED, rate)
     command = service_command(run, topics, group, port, *flags, history_time_scale=scale)
     load = load_average()
     loadgen_command = [
@@ -285,7 +287,7 @@ def latency(
         "--dlq-topic",
         topics[2],
         "--rate",
-        str(LATENCY_RATE),
+        str(rate),
         "--duration",
         str(run.latency_duration_s),
         "--metrics-url",
@@ -320,7 +322,8 @@ def latency(
     keys = ("sent", "decided", "lost", "duplicates", "achieved_rate", "schedule_lag_max_ms")
     keys += ("p50_ms", "p95_ms", "p99_ms", "max_ms")
     return {
-        "rate": LATENCY_RATE,
+        "rate": rate,
+        "partitions": run.partitions,
         "duration_s": run.latency_duration_s,
         "exactly_once": exactly_once,
         "load_average_before": load,

@@ -22,7 +22,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,11 @@ import onnxruntime
 from bench import profiling
 from bench.contenders import CONTENDERS, LABELS, Run, contender, latency
 from bench.harness import Broker, load_average, produce_backlog, shown
+from bench.latency_table import DEFAULT_GUARANTEES, Cell, cells_of, measure_table, summarize
+from bench.latency_table import DEFAULT_PARTITIONS as DEFAULT_TABLE_PARTITIONS
+from bench.latency_table import DEFAULT_RATES as DEFAULT_TABLE_RATES
+from bench.latency_table import DEFAULT_RUNS as DEFAULT_TABLE_RUNS
+from bench.latency_table import render as render_latency_table
 from bench.summary import Round, check_bounds, figures, render_bounds, render_table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -128,6 +133,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra flag of every service contender, e.g. --service-flag=--processes "
         "--service-flag=2 (repeatable)",
     )
+    table = parser.add_argument_group(
+        "latency table",
+        "p50/p99/max event→decision by guarantee, partitions and rate, run after the latency "
+        "runs (bench/latency_table.py); --quick: one run of one cell",
+    )
+    table.add_argument(
+        "--table-partitions",
+        type=_numbers(int),
+        help="partition counts, comma-separated "
+        f"(default: {','.join(map(str, DEFAULT_TABLE_PARTITIONS))})",
+    )
+    table.add_argument(
+        "--table-rates",
+        type=_numbers(float),
+        help="open-loop rates in tx/s, comma-separated "
+        f"(default: {','.join(f'{r:g}' for r in DEFAULT_TABLE_RATES)})",
+    )
+    table.add_argument(
+        "--table-guarantees",
+        type=lambda text: tuple(text.split(",")),
+        help=f"processing guarantees, comma-separated (default: {','.join(DEFAULT_GUARANTEES)})",
+    )
+    table.add_argument(
+        "--table-runs",
+        type=int,
+        help=f"runs per cell; 0 skips the table (default: {DEFAULT_TABLE_RUNS})",
+    )
     parser.add_argument("--quick", action="store_true", help="a small run, to check the set-up")
     parser.add_argument(
         "--profile",
@@ -186,6 +218,35 @@ def settings(args: argparse.Namespace, scratch: Path) -> Run:
         if not amount >= 0:
             raise ValueError(f"{name} must be >= 0, got {amount:g}")
     return run
+
+
+def _numbers(kind: type[int] | type[float]) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            numbers = tuple(kind(word) for word in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected numbers like 1,12,24, got {text!r}"
+            ) from None
+        if any(n <= 0 for n in numbers):
+            raise argparse.ArgumentTypeError(f"every number must be > 0, got {text!r}")
+        return numbers
+
+    return parse
+
+
+def table_cells(args: argparse.Namespace) -> tuple[list[Cell], int]:
+    """The latency table's cells and runs per cell; ValueError naming the option."""
+    quick = args.quick
+    runs = args.table_runs if args.table_runs is not None else 1 if quick else DEFAULT_TABLE_RUNS
+    if runs < 0:
+        raise ValueError(f"--table-runs must be >= 0, got {runs}")
+    cells = cells_of(
+        args.table_guarantees or (("at-least-once",) if quick else DEFAULT_GUARANTEES),
+        args.table_partitions or ((1,) if quick else DEFAULT_TABLE_PARTITIONS),
+        args.table_rates or ((5_000.0,) if quick else DEFAULT_TABLE_RATES),
+    )
+    return cells, runs
 
 
 def _note(message: str) -> None:
@@ -275,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         try:
             run = settings(args, Path(scratch))
+            cells, table_runs = table_cells(args)
             bounds: list[dict[str, Any]] = json.loads(args.bounds.read_text())["bounds"]
         except (ValueError, OSError, KeyError) as exc:
             print(f"bench: {exc}", file=sys.stderr)
@@ -302,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_alo = _latency(run, broker, "pipeline")
             latency_eos = _latency(run, broker, "pipeline_eos")
             latency_no_reasons = _latency(run, broker, "pipeline_no_reasons")
+            table = measure_table(run, broker, cells, table_runs, _note) if table_runs else []
+            broker.delete_topics()  # the table's many topics, before the backlog's gigabytes
             backlog = broker.topic("backlog", run.partitions)
             _note(f"producing a backlog of {run.records:,} transactions to {backlog}")
             results["backlog_produce_s"] = round(
@@ -324,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency=latency_alo,
         latency_eos=latency_eos,
         latency_no_reasons=latency_no_reasons,
+        latency_table={"runs": table, "cells": summarize(table)},
         figures=values,
         bounds=checked,
     )
@@ -331,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.results.write_text(json.dumps(results, indent=1) + "\n")
 
     print(render_table(rounds, values, run.price_per_hour))
+    if table:
+        print(render_latency_table(summarize(table)))
     if "profile" in results:
         print(results["profile"].get("text") or results["profile"]["error"])
     print(render_bounds(checked))
