@@ -18,7 +18,7 @@ from typing import Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from contracts.offsets import OffsetTracker
-from stream.transactions import TransactionAborted, TransactionalSink
+from stream.transactional_sink import TransactionAborted, TransactionalSink
 
 log = logging.getLogger(__name__)
 

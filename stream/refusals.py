@@ -2,7 +2,7 @@
 
 Both sinks meet such refusals: the at-least-once one in its retry rounds (`stream/redelivery.py`),
 the exactly-once one when a record is read again after the abort its refusal caused
-(`stream/transactions.py`). They agree on the replacement, and differ only in what to do when
+(`stream/transactional_sink.py`). They agree on the replacement, and differ only in what to do when
 there is none: the at-least-once sink retries the output as it is, the exactly-once one stops.
 """
 

@@ -1,10 +1,10 @@
 """One replica: consume → decode + validate → micro-batch → score → produce → commit, with
-backpressure, rebalance handling and a graceful stop.
+backpressure and a graceful stop; rebalances are `stream/rebalance.py`'s.
 
 The consuming thread (the caller of `run`) owns the consumer: it polls, decodes, dead-letters
 invalid records, forms batches and scores them itself, or hands them to the scoring thread
-(`stream/scoring.py` says which, when). Offsets are stored only for records whose outputs the
-broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
+(`stream/scoring_worker.py` says which, when). Offsets are stored only for records whose outputs
+the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
 
 The consumer is polled on every pass of the loop, whatever else happens: while fetching must
 stop (outputs failing, the scoring thread stuck, the in-flight bound reached) its partitions are
@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from contracts.errors import DecodeError, RecordError, RegistryUnavailableError
 from contracts.kafka_errors import ACCESS_DENIED
@@ -32,8 +32,9 @@ from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
 from stream.outcomes import OutcomeGroup
-from stream.restores import BackgroundRestores
-from stream.scoring import BatchReport, PendingRecord, ScoringWorker
+from stream.rebalance import Rebalance, describe
+from stream.scoring import BatchReport, PendingRecord
+from stream.scoring_worker import ScoringWorker
 from stream.sink import Output
 from stream.wiring import Collaborators, batch_scorer
 
@@ -116,20 +117,23 @@ class ScoringService:
         )
         self._stopping = threading.Event()
         self._handoff_full_since: float | None = None
-        #: Set when shutdown starts: the one deadline of everything that follows, rebalance
-        #: callbacks run by `close()` included.
-        self._shutdown_deadline: float | None = None
-        #: Records given up on during shutdown (their outputs never acknowledged).
-        self._abandoned = 0
-        #: Newly assigned partitions whose card state loads in the background, paused meanwhile
-        #: (kept here too, for a per-record check without the restores' lock).
-        self._restores = (
-            BackgroundRestores(parts.card_state, self._restore_failed)
-            if parts.card_state is not None
-            else None
+        self._rebalance = Rebalance(
+            parts.consumer,
+            config.input_topic,
+            config.shutdown_timeout_s,
+            flow=self._flow,
+            held=self._held,
+            handoff=self._handoff,
+            sink=parts.sink,
+            tracker=parts.tracker,
+            lag=parts.lag,
+            metrics=parts.metrics,
+            card_state=parts.card_state,
+            transactions=parts.transactions,
+            release_records=self._release_records,
+            commit=self._commit,
+            request_rewind=self._request_rewind,
         )
-        self._restoring: set[PartitionKey] = set()
-        self._restore_failure: BaseException | None = None
 
     def stop(self) -> None:
         """Ask the replica to drain and exit (safe from a signal handler)."""
@@ -168,9 +172,9 @@ class ScoringService:
             )
         self._consumer.subscribe(
             [self._config.input_topic],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=self._rebalance.on_assign,
+            on_revoke=self._rebalance.on_revoke,
+            on_lost=self._rebalance.on_lost,
         )
         log.info("consuming topic=%s group=%s", self._config.input_topic, self._config.group_id)
         try:
@@ -204,10 +208,7 @@ class ScoringService:
         self._health.beat()
         if self._client_errors is not None:
             self._client_errors.raise_if_failed()
-        if self._restore_failure is not None:
-            raise self._restore_failure
-        if self._restoring:
-            self._resume_restored()
+        self._rebalance.resume_restored()
         if self._rewind_pending:
             self._rewind()
         self._apply_backpressure()
@@ -222,7 +223,8 @@ class ScoringService:
         self._record_progress()
 
     def _hand_off(self, batch: Batch[PendingRecord]) -> None:
-        """Score a closed batch here, or queue it for the scoring thread (`stream/scoring.py`)."""
+        """Score a closed batch here, or queue it for the scoring thread
+        (`stream/scoring_worker.py`)."""
         if not self._worker.score_inline(batch):
             self._handoff.offer(batch)
 
@@ -275,7 +277,7 @@ class ScoringService:
         records: list[Message] = []
         positions: list[SourceOffset] = []
         decoded: list[Transaction | RecordError] = []
-        rewound: set[PartitionKey] = set()
+        restoring, rewound = self._rebalance.restoring, set[PartitionKey]()
         for message in messages:
             error = message.error()
             if error is not None:
@@ -285,9 +287,9 @@ class ScoringService:
             key = position[0]
             if key in self._held:
                 continue  # read again from the held record once its hold ends
-            if self._restoring and key in self._restoring:
+            if restoring and key in restoring:
                 if key not in rewound:  # the partition's first record in this fetch
-                    self._rewind_restoring(position)
+                    self._rebalance.rewind_restoring(position)
                     rewound.add(key)
                 continue
             try:
@@ -368,7 +370,7 @@ class ScoringService:
         log.warning(
             "rewound %s to the committed offsets (%s undecided records dropped): what followed "
             "the last commit is decided again",
-            _describe(assignment),
+            describe(assignment),
             released,
         )
 
@@ -384,74 +386,8 @@ class ScoringService:
             self._metrics.set_batch_cap(new, "up" if new > old else "down")
             log.info("batch cap %s -> %s (batch latency %.1f ms)", old, new, report.latency_s * 1e3)
 
-    # -- rebalance (called on the consuming thread, inside poll or close) ----------------
-
-    def _on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
-        log.info("assigned %s", _describe(partitions))
-        if self._restores is not None and partitions:
-            # Paused before their first fetch, until their card state is loaded; the partitions
-            # already owned go on meanwhile.
-            self._restoring.update((p.topic, p.partition) for p in partitions)
-            self._restores.start([p.partition for p in partitions])
-            self._metrics.set_restoring_partitions(len(self._restoring))
-        self._flow.on_assign(partitions, withheld=self._restores is not None)
-        self._lag.assign([(p.topic, p.partition) for p in partitions])
-
-    def _resume_restored(self) -> None:
-        assert self._restores is not None
-        finished = self._restores.finished()
-        if not finished:
-            return
-        keys = [(self._config.input_topic, f.partition) for f in finished]
-        self._restoring.difference_update(keys)
-        self._flow.release(keys)
-        self._metrics.set_restoring_partitions(len(self._restoring))
-        for restore in finished:
-            log.info(
-                "partition=%s resumed: its card state loaded %.3fs after its assignment",
-                restore.partition,
-                restore.seconds,
-            )
-
-    def _rewind_restoring(self, position: SourceOffset) -> None:
-        """A record of a partition whose state is not loaded yet (fetched before its pause took
-        effect): go back to it, so it is read once the state is there."""
-        (topic, partition), offset = position
-        where = TopicPartition(topic, partition, offset)
-        self._consumer.pause([where])
-        self._consumer.seek(where)
-
-    def _restore_failed(self, error: BaseException) -> None:
-        """On the restore thread: the next pass of the loop raises it (the replica stops)."""
-        log.error("card state restore failed: %s", error)
-        self._restore_failure = error
-
-    def _on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
-        keys = {(p.topic, p.partition) for p in partitions}
-        released = self._release_records(keys)
-        what = f"revoked {_describe(partitions)}: releasing {released} undecided records"
-        log.info("%s, committing what was decided", what)
-        deadline = self._shutdown_deadline or time.monotonic() + self._config.shutdown_timeout_s
-        self._handoff.wait_until_done(deadline)
-        self._sink.flush(max(0.0, deadline - time.monotonic()))
-        self._commit()
-        self._forget(keys, partitions)
-
-    def _on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
-        keys = {(p.topic, p.partition) for p in partitions}
-        if self._transactions is not None:
-            # The open transaction holds outputs of the lost partitions: none may be committed,
-            # so it is aborted, and the partitions kept are read again from their commit.
-            self._transactions.abort()
-            self._rewind_pending = True
-        released = self._release_records(keys)
-        what = f"lost {_describe(partitions)}: {released} undecided records released"
-        log.warning("%s, nothing of them is committed", what)
-        # As on a revoke, the batch being scored (thread mode) finishes before the partitions'
-        # state goes: it holds records of the partitions kept too.
-        deadline = self._shutdown_deadline or time.monotonic() + self._config.shutdown_timeout_s
-        self._handoff.wait_until_done(deadline)
-        self._forget(keys, partitions)
+    def _request_rewind(self) -> None:
+        self._rewind_pending = True
 
     def _release_records(self, keys: set[PartitionKey]) -> int:
         """Drop not-yet-scored records of these partitions (their new owner re-reads them)."""
@@ -461,34 +397,13 @@ class ScoringService:
 
         return self._batcher.discard(revoked) + self._handoff.discard(revoked)
 
-    def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
-        if self._restores is not None:
-            self._restores.cancel([p.partition for p in partitions])
-            self._restoring.difference_update(keys)
-            self._metrics.set_restoring_partitions(len(self._restoring))
-        if self._card_state is not None:
-            self._card_state.drop([p.partition for p in partitions])
-        if self._transactions is not None:
-            self._transactions.forget(keys)
-        unfinished = self._tracker.forget(keys)
-        if unfinished:
-            log.warning(
-                "%s records of %s have no acknowledged outcome yet: the next owner re-reads them",
-                unfinished,
-                _describe(partitions),
-            )
-        if self._shutdown_deadline is not None:
-            self._abandoned += unfinished
-        self._flow.on_revoke(partitions)
-        self._held.forget(keys)
-        self._lag.forget(sorted(keys))
-
     # -- shutdown ---------------------------------------------------------------------------
 
     def _shut_down(self) -> None:
         """Score what is held, wait for its outputs, commit and close, all within one
         `shutdown_timeout_s`."""
-        deadline = self._shutdown_deadline = time.monotonic() + self._config.shutdown_timeout_s
+        deadline = time.monotonic() + self._config.shutdown_timeout_s
+        self._rebalance.shutting_down(deadline)
         if self._worker.error is None:
             last = self._batcher.drain(time.monotonic())
             if last is not None:
@@ -508,8 +423,7 @@ class ScoringService:
             self._reloader.stop()
         if self._shadow is not None:
             self._shadow.stop()
-        if self._restores is not None:
-            self._restores.stop()
+        self._rebalance.stop()
         # Only acknowledged records were stored, so committing is right whatever happened.
         self._commit()
         self._consumer.close()
@@ -519,8 +433,7 @@ class ScoringService:
             self._rules.close()
         if self._observed_precision is not None:
             self._observed_precision.close()
-        log.info("stopped; records left uncommitted: %s", self._abandoned + self._tracker.in_flight)
-
-
-def _describe(partitions: list[TopicPartition]) -> str:
-    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"
+        log.info(
+            "stopped; records left uncommitted: %s",
+            self._rebalance.abandoned + self._tracker.in_flight,
+        )

@@ -48,7 +48,7 @@ from stream.scoring import BatchScorer
 from stream.shadow import Shadow
 from stream.sink import KafkaSink, OutputSink
 from stream.terminal_table import TerminalRiskTable
-from stream.transactions import TransactionalSink
+from stream.transactional_sink import TransactionalSink
 
 
 @dataclass(frozen=True)

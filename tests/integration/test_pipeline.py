@@ -197,7 +197,7 @@ def test_two_supervised_processes_share_the_partitions_and_stop_together(
     records, sent = simulated(4000, seed=13, prefix="procs")
     service = service_factory(topics, "--processes", "2")
     deadline = time.monotonic() + 60
-    while service.log().count("INFO stream.service: assigned tx") < 2:
+    while service.log().count("INFO stream.rebalance: assigned tx") < 2:
         assert time.monotonic() < deadline, service.log()
         time.sleep(0.2)
     produce(topics.input, records)
@@ -246,7 +246,7 @@ def test_processes_drain_and_exit_when_their_supervisor_is_killed(topics_factory
     topics = topics_factory(partitions=2)
     service = service_factory(topics, "--processes", "2")
     deadline = time.monotonic() + 60
-    while service.log().count("INFO stream.service: assigned tx") < 2:
+    while service.log().count("INFO stream.rebalance: assigned tx") < 2:
         assert time.monotonic() < deadline, service.log()
         time.sleep(0.2)
     pid = service.process.pid

@@ -25,7 +25,7 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
-from stream.transactions import TransactionalSink
+from stream.transactional_sink import TransactionalSink
 from stream.wiring import Collaborators, dead_letter_router
 from tests.unit.fakes import (
     AutoSink,

@@ -1,0 +1,203 @@
+"""What a replica does when its group moves partitions (the consumer's rebalance callbacks, run
+on the consuming thread inside `poll` or `close`).
+
+- Assigned: each new partition is paused, and its card state restored in the background
+  (`stream/restores.py`); the consuming thread resumes it once loaded (`resume_restored`), and
+  scores the partitions it kept meanwhile.
+- Revoked: the partitions' undecided records are dropped (their next owner reads them again),
+  the batch being scored finishes, outputs are flushed and what was decided is committed,
+  within the shutdown deadline while stopping; then everything held for them is forgotten.
+- Lost (the group moved on without us): nothing of them may be committed. Exactly-once aborts
+  the open transaction, which holds outputs of the kept partitions too, so the replica rewinds
+  those to their commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset
+from stream.card_state import CardState
+from stream.flow import FlowControl
+from stream.handoff import Handoff
+from stream.held_partitions import HeldPartitions
+from stream.lag import LagMonitor
+from stream.metrics import ServiceMetrics
+from stream.restores import BackgroundRestores
+from stream.scoring import PendingRecord
+from stream.sink import OutputSink
+from stream.transactional_sink import TransactionalSink
+
+log = logging.getLogger(__name__)
+
+
+class Rebalance:
+    """The replica's rebalance callbacks and the partitions whose state is still restoring."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        input_topic: str,
+        shutdown_timeout_s: float,
+        *,
+        flow: FlowControl,
+        held: HeldPartitions,
+        handoff: Handoff[PendingRecord],
+        sink: OutputSink,
+        tracker: OffsetTracker,
+        lag: LagMonitor,
+        metrics: ServiceMetrics,
+        card_state: CardState | None,
+        transactions: TransactionalSink | None,
+        release_records: Callable[[set[PartitionKey]], int],
+        commit: Callable[[], None],
+        request_rewind: Callable[[], None],
+    ) -> None:
+        """`release_records`: drop the undecided records of these partitions, say how many.
+        `commit`: commit now what is finished. `request_rewind`: read the kept partitions again
+        from their commit (exactly-once, after a loss aborted the transaction)."""
+        self._consumer = consumer
+        self._input_topic = input_topic
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._flow = flow
+        self._held = held
+        self._handoff = handoff
+        self._sink = sink
+        self._tracker = tracker
+        self._lag = lag
+        self._metrics = metrics
+        self._card_state = card_state
+        self._transactions = transactions
+        self._release_records = release_records
+        self._commit = commit
+        self._request_rewind = request_rewind
+        self._restores = (
+            BackgroundRestores(card_state, self._restore_failed) if card_state is not None else None
+        )
+        #: Assigned partitions whose card state is not loaded yet (the restores' own set, kept
+        #: here too for a per-record check without their lock).
+        self.restoring: set[PartitionKey] = set()
+        self._restore_failure: BaseException | None = None
+        #: Set when shutdown starts: revokes run by `close()` share its deadline.
+        self._shutdown_deadline: float | None = None
+        #: Records given up on during shutdown (their outputs never acknowledged).
+        self.abandoned = 0
+
+    # -- the consumer's callbacks -----------------------------------------------------------
+
+    def on_assign(self, _consumer: object, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", describe(partitions))
+        if self._restores is not None and partitions:
+            # Paused before their first fetch, until their card state is loaded; the partitions
+            # already owned go on meanwhile.
+            self.restoring.update((p.topic, p.partition) for p in partitions)
+            self._restores.start([p.partition for p in partitions])
+            self._metrics.set_restoring_partitions(len(self.restoring))
+        self._flow.on_assign(partitions, withheld=self._restores is not None)
+        self._lag.assign([(p.topic, p.partition) for p in partitions])
+
+    def on_revoke(self, _consumer: object, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        released = self._release_records(keys)
+        what = f"revoked {describe(partitions)}: releasing {released} undecided records"
+        log.info("%s, committing what was decided", what)
+        deadline = self._deadline()
+        self._handoff.wait_until_done(deadline)
+        self._sink.flush(max(0.0, deadline - time.monotonic()))
+        self._commit()
+        self._forget(keys, partitions)
+
+    def on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        if self._transactions is not None:
+            # The open transaction holds outputs of the lost partitions: none may be committed,
+            # so it is aborted, and the partitions kept are read again from their commit.
+            self._transactions.abort()
+            self._request_rewind()
+        released = self._release_records(keys)
+        what = f"lost {describe(partitions)}: {released} undecided records released"
+        log.warning("%s, nothing of them is committed", what)
+        # As on a revoke, the batch being scored (thread mode) finishes before the partitions'
+        # state goes: it holds records of the partitions kept too.
+        self._handoff.wait_until_done(self._deadline())
+        self._forget(keys, partitions)
+
+    # -- the consuming thread's loop ----------------------------------------------------------
+
+    def resume_restored(self) -> None:
+        """Resume the partitions whose state has loaded; raise a restore's failure."""
+        if self._restore_failure is not None:
+            raise self._restore_failure
+        if not self.restoring or self._restores is None:
+            return
+        finished = self._restores.finished()
+        if not finished:
+            return
+        keys = [(self._input_topic, f.partition) for f in finished]
+        self.restoring.difference_update(keys)
+        self._flow.release(keys)
+        self._metrics.set_restoring_partitions(len(self.restoring))
+        for restore in finished:
+            log.info(
+                "partition=%s resumed: its card state loaded %.3fs after its assignment",
+                restore.partition,
+                restore.seconds,
+            )
+
+    def rewind_restoring(self, position: SourceOffset) -> None:
+        """A record of a partition whose state is not loaded yet (fetched before its pause took
+        effect): go back to it, so it is read once the state is there."""
+        (topic, partition), offset = position
+        where = TopicPartition(topic, partition, offset)
+        self._consumer.pause([where])
+        self._consumer.seek(where)
+
+    def shutting_down(self, deadline: float) -> None:
+        """Shutdown started: revokes from now on share its `deadline`, and count what they
+        abandon."""
+        self._shutdown_deadline = deadline
+
+    def stop(self) -> None:
+        """Cancel the restores still running."""
+        if self._restores is not None:
+            self._restores.stop()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return self._shutdown_deadline or time.monotonic() + self._shutdown_timeout_s
+
+    def _restore_failed(self, error: BaseException) -> None:
+        """On the restore thread: the next pass of the loop raises it (the replica stops)."""
+        log.error("card state restore failed: %s", error)
+        self._restore_failure = error
+
+    def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
+        if self._restores is not None:
+            self._restores.cancel([p.partition for p in partitions])
+            self.restoring.difference_update(keys)
+            self._metrics.set_restoring_partitions(len(self.restoring))
+        if self._card_state is not None:
+            self._card_state.drop([p.partition for p in partitions])
+        if self._transactions is not None:
+            self._transactions.forget(keys)
+        unfinished = self._tracker.forget(keys)
+        if unfinished:
+            log.warning(
+                "%s records of %s have no acknowledged outcome yet: the next owner re-reads them",
+                unfinished,
+                describe(partitions),
+            )
+        if self._shutdown_deadline is not None:
+            self.abandoned += unfinished
+        self._flow.on_revoke(partitions)
+        self._held.forget(keys)
+        self._lag.forget(sorted(keys))
+
+
+def describe(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"
