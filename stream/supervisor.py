@@ -11,6 +11,8 @@ The supervisor's responsibilities:
 - pass SIGTERM and SIGINT on to every child and wait for their drain;
 - restart a child that dies (a crash, a fatal Kafka error) after a pause, unless it stopped on
   bad configuration (exit 2), which a restart would only repeat;
+- kill (and so restart) a child whose `/healthz` keeps failing (`stream/child_health.py`): a
+  pod's liveness probe sees only the first process;
 - exit with the worst exit status of the children once all have stopped;
 - on Linux, make each child receive SIGTERM (and drain) should the supervisor itself die
   without passing a signal on (SIGKILL, OOM killer), instead of consuming on, orphaned.
@@ -28,6 +30,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from stream import child_health
 from stream.config import ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,6 @@ EXIT_USAGE = 2
 def child_command(argv: Sequence[str], config: ServiceConfig, index: int) -> list[str]:
     """The command line of child `index`: the supervisor's own arguments, then the overrides
     (argparse keeps the last value of a repeated flag)."""
-    port = config.metrics_port + index if config.metrics_port else 0
     return [
         sys.executable,
         "-m",
@@ -53,8 +55,13 @@ def child_command(argv: Sequence[str], config: ServiceConfig, index: int) -> lis
         "--instance-id",
         f"{config.instance_id}-{index}",
         "--metrics-port",
-        str(port),
+        str(metrics_port_of(config, index)),
     ]
+
+
+def metrics_port_of(config: ServiceConfig, index: int) -> int:
+    """Child `index`'s metrics (and health) port; 0 stays 0 (none)."""
+    return config.metrics_port + index if config.metrics_port else 0
 
 
 #: prctl(2) option: the signal a process gets when its parent dies.
@@ -94,6 +101,10 @@ def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     log.info("started %s processes, metrics ports from %s", len(children), config.metrics_port)
+    health = _child_health(config)
+    if health is not None:
+        for index in range(len(children)):
+            health.started(index, time.monotonic())
     restart_at: dict[int, float] = {}
     while len(codes) < len(children):
         time.sleep(WATCH_INTERVAL_S)
@@ -102,6 +113,8 @@ def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
             code = child.poll()
             if code is None or index in codes:
                 continue
+            if health is not None:
+                health.gone(index)
             if stopping or code == EXIT_USAGE:
                 codes[index] = code
             elif index not in restart_at:
@@ -110,5 +123,25 @@ def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
             elif now >= restart_at[index]:
                 del restart_at[index]
                 children[index] = _start(commands[index])
+                if health is not None:
+                    health.started(index, time.monotonic())
+        if health is not None and not stopping:
+            for index, why in health.due(now):
+                log.error("process %s: %s; killing it, to be restarted", index, why)
+                children[index].kill()
     worst = max(codes.values(), key=abs)
     return worst if worst >= 0 else 128 - worst  # killed by signal N: 128 + N, as a shell says
+
+
+def _child_health(config: ServiceConfig) -> child_health.ChildHealth | None:
+    """The watch over the children's /healthz; none without a metrics port (no endpoint).
+    Its timings are read from the module now, not when it was imported (a test shortens them)."""
+    if not config.metrics_port:
+        return None
+    host = config.metrics_host
+    return child_health.ChildHealth(
+        lambda index: child_health.healthz_ok(host, metrics_port_of(config, index)),
+        interval_s=child_health.CHECK_INTERVAL_S,
+        grace_s=child_health.STARTUP_GRACE_S,
+        failures_before_kill=child_health.FAILURES_BEFORE_KILL,
+    )

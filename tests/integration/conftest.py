@@ -208,12 +208,14 @@ class ServiceProcess:
     args: list[str]
     log_path: Path
     metrics_port: int
+    #: What the interpreter runs: `fraud-scorer` itself unless a test says.
+    launcher: tuple[str, ...] = ("-m", "stream")
     process: subprocess.Popen[bytes] = field(init=False)
 
     def start(self) -> ServiceProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "stream", "run", *self.args],
+                [sys.executable, *self.launcher, "run", *self.args],
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -241,7 +243,16 @@ class ServiceProcess:
             if line.startswith((name + " ", name + "{"))
         )
 
-    def wait_for_metric(self, name: str, at_least: float, timeout_s: float = 60.0) -> None:
+    def wait_for_metric(
+        self,
+        name: str,
+        at_least: float,
+        timeout_s: float = 60.0,
+        process: subprocess.Popen[bytes] | None = None,
+    ) -> None:
+        """`process`: the one whose exit ends the wait (a supervised child's supervisor);
+        this one's by default."""
+        process = process or self.process
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -249,7 +260,7 @@ class ServiceProcess:
                     return
             except (OSError, AssertionError):
                 pass
-            assert self.process.poll() is None, f"service exited early:\n{self.log()}"
+            assert process.poll() is None, f"service exited early:\n{self.log()}"
             time.sleep(0.1)
         raise AssertionError(f"{name} did not reach {at_least} in {timeout_s}s:\n{self.log()}")
 
@@ -268,7 +279,12 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     started: list[ServiceProcess] = []
     group = f"fraud-scorer-{uuid.uuid4().hex[:10]}"
 
-    def start(topics: Topics, *extra: str, instance: str = "a") -> ServiceProcess:
+    def start(
+        topics: Topics,
+        *extra: str,
+        instance: str = "a",
+        launcher: tuple[str, ...] = ("-m", "stream"),
+    ) -> ServiceProcess:
         # A supervisor numbers its processes' ports from this one up.
         processes = int(extra[extra.index("--processes") + 1]) if "--processes" in extra else 1
         port = free_port(processes)
@@ -295,7 +311,8 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
             f"{topics.input}-terminal-risk",
             *extra,
         ]
-        service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port).start()
+        service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port, launcher)
+        service.start()
         started.append(service)
         return service
 

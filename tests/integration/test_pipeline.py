@@ -261,3 +261,43 @@ def test_processes_drain_and_exit_when_their_supervisor_is_killed(topics_factory
         assert time.monotonic() < deadline, f"orphaned processes still running:\n{service.log()}"
         time.sleep(0.2)
     assert service.log().count("stopped; records left uncommitted: 0") == 2, service.log()
+
+
+#: The supervisor, with its watch over the children's /healthz shortened from minutes to seconds.
+QUICK_WATCH_SUPERVISOR = (
+    "import sys; from stream import child_health as h; "
+    "h.STARTUP_GRACE_S, h.CHECK_INTERVAL_S, h.CHECK_TIMEOUT_S = 15.0, 0.5, 0.5; "
+    "from stream.cli import main; sys.exit(main())"
+)
+
+
+def test_the_supervisor_kills_and_restarts_a_process_that_hangs(topics_factory, service_factory):
+    # A pod's liveness probe sees only the first process's port: a frozen second process was
+    # seen by nobody. The supervisor asks each child's /healthz itself.
+    topics = topics_factory(partitions=2)
+    service = service_factory(topics, "--processes", "2", launcher=("-c", QUICK_WATCH_SUPERVISOR))
+    second = type(service)(service.args, service.log_path, service.metrics_port + 1)
+    try:
+        service.wait_for_metric("fraud_records_consumed_total", 0)
+        second.wait_for_metric("fraud_records_consumed_total", 0, process=service.process)
+        pid = service.process.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        os.kill(int(children[1]), signal.SIGSTOP)  # alive to the kernel, silent to everyone
+        deadline = time.monotonic() + 60
+        while "process 1 exited with status -9: restarting it" not in service.log():
+            assert time.monotonic() < deadline, service.log()
+            time.sleep(0.2)
+        assert "process 1: /healthz failed 3 checks in a row; killing it" in service.log()
+        second.wait_for_metric("fraud_records_consumed_total", 0, process=service.process)
+        records, sent = simulated(500, seed=15, prefix="hung")
+        produce(topics.input, records)
+
+        decided = {
+            d["transaction_id"] for d in decisions_of(topics.output, len(sent), timeout_s=120)
+        }
+
+        assert decided == {r["transaction_id"] for r in sent}
+        assert "process 0:" not in service.log(), "the healthy process was left alone"
+    finally:
+        service.signal(signal.SIGTERM)
+    assert service.wait(90) == 0, service.log()
