@@ -22,6 +22,7 @@ from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encod
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
+from contracts.trace_context import trace_headers
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
@@ -41,7 +42,7 @@ from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.rules_table import RulesTable
 from stream.shadow import Shadow, ShadowRecords
-from stream.sink import Output, OutputSink
+from stream.sink import Headers, Output, OutputSink
 from stream.terminal_table import TerminalRiskTable
 
 log = logging.getLogger(__name__)
@@ -235,9 +236,11 @@ class BatchScorer:
             outputs,
             stages.on_delivered(self._metrics),
         )
+        # Each record's trace context, for its decision.
+        contexts = [trace_headers(r.message) for r in records]
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
-        self._send_decisions(records, verdicts, encoded, group)
+        self._send_decisions(records, verdicts, encoded, contexts, group)
         if shadow is not None and shadow.keys:
             self._send_shadow(records, encoded.rows, shadow, group)
         if encoded.rows:
@@ -396,11 +399,15 @@ class BatchScorer:
         records: list[PendingRecord],
         verdicts: Verdicts,
         encoded: _Encoded,
+        contexts: list[Headers | None],
         group: OutcomeGroup,
     ) -> None:
+        """The decisions, each with its transaction's trace context (contracts/trace_context.py)
+        when the batch has any."""
         if not encoded.rows:
             return
         topic = self._output_topic
+        headers = [contexts[i] for i in encoded.rows] if any(contexts) else None
 
         def output_of(j: int) -> Output:
             i = encoded.rows[j]
@@ -409,13 +416,15 @@ class BatchScorer:
                 topic=topic,
                 key=encoded.keys[j],
                 value=encoded.values[j],
-                headers=None,
+                headers=contexts[i],
                 source=records[i].message,
                 group=group,
                 label=verdicts.labels[i],
             )
 
-        self._sink.send_batch(topic, encoded.keys, encoded.values, group, output_of)
+        self._sink.send_batch(
+            topic, encoded.keys, encoded.values, group, output_of, headers=headers
+        )
 
     def _send_shadow(
         self,
