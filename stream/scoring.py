@@ -44,6 +44,7 @@ from stream.rules_table import RulesTable
 from stream.shadow import Shadow, ShadowRecords
 from stream.sink import Headers, Output, OutputSink
 from stream.terminal_table import TerminalRiskTable
+from stream.tracing import BatchOutcome, BatchTracer
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class BatchScorer:
         observed_precision: ObservedPrecision | None = None,
         log_features: bool = False,
         drift_window: int = DEFAULT_DRIFT_WINDOW,
+        tracer: BatchTracer | None = None,
     ) -> None:
         """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
@@ -149,7 +151,9 @@ class BatchScorer:
         together) comes from between batches (None: the first serves for good); `shadow`: a
         challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `observed_precision`:
         follows the flagged transactions until their labels arrive (FRAUD_OBSERVED_PRECISION);
-        `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES)."""
+        `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES);
+        `tracer`: one span per batch (stream/tracing.py; None: no spans)."""
+        self._tracer = tracer
         self._log_features = log_features
         self._encode_decision = encode
         self._drift_window = drift_window
@@ -236,7 +240,7 @@ class BatchScorer:
             outputs,
             stages.on_delivered(self._metrics),
         )
-        # Each record's trace context, for its decision.
+        # Each record's trace context, read once for its decision and the batch's span.
         contexts = [trace_headers(r.message) for r in records]
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
@@ -254,6 +258,9 @@ class BatchScorer:
                         [transactions[i].transaction_id for i in flagged],
                         verdicts.event_time[flagged],
                     )
+        if self._tracer is not None:
+            outcome = BatchOutcome(len(encoded.rows), len(failed), self._scorer.model_version)
+            self._tracer.batch_scored(contexts, time.perf_counter() - started, outcome)
         self._metrics.observe_stages(stages.seconds)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
