@@ -22,7 +22,7 @@ from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encod
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
-from contracts.trace_context import trace_headers
+from contracts.trace_context import batch_trace_headers
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
@@ -241,7 +241,7 @@ class BatchScorer:
             stages.on_delivered(self._metrics),
         )
         # Each record's trace context, read once for its decision and the batch's span.
-        contexts = [trace_headers(r.message) for r in records]
+        contexts = batch_trace_headers([r.message for r in records])
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, contexts, group)
@@ -259,7 +259,9 @@ class BatchScorer:
                         verdicts.event_time[flagged],
                     )
         if self._tracer is not None:
-            outcome = BatchOutcome(len(encoded.rows), len(failed), self._scorer.model_version)
+            outcome = BatchOutcome(
+                len(records), len(encoded.rows), len(failed), self._scorer.model_version
+            )
             self._tracer.batch_scored(contexts, time.perf_counter() - started, outcome)
         self._metrics.observe_stages(stages.seconds)
         latency_s = batch.wait_s + (time.perf_counter() - started)
@@ -406,7 +408,7 @@ class BatchScorer:
         records: list[PendingRecord],
         verdicts: Verdicts,
         encoded: _Encoded,
-        contexts: list[Headers | None],
+        contexts: list[Headers | None] | None,
         group: OutcomeGroup,
     ) -> None:
         """The decisions, each with its transaction's trace context (contracts/trace_context.py)
@@ -414,7 +416,7 @@ class BatchScorer:
         if not encoded.rows:
             return
         topic = self._output_topic
-        headers = [contexts[i] for i in encoded.rows] if any(contexts) else None
+        headers = None if contexts is None else [contexts[i] for i in encoded.rows]
 
         def output_of(j: int) -> Output:
             i = encoded.rows[j]
@@ -423,7 +425,7 @@ class BatchScorer:
                 topic=topic,
                 key=encoded.keys[j],
                 value=encoded.values[j],
-                headers=contexts[i],
+                headers=None if contexts is None else contexts[i],
                 source=records[i].message,
                 group=group,
                 label=verdicts.labels[i],

@@ -9,8 +9,8 @@ Responsibilities:
 - the span (`BatchTracer.batch_scored`): named `score <input topic>`, kind CONSUMER, from the
   start of scoring to the batch's outputs handed to the sink, with OpenTelemetry's messaging
   attributes and the batch's outcome;
-- its links (`linked_contexts`): one per record whose `traceparent` parses, with its
-  `tracestate`; a record without one, or with one that does not parse, gets none.
+- its links (`linked_contexts`): one per record whose `traceparent` parses (its trace id, span
+  id and flags); a record without one, or with one that does not parse, gets none.
 
 Key design decisions:
 - Links, not a parent: a batch answers as many traces as it has records (OpenTelemetry's
@@ -19,6 +19,9 @@ Key design decisions:
   this module only chooses what the SDK cannot know: the default service name, the instance, and
   a link limit of at least the batch cap, since the SDK's default (128) would drop the links of
   half of a default batch (256). `OTEL_SPAN_LINK_COUNT_LIMIT` still wins when set.
+- A link leaves the record's `tracestate` out (its decision still carries it): parsing one with
+  the SDK cost more than the rest of the link (bench/trace_context.py), and a link needs only
+  the ids to join the record's trace to the batch.
 - Spans go out through the SDK's batch processor, on its own thread: exporting never blocks
   scoring, and an unreachable collector costs dropped spans, never decisions.
 """
@@ -32,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from contracts.dead_letter import Headers
-from contracts.trace_context import TRACEPARENT, TRACESTATE, TraceParent, parse_traceparent
+from contracts.trace_context import TRACEPARENT, TraceParent, parse_traceparent
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
-    from opentelemetry.trace import Link, Tracer
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +48,14 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_
 SERVICE_NAME = "fraud-scorer"
 LINK_LIMIT_VARIABLE = "OTEL_SPAN_LINK_COUNT_LIMIT"
 
-
-class LinkedContext(NamedTuple):
-    """The trace context of one record of a batch, as its span links to it."""
-
-    parent: TraceParent
-    #: The record's `tracestate`, as text; None when it has none or it is not UTF-8.
-    state: str | None
+#: The trace headers of a batch's records, in order (`batch_trace_headers`); None: none has any.
+Contexts = Sequence[Headers | None] | None
 
 
 class BatchOutcome(NamedTuple):
     """What became of a batch's records, as its span reports it."""
 
+    size: int
     decided: int
     dead_lettered: int
     model_version: str
@@ -65,29 +64,23 @@ class BatchOutcome(NamedTuple):
 class BatchTracer(Protocol):
     """Records one span per scored batch."""
 
-    def batch_scored(
-        self, contexts: Sequence[Headers | None], elapsed_s: float, outcome: BatchOutcome
-    ) -> None:
-        """The batch whose records carried `contexts` (`trace_headers` of each, in order) was
-        scored in the `elapsed_s` seconds that just ended."""
+    def batch_scored(self, contexts: Contexts, elapsed_s: float, outcome: BatchOutcome) -> None:
+        """The batch whose records carried `contexts` was scored in the `elapsed_s` seconds
+        that just ended."""
 
 
-def linked_contexts(contexts: Sequence[Headers | None]) -> list[LinkedContext]:
+def linked_contexts(contexts: Contexts) -> list[TraceParent]:
     """The trace contexts a batch's span links to: one per record whose `traceparent` parses,
     in the records' order."""
+    if contexts is None:
+        return []
     linked = []
     for headers in contexts:
-        if headers is None:
-            continue
-        values = dict(headers)
-        parent = parse_traceparent(values.get(TRACEPARENT) or b"")
-        if parent is None:
-            continue
-        try:
-            state = None if TRACESTATE not in values else values[TRACESTATE].decode()
-        except UnicodeDecodeError:
-            state = None
-        linked.append(LinkedContext(parent, state))
+        # `trace_context` puts the traceparent first when there is one.
+        if headers is not None and headers[0][0] == TRACEPARENT:
+            parent = parse_traceparent(headers[0][1])
+            if parent is not None:
+                linked.append(parent)
     return linked
 
 
@@ -170,12 +163,16 @@ class OtelBatchTracer:
         provider.add_span_processor(processor)
         return cls(provider.get_tracer(__name__), input_topic=input_topic, group_id=group_id)
 
-    def batch_scored(
-        self, contexts: Sequence[Headers | None], elapsed_s: float, outcome: BatchOutcome
-    ) -> None:
+    def batch_scored(self, contexts: Contexts, elapsed_s: float, outcome: BatchOutcome) -> None:
         from opentelemetry.context import Context
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
+        links = [
+            Link(
+                SpanContext(p.trace_id, p.span_id, is_remote=True, trace_flags=TraceFlags(p.flags))
+            )
+            for p in linked_contexts(contexts)
+        ]
         ended_ns = time.time_ns()
         span = self._tracer.start_span(
             self._name,
@@ -183,27 +180,12 @@ class OtelBatchTracer:
             kind=SpanKind.CONSUMER,
             attributes={
                 **self._attributes,
-                "messaging.batch.message_count": len(contexts),
+                "messaging.batch.message_count": outcome.size,
                 "fraud.decisions": outcome.decided,
                 "fraud.dead_letters": outcome.dead_lettered,
                 "fraud.model_version": outcome.model_version,
             },
-            links=[_link(context) for context in linked_contexts(contexts)],
+            links=links,
             start_time=ended_ns - round(elapsed_s * 1e9),
         )
         span.end(end_time=ended_ns)
-
-
-def _link(context: LinkedContext) -> Link:
-    from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
-
-    parent = context.parent
-    return Link(
-        SpanContext(
-            parent.trace_id,
-            parent.span_id,
-            is_remote=True,
-            trace_flags=TraceFlags(parent.flags),
-            trace_state=None if context.state is None else TraceState.from_header([context.state]),
-        )
-    )

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from contracts.trace_context import (
     MAX_HEADER_BYTES,
     TraceParent,
+    batch_trace_headers,
     parse_traceparent,
     trace_context,
     trace_headers,
@@ -54,6 +55,14 @@ def test_trace_headers_of_a_record_without_headers_is_none():
     assert trace_headers(message(0, headers=[("traceparent", EXAMPLE)])) == [
         ("traceparent", EXAMPLE)
     ]
+
+
+def test_a_batch_without_trace_context_has_none_at_all():
+    assert batch_trace_headers([message(0, headers=[]), message(1, headers=[])]) is None
+    assert batch_trace_headers([message(0, headers=[]), message(1, headers=[("x", b"1")])]) is None
+    assert batch_trace_headers(
+        [message(0, headers=[("x", b"1")]), message(1, headers=[("traceparent", EXAMPLE)])]
+    ) == [None, [("traceparent", EXAMPLE)]]
 
 
 def test_the_w3c_example_parses():
