@@ -65,6 +65,19 @@ def test_a_batch_without_trace_context_has_none_at_all():
     ) == [None, [("traceparent", EXAMPLE)]]
 
 
+class UnreadableHeaders:
+    """A record with a header key that is not UTF-8: the client raises on `headers()`."""
+
+    def headers(self) -> None:
+        raise SystemError("<built-in method headers> returned a result with an exception set")
+
+
+def test_a_record_whose_headers_cannot_be_read_carries_nothing_and_its_batch_mates_theirs():
+    batch = [UnreadableHeaders(), message(1, headers=[("traceparent", EXAMPLE)])]
+    assert batch_trace_headers(batch) == [None, [("traceparent", EXAMPLE)]]
+    assert batch_trace_headers([UnreadableHeaders()]) is None
+
+
 def test_the_w3c_example_parses():
     assert parse_traceparent(EXAMPLE) == TraceParent(
         0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 0x01
