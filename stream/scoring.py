@@ -22,6 +22,7 @@ from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encod
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
+from contracts.trace_context import batch_trace_headers
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
@@ -41,8 +42,9 @@ from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.rules_table import RulesTable
 from stream.shadow import Shadow, ShadowRecords
-from stream.sink import Output, OutputSink
+from stream.sink import Headers, Output, OutputSink
 from stream.terminal_table import TerminalRiskTable
+from stream.tracing import BatchOutcome, BatchTracer
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class BatchScorer:
         observed_precision: ObservedPrecision | None = None,
         log_features: bool = False,
         drift_window: int = DEFAULT_DRIFT_WINDOW,
+        tracer: BatchTracer | None = None,
     ) -> None:
         """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
@@ -148,7 +151,9 @@ class BatchScorer:
         together) comes from between batches (None: the first serves for good); `shadow`: a
         challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `observed_precision`:
         follows the flagged transactions until their labels arrive (FRAUD_OBSERVED_PRECISION);
-        `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES)."""
+        `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES);
+        `tracer`: one span per batch (stream/tracing.py; None: no spans)."""
+        self._tracer = tracer
         self._log_features = log_features
         self._encode_decision = encode
         self._drift_window = drift_window
@@ -235,9 +240,11 @@ class BatchScorer:
             outputs,
             stages.on_delivered(self._metrics),
         )
+        # Each record's trace context, read once for its decision and the batch's span.
+        contexts = batch_trace_headers([r.message for r in records])
         self._dead_letter(records, failed, group)
         self._send_changelog(records, changelog, group)
-        self._send_decisions(records, verdicts, encoded, group)
+        self._send_decisions(records, verdicts, encoded, contexts, group)
         if shadow is not None and shadow.keys:
             self._send_shadow(records, encoded.rows, shadow, group)
         if encoded.rows:
@@ -251,6 +258,11 @@ class BatchScorer:
                         [transactions[i].transaction_id for i in flagged],
                         verdicts.event_time[flagged],
                     )
+        if self._tracer is not None:
+            outcome = BatchOutcome(
+                len(records), len(encoded.rows), len(failed), self._scorer.model_version
+            )
+            self._tracer.batch_scored(contexts, time.perf_counter() - started, outcome)
         self._metrics.observe_stages(stages.seconds)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
@@ -396,11 +408,15 @@ class BatchScorer:
         records: list[PendingRecord],
         verdicts: Verdicts,
         encoded: _Encoded,
+        contexts: list[Headers | None] | None,
         group: OutcomeGroup,
     ) -> None:
+        """The decisions, each with its transaction's trace context (contracts/trace_context.py)
+        when the batch has any."""
         if not encoded.rows:
             return
         topic = self._output_topic
+        headers = None if contexts is None else [contexts[i] for i in encoded.rows]
 
         def output_of(j: int) -> Output:
             i = encoded.rows[j]
@@ -409,13 +425,15 @@ class BatchScorer:
                 topic=topic,
                 key=encoded.keys[j],
                 value=encoded.values[j],
-                headers=None,
+                headers=None if contexts is None else contexts[i],
                 source=records[i].message,
                 group=group,
                 label=verdicts.labels[i],
             )
 
-        self._sink.send_batch(topic, encoded.keys, encoded.values, group, output_of)
+        self._sink.send_batch(
+            topic, encoded.keys, encoded.values, group, output_of, headers=headers
+        )
 
     def _send_shadow(
         self,

@@ -86,10 +86,12 @@ class OutputSink(Protocol):
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
         """Send many outputs of one kind (a batch's decisions, or its card states for one
         partition), all completing `group`; `output_of(i)` rebuilds the i-th as an `Output`
-        should it fail."""
+        should it fail. `headers`: the i-th output's headers; None: none has any."""
 
     def poll(self) -> None:
         """Serve pending delivery reports without blocking."""
@@ -129,6 +131,8 @@ class KafkaSink:
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
         # The hot path: one delivery callback shared by the whole batch, no object per record.
         # A failure (rare) finds its output again by key and value.
@@ -144,7 +148,9 @@ class KafkaSink:
 
         produce = self._produce
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
-            refused = produce(topic, key, value, None, report, partition)
+            refused = produce(
+                topic, key, value, None if headers is None else headers[index], report, partition
+            )
             if refused is not None:
                 on_failure(output_of(index), translate_kafka_error(refused, topic))
 

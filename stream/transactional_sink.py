@@ -48,7 +48,7 @@ from stream.metrics import ServiceMetrics
 from stream.outcome_order import OutcomeOrder
 from stream.outcomes import OutcomeGroup
 from stream.refusals import RefusedOutputs
-from stream.sink import Output, index_of, produce
+from stream.sink import Headers, Output, index_of, produce
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ class TransactionalSink:
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
         # The hot path: one error-only callback shared by the batch, no object per record.
         def report(error: KafkaError | None, message: Message) -> None:
@@ -149,7 +151,14 @@ class TransactionalSink:
                 if self._refused:
                     self._produce(self._refused.instead_of_remembered(output_of(index)))
                 else:
-                    refused = self._try_produce(topic, key, value, None, report, partition)
+                    refused = self._try_produce(
+                        topic,
+                        key,
+                        value,
+                        None if headers is None else headers[index],
+                        report,
+                        partition,
+                    )
                     if refused is not None:
                         self._produce(self._refused.instead_of_refused(output_of(index), refused))
                 delivered()

@@ -48,6 +48,7 @@ from stream.scoring import BatchScorer
 from stream.shadow import Shadow
 from stream.sink import KafkaSink, OutputSink
 from stream.terminal_table import TerminalRiskTable
+from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink
 
 
@@ -90,6 +91,8 @@ class Collaborators:
     shadow: Shadow | None = None
     #: Flagged transactions followed until their labels arrive (FRAUD_OBSERVED_PRECISION).
     observed_precision: ObservedPrecision | None = None
+    #: One span per scored batch (an OTLP endpoint set and the otel extra installed).
+    tracer: BatchTracer | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -112,6 +115,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         observed_precision=parts.observed_precision,
         log_features=config.decision_features == "on",
         drift_window=config.drift_window,
+        tracer=parts.tracer,
     )
 
 
@@ -255,6 +259,12 @@ def build_collaborators(
             )
             if config.observed_precision == "on"
             else None
+        ),
+        tracer=batch_tracer(
+            input_topic=config.input_topic,
+            group_id=config.group_id,
+            instance_id=config.instance_id,
+            max_batch_size=config.max_batch_size,
         ),
     )
 

@@ -96,7 +96,9 @@ def configuration_page() -> str:
         "before any connection is made (exit status 2). Librdkafka settings (SASL, TLS) belong "
         "in the properties file `FRAUD_KAFKA_CONFIG_FILE` names: flags show in the process "
         "list. Logs show a librdkafka setting's value only for keys known to hold no secret "
-        "(`contracts/kafka_settings.py`), `***` for every other.",
+        "(`contracts/kafka_settings.py`), `***` for every other. Batch spans follow "
+        "OpenTelemetry's own `OTEL_*` variables rather than an option: "
+        "[Data flow, Tracing](data-flow.md#tracing).",
         "",
     ]
     parsers = dict(_commands())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
 from stream.outcomes import OutcomeGroup
-from stream.sink import Output
+from stream.sink import Headers, Output
 
 
 class FakeScorer:
@@ -76,6 +76,8 @@ class MemorySink:
 
     def __init__(self) -> None:
         self.sent: list[Output] = []
+        #: The `headers` argument of each `send_batch`, in order.
+        self.batch_headers: list[Sequence[Headers | None] | None] = []
 
     def send(self, output: Output) -> None:
         self.sent.append(output)
@@ -88,8 +90,14 @@ class MemorySink:
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
-        self.sent.extend(output_of(i) for i in range(len(values)))
+        outputs = [output_of(i) for i in range(len(values))]
+        # What a failed output is rebuilt with must be what was sent.
+        assert [o.headers for o in outputs] == list(headers or [None] * len(outputs))
+        self.batch_headers.append(headers)
+        self.sent.extend(outputs)
 
     def deliver_all(self) -> None:
         for output in self.sent:
@@ -291,6 +299,8 @@ class AutoSink(MemorySink):
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
         with self._lock:
             self.sent.extend(output_of(i) for i in range(len(values)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -27,7 +28,14 @@ from tests.unit.fakes import FakeScorer, MemorySink, message
 HUGE_AMOUNT = 999_999.0
 
 
-def make_batch(n: int, *, event_time_ms: int | None = None, poison: set[int] = frozenset()):
+def make_batch(
+    n: int,
+    *,
+    event_time_ms: int | None = None,
+    poison: set[int] = frozenset(),
+    headers: Callable[[int], list[tuple[str, bytes]]] | None = None,
+):
+    """`headers(i)`: the i-th record's headers (default: one unrelated header)."""
     records = TransactionSimulator(3).generate(n).records
     items = []
     for i, record in enumerate(records):
@@ -35,7 +43,8 @@ def make_batch(n: int, *, event_time_ms: int | None = None, poison: set[int] = f
         if i in poison:
             record["amount"] = HUGE_AMOUNT
         value = msgspec.json.encode(record)
-        items.append(PendingRecord(message(i, value), decode_transaction(value), (("tx", 0), i)))
+        source = message(i, value, headers=None if headers is None else headers(i))
+        items.append(PendingRecord(source, decode_transaction(value), (("tx", 0), i)))
     return Batch(items, 0.0, 0.005, closed_full=True)
 
 
@@ -160,3 +169,39 @@ def test_each_stage_of_a_batch_is_timed_once_and_delivery_when_its_outputs_are_a
     assert registry.get_sample_value("fraud_stage_seconds_sum", {"stage": "batch"}) == (
         pytest.approx(0.004)
     )
+
+
+def traceparent(i: int) -> bytes:
+    return f"00-4bf92f3577b34da6a3ce929d0e0e47{i:02x}-00f067aa0ba902b7-01".encode()
+
+
+def test_each_decision_and_dead_letter_carries_its_transactions_trace_context():
+    def headers(i: int) -> list[tuple[str, bytes]]:
+        return [
+            [],
+            [("traceparent", traceparent(i)), ("tracestate", b"congo=t61rcWkgMzE"), ("x", b"y")],
+            [("traceparent", b"not-a-traceparent")],
+        ][i % 3]
+
+    batch = make_batch(9, headers=headers, poison={4})
+    sink, _, _ = run(batch, FakeScorer(raises_on=poison_amount))
+
+    carried = {o.source.offset(): o.headers for o in sink.sent if o.kind == "decision"}
+    assert carried == {
+        0: None,
+        1: [("traceparent", traceparent(1)), ("tracestate", b"congo=t61rcWkgMzE")],
+        2: [("traceparent", b"not-a-traceparent")],
+        3: None,
+        5: [("traceparent", b"not-a-traceparent")],
+        6: None,
+        7: [("traceparent", traceparent(7)), ("tracestate", b"congo=t61rcWkgMzE")],
+        8: [("traceparent", b"not-a-traceparent")],
+    }
+    (letter,) = [o for o in sink.sent if o.kind == "dead_letter"]
+    assert letter.headers[:3] == headers(4), "a dead letter keeps every original header"
+
+
+def test_a_batch_without_trace_context_sends_its_decisions_without_headers():
+    sink, _, _ = run(make_batch(5, headers=lambda i: [("x", b"y")] if i else []), FakeScorer())
+    assert sink.batch_headers == [None]
+    assert all(o.headers is None for o in sink.sent)

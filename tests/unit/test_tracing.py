@@ -1,0 +1,152 @@
+"""Batch spans (stream/tracing.py): the links of a batch, when spans are on, and that off they
+cost no import of OpenTelemetry at all."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.offsets import OffsetTracker
+from contracts.trace_context import TraceParent
+from deadletter.router import DeadLetterRouter
+from scorer.decide import DecisionPolicy
+from scorer.decisions import Thresholds
+from stream.metrics import ServiceMetrics
+from stream.scoring import BatchScorer
+from stream.tracing import batch_tracer, linked_contexts, spans_requested
+from tests.unit.fakes import FakeScorer, MemorySink
+from tests.unit.test_batch_scorer import make_batch, poison_amount, traceparent
+
+ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+TRACER = {"input_topic": "tx", "group_id": "g", "instance_id": "i", "max_batch_size": 256}
+
+
+def test_a_batch_links_to_each_record_whose_traceparent_parses():
+    contexts = [
+        None,
+        [("traceparent", traceparent(1)), ("tracestate", b"congo=t61rcWkgMzE")],
+        [("traceparent", b"not-a-traceparent")],
+        [("tracestate", b"congo=t61rcWkgMzE")],
+        [("traceparent", traceparent(4))],
+    ]
+    assert linked_contexts(contexts) == [
+        TraceParent(int(traceparent(i)[3:35], 16), 0xF067AA0BA902B7, 1) for i in (1, 4)
+    ]
+    assert linked_contexts(None) == []
+
+
+@pytest.mark.parametrize(
+    ("environ", "requested"),
+    [
+        ({}, False),
+        (ENDPOINT, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ""}, False),
+        ({**ENDPOINT, "OTEL_SDK_DISABLED": "TRUE"}, False),
+        ({**ENDPOINT, "OTEL_SDK_DISABLED": "false"}, True),
+    ],
+)
+def test_spans_are_requested_by_an_endpoint_unless_the_sdk_is_disabled(environ, requested):
+    assert spans_requested(environ) is requested
+
+
+def test_without_an_endpoint_there_is_no_tracer_and_opentelemetry_is_never_imported():
+    program = textwrap.dedent(
+        """
+        import sys
+        import stream.cli, stream.service, stream.wiring
+        from stream.tracing import batch_tracer
+        assert batch_tracer(input_topic="tx", group_id="g", instance_id="i",
+                            max_batch_size=256, environ={}) is None
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "[]"
+
+
+def test_an_endpoint_without_the_extra_is_a_warning_and_no_tracer(monkeypatch, caplog):
+    # A None entry makes the import fail as if the package were not installed.
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with caplog.at_level(logging.WARNING, logger="stream.tracing"):
+        assert batch_tracer(**TRACER, environ=ENDPOINT) is None
+    assert "pip install 'fraud-scorer[otel]'" in caplog.text
+
+
+# -- with the SDK (the otel extra; the dev extra installs it) ----------------------------------
+
+
+@pytest.fixture
+def exported():
+    pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from stream.tracing import OtelBatchTracer
+
+    exporter = InMemorySpanExporter()
+    tracer = OtelBatchTracer.create(SimpleSpanProcessor(exporter), **TRACER, environ={})
+    return tracer, exporter
+
+
+def score(tracer, *batches):
+    sink, tracker = MemorySink(), OffsetTracker()
+    stage = BatchScorer(
+        FakeScorer(raises_on=poison_amount),
+        sink,
+        tracker,
+        DeadLetterRouter("tx.dlq", "g/i"),
+        output_topic="decisions",
+        policy=DecisionPolicy(Thresholds(0.5, 0.8), 1_000.0, "score"),
+        metrics=ServiceMetrics(CollectorRegistry()),
+        tracer=tracer,
+    )
+    for batch in batches:
+        for record in batch.items:
+            tracker.track(("tx", 0), record.message.offset())
+        stage.process(batch)
+
+
+def test_one_span_per_batch_links_to_its_records_traces(exported):
+    tracer, exporter = exported
+    traced = make_batch(6, headers=lambda i: [("traceparent", traceparent(i))] if i % 2 else [])
+    poisoned = make_batch(3, headers=lambda i: [("traceparent", traceparent(10 + i))], poison={1})
+
+    score(tracer, traced, poisoned)
+
+    spans = exporter.get_finished_spans()
+    assert [span.name for span in spans] == ["score tx", "score tx"]
+    linked = [[(link.context.trace_id, link.context.span_id) for link in s.links] for s in spans]
+    assert linked == [
+        [(int(traceparent(i)[3:35], 16), 0xF067AA0BA902B7) for i in (1, 3, 5)],
+        [(int(traceparent(10 + i)[3:35], 16), 0xF067AA0BA902B7) for i in range(3)],
+    ]
+    assert all(link.context.is_remote for s in spans for link in s.links)
+    first, second = (dict(span.attributes) for span in spans)
+    assert first["messaging.batch.message_count"] == 6 and first["fraud.decisions"] == 6
+    assert (second["fraud.decisions"], second["fraud.dead_letters"]) == (2, 1)
+    assert first["messaging.destination.name"] == "tx"
+    assert first["fraud.model_version"] == "fake-1"
+    assert spans[0].parent is None and spans[0].start_time < spans[0].end_time
+    assert spans[0].resource.attributes["service.name"] == "fraud-scorer"
+
+
+def test_every_record_of_a_full_batch_is_linked(exported):
+    tracer, exporter = exported
+    score(tracer, make_batch(200, headers=lambda i: [("traceparent", traceparent(i % 256))]))
+    (span,) = exporter.get_finished_spans()
+    assert len(span.links) == 200 and span.dropped_links == 0
+
+
+def test_an_endpoint_with_the_extra_makes_an_otlp_tracer():
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from stream.tracing import OtelBatchTracer
+
+    assert isinstance(batch_tracer(**TRACER, environ=ENDPOINT), OtelBatchTracer)
