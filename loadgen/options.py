@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help=f"transactions per second: the rate of constant and burst, the end of ramp, the "
-        f"peak of diurnal (default by shape: {rates})",
+        f"peak of diurnal; it sets how compressed simulated time runs, which must be the "
+        f"scorer's FRAUD_HISTORY_TIME_SCALE: a rate that does not fit the scale read from "
+        f"--metrics-url is refused, naming the scale it needs (default: the rate of that scale; "
+        f"without it, by shape: {rates})",
     )
     parser.add_argument(
         "--duration", type=float, default=30.0, help="seconds to send for (default: %(default)s)"
@@ -138,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-url",
         default="http://127.0.0.1:9102/metrics",
-        help="scorer /metrics to scrape every second during the run (batch sizes, batch cap, "
-        "consumer lag); empty to skip (default: %(default)s)",
+        help="scorer /metrics to read its FRAUD_HISTORY_TIME_SCALE from before sending (see "
+        "--rate) and to scrape every second during the run (batch sizes, batch cap, consumer "
+        "lag); empty to skip both, with a warning that says which scale the run assumes "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON line last on stdout"
