@@ -43,7 +43,7 @@ from loadgen.scrape import (
     metrics_over_time,
 )
 from loadgen.shapes import Schedule
-from loadgen.time_scale import REPLAY_SCALE, assumption, check_replay, simulated_pace
+from loadgen.time_scale import REPLAY_SCALE, assumption, check_replay, simulated_pace, world
 from simulator.transactions import TransactionSimulator
 
 log = logging.getLogger("loadgen")
@@ -290,8 +290,9 @@ def _progress(
 
 def simulator_of(args: argparse.Namespace) -> TransactionSimulator:
     """The run's simulator: its clock starts now, its transaction ids are the run's own."""
-    return TransactionSimulator(
+    return world(
         args.seed,
+        args.cards,
         fraud_scale=args.fraud_scale,
         start_time_ms=time.time_ns() // 1_000_000,
         id_prefix=f"lg{uuid.uuid4().hex[:8]}",
@@ -346,8 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.replay is None:
             rate_given = args.rate is not None
+            schedule = validate(args)
             simulator = simulator_of(args)
-            schedule, time_scale = agree_with_scorer(args, validate(args), simulator, rate_given)
+            schedule, time_scale = agree_with_scorer(args, schedule, simulator, rate_given)
         else:
             replayed, schedule = validate_replay(args)
             scorer_scale, why = _scorer_scale(args.metrics_url)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from contracts.errors import ConfigurationError
-from simulator.transactions import TransactionSimulator
+from simulator.transactions import DEFAULT_CARDS, DEFAULT_START_TIME_MS, TransactionSimulator
 
 #: How far a run's scale may be from the scorer's and still run at the scorer's: a card's
 #: velocity features then differ by at most as much, far less than the simulated day itself
@@ -35,6 +35,8 @@ TOLERANCE = 0.1
 MIN_RATE_PER_S = 1.0
 #: A replay's event times are its rows' own.
 REPLAY_SCALE = 1.0
+#: The simulated world's terminals per card (the handbook's 10,000 for 5,000), as training's.
+TERMINALS_PER_CARD = 2
 
 
 class Pace(NamedTuple):
@@ -46,13 +48,36 @@ class Pace(NamedTuple):
     time_scale: float
 
 
-def time_scale(seed: int, rate_per_s: float) -> float:
+def world(
+    seed: int,
+    cards: int = DEFAULT_CARDS,
+    *,
+    fraud_scale: float = 1.0,
+    start_time_ms: int = DEFAULT_START_TIME_MS,
+    id_prefix: str = "tx",
+) -> TransactionSimulator:
+    """The simulated world of a load run: `cards` customers, TERMINALS_PER_CARD times as many
+    terminals, and the handbook's shares of fraud times `fraud_scale` (the other arguments as
+    TransactionSimulator's). A smaller world makes fewer transactions per simulated day: at
+    the same rate, its simulated days pass sooner."""
+    return TransactionSimulator(
+        seed,
+        # The handbook's compromised terminals and cards per day are for its 5,000 cards.
+        fraud_scale=fraud_scale * cards / DEFAULT_CARDS,
+        num_cards=cards,
+        num_terminals=TERMINALS_PER_CARD * cards,
+        start_time_ms=start_time_ms,
+        id_prefix=id_prefix,
+    )
+
+
+def time_scale(seed: int, rate_per_s: float, cards: int = DEFAULT_CARDS) -> float:
     """How many times faster than the simulated clock the simulator's events run when it is
-    asked for `rate_per_s` (what `generate` compresses time by). A service given it as its
-    FRAUD_HISTORY_TIME_SCALE sees each card's windows as the simulated card lived them: without
-    it, five simulated days squeezed into ten seconds make every card a burst of velocity and
-    the model flags a share of traffic no payment stream has."""
-    return rate_per_s / TransactionSimulator(seed).natural_rate_per_s
+    asked for `rate_per_s` (what `generate` compresses time by), in a world of `cards` cards. A
+    service given it as its FRAUD_HISTORY_TIME_SCALE sees each card's windows as the simulated
+    card lived them: without it, five simulated days squeezed into ten seconds make every card a
+    burst of velocity and the model flags a share of traffic no payment stream has."""
+    return rate_per_s / world(seed, cards).natural_rate_per_s
 
 
 def setting(scale: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from contracts.errors import ConfigurationError
+from loadgen.options import build_parser, validate
 from loadgen.time_scale import (
     MIN_RATE_PER_S,
     Pace,
@@ -13,6 +14,8 @@ from loadgen.time_scale import (
     check_replay,
     setting,
     simulated_pace,
+    time_scale,
+    world,
 )
 
 #: A world that makes 0.1 tx per simulated second: 2,000 tx/s is 20,000x compressed time.
@@ -81,3 +84,15 @@ def test_the_warning_says_what_it_assumes() -> None:
     assert line.startswith("fraud-loadgen: warning: ")
     assert "(no --metrics-url)" in line
     assert "run at FRAUD_HISTORY_TIME_SCALE=17865.6 (this run's, for 2000 tx/s)" in line
+
+
+def test_a_quarter_world_at_a_quarter_rate_runs_simulated_time_as_fast() -> None:
+    small = world(7, 1_250)
+    assert (len(small.population.card_ids), len(small.population.terminal_ids)) == (1_250, 2_500)
+    assert time_scale(7, 500, 1_250) == pytest.approx(time_scale(7, 2_000), rel=0.05)
+
+
+def test_the_world_size_bounds_the_fraud_scale() -> None:
+    args = build_parser().parse_args(["--cards", "50000", "--fraud-scale", "2"])
+    with pytest.raises(ValueError, match=r"--fraud-scale x --cards / 5000 must be <= 10"):
+        validate(args)
