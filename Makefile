@@ -21,7 +21,8 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
-	@echo "make demo        local Kafka + scorer + features worker + 5 min of simulated load, then a summary"
+	@echo "make demo        local Kafka + scorer + features worker + 70 s of simulated load, then a summary"
+	@echo "                 (under 2 min; make demo DEMO_DURATION=300: the five-minute run)"
 	@echo "make test        install, start both brokers and the registry, run every test tier, stop them"
 	@echo "make test-secure the secured-broker tests only (starts and stops that broker)"
 	@echo "make unit        unit tests only (no Kafka)"

@@ -26,8 +26,8 @@ from bench.harness import (
     free_port,
     produce_backlog,
     stop,
-    time_scale,
 )
+from loadgen.time_scale import time_scale
 
 SAMPLE_EVERY_S = 0.25
 RESULTS = REPO / "bench" / "results" / "backlog.json"

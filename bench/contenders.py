@@ -39,11 +39,11 @@ from bench.harness import (
     measure,
     shown,
     stop,
-    time_scale,
     wait_for_assignment,
 )
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
+from loadgen.time_scale import time_scale
 
 CONTENDERS: tuple[str, ...] = (
     "passthrough",

@@ -144,15 +144,6 @@ def connect(prog: str, bootstrap: str) -> Broker | None:
     return broker
 
 
-def time_scale(seed: int, rate_per_s: float) -> float:
-    """How many times faster than the simulated clock the simulator's events run when it is
-    asked for `rate_per_s` (what `generate` compresses time by). A service given it as its
-    `--history-time-scale` sees each card's windows as the simulated card lived them: without
-    it, five simulated days squeezed into ten seconds make every card a burst of velocity and
-    the model flags a share of traffic no payment stream has."""
-    return rate_per_s / TransactionSimulator(seed).natural_rate_per_s
-
-
 def backlog_templates(count: int, start_time_ms: int | None = None) -> list[dict[str, object]]:
     """The simulated transactions (contract records) a backlog repeats, from `start_time_ms`
     (default: now)."""

@@ -36,8 +36,14 @@ from loadgen.options import build_parser, validate, validate_replay
 from loadgen.reader import OutcomeReader
 from loadgen.replay import ReplayRow, ReplaySchedule
 from loadgen.report import SentLog, render_text, summarize
-from loadgen.scrape import MetricsScraper, batch_size_distribution, metrics_over_time
+from loadgen.scrape import (
+    MetricsScraper,
+    batch_size_distribution,
+    history_time_scale,
+    metrics_over_time,
+)
 from loadgen.shapes import Schedule
+from loadgen.time_scale import REPLAY_SCALE, assumption, check_replay, simulated_pace, world
 from simulator.transactions import TransactionSimulator
 
 log = logging.getLogger("loadgen")
@@ -97,25 +103,23 @@ class Outgoing(NamedTuple):
 class SimulatedSource:
     """The simulator's transactions, dated when they are sent, with its labels on their topic."""
 
-    def __init__(self, args: argparse.Namespace, producer: Producer, sent: SentLog) -> None:
-        # The simulated clock starts now and is compressed to the sending rate (simulated days
-        # pass in seconds; batch.time_scale says by how much).
-        id_prefix = f"lg{uuid.uuid4().hex[:8]}"
-        self._simulator = TransactionSimulator(
-            args.seed,
-            fraud_scale=args.fraud_scale,
-            start_time_ms=time.time_ns() // 1_000_000,
-            id_prefix=id_prefix,
-        )
-        self._feed = _label_feed(args, producer, id_prefix, sent)
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        simulator: TransactionSimulator,
+        time_scale: float,
+        producer: Producer,
+        sent: SentLog,
+    ) -> None:
+        """`simulator`: made by `simulator_of(args)`; `time_scale`: its clock's compression, the
+        scorer's (`loadgen/time_scale.py`): simulated days pass in seconds."""
+        self._simulator = simulator
+        self._feed = _label_feed(args, producer, simulator.id_prefix, sent)
         self._rng = np.random.default_rng(args.seed + 1)
         self._bad_ratio = args.bad_ratio
-        self._rate = 0.0
+        self._rate = time_scale * simulator.natural_rate_per_s
         self._buffer: list[tuple[dict[str, object], bool, str]] = []
-        self.time_scale = 1.0
-
-    def start(self, mean_rate: float) -> None:
-        self._rate = mean_rate
+        self.time_scale = time_scale
 
     def tick(self, now_ms: int) -> None:
         if self._feed is not None:
@@ -149,14 +153,11 @@ class SimulatedSource:
 class ReplaySource:
     """A team's recorded rows (`loadgen/replay.py`), in event-time order."""
 
-    time_scale = 1.0
+    time_scale = REPLAY_SCALE
     labels_sent = None
 
     def __init__(self, rows: list[ReplayRow]) -> None:
         self._rows = iter(rows)
-
-    def start(self, mean_rate: float) -> None:
-        pass
 
     def tick(self, now_ms: int) -> None:
         pass
@@ -185,7 +186,6 @@ def send(
 ) -> SendResult:
     """Produce the source's records when the schedule says they are due, recording each in
     `sent`."""
-    source.start(schedule.mean_rate)
     started = time.monotonic()
     sent.started_ms = time.time_ns() // 1_000_000
     worst_lag_s = 0.0
@@ -288,15 +288,74 @@ def _progress(
     )
 
 
+def simulator_of(args: argparse.Namespace) -> TransactionSimulator:
+    """The run's simulator: its clock starts now, its transaction ids are the run's own."""
+    return world(
+        args.seed,
+        args.cards,
+        fraud_scale=args.fraud_scale,
+        start_time_ms=time.time_ns() // 1_000_000,
+        id_prefix=f"lg{uuid.uuid4().hex[:8]}",
+    )
+
+
+def agree_with_scorer(
+    args: argparse.Namespace, schedule: Schedule, simulator: TransactionSimulator, rate_given: bool
+) -> tuple[Schedule, float]:
+    """The run's schedule and simulated time scale, agreed with the scorer's history time scale
+    (`loadgen/time_scale.py`); a warning on stderr when the scorer's cannot be read.
+
+    Raises:
+        ConfigurationError: they cannot agree; the message names the setting to use.
+        ValueError: the rate of the scorer's scale schedules no record.
+    """
+    scorer_scale, why = _scorer_scale(args.metrics_url)
+    pace = simulated_pace(
+        scorer_scale,
+        rate=args.rate,
+        rate_given=rate_given,
+        rate_per_mean=args.rate / schedule.mean_rate,
+        natural_rate=simulator.natural_rate_per_s,
+        where=args.metrics_url,
+    )
+    if scorer_scale is None:
+        print(assumption(pace.time_scale, pace.rate, why), file=sys.stderr)
+    if pace.rate != args.rate:
+        args.rate = pace.rate
+        schedule = validate(args)
+    return schedule, pace.time_scale
+
+
+def _scorer_scale(metrics_url: str) -> tuple[float | None, str]:
+    """The scorer's history time scale, or None and why it is not known."""
+    if not metrics_url:
+        return None, "no --metrics-url"
+    try:
+        return history_time_scale(metrics_url), ""
+    except OSError as exc:
+        return None, f"cannot read {metrics_url}: {exc}"
+    except LookupError as exc:
+        return None, str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     replayed: list[ReplayRow] | None = None
     schedule: Schedule | ReplaySchedule
+    simulator: TransactionSimulator | None = None
+    time_scale = REPLAY_SCALE
     try:
         if args.replay is None:
+            rate_given = args.rate is not None
             schedule = validate(args)
+            simulator = simulator_of(args)
+            schedule, time_scale = agree_with_scorer(args, schedule, simulator, rate_given)
         else:
             replayed, schedule = validate_replay(args)
+            scorer_scale, why = _scorer_scale(args.metrics_url)
+            check_replay(scorer_scale, where=args.metrics_url)
+            if scorer_scale is None:
+                print(assumption(REPLAY_SCALE, None, why), file=sys.stderr)
         extra = tool_kafka_settings(args.kafka_options, os.environ)
     except (ValueError, ConfigurationError) as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
@@ -317,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     producer = Producer({**kafka, "linger.ms": 1, "enable.idempotence": True})
     source = (
-        ReplaySource(replayed) if replayed is not None else SimulatedSource(args, producer, sent)
+        SimulatedSource(args, simulator, time_scale, producer, sent)
+        if simulator is not None
+        else ReplaySource(cast(list[ReplayRow], replayed))
     )
     result = send(args, kafka, schedule, source, producer, sent, reader)
 

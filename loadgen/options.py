@@ -19,7 +19,7 @@ from loadgen.shapes import (
     Schedule,
     make_shape,
 )
-from simulator.transactions import MAX_FRAUD_SCALE
+from simulator.transactions import DEFAULT_CARDS, MAX_FRAUD_SCALE
 
 #: The simulator seed of a run that names none.
 DEFAULT_SEED = 7
@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help=f"transactions per second: the rate of constant and burst, the end of ramp, the "
-        f"peak of diurnal (default by shape: {rates})",
+        f"peak of diurnal; it sets how compressed simulated time runs, which must be the "
+        f"scorer's FRAUD_HISTORY_TIME_SCALE: a rate that does not fit the scale read from "
+        f"--metrics-url is refused, naming the scale it needs (default: the rate of that scale; "
+        f"without it, by shape: {rates})",
     )
     parser.add_argument(
         "--duration", type=float, default=30.0, help="seconds to send for (default: %(default)s)"
@@ -127,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         "handbook's rates at 1; 0 for no fraud) (default: %(default)s)",
     )
     parser.add_argument(
+        "--cards",
+        type=int,
+        default=DEFAULT_CARDS,
+        help="customers (cards) of the simulated world, with twice as many terminals and the "
+        "same shares of fraud (the handbook's world by default): a smaller world makes fewer "
+        "transactions per simulated day, so at the same rate its days pass sooner (make demo: "
+        "1,250 cards at 500 tx/s, two weeks in 70 s) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="simulator seed (default: %(default)s)"
     )
     parser.add_argument(
@@ -138,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-url",
         default="http://127.0.0.1:9102/metrics",
-        help="scorer /metrics to scrape every second during the run (batch sizes, batch cap, "
-        "consumer lag); empty to skip (default: %(default)s)",
+        help="scorer /metrics to read its FRAUD_HISTORY_TIME_SCALE from before sending (see "
+        "--rate) and to scrape every second during the run (batch sizes, batch cap, consumer "
+        "lag); empty to skip both, with a warning that says which scale the run assumes "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON line last on stdout"
@@ -222,6 +236,13 @@ def validate(args: argparse.Namespace) -> Schedule:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.cards < 1:
+        raise ValueError(f"--cards must be >= 1, got {args.cards}")
+    if args.fraud_scale * args.cards / DEFAULT_CARDS > MAX_FRAUD_SCALE:
+        raise ValueError(
+            f"--fraud-scale x --cards / {DEFAULT_CARDS} must be <= {MAX_FRAUD_SCALE} (the "
+            f"simulator's most fraud per day), got {args.fraud_scale} x {args.cards}"
+        )
     if not 0.0 <= args.fraud_scale <= MAX_FRAUD_SCALE:
         raise ValueError(
             f"--fraud-scale must be within 0..{MAX_FRAUD_SCALE}, got {args.fraud_scale}"

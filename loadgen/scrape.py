@@ -1,7 +1,8 @@
 """What the scorer itself says during a load run: its /metrics, scraped every second.
 
 Only the figures the report plots are kept: the batch-size histogram (distribution and mean
-batch size over time), the consumer lag summed over partitions, and the current batch cap.
+batch size over time), the consumer lag summed over partitions, and the current batch cap. And,
+once before sending, its history time scale (`loadgen/time_scale.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 BATCH_SIZE_METRIC = "fraud_batch_size_records"
 LAG_METRIC = "fraud_consumer_lag_records"
 BATCH_CAP_METRIC = "fraud_batch_size_cap_records"
+HISTORY_TIME_SCALE_METRIC = "fraud_history_time_scale"
 SCRAPE_TIMEOUT_S = 5.0
 SCRAPE_INTERVAL_S = 1.0
 
@@ -39,11 +41,29 @@ def scrape(metrics_url: str) -> MetricsSnapshot | None:
     """The scorer's figures now, or None when /metrics cannot be reached."""
     at_s = time.monotonic()
     try:
-        with urllib.request.urlopen(metrics_url, timeout=SCRAPE_TIMEOUT_S) as response:
-            text = response.read().decode()
+        text = _read(metrics_url)
     except OSError:
         return None
     return parse_metrics(text, at_s)
+
+
+def history_time_scale(metrics_url: str) -> float:
+    """The scorer's FRAUD_HISTORY_TIME_SCALE, as its /metrics says.
+
+    Raises:
+        OSError: /metrics cannot be read.
+        LookupError: it has no such metric (a scorer older than the metric).
+    """
+    for family in text_string_to_metric_families(_read(metrics_url)):
+        for sample in family.samples:
+            if sample.name == HISTORY_TIME_SCALE_METRIC:
+                return sample.value
+    raise LookupError(f"{metrics_url} has no {HISTORY_TIME_SCALE_METRIC}")
+
+
+def _read(metrics_url: str) -> str:
+    with urllib.request.urlopen(metrics_url, timeout=SCRAPE_TIMEOUT_S) as response:
+        return str(response.read().decode())
 
 
 def parse_metrics(text: str, at_s: float) -> MetricsSnapshot:

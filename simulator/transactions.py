@@ -178,6 +178,11 @@ class TransactionSimulator:
         self._takeovers = False
 
     @property
+    def id_prefix(self) -> str:
+        """Transaction ids are f"{id_prefix}-{counter}"."""
+        return self._id_prefix
+
+    @property
     def natural_rate_per_s(self) -> float:
         """Transactions per simulated second, on average over a day."""
         return self.population.expected_tx_per_day() * _KEPT_SHARE / _S_PER_DAY

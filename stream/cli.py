@@ -121,6 +121,7 @@ def run_service(config: ServiceConfig) -> int:
     gc.freeze()
     metrics = ServiceMetrics()
     metrics.set_model(model.scorer.model_version, model.scorer.provider)
+    metrics.set_history_time_scale(config.history_time_scale)
 
     health = HealthState()
     server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)

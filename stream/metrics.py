@@ -299,6 +299,13 @@ class ServiceMetrics:
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
+        self._history_time_scale = Gauge(
+            "fraud_history_time_scale",
+            "FRAUD_HISTORY_TIME_SCALE: how many times faster than real time event time runs for "
+            "the history windows (1 in production); fraud-loadgen reads it to send simulated "
+            "time at the same pace",
+            registry=r,
+        )
         self._provider = Gauge(
             "fraud_execution_provider_info",
             "The ONNX Runtime execution provider in use (value 1)",
@@ -411,6 +418,9 @@ class ServiceMetrics:
         self._provider.clear()
         self._model.labels(model_version).set(1)
         self._provider.labels(provider).set(1)
+
+    def set_history_time_scale(self, scale: float) -> None:
+        self._history_time_scale.set(scale)
 
     def count_model_reload(self, role: str, result: str) -> None:
         self._model_reloads.labels(role, result).inc()

@@ -121,6 +121,7 @@ def run_worker(config: WorkerConfig) -> int:
         log.warning("Kafka settings not applied by fraud-features (aiokafka): %s", auth.ignored)
     prepare_topics(config)
     metrics = WorkerMetrics()
+    metrics.history_time_scale(config.history_time_scale)
     health = WorkerHealth()
     server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)
     log.info(

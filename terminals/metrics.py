@@ -89,6 +89,13 @@ class WorkerMetrics:
             buckets=LABEL_DELAY_BUCKETS,
             registry=self.registry,
         )
+        self._history_time_scale = Gauge(
+            "fraud_features_history_time_scale",
+            "FRAUD_HISTORY_TIME_SCALE: how many times faster than real time event time runs "
+            "(a terminal-risk day lasts 86,400,000 / this ms); the scorer's "
+            "fraud_history_time_scale must be the same",
+            registry=self.registry,
+        )
         for outcome in TRANSACTION_OUTCOMES:
             self._transactions.labels(outcome)
         for outcome in LABEL_OUTCOMES:
@@ -126,3 +133,6 @@ class WorkerMetrics:
 
     def terminals(self, count: int) -> None:
         self._terminals.set(count)
+
+    def history_time_scale(self, scale: float) -> None:
+        self._history_time_scale.set(scale)

@@ -24,6 +24,11 @@ compose_bin="$repo/.tools/bin/docker-compose"
 project="fraud-scorer-check"
 rate="${CHECK_RATE:-1000}"
 duration="${CHECK_DURATION:-30}"
+# The scorers' and the worker's history time scale, the one the loadgen keeps to at this rate.
+FRAUD_HISTORY_TIME_SCALE="$("$repo/.venv/bin/python" -c "from loadgen.options import DEFAULT_SEED
+from loadgen.time_scale import time_scale
+print(round(time_scale(DEFAULT_SEED, $rate), 1))")"
+export FRAUD_HISTORY_TIME_SCALE
 replicas=2
 base_image="localhost/debian-base:bookworm"
 kafka_image="localhost/standin/apache-kafka:4.1.1"

@@ -22,6 +22,8 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from loadgen.options import DEFAULT_SEED
+from loadgen.time_scale import time_scale
 from tests.support.network import free_port
 from tests.support.topics import create_topics, delete_topics
 
@@ -166,6 +168,12 @@ def run_loadgen(
         *args,
         timeout_s=timeout_s,
     )
+
+
+def fed_by_loadgen(mean_rate: float) -> tuple[str, str]:
+    """The scorer flag that agrees with a fraud-loadgen run at `mean_rate` tx/s on average (its
+    default seed); without it, the load generator refuses to run (loadgen/time_scale.py)."""
+    return ("--history-time-scale", str(time_scale(DEFAULT_SEED, mean_rate)))
 
 
 def encode(record: dict[str, object]) -> bytes:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from scorer.model_cli import main as fraud_model
-from tests.integration.conftest import Topics, read_topic, run_loadgen
+from tests.integration.conftest import Topics, fed_by_loadgen, read_topic, run_loadgen
 from tests.unit.test_model_reload import package_copy
 
 RATE = 5_000
@@ -21,6 +21,8 @@ DURATION_S = 8
 #: When, into the load run, the new package is promoted.
 PROMOTE_AT_S = 3.0
 POLL_S = "0.2"
+#: The load rate while a broken package is refused.
+BROKEN_RATE = 500
 #: The decision deadline of the service's defaults (FRAUD_DECISION_DEADLINE_MS).
 DEADLINE_MS = 1_000
 
@@ -32,7 +34,9 @@ def test_a_promotion_under_load_swaps_between_batches_and_loses_nothing(
     v1, v2 = package_copy(tmp_path / "v1", "swap-v1"), package_copy(tmp_path / "v2", "swap-v2")
     assert fraud_model(["promote", str(v1), "--source", str(link)]) == 0
     topics = topics_factory(partitions=3)
-    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    service = service_factory(
+        topics, "--model-path", str(link), "--model-poll-s", POLL_S, *fed_by_loadgen(RATE)
+    )
     service.wait_for_metric("fraud_records_consumed_total", 0)
 
     promoted_ms: list[int] = []
@@ -75,13 +79,15 @@ def test_a_broken_package_is_refused_and_the_model_before_keeps_serving(
     good, broken = package_copy(tmp_path / "good", "good"), package_copy(tmp_path / "bad", "bad")
     assert fraud_model(["promote", str(good), "--source", str(link)]) == 0
     topics = topics_factory(partitions=1)
-    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    service = service_factory(
+        topics, "--model-path", str(link), "--model-poll-s", POLL_S, *fed_by_loadgen(BROKEN_RATE)
+    )
     service.wait_for_metric("fraud_records_consumed_total", 0)
     assert fraud_model(["promote", str(broken), "--source", str(link)]) == 0
     (broken / "model.onnx").write_bytes(b"\x08\x07 not a graph")  # spoiled after promotion
     service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
 
-    summary = loadgen_summary(topics, service.metrics_port, rate=500, duration_s=2)
+    summary = loadgen_summary(topics, service.metrics_port, rate=BROKEN_RATE, duration_s=2)
     assert summary["lost"] == 0
     decisions = read_topic(topics.output, summary["sent"])
     assert {json.loads(m.value())["model_version"] for m in decisions} == {"good"}

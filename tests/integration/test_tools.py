@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.integration.conftest import BOOTSTRAP, produce, run_loadgen, run_tool
+from tests.integration.conftest import BOOTSTRAP, fed_by_loadgen, produce, run_loadgen, run_tool
 
 
 def test_loadgen_run_reports_every_record_accounted_for(topics_factory, service_factory):
     topics = topics_factory(partitions=2)
-    service = service_factory(topics)
+    service = service_factory(topics, *fed_by_loadgen(400))
     service.wait_for_metric("fraud_records_consumed_total", 0)
 
     result = run_loadgen(

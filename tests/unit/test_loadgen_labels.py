@@ -139,3 +139,18 @@ def test_recall_over_many_periods_is_one_sparkline() -> None:
         + "█" * 28
         + " (lowest 0.0, highest 1.0; --report draws it)"
     )
+
+
+def test_the_false_positive_rate_is_split_by_half_of_the_run_too() -> None:
+    sent = SentLog(started_ms=0)
+    for i in range(4):
+        sent.transaction_ids.append(f"t{i}")
+        sent.sent_ms.append(i * 10_000)
+        sent.is_fraud.append(False)
+        sent.scenario.append("legit")
+        sent.malformed.append(False)
+    decisions = [("t0", "review"), ("t1", "decline"), ("t2", "approve"), ("t3", "review")]
+    received = ReceivedLog(decisions=[(tx, d, i, i + 5) for i, (tx, d) in enumerate(decisions)])
+    summary = summarize(sent, received, 30.0, 31.0)
+    assert summary["false_positive_rate_halves"] == [1.0, 0.5]
+    assert "false-positive rate 0.75, halves [1.0, 0.5]" in render_text(summary)
