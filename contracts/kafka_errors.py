@@ -29,12 +29,16 @@ ACCESS_DENIED = frozenset(
 
 
 #: Answers of a partition whose leader is not elected or known yet (a topic just created, a
-#: leader election): asking again shortly succeeds.
+#: leader election): asking again shortly succeeds. The two local codes are the client's own
+#: metadata not knowing the topic or partition yet: a restore that starts right after the
+#: replica created its changelog once stopped the replica on `_UNKNOWN_PARTITION`.
 LEADER_UNKNOWN = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
     }
 )
 

@@ -182,11 +182,20 @@ class LeaderElection:
         return 0, 42
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        # The client's metadata does not know a changelog just created yet (it once stopped a
+        # replica whose background restore asked at once).
+        KafkaError._UNKNOWN_PARTITION,
+    ],
+)
 def test_a_changelog_without_a_leader_yet_is_asked_again(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     monkeypatch.setattr(card_state_module, "LEADER_RETRY_S", 0.0)
-    consumer = LeaderElection(refusals=3)
+    consumer = LeaderElection(refusals=3, code=code)
     assert watermarks(consumer, TopicPartition("changelog", 0)) == (0, 42)  # type: ignore[arg-type]
     assert consumer.asked == 4
 
