@@ -91,21 +91,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         """A flag for every setting, its help ending in `[env NAME; default: VALUE]`."""
         for setting in cls.settings():
             help_text = f"{setting.help} [env {setting.env}; default: {setting.default}]"
-            if _is_options(_types(cls)[setting.name]):
-                parser.add_argument(
-                    *setting.flags,
-                    dest=setting.name,
-                    action="append",
-                    metavar="KEY=VALUE",
-                    help=help_text.replace("%", "%%"),
-                )
-            else:
-                parser.add_argument(
-                    *setting.flags,
-                    dest=setting.name,
-                    metavar=setting.name.upper(),
-                    help=help_text.replace("%", "%%"),
-                )
+            repeated = _is_options(_types(cls)[setting.name])
+            parser.add_argument(
+                *setting.flags,
+                dest=setting.name,
+                action="append" if repeated else "store",
+                metavar="KEY=VALUE" if repeated else setting.name.upper(),
+                help=help_text.replace("%", "%%"),
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Self:
