@@ -1,7 +1,7 @@
 """librdkafka settings as users give them: `-X KEY=VALUE`, `FRAUD_KAFKA_OPTIONS`, and a
 properties file (`FRAUD_KAFKA_CONFIG_FILE`), the place for secrets.
 
-Every command (the service, `fraud-dlq`, `fraud-loadgen`) reads them the same way, and logs
+Every command reads them the same way (`KafkaSettings` in `contracts/settings.py`), and logs
 them only through `redact`: a value is shown only for keys known to hold no secret, so a new or
 misspelt secret setting is hidden rather than leaked. No error message here repeats a value.
 """
@@ -133,13 +133,3 @@ def redact(settings: Mapping[str, object]) -> dict[str, object]:
 #: Environment variables every command reads its extra librdkafka settings from.
 OPTIONS_ENV = "FRAUD_KAFKA_OPTIONS"
 CONFIG_FILE_ENV = "FRAUD_KAFKA_CONFIG_FILE"
-
-
-def tool_kafka_settings(items: list[str] | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """The extra librdkafka settings of a command-line tool: the `FRAUD_KAFKA_CONFIG_FILE`
-    file, overridden by the `-X` items given, or else by `FRAUD_KAFKA_OPTIONS`."""
-    path = environ.get(CONFIG_FILE_ENV, "")
-    from_file = read_kafka_config_file(Path(path)) if path else {}
-    if items is None:
-        items = split_kafka_options(environ.get(OPTIONS_ENV, ""))
-    return {**from_file, **parse_kafka_options(items)}

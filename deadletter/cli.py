@@ -10,16 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 from contracts.errors import ConfigurationError, FraudScorerError
-from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV, tool_kafka_settings
+from contracts.settings import KafkaSettings, Topic, meta
 from deadletter.inspect import inspect, render_text
 from deadletter.reader import DeadLetterFilter, DeadLetterReader, parse_time
 from deadletter.replay import DEFAULT_GROUP, Replayer, ReplayOptions, create_producer
@@ -27,13 +26,15 @@ from deadletter.replay import DEFAULT_GROUP, Replayer, ReplayOptions, create_pro
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: A run stopped by signal N exits 128 + N, as a shell reports a process killed by it.
 EXIT_SIGNAL_BASE = 128
-DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
-DEFAULT_DLQ_TOPIC = "transactions.dlq"
-#: The service's environment variables, so that one environment serves both.
-BOOTSTRAP_SERVERS_ENV = "KAFKA_BOOTSTRAP_SERVERS"
-DLQ_TOPIC_ENV = "FRAUD_DLQ_TOPIC"
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DlqSettings(KafkaSettings, frozen=True, kw_only=True):
+    """Where the dead letters are: the service's own variables, so one environment serves
+    both."""
+
+    dlq_topic: Annotated[Topic, meta("FRAUD_DLQ_TOPIC", "dead-letter topic")] = "transactions.dlq"
 
 
 class _OncePerMessage(logging.Filter):
@@ -147,7 +148,6 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `fraud-dlq` command line."""
-    env = os.environ.get
     parser = _Parser(
         prog="fraud-dlq",
         description="Look at dead letters and replay them to their original topic.",
@@ -155,26 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(one line naming the topic), {EXIT_USAGE} bad arguments, {EXIT_SIGNAL_BASE}+N a "
         "replay stopped by signal N (it resumes when run again)",
     )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default=env(BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS),
-        help=f"Kafka bootstrap servers [env {BOOTSTRAP_SERVERS_ENV}; default: %(default)s]",
-    )
-    parser.add_argument(
-        "--dlq-topic",
-        default=env(DLQ_TOPIC_ENV, DEFAULT_DLQ_TOPIC),
-        help=f"dead-letter topic [env {DLQ_TOPIC_ENV}; default: %(default)s]",
-    )
-    parser.add_argument(
-        "-X",
-        "--kafka-option",
-        dest="kafka_options",
-        action="append",
-        metavar="KEY=VALUE",
-        help="extra librdkafka setting for every client, e.g. security.protocol=SASL_SSL; "
-        f"repeat for several [env {OPTIONS_ENV}, comma-separated; default: none]; secrets "
-        f"belong in the properties file named by {CONFIG_FILE_ENV}, which these override",
-    )
+    DlqSettings.add_arguments(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect_parser = commands.add_parser(
@@ -253,10 +234,9 @@ def _filter_of(args: argparse.Namespace) -> DeadLetterFilter:
     )
 
 
-def _kafka_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """librdkafka settings every client of this run shares; a flag wins over the environment."""
-    extra = tool_kafka_settings(args.kafka_options, os.environ)
-    return {**extra, "bootstrap.servers": args.bootstrap_servers}
+def _kafka_settings(settings: DlqSettings) -> dict[str, Any]:
+    """librdkafka settings every client of this run shares."""
+    return {**settings.kafka_settings(), "bootstrap.servers": settings.bootstrap_servers}
 
 
 @contextmanager
@@ -275,8 +255,10 @@ def _stopping_on_signals(stop: Callable[[str], None], received: list[int]) -> It
             signal.signal(signum, handler)
 
 
-def _inspect(args: argparse.Namespace, kafka: dict[str, Any], where: DeadLetterFilter) -> int:
-    with DeadLetterReader(kafka, args.dlq_topic) as reader:
+def _inspect(
+    args: argparse.Namespace, topic: str, kafka: dict[str, Any], where: DeadLetterFilter
+) -> int:
+    with DeadLetterReader(kafka, topic) as reader:
         report = inspect(reader, where, args.show)
     print(json.dumps(report) if args.json else render_text(report))
     return EXIT_OK
@@ -284,12 +266,13 @@ def _inspect(args: argparse.Namespace, kafka: dict[str, Any], where: DeadLetterF
 
 def _replay(
     args: argparse.Namespace,
+    topic: str,
     kafka: dict[str, Any],
     where: DeadLetterFilter,
     options: ReplayOptions,
 ) -> int:
     received: list[int] = []
-    with DeadLetterReader(kafka, args.dlq_topic, options.group) as reader:
+    with DeadLetterReader(kafka, topic, options.group) as reader:
         producer = None if options.dry_run else create_producer(kafka)
         replayer = Replayer(reader, producer, where, options, progress=not args.quiet)
         with _stopping_on_signals(replayer.stop, received):
@@ -306,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        kafka = _kafka_settings(args)
+        settings = DlqSettings.from_args(args)
+        kafka = _kafka_settings(settings)
         where = _filter_of(args)
         options = (
             ReplayOptions(args.group, args.to, args.dry_run, args.max_records)
@@ -318,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kafka["logger"] = _configure_logging()
     try:
         if options is not None:
-            return _replay(args, kafka, where, options)
-        return _inspect(args, kafka, where)
+            return _replay(args, settings.dlq_topic, kafka, where, options)
+        return _inspect(args, settings.dlq_topic, kafka, where)
     except FraudScorerError as exc:
         print(f"fraud-dlq: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -14,7 +14,6 @@ import argparse
 import gc
 import json
 import logging
-import os
 import sys
 import time
 import uuid
@@ -27,12 +26,11 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.errors import ConfigurationError
-from contracts.kafka_settings import tool_kafka_settings
 from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
 from loadgen.malformed import malform
-from loadgen.options import build_parser, validate, validate_replay
+from loadgen.options import LoadgenSettings, build_parser, validate, validate_replay
 from loadgen.reader import OutcomeReader
 from loadgen.replay import ReplayRow, ReplaySchedule
 from loadgen.report import SentLog, render_text, summarize
@@ -106,6 +104,7 @@ class SimulatedSource:
     def __init__(
         self,
         args: argparse.Namespace,
+        settings: LoadgenSettings,
         simulator: TransactionSimulator,
         time_scale: float,
         producer: Producer,
@@ -114,7 +113,7 @@ class SimulatedSource:
         """`simulator`: made by `simulator_of(args)`; `time_scale`: its clock's compression, the
         scorer's (`loadgen/time_scale.py`): simulated days pass in seconds."""
         self._simulator = simulator
-        self._feed = _label_feed(args, producer, simulator.id_prefix, sent)
+        self._feed = _label_feed(args, settings, producer, simulator.id_prefix, sent)
         self._rng = np.random.default_rng(args.seed + 1)
         self._bad_ratio = args.bad_ratio
         self._rate = time_scale * simulator.natural_rate_per_s
@@ -177,7 +176,7 @@ class ReplaySource:
 
 def send(
     args: argparse.Namespace,
-    kafka: dict[str, str],
+    settings: LoadgenSettings,
     schedule: Schedule | ReplaySchedule,
     source: SimulatedSource | ReplaySource,
     producer: Producer,
@@ -218,7 +217,7 @@ def send(
             sent.scenario.append(record.scenario)
             sent.malformed.append(record.malformed)
             sent.labelled.append(record.labelled)
-            _produce(producer, args.input_topic, record.key, record.value, index, sent)
+            _produce(producer, settings.input_topic, record.key, record.value, index, sent)
             i += 1
         producer.poll(0)
         if now >= next_tick:
@@ -241,22 +240,25 @@ def send(
 
 
 def _label_feed(
-    args: argparse.Namespace, producer: Producer, id_prefix: str, sent: SentLog
+    args: argparse.Namespace,
+    settings: LoadgenSettings,
+    producer: Producer,
+    id_prefix: str,
+    sent: SentLog,
 ) -> LabelFeed | None:
     """The run's label feed, or None with --no-labels or when the labels topic is missing."""
     if args.no_labels:
         return None
-    topic = producer.list_topics(args.labels_topic, timeout=METADATA_TIMEOUT_S).topics.get(
-        args.labels_topic
-    )
+    labels_topic = settings.labels_topic
+    topic = producer.list_topics(labels_topic, timeout=METADATA_TIMEOUT_S).topics.get(labels_topic)
     if topic is None or topic.error is not None:
         print(
-            f"fraud-loadgen: labels topic {args.labels_topic!r} does not exist: no labels sent "
+            f"fraud-loadgen: labels topic {labels_topic!r} does not exist: no labels sent "
             "(fraud-features create-topics creates it; --no-labels silences this)",
             file=sys.stderr,
         )
         return None
-    return LabelFeed(producer, args.labels_topic, id_prefix, sent.sent_ms)
+    return LabelFeed(producer, labels_topic, id_prefix, sent.sent_ms)
 
 
 def _produce(
@@ -345,29 +347,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulator: TransactionSimulator | None = None
     time_scale = REPLAY_SCALE
     try:
+        settings = LoadgenSettings.from_args(args)
         if args.replay is None:
             rate_given = args.rate is not None
             schedule = validate(args)
             simulator = simulator_of(args)
             schedule, time_scale = agree_with_scorer(args, schedule, simulator, rate_given)
         else:
-            replayed, schedule = validate_replay(args)
+            replayed, schedule = validate_replay(args, settings.input_mapping)
             scorer_scale, why = _scorer_scale(args.metrics_url)
             check_replay(scorer_scale, where=args.metrics_url)
             if scorer_scale is None:
                 print(assumption(REPLAY_SCALE, None, why), file=sys.stderr)
-        extra = tool_kafka_settings(args.kafka_options, os.environ)
+        kafka = {**settings.kafka_settings(), "bootstrap.servers": settings.bootstrap_servers}
     except (ValueError, ConfigurationError) as exc:
         print(f"fraud-loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    kafka = {**extra, "bootstrap.servers": args.bootstrap_servers}
     configure_logging("WARNING", "text")
     scraper = MetricsScraper(args.metrics_url) if args.metrics_url else None
     if scraper is not None:
         scraper.scrape_now()
         scraper.start()
     try:
-        reader = OutcomeReader(kafka, [args.output_topic, args.dlq_topic], args.output_topic)
+        reader = OutcomeReader(
+            kafka, [settings.output_topic, settings.dlq_topic], settings.output_topic
+        )
     except Exception as exc:
         print(f"fraud-loadgen: cannot read the outcome topics: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -376,11 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     producer = Producer({**kafka, "linger.ms": 1, "enable.idempotence": True})
     source = (
-        SimulatedSource(args, simulator, time_scale, producer, sent)
+        SimulatedSource(args, settings, simulator, time_scale, producer, sent)
         if simulator is not None
         else ReplaySource(cast(list[ReplayRow], replayed))
     )
-    result = send(args, kafka, schedule, source, producer, sent, reader)
+    result = send(args, settings, schedule, source, producer, sent, reader)
 
     deadline = time.monotonic() + args.drain_timeout
     while reader.count < len(sent.transaction_ids) and time.monotonic() < deadline:

@@ -1,14 +1,15 @@
-"""`fraud-loadgen`'s command line: the flags, their environment variables and defaults, and
-their validation into the run's schedule."""
+"""`fraud-loadgen`'s command line: the settings it shares with the services (`LoadgenSettings`:
+flags and environment variables), the flags of the run's shape, and their validation into the
+run's schedule."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+from typing import Annotated
 
 from contracts.field_mapping import FieldMapping
-from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
+from contracts.settings import KafkaSettings, Topic, meta
 from loadgen.replay import ReplayRow, ReplaySchedule, plan, read_rows
 from loadgen.shapes import (
     DEFAULT_BURST_EVERY_S,
@@ -25,54 +26,50 @@ from simulator.transactions import DEFAULT_CARDS, MAX_FRAUD_SCALE
 DEFAULT_SEED = 7
 
 
+class LoadgenSettings(KafkaSettings, frozen=True, kw_only=True):
+    """Where the load goes and its outcomes are read: the services' own variables, so one
+    environment serves all (the run's shape is the command line's alone)."""
+
+    input_topic: Annotated[Topic, meta("FRAUD_INPUT_TOPIC", "topic to produce transactions to")] = (
+        "transactions"
+    )
+    output_topic: Annotated[Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to read decisions from")] = (
+        "decisions"
+    )
+    dlq_topic: Annotated[Topic, meta("FRAUD_DLQ_TOPIC", "dead-letter topic to read")] = (
+        "transactions.dlq"
+    )
+    labels_topic: Annotated[
+        Topic,
+        meta(
+            "FRAUD_LABELS_TOPIC",
+            "topic to produce the simulator's confirmed outcomes (labels) to, each once it is "
+            "known in simulated time; if the topic does not exist, no labels are sent",
+        ),
+    ] = "labels"
+    input_mapping: Annotated[
+        Path | None,
+        meta(
+            "FRAUD_INPUT_MAPPING",
+            "--replay: the field mapping of the rows (docs/input-mapping.md), the scorer's "
+            "FRAUD_INPUT_MAPPING",
+            shown_default="the contract's names",
+        ),
+    ] = None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     rates = ", ".join(f"{name} {rate:g}" for name, rate in DEFAULT_RATES.items())
     parser = argparse.ArgumentParser(
         prog="fraud-loadgen",
         description="Open-loop load generator for fraud-scorer: simulated transactions in, "
         "decisions and dead letters read back and matched by transaction.",
+        epilog="The producer and the outcome reader take the Kafka settings given (-X, "
+        "FRAUD_KAFKA_OPTIONS, FRAUD_KAFKA_CONFIG_FILE). Outcomes are read with "
+        "isolation.level=read_committed whatever is given: with "
+        "FRAUD_PROCESSING_GUARANTEE=exactly-once, only decisions of committed transactions count.",
     )
-    parser.add_argument(
-        "--bootstrap-servers",
-        default=env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        help="Kafka bootstrap servers [env KAFKA_BOOTSTRAP_SERVERS; default: %(default)s]",
-    )
-    parser.add_argument(
-        "-X",
-        "--kafka-option",
-        dest="kafka_options",
-        action="append",
-        metavar="KEY=VALUE",
-        help="extra librdkafka setting for the producer and the outcome reader, e.g. "
-        f"security.protocol=SASL_SSL; repeat for several [env {OPTIONS_ENV}, comma-separated; "
-        f"default: none]; secrets belong in the properties file named by {CONFIG_FILE_ENV}, "
-        "which these override. Outcomes are read with isolation.level=read_committed whatever "
-        "is given: with FRAUD_PROCESSING_GUARANTEE=exactly-once, only decisions of committed "
-        "transactions count",
-    )
-    parser.add_argument(
-        "--input-topic",
-        default=env("FRAUD_INPUT_TOPIC", "transactions"),
-        help="topic to produce transactions to [env FRAUD_INPUT_TOPIC; default: %(default)s]",
-    )
-    parser.add_argument(
-        "--output-topic",
-        default=env("FRAUD_OUTPUT_TOPIC", "decisions"),
-        help="topic to read decisions from [env FRAUD_OUTPUT_TOPIC; default: %(default)s]",
-    )
-    parser.add_argument(
-        "--dlq-topic",
-        default=env("FRAUD_DLQ_TOPIC", "transactions.dlq"),
-        help="dead-letter topic to read [env FRAUD_DLQ_TOPIC; default: %(default)s]",
-    )
-    parser.add_argument(
-        "--labels-topic",
-        default=env("FRAUD_LABELS_TOPIC", "labels"),
-        help="topic to produce the simulator's confirmed outcomes (labels) to, each once it is "
-        "known in simulated time; if the topic does not exist, no labels are sent [env "
-        "FRAUD_LABELS_TOPIC; default: %(default)s]",
-    )
+    LoadgenSettings.add_arguments(parser)
     parser.add_argument(
         "--no-labels", action="store_true", help="send no labels (only transactions)"
     )
@@ -189,14 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="send at this constant rate, rows per second, instead of their pace",
     )
     replay.add_argument(
-        "--input-mapping",
-        type=Path,
-        default=env("FRAUD_INPUT_MAPPING"),
-        metavar="FILE",
-        help="the field mapping of the rows (docs/input-mapping.md), the scorer's "
-        "FRAUD_INPUT_MAPPING [env FRAUD_INPUT_MAPPING; default: the contract's names]",
-    )
-    replay.add_argument(
         "--label-column",
         default="is_fraud",
         help="the rows' fraud label, true/false or 1/0; rows without it count in neither "
@@ -205,16 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def validate_replay(args: argparse.Namespace) -> tuple[list[ReplayRow], ReplaySchedule]:
-    """Read the replay file and build its schedule; ValueError (or ConfigurationError, for
-    the mapping) naming the flag or the row."""
+def validate_replay(
+    args: argparse.Namespace, mapping_file: Path | None
+) -> tuple[list[ReplayRow], ReplaySchedule]:
+    """Read the replay file and build its schedule with the field mapping in `mapping_file`;
+    ValueError (or ConfigurationError, for the mapping) naming the flag or the row."""
     if not args.replay_speed > 0:
         raise ValueError(f"--replay-speed must be > 0, got {args.replay_speed}")
     if args.replay_rate is not None and not args.replay_rate > 0:
         raise ValueError(f"--replay-rate must be > 0, got {args.replay_rate}")
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
-    mapping = None if args.input_mapping is None else FieldMapping.load(Path(args.input_mapping))
+    mapping = None if mapping_file is None else FieldMapping.load(mapping_file)
     rows = plan(read_rows(args.replay), mapping, args.label_column)
     schedule = ReplaySchedule(
         [row.event_time for row in rows], speed=args.replay_speed, rate=args.replay_rate

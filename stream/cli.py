@@ -14,10 +14,9 @@ from confluent_kafka import KafkaException
 
 from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
 from contracts.health import HealthState, serve
-from contracts.kafka_settings import parse_kafka_options
 from contracts.logs import configure_logging
 from scorer.model_source import open_model_source
-from stream.config import ServiceConfig, settings
+from stream.config import ServiceConfig
 from stream.kafka_clients import (
     ClientErrors,
     create_consumer,
@@ -39,26 +38,6 @@ log = logging.getLogger("stream.cli")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    for setting in settings():
-        help_text = f"{setting.help} [env {setting.env}; default: {setting.default}]"
-        help_text = help_text.replace("%", "%%")
-        if setting.name == "kafka_options":
-            parser.add_argument(
-                "-X",
-                "--kafka-option",
-                dest="kafka_options",
-                action="append",
-                metavar="KEY=VALUE",
-                help=help_text,
-            )
-        else:
-            flag = "--" + setting.name.replace("_", "-")
-            parser.add_argument(
-                flag, dest=setting.name, metavar=setting.name.upper(), help=help_text
-            )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fraud-scorer",
@@ -73,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Every option can also be set by the environment variable named in its help; "
         "a flag wins over the environment.",
     )
-    _add_config_options(run)
+    ServiceConfig.add_arguments(run)
     topics = commands.add_parser(
         "create-topics",
         help="create the input, decision and dead-letter topics if missing",
@@ -85,15 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument(
         "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
     )
-    _add_config_options(topics)
+    ServiceConfig.add_arguments(topics)
     return parser
 
 
 def _load_config(args: argparse.Namespace) -> ServiceConfig:
-    flags = {s.name: getattr(args, s.name) for s in settings()}
-    if flags["kafka_options"] is not None:
-        flags["kafka_options"] = parse_kafka_options(flags["kafka_options"])
-    config = ServiceConfig.from_sources(flags)
+    config = ServiceConfig.from_args(args)
     config.kafka_settings()  # a missing or malformed config file stops us here, exit 2
     return config
 
@@ -104,7 +80,7 @@ def run_service(config: ServiceConfig) -> int:
         "starting instance=%s bootstrap=%s kafka_options=%s",
         config.instance_id,
         config.bootstrap_servers,
-        config.redacted_kafka_options(),
+        config.redacted_kafka_settings(),
     )
     source = open_model_source(config.model_path)
     model = load_serving_model(config, source)

@@ -1,46 +1,27 @@
 """The service's configuration: one typed, frozen object, loaded once at start-up.
 
-A setting is one declaration in `stream/options.py`: its name, type and bounds
-(`Annotated[…, meta(…)]`), its environment variable, its help and its default. msgspec converts
-and checks values from flags and the environment (`from_sources`); `__post_init__` keeps only
-the checks that involve several settings. `fraud-scorer run --help` and the deploy checks read
-the same declarations (`settings()`), so help, environment names and code cannot drift apart.
-Extra librdkafka settings (security, SASL, SSL, tuning) pass through unchanged in
-`kafka_options` and the file `kafka_config_file`; see `contracts/kafka_settings.py`.
+A setting is one declaration in `stream/options.py` (or, for those every service shares,
+`contracts/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its environment
+variable, its help and its default. `contracts/settings.py` converts and checks values from flags
+and the environment (`from_sources`) and values given in code; `__post_init__` here adds only
+the checks that involve several settings. `fraud-scorer run --help`, the reference pages and the
+deploy checks read the same declarations (`ServiceConfig.settings()`), so help, environment
+names and code cannot drift apart. Extra librdkafka settings (security, SASL, SSL, tuning) pass
+through unchanged in `kafka_options` and the file `kafka_config_file`; see
+`contracts/kafka_settings.py`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any
-
-import msgspec
-
 from contracts.errors import ConfigurationError
 from contracts.field_mapping import FieldMapping
-from contracts.kafka_settings import (
-    parse_kafka_options,
-    read_kafka_config_file,
-    redact,
-    split_kafka_options,
-)
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model_source import check_model_location
 from scorer.rules import Rules
-from stream.declarations import (
-    Setting,
-    check_path,
-    declared_settings,
-    decode_path,
-    field_of,
-    readable_error,
-    rules_of,
-)
 from stream.options import SHIPPED_MODEL_PATH, Options
 
-__all__ = ["SHIPPED_MODEL_PATH", "ServiceConfig", "settings"]
+__all__ = ["SHIPPED_MODEL_PATH", "ServiceConfig"]
 
 
 #: Settings of the config file and kafka_options that are the Schema Registry client's.
@@ -55,10 +36,7 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
     """
 
     def __post_init__(self) -> None:
-        try:
-            msgspec.convert(msgspec.structs.asdict(self), Options, strict=True, dec_hook=check_path)
-        except msgspec.ValidationError as exc:
-            raise readable_error(exc, msgspec.structs.asdict(self), _RULES) from None
+        super().__post_init__()
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ValueError(
                 "input_topic, output_topic and dlq_topic must be three different topics, got "
@@ -115,73 +93,31 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                     "schema_registry_url (FRAUD_SCHEMA_REGISTRY_URL)"
                 )
 
-    @classmethod
-    def from_sources(
-        cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
-    ) -> ServiceConfig:
-        """Build the config: a flag wins over its environment variable, which wins over the default.
-
-        Raises ConfigurationError naming the setting and its source when a value is malformed.
-        """
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        sources: dict[str, str] = {}
-        for setting in settings():
-            if flags.get(setting.name) is not None:
-                values[setting.name] = flags[setting.name]
-                sources[setting.name] = "--" + setting.name.replace("_", "-")
-            elif setting.env in environ:
-                raw = environ[setting.env]
-                if setting.name == "kafka_options":
-                    values[setting.name] = _options_from_env(raw)
-                elif setting.name in ("kafka_config_file", "input_mapping"):
-                    values[setting.name] = raw or None
-                else:
-                    values[setting.name] = raw
-                sources[setting.name] = setting.env
-        try:
-            return msgspec.convert(values, cls, strict=False, dec_hook=decode_path)
-        except msgspec.ValidationError as exc:
-            error = readable_error(exc, values, _RULES)
-            name = field_of(exc)
-            prefix = f"{sources[name]}: " if name in sources else ""
-            raise ConfigurationError(prefix + str(error)) from None
-
     def kafka_settings(self) -> dict[str, str]:
-        """librdkafka settings beyond the service's own: the config file, then kafka_options.
+        """librdkafka settings beyond the service's own: the config file, then kafka_options,
+        without the Schema Registry's.
 
         Raises ConfigurationError when the file cannot be read or parsed."""
-        from_file, merged = self._extra_settings()
         for key in ("bootstrap.servers", "group.id"):
-            if key in from_file:
+            if key in self.kafka_file_settings():
                 raise ConfigurationError(
                     f"kafka config file sets {key}: set it with its own option instead"
                 )
+        merged = super().kafka_settings()
         return {k: v for k, v in merged.items() if not k.startswith(REGISTRY_PREFIX)}
-
-    def _extra_settings(self) -> tuple[dict[str, str], dict[str, str]]:
-        """The config file's settings, and those with kafka_options over them."""
-        from_file = (
-            {} if self.kafka_config_file is None else read_kafka_config_file(self.kafka_config_file)
-        )
-        return from_file, {**from_file, **self.kafka_options}
 
     def registry_settings(self) -> dict[str, str]:
         """The Schema Registry client's settings: the URL, and the `schema.registry.*` keys of
         the config file and kafka_options without their prefix (credentials:
         `schema.registry.basic.auth.user.info`, `schema.registry.bearer.auth.token`; TLS:
         `schema.registry.ssl.ca.location`), as Confluent's clients read them."""
-        _, merged = self._extra_settings()
+        merged = super().kafka_settings()
         settings = {
             k[len(REGISTRY_PREFIX) :]: v for k, v in merged.items() if k.startswith(REGISTRY_PREFIX)
         }
         if self.schema_registry_url:
             settings["url"] = self.schema_registry_url
         return settings
-
-    def redacted_kafka_options(self) -> dict[str, object]:
-        """The extra librdkafka settings as they may be logged (secrets masked)."""
-        return redact(self.kafka_settings())
 
     @property
     def changelog_topic(self) -> str:
@@ -217,16 +153,3 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 "FRAUD_DECLINE_THRESHOLD, or the model package's model.toml [thresholds])"
             )
         return DecisionPolicy(thresholds, self.decision_deadline_ms, self.late_policy)
-
-
-def settings() -> tuple[Setting, ...]:
-    """Every setting of `ServiceConfig`, in declaration order."""
-    return _SETTINGS
-
-
-def _options_from_env(raw: str) -> dict[str, str]:
-    return parse_kafka_options(split_kafka_options(raw))
-
-
-_SETTINGS = declared_settings(Options)
-_RULES = rules_of(Options)

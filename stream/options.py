@@ -1,5 +1,5 @@
 """Every setting of `fraud-scorer run`, declared once: name, type and bounds, environment
-variable and help, default (`stream/declarations.py` reads them back for `--help` and errors).
+variable and help, default (`contracts/settings.py` makes flags, `--help` and errors of them).
 
 `ServiceConfig` (`stream/config.py`) adds the checks that involve several settings and the
 values derived from them.
@@ -7,49 +7,29 @@ values derived from them.
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-import msgspec
-
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
+from contracts.settings import ServiceSettings, Topic, meta
 from scorer.decide import LatePolicy
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.runtime import Device
-from stream.declarations import meta
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt"
 
 ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 OnOff = Literal["on", "off"]
 Scoring = Literal["inline", "thread"]
-LogFormat = Literal["text", "json"]
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 InputFormat = Literal["json", "avro", "json-schema", "protobuf"]
 OutputFormat = Literal["json", "avro", "protobuf", "json-schema"]
 
 
-def _default_instance_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+class Options(ServiceSettings, frozen=True, kw_only=True):
+    """The declarations: name, type, bounds, environment variable, help, default (the
+    settings every service shares come first, from `ServiceSettings`)."""
 
-
-_Topic = Annotated[str, msgspec.Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
-
-
-class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The declarations: name, type, bounds, environment variable, help, default."""
-
-    bootstrap_servers: Annotated[
-        str,
-        meta(
-            "KAFKA_BOOTSTRAP_SERVERS",
-            "Kafka bootstrap servers, host:port[,host:port]",
-            min_length=1,
-        ),
-    ] = "127.0.0.1:9092"
-    input_topic: Annotated[_Topic, meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")] = (
+    input_topic: Annotated[Topic, meta("FRAUD_INPUT_TOPIC", "topic to read transactions from")] = (
         "transactions"
     )
     input_format: Annotated[
@@ -94,24 +74,16 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             "compatible; needs FRAUD_SCHEMA_REGISTRY_URL; docs/contracts.md)",
         ),
     ] = "json"
-    output_topic: Annotated[_Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
+    output_topic: Annotated[Topic, meta("FRAUD_OUTPUT_TOPIC", "topic to write decisions to")] = (
         "decisions"
     )
     dlq_topic: Annotated[
-        _Topic,
+        Topic,
         meta("FRAUD_DLQ_TOPIC", "dead-letter topic for records that cannot be decided"),
     ] = "transactions.dlq"
     group_id: Annotated[
         str, meta("FRAUD_GROUP_ID", "consumer group shared by all replicas", min_length=1)
     ] = "fraud-scorer"
-    instance_id: Annotated[
-        str,
-        meta(
-            "FRAUD_INSTANCE_ID",
-            "name of this replica in logs and dead-letter headers (default: host-pid)",
-            min_length=1,
-        ),
-    ] = msgspec.field(default_factory=_default_instance_id)
     max_batch_size: Annotated[
         int,
         meta(
@@ -304,7 +276,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = DEFAULT_MAX_CLOCK_SKEW_MS
     terminal_risk_topic: Annotated[
-        _Topic,
+        Topic,
         meta(
             "FRAUD_TERMINAL_RISK_TOPIC",
             "compacted topic of per-terminal risk that fraud-features publishes; every replica "
@@ -321,7 +293,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = None
     rules_topic: Annotated[
-        _Topic | None,
+        Topic | None,
         meta(
             "FRAUD_RULES_TOPIC",
             "compacted topic of live rule updates on top of the rules file, read whole by "
@@ -358,7 +330,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = "off"
     labels_topic: Annotated[
-        _Topic,
+        Topic,
         meta(
             "FRAUD_LABELS_TOPIC",
             "topic of confirmed outcomes (contracts: labels) read for the observed precision, "
@@ -439,7 +411,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ),
     ] = None
     shadow_topic: Annotated[
-        _Topic | None,
+        Topic | None,
         meta(
             "FRAUD_SHADOW_TOPIC",
             "topic of the challenger's shadow decisions (default: <output_topic>.shadow)",
@@ -516,24 +488,3 @@ class Options(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             gt=0,
         ),
     ] = 30.0
-    log_level: Annotated[LogLevel, meta("FRAUD_LOG_LEVEL", "log level")] = "INFO"
-    log_format: Annotated[LogFormat, meta("FRAUD_LOG_FORMAT", "log format: text or json lines")] = (
-        "text"
-    )
-    kafka_options: Annotated[
-        dict[str, str],
-        meta(
-            "FRAUD_KAFKA_OPTIONS",
-            "extra librdkafka settings for every client, KEY=VALUE (repeat the flag; in the "
-            "environment, comma-separated), e.g. security.protocol=SASL_SSL; put secrets in "
-            "the config file instead: flags show in the process list",
-        ),
-    ] = msgspec.field(default_factory=dict)
-    kafka_config_file: Annotated[
-        Path | None,
-        meta(
-            "FRAUD_KAFKA_CONFIG_FILE",
-            "librdkafka settings from a properties file (key=value lines, # comments), e.g. "
-            "mounted from a secret; -X and FRAUD_KAFKA_OPTIONS override its keys",
-        ),
-    ] = None

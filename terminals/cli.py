@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 from contracts.errors import ConfigurationError
 from contracts.health import serve
 from contracts.logs import configure_logging
-from terminals.config import OPTIONS, WorkerConfig, from_sources
+from terminals.config import WorkerConfig
 from terminals.health import WorkerHealth
 from terminals.metrics import WorkerMetrics
 from terminals.router import Router, RouterProgress
@@ -39,36 +39,17 @@ MISSING_FAUST = (
 )
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    defaults = WorkerConfig()
-    for option in OPTIONS:
-        default = getattr(defaults, option.name)
-        if option.name == "instance_id":
-            default = "<host>-<pid>"
-        elif option.name == "data_dir":
-            default = "<tmp>/fraud-features"
-        help_text = f"{option.help} [env {option.env}; default: {default}]".replace("%", "%%")
-        parser.add_argument(
-            "--" + option.name.replace("_", "-"),
-            dest=option.name,
-            metavar=option.name.upper(),
-            help=help_text,
-        )
-    parser.add_argument(
-        "-X",
-        "--kafka-option",
-        dest="kafka_options",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a Kafka client setting in librdkafka's names, repeatable; over the file named by "
-        "FRAUD_KAFKA_CONFIG_FILE (one key=value a line: the place for secrets) [env "
-        "FRAUD_KAFKA_OPTIONS, k=v,k=v]. The worker's client is aiokafka: it applies "
-        "security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism (PLAIN, "
-        "SCRAM-SHA-256, SCRAM-SHA-512), sasl.username, sasl.password, ssl.ca.location, "
-        "ssl.certificate.location, ssl.key.location, ssl.key.password, "
-        "ssl.endpoint.identification.algorithm and enable.ssl.certificate.verification; "
-        "another sasl.* or ssl.* key is an error, any other key is not applied (warned)",
-    )
+#: What of the librdkafka settings (-X, FRAUD_KAFKA_OPTIONS, FRAUD_KAFKA_CONFIG_FILE) the
+#: worker's client applies.
+KAFKA_CLIENT_NOTE = (
+    "Kafka client settings (-X, FRAUD_KAFKA_OPTIONS, FRAUD_KAFKA_CONFIG_FILE) are in "
+    "librdkafka's names; the worker's client is aiokafka: it applies security.protocol "
+    "(PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism (PLAIN, SCRAM-SHA-256, "
+    "SCRAM-SHA-512), sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location, "
+    "ssl.key.location, ssl.key.password, ssl.endpoint.identification.algorithm and "
+    "enable.ssl.certificate.verification; another sasl.* or ssl.* key is an error, any other "
+    "key is not applied (warned)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one replica of the worker",
         description="Run one replica (replicas with the same app id share the work). Every "
         "option can also be set by the environment variable named in its help; a flag wins.",
+        epilog=KAFKA_CLIENT_NOTE,
     )
-    _add_options(run)
+    WorkerConfig.add_arguments(run)
     topics = commands.add_parser(
         "create-topics",
         help="create the labels and the compacted terminal-risk topics if missing",
@@ -100,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument(
         "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
     )
-    _add_options(topics)
+    WorkerConfig.add_arguments(topics)
     return parser
 
 
@@ -116,7 +98,7 @@ def run_worker(config: WorkerConfig) -> int:
             raise
         print(MISSING_FAUST.format(name=exc.name), file=sys.stderr)
         return EXIT_USAGE
-    auth = faust_kafka_auth(config.kafka_settings)
+    auth = faust_kafka_auth(config.kafka_settings())
     if auth.ignored:
         log.warning("Kafka settings not applied by fraud-features (aiokafka): %s", auth.ignored)
     prepare_topics(config)
@@ -172,9 +154,8 @@ def _route(router: Router, stop: threading.Event, health: WorkerHealth) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    flags = {option.name: getattr(args, option.name) for option in OPTIONS}
     try:
-        config = from_sources(flags, args.kafka_options)
+        config = WorkerConfig.from_args(args)
     except ConfigurationError as exc:
         print(f"fraud-features: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -95,7 +95,7 @@ class Router:
         *,
         kafka: Mapping[str, Any] | None = None,
     ) -> None:
-        settings = {**config.kafka_settings, **(kafka or {})}
+        settings = {**config.kafka_settings(), **(kafka or {})}
         settings["bootstrap.servers"] = config.bootstrap_servers
         self._config = config
         self._metrics = metrics

@@ -124,7 +124,7 @@ def prepare_topics(config: WorkerConfig) -> None:
 
 
 def _admin(config: WorkerConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings})
+    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})
 
 
 def _create(admin: AdminClient, topics: list[NewTopic]) -> list[str]:

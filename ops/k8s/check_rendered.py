@@ -16,11 +16,10 @@ from typing import Any
 
 import yaml
 
-from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
-from stream.config import ServiceConfig, settings
+from contracts.kafka_settings import CONFIG_FILE_ENV
+from stream.config import ServiceConfig
 from stream.supervisor import child_command
-from terminals.config import OPTIONS as WORKER_OPTIONS
-from terminals.config import from_sources as worker_config
+from terminals.config import WorkerConfig
 
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 #: How alerts.yml's runbook links start; the chart may put prometheusRule.docsUrl instead.
@@ -58,13 +57,13 @@ def check_features(deployment: Doc) -> list[str]:
     problems = []
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    known = {option.env for option in WORKER_OPTIONS} | {CONFIG_FILE_ENV, OPTIONS_ENV}
+    known = {setting.env for setting in WorkerConfig.settings()}
     if unknown := _own(set(env)) - known:
         problems.append(f"the features pods get {sorted(unknown)}, which fraud-features ignores")
     # The Kafka properties file is mounted in the pod, not here: its settings are not checked.
     plain = {k: v for k, v in env.items() if v is not None and k != CONFIG_FILE_ENV}
     try:
-        port = worker_config({}, None, plain).metrics_port
+        port = WorkerConfig.from_sources({}, plain).metrics_port
     except Exception as exc:
         return [*problems, f"fraud-features rejects its pods' environment: {exc}"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -209,7 +208,7 @@ def check(docs: list[Doc]) -> list[str]:
     pod = scorer["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    if unknown := _own(set(env)) - {s.env for s in settings()}:
+    if unknown := _own(set(env)) - {s.env for s in ServiceConfig.settings()}:
         problems.append(f"the pods get {sorted(unknown)}, which the service does not read")
     plain = {k: v for k, v in env.items() if v is not None and k.startswith(OWN_PREFIXES)}
     try:

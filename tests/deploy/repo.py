@@ -21,7 +21,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import stream.metrics
 import terminals.metrics
-from stream.config import ServiceConfig, settings
+from stream.config import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "ops" / "prometheus"
@@ -42,7 +42,7 @@ def load_yaml(path: Path) -> Any:
 
 def config_envs() -> set[str]:
     """Every environment variable ServiceConfig reads."""
-    return {s.env for s in settings()}
+    return {s.env for s in ServiceConfig.settings()}
 
 
 def config_default(name: str) -> Any:

@@ -17,10 +17,9 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from contracts.health import HealthServer, HealthState
-from contracts.kafka_settings import CONFIG_FILE_ENV, OPTIONS_ENV
 from stream.config import ServiceConfig
 from stream.supervisor import child_command
-from terminals.config import OPTIONS as WORKER_OPTIONS
+from terminals.config import WorkerConfig
 from terminals.health import STALL_AFTER_S, WorkerHealth
 from tests.deploy.repo import (
     ALERTS,
@@ -122,8 +121,7 @@ def test_the_free_form_env_cannot_override_what_the_chart_derives() -> None:
 def test_every_variable_the_features_worker_gets_is_one_it_reads() -> None:
     set_there = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", template(FEATURES_TEMPLATE)))
     assert set_there, "the features worker gets no environment"
-    # The shared librdkafka settings are read by every command (contracts/kafka_settings.py).
-    unknown = set_there - {option.env for option in WORKER_OPTIONS} - {CONFIG_FILE_ENV, OPTIONS_ENV}
+    unknown = set_there - {setting.env for setting in WorkerConfig.settings()}
     assert not unknown, f"the chart sets {sorted(unknown)}, which fraud-features never reads"
 
 

@@ -42,8 +42,8 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
     env = {"FRAUD_KAFKA_OPTIONS": "security.protocol=SASL_SSL,sasl.password=hunter2"}
     config = ServiceConfig.from_sources({}, env)
     assert config.kafka_options["security.protocol"] == "SASL_SSL"
-    assert config.redacted_kafka_options()["sasl.password"] == "***"
-    assert "hunter2" not in repr(config.redacted_kafka_options())
+    assert config.redacted_kafka_settings()["sasl.password"] == "***"
+    assert "hunter2" not in repr(config.redacted_kafka_settings())
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,7 @@ def test_only_settings_known_to_be_safe_are_logged_in_clear(tmp_path: Path) -> N
     env = {
         "FRAUD_KAFKA_OPTIONS": "security.protocol=SASL_SSL,sasl.oauthbearer.config=clientSecret=s3",
     }
-    shown = ServiceConfig.from_sources({}, env).redacted_kafka_options()
+    shown = ServiceConfig.from_sources({}, env).redacted_kafka_settings()
     assert shown == {"security.protocol": "SASL_SSL", "sasl.oauthbearer.config": "***"}
 
 
@@ -173,7 +173,7 @@ def test_settings_from_a_properties_file_are_overridden_by_options(tmp_path: Pat
         "sasl.password": "p,with=commas",
         "acks": "all",
     }
-    assert "p,with=commas" not in repr(config.redacted_kafka_options())
+    assert "p,with=commas" not in repr(config.redacted_kafka_settings())
 
 
 def test_schema_registry_settings_come_from_the_same_file_and_never_reach_librdkafka(

@@ -13,14 +13,12 @@ from faust.auth import SASLCredentials, SSLCredentials
 
 from contracts.errors import ConfigurationError
 from terminals import cli
-from terminals.config import OPTIONS, WorkerConfig, from_sources
+from terminals.config import WorkerConfig
 from terminals.kafka_auth import faust_kafka_auth
-
-NO_FLAGS: dict[str, str | None] = {}
 
 
 def test_defaults_match_the_scorers_topics_and_a_real_day() -> None:
-    config = from_sources(NO_FLAGS, None, {})
+    config = WorkerConfig.from_sources({}, {})
     assert (config.input_topic, config.labels_topic, config.dlq_topic) == (
         "transactions",
         "labels",
@@ -38,7 +36,7 @@ def test_environment_then_flags() -> None:
         "FRAUD_HISTORY_TIME_SCALE": "27000",
         "FRAUD_FEATURES_APP_ID": "ff-env",
     }
-    config = from_sources({"app_id": "ff-flag"}, None, env)
+    config = WorkerConfig.from_sources({"app_id": "ff-flag"}, env)
     assert (config.labels_topic, config.table_partitions, config.app_id) == (
         "outcomes",
         4,
@@ -62,23 +60,23 @@ def test_environment_then_flags() -> None:
 )
 def test_bad_settings_name_the_flag_and_the_variable(flags: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(").replace(")", r"\)")):
-        from_sources(flags, None, {})
+        WorkerConfig.from_sources(flags, {})
 
 
 def test_kafka_settings_come_from_the_file_then_the_options(tmp_path: Path) -> None:
     properties = tmp_path / "kafka.properties"
     properties.write_text("security.protocol=SASL_SSL\nsasl.password=secret\n")
     env = {"FRAUD_KAFKA_CONFIG_FILE": str(properties), "FRAUD_KAFKA_OPTIONS": "linger.ms=5"}
-    config = from_sources(NO_FLAGS, None, env)
-    assert config.kafka_settings == {
+    config = WorkerConfig.from_sources({}, env)
+    assert config.kafka_settings() == {
         "security.protocol": "SASL_SSL",
         "sasl.password": "secret",
         "linger.ms": "5",
     }
     assert config.redacted_kafka_settings()["sasl.password"] == "***"
-    flags_win = from_sources(NO_FLAGS, ["security.protocol=SSL"], env)
-    assert flags_win.kafka_settings["security.protocol"] == "SSL"
-    assert "linger.ms" not in flags_win.kafka_settings
+    flags_win = WorkerConfig.from_sources({"kafka_options": ["security.protocol=SSL"]}, env)
+    assert flags_win.kafka_settings()["security.protocol"] == "SSL"
+    assert "linger.ms" not in flags_win.kafka_settings()
 
 
 # ── security settings → faust/aiokafka ───────────────────────────────────────────────────────
@@ -162,9 +160,9 @@ def test_help_documents_every_option_with_its_variable(capsys: pytest.CaptureFix
             cli.main([command, "--help"])
         assert exited.value.code == 0
         text = " ".join(capsys.readouterr().out.split())
-        for option in OPTIONS:
-            assert f"--{option.name.replace('_', '-')}" in text
-            assert option.env in text
+        for setting in WorkerConfig.settings():
+            assert all(flag in text for flag in setting.flags)
+            assert setting.env in text
         for variable in ("FRAUD_KAFKA_OPTIONS", "FRAUD_KAFKA_CONFIG_FILE", "-X KEY=VALUE"):
             assert variable in text
 

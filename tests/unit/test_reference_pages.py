@@ -1,12 +1,14 @@
 """The docs site's generated pages (ops/tools/reference_pages.py) match the code: every option
-of the four long-running commands is on the configuration page with the environment variable and
-default its `--help` states, and every metric is on the metrics page."""
+of the four configured commands is on the configuration page as declared, with the environment
+variable and default its `--help` states, and `--help` lists exactly the flags of the page; every
+metric is on the metrics page."""
 
 from __future__ import annotations
 
 import re
 
 from ops.tools import reference_pages
+from ops.tools.reference_pages import ROOT
 from tests.deploy.repo import metric_families
 
 
@@ -16,25 +18,35 @@ def test_the_committed_pages_are_what_the_code_generates() -> None:
     )
 
 
-def test_every_option_of_the_configured_commands_is_on_the_configuration_page() -> None:
+def test_the_configuration_page_and_help_list_exactly_the_declared_settings() -> None:
     page = reference_pages.configuration_page()
     parsers = dict(reference_pages._commands())
-    for name in reference_pages.CONFIGURED:
+    for name, declared in reference_pages.CONFIGURED:
         section = page.split(f"## `{name}`", 1)[1].split("\n## ", 1)[0]
-        # --help wraps at hyphens too ("fraud-" / "scorer"): compare without whitespace.
         printed = parsers[name].format_help()
+        # --help wraps at hyphens too ("comma-" / "separated"): compare without whitespace.
         help_text = "".join(printed.split())
-        for flag in re.findall(r"^\| `(--[a-z0-9-]+)`", section, flags=re.M):
-            assert flag in help_text, f"{name}: {flag} on the page, not in --help"
-        for env, default in re.findall(r"\| `([A-Z0-9_]+)`[^|]* \| `([^`]*)` \|", section):
-            assert f"[env{env}" in help_text, f"{name}: {env} on the page, not in --help"
-            assert f"default:{''.join(default.split())}]" in help_text, (
-                f"{name}: {env}'s default {default!r}"
+        settings = declared.settings()
+        rows = re.findall(r"^\| (`-[^|]+) \| `([A-Z0-9_]+)` \| `([^`]*)` \|", section, flags=re.M)
+        assert [(env, default) for _, env, default in rows] == [
+            (s.env, s.default.replace(str(ROOT), "<installation>")) for s in settings
+        ], f"{name}: the page's settings are not the declared ones"
+        assert set(re.findall(r"\[env([A-Z0-9_]+);", help_text)) == {s.env for s in settings}, (
+            f"{name}: --help's environment variables are not the declared ones"
+        )
+        for setting in settings:
+            default = "".join(setting.default.replace(str(ROOT), "<installation>").split())
+            assert f"[env{setting.env};default:{default}]" in help_text, (
+                f"{name}: {setting.env}'s default {setting.default!r}"
             )
-        option_lines = r"^  (?:-[A-Za-z], )?(--[a-z0-9-]+)"
-        flags_in_help = set(re.findall(option_lines, printed, flags=re.M)) - {"--help"}
-        on_page = set(re.findall(r"`(--[a-z0-9-]+)`", section))
-        assert flags_in_help <= on_page, f"{name}: {flags_in_help - on_page} not on the page"
+        listed = set(re.findall(r"^  (-[A-Za-z]|--[a-z0-9-]+)", printed, flags=re.M))
+        listed |= set(re.findall(r"^  -[A-Za-z] \S+, (--[a-z0-9-]+)", printed, flags=re.M))
+        listed -= {"-h", "--help"}
+        on_page = set(re.findall(r"`(--?[A-Za-z][a-z0-9-]*)`", section))
+        assert listed == on_page, (
+            f"{name}: --help lists {sorted(listed - on_page)} besides the page's flags, the "
+            f"page {sorted(on_page - listed)} besides --help's"
+        )
 
 
 def test_every_metric_is_on_the_metrics_page() -> None:
