@@ -17,7 +17,7 @@ from scorer.decide import decide_batch
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
-from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
 
 #: The service's defaults, so every contender batches (where it batches) the same way.
 DEFAULTS = ServiceConfig()

@@ -51,7 +51,7 @@ from bench.model_speed import bench_package
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.runtime import CUDA, GPU_PROVIDERS, Device
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = SHIPPED_MODEL_PATH

@@ -23,8 +23,8 @@ from confluent_kafka import Message
 
 from bench.decide import MAX_BATCH_SIZE, Decider
 from contracts.kafka_settings import parse_kafka_options
-from stream.config import ServiceConfig
-from stream.kafka_clients import ClientErrors, create_consumer, create_producer
+from stream.startup.config import ServiceConfig
+from stream.startup.kafka_clients import ClientErrors, create_consumer, create_producer
 
 #: How long one consume() blocks at most: bounds how late a stop request is noticed.
 POLL_TIMEOUT_S = 0.1

@@ -24,7 +24,7 @@ from contracts.errors import ConfigurationError
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import ModelPackage, load_model_package, plain_manifest
-from stream.options import SHIPPED_MODEL_PATH
+from stream.startup.options import SHIPPED_MODEL_PATH
 
 DEFAULT_SIZES = (1, 16, 64, 256, 1024)
 #: Rows scored per model per round at every batch size (at least MIN_CALLS calls).

@@ -45,7 +45,7 @@ from bench.keyed_history import KeyedHistory
 from contracts.kafka_settings import parse_kafka_options
 from contracts.transaction import decode_transaction
 from scorer.columns import TransactionColumns
-from stream.kafka_clients import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
+from stream.startup.kafka_clients import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
 
 #: Quix's default checkpoint interval, given explicitly.
 COMMIT_INTERVAL_S = 5.0

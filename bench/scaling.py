@@ -35,7 +35,7 @@ from bench.model_speed import measure
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import ONNX_FILE, load_model_package, plain_manifest, write_model_package
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 from training.onnx_export import INPUT_NAME, OUTPUT_NAME, finish_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -40,7 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from scorer.model_cli import main as fraud_model
 from simulator.transactions import SimulatedBatch, TransactionSimulator
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 from training.from_topics import fpr_cut, recall_at_fpr
 from training.from_topics import main as fraud_train
 

@@ -52,7 +52,7 @@ cleanup() {
   done
   if [[ -n "$features_pid" ]]; then  # the run's own topics
     "$py" -c "import os; from confluent_kafka.admin import AdminClient
-from stream.config import ServiceConfig
+from stream.startup.config import ServiceConfig
 from terminals.topics import changelog_topic_name, events_topic_name
 app = os.environ['FRAUD_FEATURES_APP_ID']
 names = [events_topic_name(app), changelog_topic_name(app), os.environ['FRAUD_TERMINAL_RISK_TOPIC']]

@@ -2,6 +2,6 @@
 
 import sys
 
-from stream.cli import main
+from stream.startup.cli import main
 
 sys.exit(main())

@@ -38,8 +38,8 @@ from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
-from stream.config import ServiceConfig
 from stream.metrics import ServiceMetrics
+from stream.startup.config import ServiceConfig
 
 log = logging.getLogger(__name__)
 

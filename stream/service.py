@@ -26,7 +26,6 @@ from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import Transaction
 from stream.batcher import Batch, MicroBatcher
 from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
-from stream.config import ServiceConfig
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
 from stream.handoff import Handoff
@@ -36,7 +35,8 @@ from stream.rebalance import Rebalance, describe
 from stream.scoring import BatchReport, PendingRecord
 from stream.scoring_worker import ScoringWorker
 from stream.sink import Output
-from stream.wiring import Collaborators, batch_scorer
+from stream.startup.config import ServiceConfig
+from stream.startup.wiring import Collaborators, batch_scorer
 
 log = logging.getLogger(__name__)
 

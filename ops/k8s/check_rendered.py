@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from contracts.kafka_settings import CONFIG_FILE_ENV
-from stream.config import ServiceConfig
-from stream.supervisor import child_command
+from stream.startup.config import ServiceConfig
+from stream.startup.supervisor import child_command
 from terminals.config import WorkerConfig
 
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"

@@ -2,7 +2,7 @@
 
 - docs/configuration.md: every setting of the long-running commands, with its flags,
   environment variable, default and meaning, read from its declaration (`contracts/settings.py`:
-  the shared ones; `stream/options.py`, `terminals/config.py`, `loadgen/options.py`,
+  the shared ones; `stream/startup/options.py`, `terminals/config.py`, `loadgen/options.py`,
   `deadletter/cli.py`), then the options of their command lines alone, from their parsers;
 - docs/cli.md: every command's and subcommand's `--help`, as it prints it;
 - docs/metrics.md: every Prometheus metric of the scorer (`stream/metrics.py`) and the features
@@ -28,14 +28,14 @@ from prometheus_client.metrics import MetricWrapperBase
 import deadletter.cli
 import loadgen.options
 import scorer.model_cli
-import stream.cli
 import stream.metrics
+import stream.startup.cli
 import terminals.cli
 import terminals.metrics
 from contracts.settings import Settings
 from deadletter.cli import DlqSettings
 from loadgen.options import LoadgenSettings
-from stream.config import ServiceConfig
+from stream.startup.config import ServiceConfig
 from terminals.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ HELP_WIDTH = 100
 
 #: The commands, as their console scripts name them, and their parsers.
 COMMANDS: tuple[tuple[str, Callable[[], argparse.ArgumentParser]], ...] = (
-    ("fraud-scorer", stream.cli.build_parser),
+    ("fraud-scorer", stream.startup.cli.build_parser),
     ("fraud-features", terminals.cli.build_parser),
     ("fraud-loadgen", loadgen.options.build_parser),
     ("fraud-dlq", deadletter.cli.build_parser),

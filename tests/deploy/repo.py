@@ -21,7 +21,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import stream.metrics
 import terminals.metrics
-from stream.config import ServiceConfig
+from stream.startup.config import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "ops" / "prometheus"

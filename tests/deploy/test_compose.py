@@ -21,8 +21,8 @@ import yaml
 
 from loadgen import cli as loadgen_cli
 from loadgen.options import LoadgenSettings
-from stream import cli as scorer_cli
-from stream.config import ServiceConfig
+from stream.startup import cli as scorer_cli
+from stream.startup.config import ServiceConfig
 from tests.deploy.compose_file import (
     COMPOSE,
     GPU_OVERRIDE,
@@ -82,7 +82,7 @@ def test_compose_runs_the_scorer_topics_and_loadgen_from_our_dockerfile() -> Non
 def test_fraud_scorer_services_set_only_variables_serviceconfig_reads(name: str) -> None:
     env = environment(service(name))
     unknown = {k for k in env if k.startswith(("FRAUD_", "KAFKA_"))} - config_envs()
-    assert not unknown, f"{name} sets {sorted(unknown)}, which stream/config.py never reads"
+    assert not unknown, f"{name} sets {sorted(unknown)}, which stream/startup/config.py never reads"
     # The values are valid too: the same parsing and validation as `fraud-scorer run`.
     ServiceConfig.from_sources({}, env)
 

@@ -17,8 +17,8 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from contracts.health import HealthServer, HealthState
-from stream.config import ServiceConfig
-from stream.supervisor import child_command
+from stream.startup.config import ServiceConfig
+from stream.startup.supervisor import child_command
 from terminals.config import WorkerConfig
 from terminals.health import STALL_AFTER_S, WorkerHealth
 from tests.deploy.repo import (
@@ -98,7 +98,9 @@ def test_every_variable_the_chart_sets_is_one_the_service_reads() -> None:
     set_in_values = {name for path in VALUES_FILES for name in load_yaml(path).get("env", {})}
     assert set_in_templates, "the chart sets no environment"
     unknown = (set_in_templates | set_in_values) - config_envs()
-    assert not unknown, f"the chart sets {sorted(unknown)}, which stream/config.py never reads"
+    assert not unknown, (
+        f"the chart sets {sorted(unknown)}, which stream/startup/config.py never reads"
+    )
 
 
 @pytest.mark.parametrize("overlays", [(), ("values-gpu.yaml",)], ids=["default", "gpu"])
@@ -291,7 +293,8 @@ def test_the_features_worker_is_probed_where_it_serves_its_health() -> None:
 
 
 def test_every_process_has_its_metrics_port_scraped() -> None:
-    # fraud-scorer run --processes N: process i serves metrics_port + i (stream/supervisor.py).
+    # fraud-scorer run --processes N: process i serves metrics_port + i
+    # (stream/startup/supervisor.py).
     config = ServiceConfig(processes=3, metrics_port=9102)
     served = []
     for index in range(config.processes):

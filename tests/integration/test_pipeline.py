@@ -265,9 +265,9 @@ def test_processes_drain_and_exit_when_their_supervisor_is_killed(topics_factory
 
 #: The supervisor, with its watch over the children's /healthz shortened from minutes to seconds.
 QUICK_WATCH_SUPERVISOR = (
-    "import sys; from stream import child_health as h; "
+    "import sys; from stream.startup import child_health as h; "
     "h.STARTUP_GRACE_S, h.CHECK_INTERVAL_S, h.CHECK_TIMEOUT_S = 15.0, 0.5, 0.5; "
-    "from stream.cli import main; sys.exit(main())"
+    "from stream.startup.cli import main; sys.exit(main())"
 )
 
 

@@ -14,8 +14,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from scorer.model_package import load_model_package
 from scorer.model_source import DirectorySource
 from simulator.transactions import TransactionSimulator
-from stream.config import ServiceConfig
 from stream.model_reload import load_serving_model, sanity_check
+from stream.startup.config import ServiceConfig
 from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic
 from training.from_topics import main as fraud_train
 

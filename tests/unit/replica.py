@@ -20,13 +20,13 @@ from deadletter.policy import RetryPolicy
 from scorer.decisions import DEFAULT_THRESHOLDS
 from simulator.transactions import TransactionSimulator
 from stream.card_state import CardState
-from stream.config import ServiceConfig
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
+from stream.startup.config import ServiceConfig
+from stream.startup.wiring import Collaborators, dead_letter_router
 from stream.transactional_sink import TransactionalSink
-from stream.wiring import Collaborators, dead_letter_router
 from tests.unit.fakes import (
     AutoSink,
     FakeConsumer,

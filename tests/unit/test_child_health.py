@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from stream.child_health import ChildHealth, healthz_ok
+from stream.startup.child_health import ChildHealth, healthz_ok
 from tests.support.network import free_port
 
 

@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from contracts.errors import ClientFailure
-from stream.kafka_clients import ClientErrors
+from stream.startup.kafka_clients import ClientErrors
 
 
 def test_every_broker_down_is_told_to_each_listener_and_nothing_else_is() -> None:

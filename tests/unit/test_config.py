@@ -8,8 +8,8 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from scorer.decisions import Thresholds
-from stream.cli import main
-from stream.config import ServiceConfig
+from stream.startup.cli import main
+from stream.startup.config import ServiceConfig
 
 
 def test_defaults_match_the_documented_contract() -> None:

@@ -23,9 +23,9 @@ from scorer.model_package import (
     parse_manifest,
     write_model_package,
 )
-from stream.config import SHIPPED_MODEL_PATH
 from stream.metrics import ServiceMetrics
 from stream.scoring import BatchScorer
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.unit.fakes import MemorySink
 from tests.unit.test_batch_scorer import make_batch
 

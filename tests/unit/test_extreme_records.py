@@ -32,9 +32,9 @@ from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from simulator.team_shapes import checkout_event
 from stream.batcher import Batch
-from stream.config import SHIPPED_MODEL_PATH
 from stream.metrics import ServiceMetrics
 from stream.scoring import BatchScorer, PendingRecord
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.unit.fakes import MemorySink, message
 
 letters = st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZ")

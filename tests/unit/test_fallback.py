@@ -16,7 +16,7 @@ from scorer.fallback import (
 )
 from scorer.features import FEATURE_NAMES, TransactionColumns, build_features
 from scorer.model_package import load_model_package
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 
 #: The fallback's score is read against the same thresholds as the model's.
 THRESHOLDS = load_model_package(SHIPPED_MODEL_PATH).thresholds

@@ -36,7 +36,7 @@ from scorer.runtime import (
     node_placement,
     open_session,
 )
-from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
 from tests.support.models import POISON, package, poison_model
 
 SHIPPED = load_model_package(SHIPPED_MODEL_PATH)

@@ -29,7 +29,7 @@ from contracts.input_formats import (
 )
 from contracts.output_formats import DECISION_PROTO, decision_encoder, decision_message
 from contracts.transaction import decode_transaction
-from stream.config import ServiceConfig
+from stream.startup.config import ServiceConfig
 
 
 def failing(exc: BaseException) -> Any:

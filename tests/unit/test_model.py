@@ -14,7 +14,7 @@ from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.runtime import CPU
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.support.models import POISON, onnx_model, package, poison_model
 
 

@@ -19,7 +19,7 @@ from scorer.model_package import (
     plain_manifest,
     write_model_package,
 )
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 
 GRAPH = b"graph bytes: not checked until the graph is opened"
 

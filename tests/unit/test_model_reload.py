@@ -24,9 +24,9 @@ from scorer.model_package import (
     write_model_package,
 )
 from scorer.model_source import DirectorySource, ModelSource
-from stream.config import SHIPPED_MODEL_PATH, ServiceConfig
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, load_serving_model, sanity_check
+from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
 from tests.support.models import onnx_model, package
 
 

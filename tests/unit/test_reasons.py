@@ -22,7 +22,7 @@ from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.reasons import Explainer
 from scorer.rules import Rules
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.support.models import onnx_model, package
 from tests.unit.fakes import FakeScorer
 from tests.unit.test_decide import transactions

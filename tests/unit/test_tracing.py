@@ -59,7 +59,7 @@ def test_without_an_endpoint_there_is_no_tracer_and_opentelemetry_is_never_impor
     program = textwrap.dedent(
         """
         import sys
-        import stream.cli, stream.service, stream.wiring
+        import stream.startup.cli, stream.service, stream.startup.wiring
         from stream.tracing import batch_tracer
         assert batch_tracer(input_topic="tx", group_id="g", instance_id="i",
                             max_batch_size=256, environ={}) is None

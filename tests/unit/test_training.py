@@ -13,7 +13,7 @@ import pytest
 from scorer.fallback import CUTOFFS, red_flags
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package, write_model_package
-from stream.config import SHIPPED_MODEL_PATH
+from stream.startup.config import SHIPPED_MODEL_PATH
 from training import gbdt, handbook_recipe
 from training.calibration import Platt, fit_platt, reliability, sigmoid
 from training.card import render_model_card

@@ -140,7 +140,7 @@ imagePullSecrets:
 
 {{/*
 The scorer's metrics ports, one per process: `fraud-scorer run` with FRAUD_PROCESSES=N serves
-process i's /metrics on metrics.port + i (stream/supervisor.py). Named metrics, metrics-1, …
+process i's /metrics on metrics.port + i (stream/startup/supervisor.py). Named metrics, metrics-1, …
 */}}
 {{- define "fraud-scorer.metricsPortName" -}}
 {{- if . }}metrics-{{ . }}{{ else }}metrics{{ end -}}

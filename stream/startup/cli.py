@@ -16,8 +16,12 @@ from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnava
 from contracts.health import HealthState, serve
 from contracts.logs import configure_logging
 from scorer.model_source import open_model_source
-from stream.config import ServiceConfig
-from stream.kafka_clients import (
+from stream.lag import LagMonitor
+from stream.metrics import ServiceMetrics
+from stream.model_reload import load_serving_model, sanity_check
+from stream.service import ScoringService
+from stream.startup.config import ServiceConfig
+from stream.startup.kafka_clients import (
     ClientErrors,
     create_consumer,
     create_producer,
@@ -25,15 +29,11 @@ from stream.kafka_clients import (
     max_message_bytes,
     reader_settings,
 )
-from stream.lag import LagMonitor
-from stream.metrics import ServiceMetrics
-from stream.model_reload import load_serving_model, sanity_check
-from stream.service import ScoringService
-from stream.supervisor import supervise
-from stream.topics import ensure_changelog, ensure_topics
-from stream.wiring import build_collaborators
+from stream.startup.supervisor import supervise
+from stream.startup.topics import ensure_changelog, ensure_topics
+from stream.startup.wiring import build_collaborators
 
-log = logging.getLogger("stream.cli")
+log = logging.getLogger("stream.startup.cli")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 

@@ -1,6 +1,6 @@
 """The service's configuration: one typed, frozen object, loaded once at start-up.
 
-A setting is one declaration in `stream/options.py` (or, for those every service shares,
+A setting is one declaration in `stream/startup/options.py` (or, for those every service shares,
 `contracts/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its environment
 variable, its help and its default. `contracts/settings.py` converts and checks values from flags
 and the environment (`from_sources`) and values given in code; `__post_init__` here adds only
@@ -19,7 +19,7 @@ from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model_source import check_model_location
 from scorer.rules import Rules
-from stream.options import SHIPPED_MODEL_PATH, Options
+from stream.startup.options import SHIPPED_MODEL_PATH, Options
 
 __all__ = ["SHIPPED_MODEL_PATH", "ServiceConfig"]
 

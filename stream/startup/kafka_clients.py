@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from contracts.errors import ClientFailure
-from stream.config import ServiceConfig
 from stream.lag import STATISTICS_INTERVAL_MS
+from stream.startup.config import ServiceConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.errors import ConfigurationError
-from stream.config import ServiceConfig
-from stream.kafka_clients import ClientErrors
+from stream.startup.config import ServiceConfig
+from stream.startup.kafka_clients import ClientErrors
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,6 @@ from scorer.reasons import Explainer
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState, KafkaChangelog
-from stream.config import ServiceConfig
-from stream.kafka_clients import ClientErrors
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.model_reload import (
@@ -47,6 +45,8 @@ from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
 from stream.shadow import Shadow
 from stream.sink import KafkaSink, OutputSink
+from stream.startup.config import ServiceConfig
+from stream.startup.kafka_clients import ClientErrors
 from stream.terminal_table import TerminalRiskTable
 from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink

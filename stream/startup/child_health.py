@@ -1,4 +1,4 @@
-"""The supervisor's watch over its children's `/healthz` (`stream/supervisor.py`).
+"""The supervisor's watch over its children's `/healthz` (`stream/startup/supervisor.py`).
 
 A pod's liveness probe can ask one port, the first process's; the others serve their own
 `/healthz` on the ports after it. So the supervisor asks every child itself: a child whose

@@ -11,7 +11,7 @@ The supervisor's responsibilities:
 - pass SIGTERM and SIGINT on to every child and wait for their drain;
 - restart a child that dies (a crash, a fatal Kafka error) after a pause, unless it stopped on
   bad configuration (exit 2), which a restart would only repeat;
-- kill (and so restart) a child whose `/healthz` keeps failing (`stream/child_health.py`): a
+- kill (and so restart) a child whose `/healthz` keeps failing (`stream/startup/child_health.py`): a
   pod's liveness probe sees only the first process;
 - exit with the worst exit status of the children once all have stopped;
 - on Linux, make each child receive SIGTERM (and drain) should the supervisor itself die
@@ -30,8 +30,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from stream import child_health
-from stream.config import ServiceConfig
+from stream.startup import child_health
+from stream.startup.config import ServiceConfig
 
 log = logging.getLogger(__name__)
 

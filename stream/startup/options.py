@@ -1,7 +1,7 @@
 """Every setting of `fraud-scorer run`, declared once: name, type and bounds, environment
 variable and help, default (`contracts/settings.py` makes flags, `--help` and errors of them).
 
-`ServiceConfig` (`stream/config.py`) adds the checks that involve several settings and the
+`ServiceConfig` (`stream/startup/config.py`) adds the checks that involve several settings and the
 values derived from them.
 """
 
@@ -16,7 +16,7 @@ from scorer.decide import LatePolicy
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.runtime import Device
 
-SHIPPED_MODEL_PATH = Path(__file__).resolve().parent.parent / "scorer" / "models" / "fraud-gbdt"
+SHIPPED_MODEL_PATH = Path(__file__).resolve().parents[2] / "scorer" / "models" / "fraud-gbdt"
 
 ProcessingGuarantee = Literal["at-least-once", "exactly-once"]
 OnOff = Literal["on", "off"]
