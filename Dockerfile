@@ -61,7 +61,7 @@ COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen
 COPY training /src/training
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src \
-    && /opt/venv/bin/python -c 'from stream.config import SHIPPED_MODEL_PATH as p; from scorer.model_package import load_model_package as load; load(p)' \
+    && /opt/venv/bin/python -c 'from stream.startup.config import SHIPPED_MODEL_PATH as p; from scorer.model_package import load_model_package as load; load(p)' \
     && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, msgspec, prometheus_client, tenacity'
 
 FROM base
