@@ -29,6 +29,14 @@ class PartitionGap(NamedTuple):
     input_ms: int
 
 
+class Silence(NamedTuple):
+    """A stretch (epoch ms) with no decision of an input partition's records."""
+
+    partition: int
+    from_ms: int
+    to_ms: int
+
+
 class Latency(NamedTuple):
     """Event→decision latency (ms) of the decided transactions: each one's first decision."""
 
@@ -44,16 +52,7 @@ def longest_gaps(
     """The longest decision gap of each of `partitions` (input partitions), over every decision
     of their records (duplicates too: a repeat is a sign of life all the same). A partition
     with fewer than two decisions has a gap of 0."""
-    partition_of = {
-        r.transaction_id: r.partition
-        for r in inputs
-        if r.transaction_id is not None and r.partition in partitions
-    }
-    decided: defaultdict[int, list[int]] = defaultdict(list)
-    for d in decisions:
-        partition = partition_of.get(d.transaction_id)
-        if partition is not None:
-            decided[partition].append(d.decided_at_ms)
+    decided = _decided_at(inputs, decisions, partitions)
     sent: defaultdict[int, list[int]] = defaultdict(list)
     for r in inputs:
         if r.partition in partitions:
@@ -63,6 +62,22 @@ def longest_gaps(
         gap_ms, ended_ms = _longest_gap(decided[partition])
         gaps.append(PartitionGap(partition, gap_ms, ended_ms, _longest_gap(sent[partition])[0]))
     return gaps
+
+
+def silences(
+    inputs: Sequence[InputRecord],
+    decisions: Iterable[Decision],
+    partitions: Collection[int],
+    longer_than_ms: int,
+) -> list[Silence]:
+    """Every gap longer than `longer_than_ms` between consecutive decisions of the records of
+    each of `partitions`, by partition and time."""
+    found = []
+    for partition, times in sorted(_decided_at(inputs, decisions, partitions).items()):
+        ordered = np.sort(np.asarray(times, np.int64))
+        for at in np.flatnonzero(np.diff(ordered) > longer_than_ms).tolist():
+            found.append(Silence(partition, int(ordered[at]), int(ordered[at + 1])))
+    return found
 
 
 def latency(decisions: Iterable[Decision]) -> Latency:
@@ -80,6 +95,23 @@ def latency(decisions: Iterable[Decision]) -> Latency:
     values = np.fromiter(first.values(), np.float64, len(first))
     p50, p99 = np.percentile(values, [50, 99])
     return Latency(len(first), float(p50), float(p99), float(values.max()))
+
+
+def _decided_at(
+    inputs: Sequence[InputRecord], decisions: Iterable[Decision], partitions: Collection[int]
+) -> defaultdict[int, list[int]]:
+    """The `decided_at` of every decision of the records of each of `partitions`."""
+    partition_of = {
+        r.transaction_id: r.partition
+        for r in inputs
+        if r.transaction_id is not None and r.partition in partitions
+    }
+    decided: defaultdict[int, list[int]] = defaultdict(list)
+    for d in decisions:
+        partition = partition_of.get(d.transaction_id)
+        if partition is not None:
+            decided[partition].append(d.decided_at_ms)
+    return decided
 
 
 def _longest_gap(times_ms: list[int]) -> tuple[int, int]:

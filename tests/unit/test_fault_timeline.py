@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from faults.replica_logs import Restore, Resume, moved_away, restores, resumes
-from faults.timeline import Latency, PartitionGap, latency, longest_gaps
+from faults.timeline import Latency, PartitionGap, Silence, latency, longest_gaps, silences
 from faults.verifier import Decision, InputRecord
 
 T0 = 1_800_000_000_000
@@ -68,6 +68,17 @@ def test_a_partition_with_under_two_decisions_has_no_gap() -> None:
     records = every_10_ms(0, 2)
     gaps = longest_gaps(records, [decided(records[0], 5)], {0, 3})
     assert [(g.partition, g.decisions_ms) for g in gaps] == [(0, 0), (3, 0)]
+
+
+def test_silences_are_every_gap_longer_than_asked() -> None:
+    records = every_10_ms(0, 4) + every_10_ms(1, 2)
+    times = {(0, 0): 0, (0, 1): 1_500, (0, 2): 1_600, (0, 3): 3_000, (1, 0): 0, (1, 1): 900}
+    decisions = [decided(r, times[r.partition, r.offset] - 10 * r.offset) for r in records]
+    assert silences(records, decisions, {0, 1}, 1_000) == [
+        Silence(0, T0, T0 + 1_500),
+        Silence(0, T0 + 1_600, T0 + 3_000),
+    ]
+    assert silences(records, decisions, {1}, 1_000) == []
 
 
 def test_latency_takes_each_transactions_first_decision() -> None:
