@@ -353,11 +353,18 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
             lines,
         )
         log.info("6 %s: longest gaps of the kept partitions: %s", run.settings.mode, lines)
-        for x in silent:
+        for partition in sorted(kept):
             log.info(
-                "6 %s: partition %s silent %s ms, from %.1fs into the load (%s)",
-                *(run.settings.mode, x.partition, x.to_ms - x.from_ms),
-                *((x.from_ms - run.load.started_ms) / 1000, _phase(phases, x.from_ms)),
+                "6 %s: partition %s silent past the goal (ms, from s into the load): %s",
+                run.settings.mode,
+                partition,
+                ", ".join(
+                    f"{x.to_ms - x.from_ms} from {(x.from_ms - run.load.started_ms) / 1000:.1f}"
+                    f" ({_phase(phases, x.from_ms)})"
+                    for x in silent
+                    if x.partition == partition
+                )
+                or "never",
             )
 
     run.topic_checks.append(check_kept)
