@@ -25,8 +25,8 @@ log = logging.getLogger("faults")
 
 #: What --short runs: the broker restart (2) alone takes a minute per mode (10 s down, a JVM
 #: start, the backlog), which CI's time budget does not have; `make faults` runs it. So does
-#: the rebalance with held state (6): 37 and 46 s for its two modes at the short size (50,000
-#: cards), more than CI can add, and a figure to measure more than a guarantee to keep.
+#: the rebalance with held state (6): 27 to 46 s a mode at the short size (50,000 cards), more
+#: than CI can add, and a figure to measure more than a guarantee to keep.
 SHORT_SCENARIOS = (1, 3, 4, 5)
 
 MODES = {"at-least-once": (False,), "exactly-once": (True,), "both": (False, True)}
