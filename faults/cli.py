@@ -24,7 +24,9 @@ from faults.scenarios import FULL, SCENARIOS, SHORT, Scenario, Timing
 log = logging.getLogger("faults")
 
 #: What --short runs: the broker restart (2) alone takes a minute per mode (10 s down, a JVM
-#: start, the backlog), which CI's time budget does not have; `make faults` runs it.
+#: start, the backlog), which CI's time budget does not have; `make faults` runs it. So does
+#: the rebalance with held state (6): 27 to 46 s a mode at the short size (50,000 cards), more
+#: than CI can add, and a figure to measure more than a guarantee to keep.
 SHORT_SCENARIOS = (1, 3, 4, 5)
 
 MODES = {"at-least-once": (False,), "exactly-once": (True,), "both": (False, True)}
@@ -41,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--short",
         action="store_true",
-        help="CI's version: a fifth of the load, shorter windows, one kill, and scenarios "
+        help="CI's version: a fifth of the load, shorter windows, one kill, 50,000 cards held "
+        "instead of 1,000,000, and scenarios "
         f"{', '.join(map(str, SHORT_SCENARIOS))} unless --scenario says otherwise",
     )
     parser.add_argument(

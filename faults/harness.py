@@ -70,6 +70,8 @@ class ScenarioRun:
         self.output_topic = f"faults-decisions-{suffix}"
         self.dlq_topic = f"faults-tx-{suffix}.dlq"
         self.group = f"faults-{suffix}"
+        #: The replicas' card state changelog (they create it unless a scenario did).
+        self.changelog_topic = f"{self.group}-card-state-changelog"
         self.log_dir = log_dir / f"{scenario}-{settings.mode}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.result = Result(scenario, settings.mode)
@@ -79,6 +81,9 @@ class ScenarioRun:
         self.saved_dead_letters: list[DeadLetter] = []
         #: Scenario 3: when the zombie was frozen and thawed, and what it owned.
         self.frozen: Freeze | None = None
+        #: A scenario's own checks of the topics, run by `finish()` after the verifier with the
+        #: input records and the decisions it read.
+        self.topic_checks: list[Callable[[list[InputRecord], list[Decision]], None]] = []
         #: Exactly-once replicas that exited 1 on a fatal transaction error and were restarted:
         #: what the service must do then (fenced, or a transaction the broker refuses to end),
         #: so counted (`fatal_exits`), not failed.
@@ -113,10 +118,15 @@ class ScenarioRun:
             self._visibility.stop()
         self.result.seconds = time.monotonic() - self._started
         if self._keep_topics:
-            log.info("keeping %s, %s and %s", self.input_topic, self.output_topic, self.dlq_topic)
+            log.info(
+                "keeping %s, %s, %s and %s",
+                *(self.input_topic, self.output_topic, self.dlq_topic, self.changelog_topic),
+            )
             return
         try:
-            topics = [self.input_topic, self.output_topic, self.dlq_topic]
+            existing = self.admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+            topics = [self.input_topic, self.output_topic, self.dlq_topic, self.changelog_topic]
+            topics = [t for t in topics if t in existing]
             for future in self.admin.delete_topics(topics).values():
                 future.result(timeout=ADMIN_TIMEOUT_S)
         except Exception as exc:  # the broker may be the thing that broke
@@ -127,9 +137,10 @@ class ScenarioRun:
         broker's coordinators)."""
         return AdminClient({"bootstrap.servers": self.bootstrap})
 
-    def create_topics(self, names: list[str]) -> None:
-        """Create topics and wait until the broker's metadata lists all their partitions."""
-        topics = [NewTopic(n, self.settings.partitions, 1) for n in names]
+    def create_topics(self, names: list[str], config: dict[str, str] | None = None) -> None:
+        """Create topics (`config`: their topic settings) and wait until the broker's metadata
+        lists all their partitions."""
+        topics = [NewTopic(n, self.settings.partitions, 1, config=config or {}) for n in names]
         for future in self.admin.create_topics(topics).values():
             future.result(timeout=ADMIN_TIMEOUT_S)
 
@@ -153,6 +164,7 @@ class ScenarioRun:
             *("--bootstrap-servers", self.bootstrap, "--group-id", self.group),
             *("--input-topic", self.input_topic, "--output-topic", self.output_topic),
             *("--dlq-topic", self.dlq_topic, "--processing-guarantee", s.mode),
+            *("--state-changelog-topic", self.changelog_topic),
             *("--max-batch-size", str(s.max_batch_size)),
             *("--max-in-flight-records", str(s.max_in_flight_records)),
             *("--max-in-flight-bytes", str(s.max_in_flight_bytes)),
@@ -371,6 +383,8 @@ class ScenarioRun:
                 )
         for example in report.examples:
             log.info("%s %s: %s", result.scenario, result.mode, example)
+        for topic_check in self.topic_checks:
+            topic_check(inputs, decisions)
 
 
 @dataclass(frozen=True)

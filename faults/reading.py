@@ -148,6 +148,7 @@ def read_decisions(
                 seen,
                 m.timestamp()[1],
                 (d.score, d.decision),
+                d.event_time,
             )
         )
     return decisions

@@ -1,4 +1,4 @@
-"""The five fault scenarios. Each runs against the suite's own broker under an open-loop load,
+"""The six fault scenarios. Each runs against the suite's own broker under an open-loop load,
 injects its fault, waits for the service to recover, and leaves the checks to
 `ScenarioRun.finish()` (the verifier, lag, pauses, memory) plus its own.
 
@@ -8,7 +8,12 @@ injects its fault, waits for the service to recover, and leaves the checks to
 3. a zombie: a replica frozen (SIGSTOP) past `max.poll.interval.ms` until the group has moved its
    partitions, then thawed (SIGCONT);
 4. a rebalance storm: replicas joining and leaving (SIGTERM) every few seconds;
-5. the dead-letter topic deleted mid-stream and created again.
+5. the dead-letter topic deleted mid-stream and created again;
+6. a rebalance with held state: a replica holding many cards' state (written to its changelog
+   before it starts, `faults/held_state.py`) is joined by a second one, which later leaves
+   (SIGTERM); the partitions the first keeps throughout must go on being decided while the
+   moved partitions' state is restored in the background (the longest gap between their
+   decisions, against `KEPT_GAP_GOAL_MS`), with the latency and the restore times as figures.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ from typing import NamedTuple
 from confluent_kafka.admin import NewTopic
 
 from faults.harness import ADMIN_TIMEOUT_S, Freeze, ScenarioRun
+from faults.held_state import write_held_states
 from faults.reading import read_dead_letters
+from faults.replica_logs import Restore, moved_away, restores, resumes
 from faults.replicas import Replica
+from faults.timeline import latency, longest_gaps, silences
+from faults.verifier import Decision, InputRecord
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +55,11 @@ RECOVERY_TIMEOUT_S = 120.0
 TABLE_STOPPED = "terminal-risk reader stopped"
 #: Evidence in a zombie's log that its transaction was fenced and aborted (exactly-once).
 FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")
+#: Scenario 6's goal (issue 26): a partition a replica keeps through a rebalance is never longer
+#: than this without a decision while the moved partitions' card state is restored.
+KEPT_GAP_GOAL_MS = 1_000
+#: The card state changelog's settings, as the service creates it (stream/topics.py).
+CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,9 @@ class Timing:
     storm_s: float
     storm_every_s: float
     dlq_gone_s: float
+    #: Scenario 6: cards whose state the first replica holds, and how long the second stays.
+    held_cards: int
+    joined_s: float
 
 
 FULL = Timing(
@@ -73,8 +90,10 @@ FULL = Timing(
     storm_s=60,
     storm_every_s=4,
     dlq_gone_s=10,
+    held_cards=1_000_000,
+    joined_s=20,
 )
-#: CI's version: a fifth of the load, one kill, a 12 s storm, shorter windows.
+#: CI's version: a fifth of the load, one kill, a 12 s storm, 50,000 cards held, shorter windows.
 SHORT = Timing(
     rate=1_000,
     warm_s=3,
@@ -85,6 +104,8 @@ SHORT = Timing(
     storm_s=12,
     storm_every_s=3,
     dlq_gone_s=4,
+    held_cards=50_000,
+    joined_s=5,
 )
 
 
@@ -246,6 +267,137 @@ def delete_dlq(run: ScenarioRun, t: Timing) -> None:
     _check_same_processes(run, pids)
 
 
+def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
+    """6. Replica a starts alone with `t.held_cards` cards' state in its changelog; under load,
+    b joins (the partitions it takes are restored on b, in the background), stays `t.joined_s`
+    and leaves with SIGTERM (a restores them again, in the background). Each fault lasts until
+    the moved partitions are resumed. Checked: the longest gap between decisions of each
+    partition a kept throughout (never revoked, in its log), against `KEPT_GAP_GOAL_MS`."""
+    run.create_topics([run.changelog_topic], CHANGELOG_CONFIG)
+    fill_s = write_held_states(
+        run.bootstrap, run.changelog_topic, t.held_cards, seed=run.settings.seed
+    )
+    everything = set(range(run.settings.partitions))
+    a = run.replica("a")
+    run.wait_assigned([a], RECOVERY_TIMEOUT_S)
+    run.wait_until(_resumed(a, 0, everything), RECOVERY_TIMEOUT_S, "a's card state restored")
+    held_at_start = a.metrics()["fraud_card_state_cards"]
+    start_log = _log(a)
+    run.start_load()
+    time.sleep(t.warm_s)
+    with run.fault("b joins"):
+        b = run.replica("b")
+        run.wait_assigned([a, b], RECOVERY_TIMEOUT_S)
+        moved = set(run.assignment()[1][b.name])
+        run.wait_until(_resumed(b, 0, moved), RECOVERY_TIMEOUT_S, "b's card state restored")
+    time.sleep(t.joined_s)
+    b_log, back_at = _log(b), len(_log(a))
+    with run.fault("b leaves"):
+        exit_code = b.stop()
+        run.wait_assigned([a], RECOVERY_TIMEOUT_S)
+        run.wait_until(_resumed(a, back_at, moved), RECOVERY_TIMEOUT_S, "a's state back")
+    time.sleep(t.tail_s)
+    back_log = _log(a)[back_at:]
+    figures = run.result.figures
+    figures["held_cards"] = f"{t.held_cards}"
+    figures["changelog_fill_s"] = f"{fill_s:.1f}"
+    figures["a_cards_at_start"] = f"{held_at_start:.0f}"
+    figures["a_cards_at_end"] = f"{a.metrics()['fraud_card_state_cards']:.0f}"
+    figures.update(_restore_figures("a_start", start_log))
+    figures.update(_restore_figures("b_join", b_log))
+    figures.update(_restore_figures("a_back", back_log))
+    run.result.check(
+        "a restored every held card", held_at_start == t.held_cards, f"{held_at_start:.0f}"
+    )
+    run.result.check("b left cleanly", exit_code == 0, f"exit code {exit_code}")
+    joined, left = run.faults[-2:]
+    phases = [
+        ("alone", run.load.started_ms),
+        ("joining", joined.started_ms),
+        ("joined", joined.ended_ms),
+        ("leaving", left.started_ms),
+        ("after", left.ended_ms),
+    ]
+
+    def check_kept(inputs: list[InputRecord], decisions: list[Decision]) -> None:
+        restarted = sum(r.name == a.name for r in run.replicas) > 1
+        kept = set() if restarted else everything - moved_away(_log(a), run.input_topic)
+        gaps = longest_gaps(inputs, decisions, kept)
+        worst = max(gaps, key=lambda g: g.decisions_ms, default=None)
+        late = latency(decisions)
+        # When the partitions kept were silent past the goal: a rebalance's doing, or a's
+        # alone (a backlog is fetched one partition at a time)?
+        silent = silences(inputs, decisions, kept, KEPT_GAP_GOAL_MS)
+        figures["kept_silences_over_goal"] = ",".join(
+            f"{name}:{sum(_phase(phases, x.from_ms) == name for x in silent)}" for name, _ in phases
+        )
+        figures["kept_partitions"] = ",".join(str(g.partition) for g in gaps) or "none"
+        figures["max_gap_kept_ms"] = f"{worst.decisions_ms}" if worst else "?"
+        figures["max_input_gap_kept_ms"] = f"{max((g.input_ms for g in gaps), default=0)}"
+        figures["latency_p50_ms"] = f"{late.p50_ms:.0f}"
+        figures["latency_p99_ms"] = f"{late.p99_ms:.0f}"
+        figures["latency_max_ms"] = f"{late.max_ms:.0f}"
+        if worst is None:
+            why = "a was restarted" if restarted else "its log shows every partition revoked"
+            run.result.check("a kept partitions throughout", False, why)
+            return
+        lines = "; ".join(
+            f"partition {g.partition}: {g.decisions_ms} ms, ended "
+            f"{(g.ended_at_ms - run.load.started_ms) / 1000:.1f}s into the load "
+            f"(input's longest gap {g.input_ms} ms)"
+            for g in gaps
+        )
+        run.result.check(
+            f"kept partitions decided without a gap over {KEPT_GAP_GOAL_MS} ms",
+            worst.decisions_ms <= KEPT_GAP_GOAL_MS,
+            lines,
+        )
+        log.info("6 %s: longest gaps of the kept partitions: %s", run.settings.mode, lines)
+        for partition in sorted(kept):
+            log.info(
+                "6 %s: partition %s silent past the goal (ms, from s into the load): %s",
+                run.settings.mode,
+                partition,
+                ", ".join(
+                    f"{x.to_ms - x.from_ms} from {(x.from_ms - run.load.started_ms) / 1000:.1f}"
+                    f" ({_phase(phases, x.from_ms)})"
+                    for x in silent
+                    if x.partition == partition
+                )
+                or "never",
+            )
+
+    run.topic_checks.append(check_kept)
+
+
+def _phase(phases: list[tuple[str, int]], at_ms: int) -> str:
+    """The name of the phase (name, start in epoch ms; in order) that `at_ms` falls in."""
+    started = [name for name, start in phases if start <= at_ms]
+    return started[-1] if started else "before"
+
+
+def _log(replica: Replica) -> str:
+    return replica.log_path.read_text(errors="replace")
+
+
+def _resumed(replica: Replica, since: int, partitions: set[int]) -> Callable[[], bool]:
+    """Every one of `partitions` resumed (its state loaded), in the replica's log past `since`
+    characters."""
+    return lambda: partitions <= {r.partition for r in resumes(_log(replica)[since:])}
+
+
+def _restore_figures(name: str, log_text: str) -> dict[str, str]:
+    """The restores in a stretch of a replica's log: the longest time from an assignment to
+    its partition's resume, the cards restored, and each partition's read (seconds)."""
+    done: list[Restore] = restores(log_text)
+    waited = max((r.seconds for r in resumes(log_text)), default=0.0)
+    return {
+        f"{name}_resumed_after_s": f"{waited:.1f}",
+        f"{name}_restored_cards": f"{sum(r.cards for r in done)}",
+        f"{name}_reads_s": "[" + ",".join(f"{r.seconds:.1f}" for r in done) + "]",
+    }
+
+
 def _recreate(run: ScenarioRun) -> Callable[[], bool]:
     def create() -> bool:
         topic = NewTopic(run.dlq_topic, run.settings.partitions, 1)
@@ -291,5 +443,6 @@ SCENARIOS = {
         Scenario(3, "zombie (SIGSTOP)", zombie),
         Scenario(4, "rebalance storm", rebalance_storm),
         Scenario(5, "DLQ deleted", delete_dlq),
+        Scenario(6, "rebalance with held state", rebalance_with_held_state),
     )
 }

@@ -63,6 +63,8 @@ class Decision(NamedTuple):
     produced_ms: int | None = None
     #: Score and decision: what a duplicate repeats unless rescoring is allowed.
     verdict: Hashable = None
+    #: The transaction's event time, copied into the decision (None: not read).
+    event_time_ms: int | None = None
 
 
 class DeadLetter(NamedTuple):
