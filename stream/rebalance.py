@@ -105,11 +105,22 @@ class Rebalance:
         released = self._release_records(keys)
         what = f"revoked {describe(partitions)}: releasing {released} undecided records"
         log.info("%s, committing what was decided", what)
+        started = time.monotonic()
         deadline = self._deadline()
         self._handoff.wait_until_done(deadline)
         self._sink.flush(max(0.0, deadline - time.monotonic()))
+        flushed = time.monotonic()
         self._commit()
+        committed = time.monotonic()
         self._forget(keys, partitions)
+        log.info(
+            "revoked %s handed over: outputs flushed in %.3fs, committed in %.3fs, state let go "
+            "in %.3fs",
+            describe(partitions),
+            flushed - started,
+            committed - flushed,
+            time.monotonic() - committed,
+        )
 
     def on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
