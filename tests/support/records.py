@@ -22,6 +22,13 @@ def value_of(message: Message) -> bytes:
     return value
 
 
+def offset_of(message: Message) -> int:
+    """The record's offset (AssertionError for a message that has none, like a produce error)."""
+    offset = message.offset()
+    assert offset is not None, f"no offset at {message.topic()}/{message.partition()}"
+    return offset
+
+
 def raw_headers(message: Message) -> list[tuple[str, bytes]]:
     """The record's headers in order (empty when it has none). A consumed record's headers are
     always a list of (name, bytes) pairs; the client's type also covers what it accepts to send."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -39,6 +40,19 @@ class FlakySink:
         else:
             self.delivered.append(output)
             output.delivered()
+
+    def send_batch(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: Sequence[bytes | None],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+        partition: int | None = None,
+    ) -> None:
+        """Each output goes through `send` (the redelivery retries one at a time)."""
+        for i in range(len(values)):
+            self.send(output_of(i))
 
     def poll(self) -> None:
         """Deliveries are reported inside send."""
