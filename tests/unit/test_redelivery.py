@@ -15,7 +15,7 @@ from deadletter.router import DeadLetterRouter
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
-from stream.sink import Output
+from stream.sink import Headers, Output
 from tests.unit.fakes import message
 
 FAST = RetryPolicy(attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
@@ -49,6 +49,8 @@ class FlakySink:
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
     ) -> None:
         """Each output goes through `send` (the redelivery retries one at a time)."""
         for i in range(len(values)):

@@ -179,7 +179,7 @@ class CardHarness:
         output.delivered()
 
     def send_batch(self, topic: str, keys: Any, values: Any, group: Any, output_of: Any,
-                   partition: int | None = None) -> None:  # fmt: skip
+                   partition: int | None = None, *, headers: Any = None) -> None:  # fmt: skip
         for i in range(len(keys)):
             self.send(output_of(i))
 
