@@ -163,7 +163,7 @@ def main() -> int:
 
     last = samples[-1]
     drain_s = last["t_s"] - (first_consumed or 0.0)
-    trajectory = []
+    trajectory: list[tuple[float, float]] = []  # (t_s, cap) at each change of the cap
     for sample in samples:
         if not trajectory or sample["cap"] != trajectory[-1][1]:
             trajectory.append((sample["t_s"], sample["cap"]))

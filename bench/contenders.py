@@ -319,8 +319,8 @@ def latency(
     if not loadgen.stdout.strip():
         raise RuntimeError(f"fraud-loadgen printed no summary:\n{loadgen.stderr[-2000:]}")
     summary: dict[str, Any] = json.loads(loadgen.stdout.strip().splitlines()[-1])
-    keys = ("sent", "decided", "lost", "duplicates", "achieved_rate", "schedule_lag_max_ms")
-    keys += ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+    keys: tuple[str, ...] = ("sent", "decided", "lost", "duplicates", "achieved_rate")
+    keys += ("schedule_lag_max_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms")
     return {
         "rate": rate,
         "partitions": run.partitions,

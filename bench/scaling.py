@@ -126,14 +126,17 @@ def _processes(args: argparse.Namespace, broker: Broker, backlog: str, scratch: 
             if m.records_per_s is not None:
                 rates[count].append(m.records_per_s)
             print(f"round {index + 1}: {count} process(es): {m.records_per_s}", file=sys.stderr)
-    table = {
+    medians = {
+        count: statistics.median(values) if values else None for count, values in rates.items()
+    }
+    table: dict[str, object] = {
         f"{count}_processes": {
-            "median_tps": statistics.median(values) if values else None,
+            "median_tps": medians[count],
             "spread": [min(values), max(values)] if values else None,
         }
         for count, values in rates.items()
     }
-    one, two = (table[f"{n}_processes"]["median_tps"] for n in (1, 2))
+    one, two = medians[1], medians[2]
     table["speedup"] = round(two / one, 2) if one and two else None
     return table
 

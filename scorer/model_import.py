@@ -440,9 +440,9 @@ def _load_lightgbm(path: Path) -> NativeModel:
 
 
 def _load_sklearn(path: Path) -> NativeModel:
-    import joblib  # type: ignore[import-untyped]
-    import sklearn  # type: ignore[import-untyped]
-    from sklearn.pipeline import Pipeline  # type: ignore[import-untyped]
+    import joblib
+    import sklearn
+    from sklearn.pipeline import Pipeline
 
     model = joblib.load(path)
     kind = type(model).__name__
@@ -475,8 +475,8 @@ def _load_sklearn(path: Path) -> NativeModel:
 def _convert(native: NativeModel) -> onnx.ModelProto:
     n = native.n_features
     if native.framework == "sklearn":
-        import skl2onnx  # type: ignore[import-untyped]
-        from skl2onnx.common.data_types import (  # type: ignore[import-untyped]
+        import skl2onnx
+        from skl2onnx.common.data_types import (
             FloatTensorType as SklFloat,
         )
 
@@ -490,8 +490,8 @@ def _convert(native: NativeModel) -> onnx.ModelProto:
             options={id(final): {"zipmap": False}},
         )
         return converted
-    import onnxmltools  # type: ignore[import-untyped]
-    from onnxmltools.convert.common.data_types import (  # type: ignore[import-untyped]
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import (
         FloatTensorType,
     )
 

@@ -37,8 +37,9 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -58,6 +59,9 @@ ADMIN_TIMEOUT_S = 30.0
 #: How often to ask the broker whether it enforces a change yet (the controller commits it first,
 #: then every broker applies it from the metadata log: milliseconds on one node).
 PROPAGATION_POLL_S = 0.05
+#: An AclBindingFilter's "any name" (or principal, or host): None, which confluent-kafka documents
+#: but its type hints (str) do not allow.
+MATCH_ANY = cast(str, None)
 ANY_HOST = "*"
 
 _READ = (AclOperation.READ, AclOperation.DESCRIBE)
@@ -112,10 +116,10 @@ def principal_filter(principal: str) -> AclBindingFilter:
     """Matches every ACL of one principal (user name without `User:`)."""
     return AclBindingFilter(
         ResourceType.ANY,
-        None,
+        MATCH_ANY,
         ResourcePatternType.ANY,
         f"User:{principal}",
-        None,
+        MATCH_ANY,
         AclOperation.ANY,
         AclPermissionType.ANY,
     )
@@ -205,9 +209,15 @@ def create_topics(admin: AdminClient, names: Iterable[str], partitions: int) -> 
 def _describe(binding: AclBinding) -> str:
     pattern = "prefixed" if binding.resource_pattern_type == ResourcePatternType.PREFIXED else ""
     return (
-        f"{binding.permission_type.name} {binding.principal} {binding.operation.name} "
-        f"{binding.restype.name} {binding.name!r} {pattern}"
+        f"{name_of(binding.permission_type)} {binding.principal} {name_of(binding.operation)} "
+        f"{name_of(binding.restype)} {binding.name!r} {pattern}"
     ).rstrip()
+
+
+def name_of(value: Enum | str | int) -> str:
+    """The name of one of an AclBinding's enum fields: confluent-kafka turns the str or int it is
+    given into the enum, but types the attribute as any of the three."""
+    return value.name if isinstance(value, Enum) else str(value)
 
 
 def _reason(exc: Exception) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from loadgen import cli as loadgen_cli
+from loadgen import options as loadgen_options
 from loadgen.options import LoadgenSettings
 from stream.startup import cli as scorer_cli
 from stream.startup.config import ServiceConfig
@@ -132,7 +132,7 @@ def test_commands_parse_with_the_real_parsers() -> None:
     loadgen = service(LOADGEN)
     program, *flags = loadgen["entrypoint"]
     assert program == "fraud-loadgen" and program in scripts
-    loadgen_cli.build_parser().parse_args([*flags, *loadgen.get("command", [])])
+    loadgen_options.build_parser().parse_args([*flags, *loadgen.get("command", [])])
 
 
 def test_topics_are_created_once_with_the_partitions_variable_before_the_scorer_starts() -> None:
@@ -219,7 +219,7 @@ def _named_volume_of(svc: dict[str, Any], container_path: str) -> str | None:
 def test_the_load_report_is_kept_in_a_volume_the_image_user_can_write() -> None:
     loadgen = service(LOADGEN)
     argv = [*loadgen["entrypoint"], *loadgen.get("command", [])]
-    args = loadgen_cli.build_parser().parse_args(argv[1:])
+    args = loadgen_options.build_parser().parse_args(argv[1:])
     assert args.report is not None, "loadgen writes no report"
     volume = _named_volume_of(loadgen, str(args.report))
     assert volume in compose()["volumes"], f"{args.report} is not in a named volume"
@@ -301,7 +301,8 @@ def test_prometheus_discovers_every_scorer_replica_on_the_metrics_port() -> None
     for rule_file in config.get("rule_files", []):
         inside = PurePosixPath(config_file).parent / rule_file
         on_host = through_mounts(prometheus, str(inside))
-        assert on_host == PROMETHEUS_DIR / rule_file and on_host.is_file(), rule_file
+        assert on_host is not None and on_host == PROMETHEUS_DIR / rule_file, rule_file
+        assert on_host.is_file(), rule_file
 
 
 # ── files ────────────────────────────────────────────────────────────────────────────────────

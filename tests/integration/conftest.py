@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +72,7 @@ LARGE_MESSAGE_BYTES = 1_048_000
 
 def produce(
     topic: str,
-    records: list[tuple[bytes | None, bytes | None]],
+    records: Sequence[tuple[bytes | None, bytes | None]],
     *,
     max_message_bytes: int = 1_000_000,
 ) -> int:
@@ -108,7 +108,8 @@ def produce_to_partition(topic: str, partition: int, records: list[RecordWithHea
     acknowledged (so their offsets are 0, 1, 2, … in a new topic)."""
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
     for key, value, headers in records:
-        producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
+        # A copy: the client's list type also admits str and None values, so ours is not one.
+        producer.produce(topic, key=key, value=value, headers=[*headers], partition=partition)
     assert producer.flush(30) == 0
 
 

@@ -130,7 +130,7 @@ def transaction(i: int, day: int, terminal: str | None) -> tuple[bytes, bytes]:
 def label(
     i: int, day: int, terminal: str | None, *, fraud: bool, reported: int
 ) -> tuple[bytes, bytes]:
-    record = {
+    record: dict[str, object] = {
         "transaction_id": f"t-{i}",
         "card_id": f"c-{i % 5}",
         "terminal_id": terminal,

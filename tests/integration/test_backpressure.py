@@ -17,6 +17,7 @@ from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
 from tests.support.models import onnx_model, package
+from tests.support.records import value_of
 
 #: Hidden width of the deliberately slow model.
 SLOW_WIDTH = 2048
@@ -111,7 +112,7 @@ def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat
     sampler.stop.set()
     sampler.join()
 
-    assert {json.loads(m.value())["transaction_id"] for m in decisions} == sent
+    assert {json.loads(value_of(m))["transaction_id"] for m in decisions} == sent
     assert max(sampler.in_flight) <= 1500, "the in-flight bound is never exceeded"
     log = service.log()
     assert "pausing 3 partitions: 1500 records," in log
@@ -148,7 +149,7 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
 
     decisions = read_topic(topics.output, len(sent), timeout_s=120)
 
-    counts = Counter(json.loads(m.value())["transaction_id"] for m in decisions)
+    counts = Counter(json.loads(value_of(m))["transaction_id"] for m in decisions)
     assert set(counts) == sent
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -193,7 +194,7 @@ def test_kill_at_30_and_stop_at_60_percent_decides_every_transaction(
     everything = read_topic(topics.output, n, timeout_s=120)
 
     def ids(messages: list[Message]) -> Counter[str]:
-        return Counter(json.loads(m.value())["transaction_id"] for m in messages)
+        return Counter(json.loads(value_of(m))["transaction_id"] for m in messages)
 
     phase_1, phase_1_2, total = ids(by_killed), ids(until_stop), ids(everything)
     phase_2, phase_3 = phase_1_2 - phase_1, total - phase_1_2
@@ -204,7 +205,7 @@ def test_kill_at_30_and_stop_at_60_percent_decides_every_transaction(
     assert duplicated <= set(phase_1), "only the killed replica's uncommitted tail repeats"
     assert max(total.values()) == 2
     first: dict[str, dict[str, object]] = {}
-    for d in (json.loads(m.value()) for m in everything):
+    for d in (json.loads(value_of(m)) for m in everything):
         earlier = first.setdefault(d["transaction_id"], d)
         assert (earlier["score"], earlier["decision"]) == (d["score"], d["decision"])
 
@@ -216,7 +217,7 @@ def test_late_transactions_get_a_degraded_fallback_decision(topics_factory, serv
     produce(topics.input, [(b"k", encode({**r, "event_time": an_hour_ago})) for r in records])
     service = service_factory(topics, "--decision-deadline-ms", "1000", "--late-policy", "fallback")
 
-    decisions = [json.loads(m.value()) for m in read_topic(topics.output, 200)]
+    decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, 200)]
 
     assert len(decisions) == 200 and all(d["degraded"] for d in decisions)
     assert service.metric("fraud_late_records_total") == 200
@@ -266,6 +267,6 @@ def test_large_valid_records_are_bounded_by_bytes_not_only_by_count(
     assert 0 < peak_bytes <= bound + 1_048_576 + len(padding) + 1_000
     assert "bytes in flight" in service.log()
     decided = read_topic(topics.output, len(records))
-    assert {json.loads(m.value())["transaction_id"] for m in decided} == {
+    assert {json.loads(value_of(m))["transaction_id"] for m in decided} == {
         r["transaction_id"] for r in records
     }

@@ -13,6 +13,7 @@ import pytest
 
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, encode, produce, read_topic
+from tests.support.records import value_of
 
 PARTITIONS = 2
 FIRST, SECOND = 4_000, 1_500
@@ -30,7 +31,7 @@ def send(topic: str, records: list[dict[str, object]]) -> None:
 
 def scores(topics: Topics, records: list[dict[str, object]]) -> dict[str, float]:
     wanted = {str(r["transaction_id"]) for r in records}
-    decisions = [json.loads(m.value()) for m in read_topic(topics.output, FIRST + SECOND)]
+    decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, FIRST + SECOND)]
     return {d["transaction_id"]: d["score"] for d in decisions if d["transaction_id"] in wanted}
 
 

@@ -39,6 +39,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.raw_produce import produce_raw
 from tests.support.network import free_port
+from tests.support.records import raw_headers
 
 ERRORS: dict[str, type[RecordError]] = {
     "decode": DecodeError,
@@ -89,7 +90,7 @@ def dlq_json(topic: str, *args: str) -> dict[str, Any]:
 
 def replayed_from(messages: list[Any]) -> Counter[str]:
     """How many times each dead letter (by its dlq.replayed_from) arrived."""
-    return Counter(dict(m.headers())[REPLAYED_FROM].decode() for m in messages)
+    return Counter(dict(raw_headers(m))[REPLAYED_FROM].decode() for m in messages)
 
 
 def test_inspect_filters_by_reason_error_time_topic_and_offsets(topics_factory):
@@ -169,15 +170,15 @@ def test_replay_reproduces_bytes_key_and_headers_with_replayed_from(topics_facto
 
     assert summary["replayed"] == summary["selected"] == 5
     assert summary["to_topics"] == {target: 5} and summary["failed"] == 0
-    replayed = {dict(m.headers())[REPLAYED_FROM].decode(): m for m in read_topic(target, 5)}
+    replayed = {dict(raw_headers(m))[REPLAYED_FROM].decode(): m for m in read_topic(target, 5)}
     assert len(replayed) == 5
     for offset, (key, value, _) in enumerate(letters):
         message = replayed[f"{topics.dlq}/1/{offset}"]
         assert (message.key(), message.value()) == (key, value)
-        kept = [(k, v) for k, v in message.headers() if k != REPLAYED_FROM]
+        kept = [(k, v) for k, v in raw_headers(message) if k != REPLAYED_FROM]
         assert kept == ORIGINAL_HEADERS
         assert not any(k.startswith(HEADER_PREFIX) for k, _ in kept)
-        assert [k for k, _ in message.headers()].count(REPLAYED_FROM) == 1
+        assert [k for k, _ in raw_headers(message)].count(REPLAYED_FROM) == 1
 
 
 def test_dry_run_produces_and_commits_nothing(topics_factory):
@@ -356,7 +357,7 @@ def test_a_forged_dlq_header_neither_fools_replay_nor_is_lost(topics_factory, se
     assert service.wait() == 0
 
     (letter,) = read_topic(topics.dlq, 1)
-    names = [k for k, _ in letter.headers()]
+    names = [k for k, _ in raw_headers(letter)]
     assert VALUE_DROPPED not in names and names.count("dlq.reason") == 1
     assert "dlq.original.header.dlq.value.dropped" in names
     summary = dlq_json(topics.dlq, "replay", "--group", f"g-{topics.dlq}", "--quiet")

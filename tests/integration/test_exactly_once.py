@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Message
 
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import BOOTSTRAP, encode, produce, read_topic
+from tests.support.records import raw_headers, value_of
 
 EXACTLY_ONCE = ("--processing-guarantee", "exactly-once")
 
@@ -33,7 +34,7 @@ def backlog(topic: str, n: int, seed: int, bad_every: int = 0) -> tuple[set[str]
 
 
 def ids(messages: list[Message]) -> Counter[str]:
-    return Counter(json.loads(m.value())["transaction_id"] for m in messages)
+    return Counter(json.loads(value_of(m))["transaction_id"] for m in messages)
 
 
 def count_committed(topic: str) -> int:
@@ -79,7 +80,10 @@ def test_a_kill_9_under_load_repeats_no_decision_and_no_dead_letter(
     assert set(decided) == sent, "every transaction decided"
     assert max(decided.values()) == 1, "no decision visible twice"
     positions = Counter(
-        (dict(m.headers())["dlq.original.partition"], dict(m.headers())["dlq.original.offset"])
+        (
+            dict(raw_headers(m))["dlq.original.partition"],
+            dict(raw_headers(m))["dlq.original.offset"],
+        )
         for m in letters
     )
     assert len(letters) == bad and max(positions.values()) == 1, "each dead letter once"

@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import (
     LARGE_MESSAGE_BYTES,
+    ServiceProcess,
     Topics,
     committed_offsets,
     encode,
@@ -23,6 +24,7 @@ from tests.integration.conftest import (
 )
 from tests.support.models import amount_poison_model, package
 from tests.support.network import http_status
+from tests.support.records import headers_of, value_of
 from tests.support.topics import temporary_topic
 from tests.support.waiting import wait_until
 
@@ -42,16 +44,16 @@ def test_poison_records_are_isolated_and_their_batch_mates_decided(
     model = package(tmp_path / "poison", amount_poison_model(), version="poison-test-1")
     service = service_factory(topics, "--model-path", str(model), "--max-batch-size", "64")
 
-    decisions = [json.loads(m.value()) for m in read_topic(topics.output, 296)]
+    decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, 296)]
     letters = read_topic(topics.dlq, 4)
 
     assert len(decisions) == 296
     assert {d["transaction_id"] for d in decisions} == {
         r["transaction_id"] for r in records
     } - poison_ids
-    assert {json.loads(m.value())["transaction_id"] for m in letters} == poison_ids
+    assert {json.loads(value_of(m))["transaction_id"] for m in letters} == poison_ids
     for letter in letters:
-        headers = {k: v.decode() for k, v in letter.headers()}
+        headers = headers_of(letter)
         assert headers["dlq.reason"] == "score"
         assert headers["dlq.model_version"] == "poison-test-1"
         assert "Gather" in headers["dlq.message"] or "index" in headers["dlq.message"].lower()
@@ -111,7 +113,7 @@ def test_unavailable_dead_letter_topic_stops_fetching_commits_nothing_then_recov
             lambda: committed_offsets(group, topics.input, 1)[0] == 41, 30, "commit to the end"
         )
         decided = read_topic(topics.output, 40)
-        assert len({json.loads(m.value())["transaction_id"] for m in decided}) == 40
+        assert len({json.loads(value_of(m))["transaction_id"] for m in decided}) == 40
 
 
 #: Both sinks reroute an output the broker refuses for itself (stream/refusals.py): the
@@ -141,7 +143,7 @@ def test_a_dead_letter_too_large_for_the_broker_is_kept_without_its_value(
         service_factory(topics, "--processing-guarantee", guarantee)
         (letter,) = read_topic(topics.dlq, 1)
 
-    headers = {k: v.decode() for k, v in letter.headers()}
+    headers = headers_of(letter)
     assert letter.value() is None
     assert letter.key() == b"big"
     assert headers["dlq.value.dropped"] == str(len(huge_invalid))
@@ -161,15 +163,15 @@ def test_a_decision_too_large_for_the_broker_is_dead_lettered_once_and_its_card_
     group = f"tiny-{uuid.uuid4().hex[:8]}"
     with limited_topic(admin, "decisions", 100) as tiny:
         topics = Topics(created.input, tiny, created.dlq, 1)
-        produce(topics.input, [(VALID["card_id"].encode(), encode(VALID))])
+        produce(topics.input, [(str(VALID["card_id"]).encode(), encode(VALID))])
         service_factory(topics, "--group-id", group, "--processing-guarantee", guarantee)
         letters = read_topic(topics.dlq, 1)
         states = read_topic(f"{group}-card-state-changelog", 1)
 
     (letter,) = letters
-    headers = {k: v.decode() for k, v in letter.headers()}
+    headers = headers_of(letter)
     assert headers["dlq.reason"] == "produce" and headers["dlq.original.offset"] == "0"
-    assert [m.key() for m in states] == [VALID["card_id"].encode()]
+    assert [m.key() for m in states] == [str(VALID["card_id"]).encode()]
     assert states[0].value() is not None
 
 
@@ -191,12 +193,12 @@ def test_a_dead_letter_too_large_even_without_its_value_goes_without_its_key(
     (letter,) = read_topic(topics.dlq, 1)
     decided = read_topic(topics.output, 1)
 
-    headers = {k: v.decode() for k, v in letter.headers()}
+    headers = headers_of(letter)
     assert letter.key() is None and letter.value() is None
     assert headers["dlq.key.dropped"] == "1000100"
     assert headers["dlq.value.dropped"] == "1"
     assert headers["dlq.reason"] == "decode" and headers["dlq.original.offset"] == "0"
-    assert [json.loads(m.value())["transaction_id"] for m in decided] == [VALID["transaction_id"]]
+    assert [json.loads(value_of(m))["transaction_id"] for m in decided] == [VALID["transaction_id"]]
     wait_until(lambda: committed_offsets(group, topics.input, 1)[0] == 2, 30, "commit past it")
     assert http_status(service.metrics_port, "/readyz") == 200
 
@@ -248,18 +250,18 @@ def test_the_consumer_keeps_its_group_while_outputs_are_retried(
         decided = read_topic(topics.output, 200)
     log = service.log()
     assert "MAX_POLL_EXCEEDED" not in log and "lost " not in log, log
-    ids = [json.loads(m.value())["transaction_id"] for m in decided]
+    ids = [json.loads(value_of(m))["transaction_id"] for m in decided]
     assert len(ids) == len(set(ids)) == 200, "no record decided twice"
 
 
-def retries(service) -> float:  # type: ignore[no-untyped-def]
+def retries(service: ServiceProcess) -> float:
     try:
         return float(service.metric_total("fraud_delivery_retries_total"))
     except OSError:
         return 0.0  # not serving metrics yet
 
 
-def stalled(service) -> bool:  # type: ignore[no-untyped-def]
+def stalled(service: ServiceProcess) -> bool:
     try:
         return bool(service.metric("fraud_delivery_stalled") == 1)
     except (OSError, AssertionError):

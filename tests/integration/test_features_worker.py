@@ -56,6 +56,7 @@ from tests.integration.features_worker import (
     wait_committed,
 )
 from tests.integration.raw_produce import produce_raw
+from tests.support.records import raw_headers, value_of
 
 
 @pytest.fixture
@@ -204,7 +205,7 @@ class Prober:
         wanted = {f"probe-{first}": "P", f"probe-{first + 1}": "Q"}
         scores: dict[str, float] = {}
         for message in read_topic(self._topics.output, self.sent, timeout_s=30, settle_s=0):
-            decision = json.loads(message.value())
+            decision = json.loads(value_of(message))
             if decision["transaction_id"] in wanted:
                 assert not decision["degraded"], decision
                 scores[wanted[decision["transaction_id"]]] = float(decision["score"])
@@ -288,13 +289,13 @@ def test_bad_labels_are_dead_lettered_with_the_scorers_headers(
 
     letters = read_topic(topics.dlq, expected=len(bad), timeout_s=READY_TIMEOUT_S)
     assert len(letters) == len(bad), worker.log()[-4000:]
-    by_offset = {int(decode_headers(m.headers())["dlq.original.offset"]): m for m in letters}
+    by_offset = {int(decode_headers(raw_headers(m))["dlq.original.offset"]): m for m in letters}
     assert sorted(by_offset) == [0, 1, 2, 3]
     expected = {0: ("decode", "DecodeError"), 1: ("validate", "ValidationError")}
     expected |= {2: ("validate", "ValidationError"), 3: ("decode", "DecodeError")}
     for offset, (reason, error) in expected.items():
         letter = by_offset[offset]
-        headers = decode_headers(letter.headers())
+        headers = decode_headers(raw_headers(letter))
         assert (headers["dlq.reason"], headers["dlq.error"]) == (reason, error)
         assert headers["dlq.original.topic"] == topics.labels
         assert headers["dlq.original.partition"] == "0"
@@ -303,10 +304,10 @@ def test_bad_labels_are_dead_lettered_with_the_scorers_headers(
         assert int(headers["dlq.failed_at"]) > 0 and int(headers["dlq.original.timestamp"]) > 0
         assert headers["dlq.message"]
         assert (letter.key(), letter.value()) == (bad[offset][0], bad[offset][1])
-    assert decode_headers(by_offset[0].headers())["trace"] == "abc"
-    assert "before event_time" in decode_headers(by_offset[2].headers())["dlq.message"]
+    assert decode_headers(raw_headers(by_offset[0]))["trace"] == "abc"
+    assert "before event_time" in decode_headers(raw_headers(by_offset[2]))["dlq.message"]
     # A forged dlq.* header is kept under the quarantine prefix, never taken for the worker's.
-    forged = decode_headers(by_offset[2].headers())
+    forged = decode_headers(raw_headers(by_offset[2]))
     assert forged["dlq.original.header.dlq.reason"] == "forged"
 
     # The valid label behind them is not blocked: it reaches the terminal.
@@ -389,11 +390,11 @@ def test_records_the_worker_cannot_read_whole_do_not_stop_it(
     letters = read_topic(topics.dlq, expected=2, timeout_s=READY_TIMEOUT_S)
     assert worker.process.poll() is None, worker.log()[-4000:]
     assert len(letters) == 2, worker.log()[-4000:]
-    by_reason = {decode_headers(m.headers())["dlq.reason"]: m for m in letters}
-    unreadable = decode_headers(by_reason["decode"].headers())
+    by_reason = {decode_headers(raw_headers(m))["dlq.reason"]: m for m in letters}
+    unreadable = decode_headers(raw_headers(by_reason["decode"]))
     assert unreadable["dlq.headers.dropped"].startswith("unreadable")
     assert by_reason["decode"].value() == b"{not json"
-    shrunk = decode_headers(by_reason["validate"].headers())
+    shrunk = decode_headers(raw_headers(by_reason["validate"]))
     assert by_reason["validate"].value() is None
     assert int(shrunk["dlq.value.dropped"]) == len(huge)
     # The valid label and the transaction with the unreadable header both counted.

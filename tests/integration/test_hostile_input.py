@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     read_topic,
 )
 from tests.integration.raw_produce import RawRecord, produce_raw
+from tests.support.records import headers_of, value_of
 
 EXAMPLES = int(os.environ.get("FRAUD_HOSTILE_EXAMPLES", "6"))
 BASE = TransactionSimulator(99, id_prefix="base").generate(50).records
@@ -180,7 +181,9 @@ def produce_indexed(topic: str, values: list[bytes | None]) -> dict[tuple[int, i
 
         def report(error: object, message: Message, index: int = index) -> None:
             assert error is None, error
-            positions[(message.partition(), message.offset())] = index
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None, "an acknowledged record has both"
+            positions[(partition, offset)] = index
 
         producer.produce(topic, key=f"card-{index % 7}".encode(), value=value, on_delivery=report)
     assert producer.flush(60) == 0
@@ -214,12 +217,12 @@ def test_every_hostile_record_ends_as_exactly_one_outcome(topics_factory, servic
         ids = {tx_id: i for i, (_, _, tx_id) in enumerate(batch)}
         outcomes: Counter[int] = Counter()
         for message in decisions:
-            index = ids.get(json.loads(message.value())["transaction_id"])
+            index = ids.get(json.loads(value_of(message))["transaction_id"])
             if index is not None:
                 outcomes[index] += 1
                 OUTCOMES["decided:" + batch[index][0]] += 1
         for message in letters:
-            headers = {k: v.decode() for k, v in message.headers()}
+            headers = headers_of(message)
             origin = (int(headers["dlq.original.partition"]), int(headers["dlq.original.offset"]))
             index = positions.get(origin)
             if index is not None:
@@ -238,7 +241,7 @@ def test_every_hostile_record_ends_as_exactly_one_outcome(topics_factory, servic
 
 
 def decided_ids(decisions: list[Message]) -> set[str]:
-    return {json.loads(m.value())["transaction_id"] for m in decisions}
+    return {json.loads(value_of(m))["transaction_id"] for m in decisions}
 
 
 def wait_for_outcomes(service: ServiceProcess, count: int, timeout_s: float = 60.0) -> None:
@@ -281,7 +284,7 @@ def test_a_valid_looking_record_no_column_can_hold_never_stops_the_partition(
         base[2]["transaction_id"],
         base[3]["transaction_id"],
     }
-    headers = [{k: v.decode() for k, v in m.headers()} for m in letters]
+    headers = [headers_of(m) for m in letters]
     assert [(h["dlq.original.offset"], h["dlq.reason"]) for h in headers] == [
         ("1", "validate"),
         ("3", "decode"),

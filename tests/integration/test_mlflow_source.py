@@ -18,6 +18,7 @@ import pytest
 from scorer.model_cli import main as fraud_model
 from tests.integration.conftest import read_topic
 from tests.integration.test_model_swap import loadgen_summary
+from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
 
 TRACKING_URI = os.environ.get("FRAUD_TEST_MLFLOW_TRACKING_URI", "http://127.0.0.1:15000")
@@ -63,9 +64,9 @@ def test_a_replica_follows_an_mlflow_alias_and_swaps_under_load(
     assert summary["lost"] == 0 and summary["duplicates"] == 0
     assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
 
-    versions: dict[int, list[str]] = defaultdict(list)
+    versions: dict[int | None, list[str]] = defaultdict(list)
     for message in read_topic(topics.output, summary["sent"]):
-        versions[message.partition()].append(json.loads(message.value())["model_version"])
+        versions[message.partition()].append(json.loads(value_of(message))["model_version"])
     assert {v for seen in versions.values() for v in seen} == {"mlflow-v1", "mlflow-v2"}
     for partition, seen in versions.items():
         assert set(seen[seen.index("mlflow-v2") :]) == {"mlflow-v2"}, f"{partition}: back to v1"

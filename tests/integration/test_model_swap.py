@@ -12,6 +12,7 @@ from pathlib import Path
 
 from scorer.model_cli import main as fraud_model
 from tests.integration.conftest import Topics, fed_by_loadgen, read_topic, run_loadgen
+from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
 
 RATE = 5_000
@@ -47,9 +48,9 @@ def test_a_promotion_under_load_swaps_between_batches_and_loses_nothing(
     assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
 
     decisions = read_topic(topics.output, summary["sent"])
-    versions: dict[int, list[str]] = defaultdict(list)
+    versions: dict[int | None, list[str]] = defaultdict(list)
     for message in decisions:
-        versions[message.partition()].append(json.loads(message.value())["model_version"])
+        versions[message.partition()].append(json.loads(value_of(message))["model_version"])
     assert {v for seen in versions.values() for v in seen} == {"swap-v1", "swap-v2"}
     for partition, seen in versions.items():
         first_v2 = seen.index("swap-v2")
@@ -78,7 +79,7 @@ def test_a_broken_package_is_refused_and_the_model_before_keeps_serving(
     summary = loadgen_summary(topics, service.metrics_port, rate=BROKEN_RATE, duration_s=2)
     assert summary["lost"] == 0
     decisions = read_topic(topics.output, summary["sent"])
-    assert {json.loads(m.value())["model_version"] for m in decisions} == {"good"}
+    assert {json.loads(value_of(m))["model_version"] for m in decisions} == {"good"}
     assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 0
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic
 
+from contracts.terminal_risk import MS_PER_DAY
 from tests.integration.conftest import produce, read_topic
-from tests.integration.features_worker import MS_PER_DAY, label, transaction
+from tests.integration.features_worker import label, transaction
 
 
 def test_flagged_transactions_are_counted_by_their_labels_once_mature(

@@ -7,12 +7,14 @@ import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, encode, produce, read_topic
+from tests.support.records import headers_of, value_of
 
 Records = list[tuple[bytes | None, bytes | None]]
 
@@ -24,8 +26,8 @@ def simulated(
     return [(str(r["card_id"]).encode(), encode(r)) for r in batch.records], batch.records
 
 
-def decisions_of(topic: str, expected: int, **kwargs: float) -> list[dict[str, object]]:
-    return [msgspec.json.decode(m.value()) for m in read_topic(topic, expected, **kwargs)]
+def decisions_of(topic: str, expected: int, **kwargs: float) -> list[dict[str, Any]]:
+    return [msgspec.json.decode(value_of(m)) for m in read_topic(topic, expected, **kwargs)]
 
 
 def test_every_transaction_gets_exactly_one_decision_in_card_order(topics_factory, service_factory):
@@ -114,14 +116,14 @@ def test_invalid_records_are_dead_lettered_and_neighbours_decided(topics_factory
     }
 
     assert sorted(d["transaction_id"] for d in decisions) == sorted(
-        r["transaction_id"] for r in sent
+        str(r["transaction_id"]) for r in sent
     )
     assert len(dead) == len(bad)
     by_key = {m.key(): m for m in dead}
     for key, value in bad:
         letter = by_key[key]
         assert letter.value() == value, "the original bytes travel unchanged"
-        headers = {k: v.decode() for k, v in letter.headers()}
+        headers = headers_of(letter)
         assert headers["dlq.original.topic"] == topics.input
         partition, offset = origin[key]
         assert headers["dlq.original.partition"] == str(partition)
@@ -131,9 +133,7 @@ def test_invalid_records_are_dead_lettered_and_neighbours_decided(topics_factory
         assert headers["dlq.message"]
         assert headers["dlq.service"].endswith("/a")
         assert int(headers["dlq.failed_at"]) > 0
-    reasons = {
-        k: dict((h, v.decode()) for h, v in by_key[k].headers())["dlq.reason"] for k, _ in bad
-    }
+    reasons = {k: headers_of(by_key[k])["dlq.reason"] for k, _ in bad}
     assert reasons == {
         b"k1": "decode",
         b"k2": "validate",
@@ -184,7 +184,7 @@ def test_restart_after_sigkill_loses_nothing(topics_factory, service_factory):
     decided = {d["transaction_id"] for d in decisions}
     assert decided == {r["transaction_id"] for r in sent}
     # Duplicates may come only from the killed replica's uncommitted tail, and are identical.
-    first_seen: dict[object, dict[object, object]] = {}
+    first_seen: dict[object, dict[str, Any]] = {}
     for d in decisions:
         earlier = first_seen.setdefault(d["transaction_id"], d)
         assert (earlier["score"], earlier["decision"]) == (d["score"], d["decision"])

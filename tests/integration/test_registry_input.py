@@ -9,6 +9,7 @@ nothing; both worked examples of examples/ (a team's own fields, mapped) run end
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -32,12 +33,13 @@ from simulator.team_shapes import ENTRY_MODES, authorization, checkout_event
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, Topics, produce, read_topic
 from tests.support.network import free_port
+from tests.support.records import raw_headers, value_of
 
 REGISTRY_URL = os.environ.get(
     "FRAUD_TEST_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18081/apis/ccompat/v7"
 )
 
-_FIELDS = [
+_FIELDS: list[dict[str, Any]] = [
     {"name": "transaction_id", "type": "string"},
     {"name": "card_id", "type": "string"},
     {"name": "merchant_id", "type": "string"},
@@ -102,7 +104,7 @@ def serialize(
 def decided(topics: Topics, expected: int) -> Counter[str]:
     """Each transaction id's decisions."""
     return Counter(
-        json.loads(m.value())["transaction_id"] for m in read_topic(topics.output, expected)
+        json.loads(value_of(m))["transaction_id"] for m in read_topic(topics.output, expected)
     )
 
 
@@ -126,7 +128,7 @@ def evolved_then_unreadable(
     assert set(counts) == {r["transaction_id"] for r in v1 + v2}
     assert set(counts.values()) == {1}, "each decided once"
     letters = read_topic(topics.dlq, 2)
-    reasons = {dict(m.headers() or [])["dlq.reason"].decode(): m.value() for m in letters}
+    reasons = {dict(raw_headers(m))["dlq.reason"].decode(): m.value() for m in letters}
     assert reasons == {"schema_unknown": unknown_id, "schema_decode": not_wire_format}
     assert service.process.poll() is None
 
@@ -150,11 +152,11 @@ def test_avro_input_evolves_without_a_restart_and_dead_letters_what_the_registry
     v2 = [{**r, "device_id": f"d-{i}"} for i, r in enumerate(transactions(100, "avro2"))]
     v2_serializer = AvroSerializer(registry, json.dumps(AVRO_V2))
     v2_records = serialize(v2_serializer, topics.input, v2)
-    assert (
-        v2_records[0][1] is not None
-        and v2_records[0][1][1:5]
-        != serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, v1[:1])[0][1][1:5]
-    ), "v2 has a schema id of its own"
+    v1_value = serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, v1[:1])[0][1]
+    v2_value = v2_records[0][1]
+    assert v2_value is not None and v1_value is not None and v2_value[1:5] != v1_value[1:5], (
+        "v2 has a schema id of its own"
+    )
     evolved_then_unreadable(topics, service, v1, v2, v2_records)
 
 
@@ -373,7 +375,7 @@ def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
         monkeypatch.setenv(
             "PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
         )
-        import team_payment_pb2 as team
+        team = importlib.import_module("team_payment_pb2")
 
         flags += ["--input-protobuf-message", "team_payment_pb2:Payment"]
         protobuf = ProtobufSerializer(team.Payment, registry, {"use.deprecated.format": False})
@@ -427,7 +429,7 @@ def test_protobuf_input_evolves_and_dead_letters_what_it_cannot_read(
     (tmp_path / "team_payment_pb2.py").write_text(PROTO_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    import team_payment_pb2 as team
+    team = importlib.import_module("team_payment_pb2")
 
     topics = topics_factory()
     service = service_factory(

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from scorer.catalogue import BY_NAME
 from tests.integration.conftest import Topics, produce, read_topic
 from tests.integration.test_pipeline import decisions_of, simulated
+from tests.support.records import raw_headers
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_rules_sent_to_the_rules_topic_change_decisions_live(
     assert all("override:ecom-reviewed" not in d.get("rules", ()) for d in others)
 
     (letter,) = read_topic(topics.dlq, 1)
-    headers = {key: value for key, value in letter.headers() or []}
+    headers = dict(raw_headers(letter))
     assert letter.key() == b"bogus:entry"
     assert headers["dlq.reason"] == b"rules_update"
     assert headers["dlq.original.topic"] == rules_topic.encode()

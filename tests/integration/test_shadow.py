@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 from onnx import helper
 
 from contracts.transaction import decode_transaction
@@ -18,6 +18,7 @@ from scorer.features import FEATURE_NAMES, build_features
 from tests.integration.conftest import BOOTSTRAP, Topics, produce, read_topic
 from tests.integration.test_pipeline import decisions_of, simulated
 from tests.support.models import onnx_model, package
+from tests.support.records import value_of
 
 #: The challenger: sigmoid(SLOPE * (log_amount - CENTRE)), reading that one feature.
 SLOPE, CENTRE = 2.0, 4.0
@@ -57,7 +58,7 @@ def test_the_challenger_scores_every_decision_in_shadow_and_changes_none(
     service = service_factory(topics, "--shadow-model", str(challenger(tmp_path / "challenger")))
 
     decisions = {d["transaction_id"]: d for d in decisions_of(topics.output, len(records))}
-    shadows = [json.loads(m.value()) for m in read_topic(shadow_topic, len(records))]
+    shadows = [json.loads(value_of(m)) for m in read_topic(shadow_topic, len(records))]
     assert len(decisions) == len(records) == len(shadows)
     assert {s["transaction_id"] for s in shadows} == set(decisions)
 
@@ -76,7 +77,10 @@ def test_the_challenger_scores_every_decision_in_shadow_and_changes_none(
         decision = decisions[shadow["transaction_id"]]
         assert abs(shadow["score"] - expected[shadow["transaction_id"]]) <= TOLERANCE
         assert shadow["model_version"] == "challenger-1"
-        assert shadow["decision"] == classify(np.float32([shadow["score"]]), DEFAULT_THRESHOLDS)[0]
+        assert (
+            shadow["decision"]
+            == classify(np.array([shadow["score"]], dtype=np.float32), DEFAULT_THRESHOLDS)[0]
+        )
         assert shadow["served_score"] == decision["score"]
         assert shadow["served_model_version"] == decision["model_version"] != "challenger-1"
         assert shadow["decided"] == decision["decision"]

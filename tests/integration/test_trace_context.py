@@ -14,6 +14,7 @@ import pytest
 
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import encode, produce_to_partition, read_topic
+from tests.support.records import raw_headers, value_of
 from tests.support.waiting import wait_until
 
 PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -39,7 +40,7 @@ def test_decisions_carry_their_transactions_trace_context(
     service_factory(topics, "--processing-guarantee", guarantee)
 
     carried = {
-        msgspec.json.decode(m.value())["transaction_id"]: m.headers()
+        msgspec.json.decode(value_of(m))["transaction_id"]: m.headers()
         for m in read_topic(topics.output, 3)
     }
 
@@ -69,8 +70,8 @@ def test_a_dead_letter_carries_its_records_trace_context(topics_factory, service
 
     letters = read_topic(topics.dlq, 2)
 
-    assert [dict(m.headers())["dlq.reason"] for m in letters] == [b"decode", b"validate"]
-    assert [m.headers()[:2] for m in letters] == [
+    assert [dict(raw_headers(m))["dlq.reason"] for m in letters] == [b"decode", b"validate"]
+    assert [raw_headers(m)[:2] for m in letters] == [
         [("traceparent", PARENT), ("dlq.reason", b"decode")],
         [("traceparent", PARENT), ("tracestate", STATE)],
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from scorer.model_package import load_model_package
 from scorer.model_source import DirectorySource

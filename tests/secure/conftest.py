@@ -37,6 +37,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialAlteration,
     UserScramCredentialUpsertion,
 )
 
@@ -192,7 +193,7 @@ def user_factory(
         acl_tools.revoke_all(secure_admin, user.username)
     if created:
         info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
-        locked = [
+        locked: list[UserScramCredentialAlteration] = [
             UserScramCredentialUpsertion(u.username, info, secrets.token_bytes(32)) for u in created
         ]
         for future in secure_admin.alter_user_scram_credentials(locked).values():

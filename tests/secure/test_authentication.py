@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -70,7 +71,11 @@ def test_a_client_that_does_not_trust_the_local_ca_is_refused(
 
 def test_the_client_listener_accepts_no_plaintext(secure_broker: SecureBroker) -> None:
     errors: list[KafkaError] = []
-    admin = AdminClient({"bootstrap.servers": secure_broker.bootstrap, "error_cb": errors.append})
+    settings: dict[str, Any] = {
+        "bootstrap.servers": secure_broker.bootstrap,
+        "error_cb": errors.append,
+    }
+    admin = AdminClient(settings)
     with pytest.raises(KafkaException) as raised:
         admin.list_topics(timeout=3)
     assert raised_error(raised.value).code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT)

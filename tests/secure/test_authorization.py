@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ops.kafka.acls import ServiceAcls
+from ops.kafka.acls import MATCH_ANY, ServiceAcls
 from tests.secure.conftest import (
     Acls,
     Credentials,
@@ -37,6 +37,7 @@ from tests.secure.conftest import (
     only,
     raised_error,
 )
+from tests.support.records import value_of
 
 GrantServiceAcls = Callable[..., ServiceAcls]
 
@@ -94,7 +95,7 @@ def test_the_service_principal_consumes_its_inputs_in_its_group(
     try:
         consumer.subscribe([topics.input, topics.labels])
         messages = consume(consumer, 6)
-        assert sorted(m.value() for m in messages) == [b"a", b"a", b"b", b"b", b"c", b"c"]
+        assert sorted(value_of(m) for m in messages) == [b"a", b"a", b"b", b"b", b"c", b"c"]
         consumer.commit(asynchronous=False)
         wanted = [TopicPartition(t, p) for t in (topics.input, topics.labels) for p in range(3)]
         committed = consumer.committed(wanted, timeout=30)
@@ -269,10 +270,10 @@ def test_the_service_principal_may_do_nothing_else(
     # cluster), which librdkafka reports as an empty list.
     any_acl = AclBindingFilter(
         ResourceType.ANY,
-        None,
+        MATCH_ANY,
         ResourcePatternType.ANY,
-        None,
-        None,
+        MATCH_ANY,
+        MATCH_ANY,
         AclOperation.ANY,
         AclPermissionType.ANY,
     )

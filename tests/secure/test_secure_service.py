@@ -35,6 +35,7 @@ from tests.secure.conftest import (
     service_acls,
 )
 from tests.support.network import http_status
+from tests.support.records import value_of
 from tests.support.waiting import wait_until
 
 
@@ -96,7 +97,7 @@ def test_the_service_decides_with_its_acls_and_shows_its_secret_nowhere(
 
     service = start_service(user, topics, group_id, source)
     decisions = read_as(secure_broker, secure_broker.admin, topics.output, 50)
-    assert len({json.loads(m.value())["transaction_id"] for m in decisions}) == 50, service.log()
+    assert len({json.loads(value_of(m))["transaction_id"] for m in decisions}) == 50, service.log()
     wait_until(lambda: http_status(service.metrics_port, "/readyz") == 200, 30, "/readyz 200")
 
     # The password is nowhere to be seen: not in the process list, /metrics, --help or the log.
@@ -202,7 +203,7 @@ def test_without_write_on_the_dlq_it_turns_unready_commits_nothing_past_it_then_
         lambda: committed(secure_broker, group_id, topics.input) == 41, 30, "commit to the end"
     )
     decided = read_as(secure_broker, secure_broker.admin, topics.output, 40)
-    assert len({json.loads(m.value())["transaction_id"] for m in decided}) == 40
+    assert len({json.loads(value_of(m))["transaction_id"] for m in decided}) == 40
 
 
 @pytest.mark.parametrize("missing", ["READ on the input topic", "READ on the group"])

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output
+from tests.support.records import offset_of
 
 
 class FakeScorer:
@@ -86,7 +87,7 @@ class MemorySink:
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes | None],
+        values: Sequence[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,
@@ -125,7 +126,7 @@ def message(
         offset=offset,
         key=key,
         value=value,
-        headers=[("trace", b"t-1")] if headers is None else headers,
+        headers=[("trace", b"t-1")] if headers is None else [*headers],
         timestamp=(1, 1_000),
     )
 
@@ -233,11 +234,11 @@ class FakeConsumer:
 
         with self._lock:
             again = {
-                m.offset(): m
+                offset_of(m): m
                 for m in self.handed_out
-                if ours(m) and m.offset() >= max(partition.offset, 0)
+                if ours(m) and offset_of(m) >= max(partition.offset, 0)
             }
-            again.update({m.offset(): m for m in self._messages if ours(m)})
+            again.update({offset_of(m): m for m in self._messages if ours(m)})
             self._messages = deque(m for m in self._messages if not ours(m))
             self._messages.extendleft(reversed([again[o] for o in sorted(again)]))
 
@@ -295,7 +296,7 @@ class AutoSink(MemorySink):
         self,
         topic: str,
         keys: list[bytes],
-        values: list[bytes | None],
+        values: Sequence[bytes | None],
         group: OutcomeGroup,
         output_of: Callable[[int], Output],
         partition: int | None = None,

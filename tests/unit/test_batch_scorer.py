@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from prometheus_client import CollectorRegistry
@@ -16,13 +18,15 @@ from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
-from scorer.decide import DecisionPolicy
+from scorer.decide import DecisionPolicy, LatePolicy
 from scorer.decisions import Thresholds
 from scorer.features import build_features
+from scorer.model import Scorer
 from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
-from stream.scoring import BatchScorer, PendingRecord
+from stream.scoring import BatchReport, BatchScorer, PendingRecord
+from tests.support.records import offset_of
 from tests.unit.fakes import FakeScorer, MemorySink, message
 
 HUGE_AMOUNT = 999_999.0
@@ -32,9 +36,9 @@ def make_batch(
     n: int,
     *,
     event_time_ms: int | None = None,
-    poison: set[int] = frozenset(),
+    poison: Collection[int] = frozenset(),
     headers: Callable[[int], list[tuple[str, bytes]]] | None = None,
-):
+) -> Batch[PendingRecord]:
     """`headers(i)`: the i-th record's headers (default: one unrelated header)."""
     records = TransactionSimulator(3).generate(n).records
     items = []
@@ -48,14 +52,21 @@ def make_batch(
     return Batch(items, 0.0, 0.005, closed_full=True)
 
 
-def poison_amount(features: np.ndarray) -> np.ndarray:
+def poison_amount(features: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
     return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
 
 
-def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None, log_features=False):
+def run(
+    batch: Batch[PendingRecord],
+    scorer: Scorer,
+    late_policy: LatePolicy = "score",
+    deadline_ms: float = 1_000.0,
+    registry: CollectorRegistry | None = None,
+    log_features: bool = False,
+) -> tuple[MemorySink, OffsetTracker, BatchReport]:
     sink, tracker = MemorySink(), OffsetTracker()
     for record in batch.items:
-        tracker.track(("tx", 0), record.message.offset())
+        tracker.track(("tx", 0), offset_of(record.message))
     policy = DecisionPolicy(Thresholds(0.5, 0.8), deadline_ms, late_policy)
     stage = BatchScorer(
         scorer,
@@ -71,8 +82,13 @@ def run(batch, scorer, late_policy="score", deadline_ms=1_000.0, registry=None, 
     return sink, tracker, report
 
 
-def decisions(sink):
-    return [msgspec.json.decode(o.value) for o in sink.sent if o.kind == "decision"]
+def decisions(sink: MemorySink) -> list[dict[str, Any]]:
+    decoded = []
+    for output in sink.sent:
+        if output.kind == "decision":
+            assert output.value is not None, "a decision always has a value"
+            decoded.append(msgspec.json.decode(output.value))
+    return decoded
 
 
 def test_every_record_gets_one_output_and_offsets_commit_after_delivery():
@@ -92,8 +108,8 @@ def test_poison_records_are_dead_lettered_and_their_batch_mates_decided():
     batch = make_batch(40, poison={4, 31})
     sink, tracker, _ = run(batch, FakeScorer(raises_on=poison_amount))
     dead = [o for o in sink.sent if o.kind == "dead_letter"]
-    assert sorted(o.source.offset() for o in dead) == [4, 31]
-    headers = dict(dead[0].headers)
+    assert sorted(offset_of(o.source) for o in dead) == [4, 31]
+    headers = dict(dead[0].headers or [])
     assert headers["dlq.reason"] == b"score"
     assert headers["dlq.model_version"] == b"fake-1"
     assert b"Traceback" in headers["dlq.stacktrace"]
@@ -198,7 +214,7 @@ def test_each_decision_and_dead_letter_carries_its_transactions_trace_context():
         8: [("traceparent", b"not-a-traceparent")],
     }
     (letter,) = [o for o in sink.sent if o.kind == "dead_letter"]
-    assert letter.headers[:3] == headers(4), "a dead letter keeps every original header"
+    assert (letter.headers or [])[:3] == headers(4), "a dead letter keeps every original header"
 
 
 def test_a_batch_without_trace_context_sends_its_decisions_without_headers():

@@ -6,6 +6,7 @@ in-memory list here; tests/integration/test_state_integrity.py drives the real b
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -200,7 +201,7 @@ def applied(history: CardHistory, card: str) -> int | None:
 
 
 def test_a_restore_keeps_the_highest_offset_and_starts_anew_after_a_tombstone() -> None:
-    cases = [
+    cases: list[tuple[list[tuple[str, bytes | None]], int | None]] = [
         ([("c", state_bytes(5)), ("c", state_bytes(3))], 5),
         ([("c", state_bytes(5)), ("c", state_bytes(5))], 5),
         ([("c", state_bytes(5)), ("c", None)], None),
@@ -264,8 +265,15 @@ def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> Non
     batch(800, 1_300)
     batch(1_300, 1_301)
     batch(1_301, 2_000)
-    reads = []
-    changelog.read = lambda *args: reads.append(args) or iter(())  # type: ignore[method-assign]
+    reads: list[int] = []
+
+    def read(
+        partition: int, progress: Callable[[], None]
+    ) -> Iterator[list[tuple[str, bytes | None]]]:
+        reads.append(partition)
+        return iter(())
+
+    changelog.read = read  # type: ignore[method-assign]
 
     state.rollback(positions)
 

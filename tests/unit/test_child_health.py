@@ -41,7 +41,12 @@ def test_a_success_resets_the_count() -> None:
 
 def test_checks_wait_for_their_interval_and_stop_while_a_child_is_gone() -> None:
     asked: list[int] = []
-    health = ChildHealth(lambda i: asked.append(i) is None, interval_s=10, grace_s=0)
+
+    def check(child: int) -> bool:
+        asked.append(child)
+        return True
+
+    health = ChildHealth(check, interval_s=10, grace_s=0)
     health.started(0, 0.0)
     health.due(5.0)
     assert asked == []

@@ -6,10 +6,11 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from contracts.transaction import Transaction, decode_transaction
-from scorer.decide import DecisionPolicy, decide_batch
+from scorer.decide import DecisionPolicy, LatePolicy, decide_batch
 from scorer.decisions import Thresholds
 from simulator.transactions import TransactionSimulator
 from tests.unit.fakes import FakeScorer
@@ -22,7 +23,9 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def transactions(n: int, *, poison: frozenset[int] = frozenset(), event_time: int = 0) -> list:
+def transactions(
+    n: int, *, poison: frozenset[int] = frozenset(), event_time: int = 0
+) -> list[Transaction]:
     import msgspec
 
     out = []
@@ -34,7 +37,7 @@ def transactions(n: int, *, poison: frozenset[int] = frozenset(), event_time: in
     return out
 
 
-def huge(features: np.ndarray) -> np.ndarray:
+def huge(features: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
     return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
 
 
@@ -75,6 +78,10 @@ class Odd(NamedTuple):
     channel: str
     card_present: bool
     event_time: int
+    card_id: str = "card-odd"
+    merchant_id: str = "merchant-odd"
+    terminal_id: str | None = None
+    utc_offset_minutes: int | None = None
 
 
 def test_any_exception_a_record_provokes_is_isolated_like_a_poison_score() -> None:
@@ -87,7 +94,7 @@ def test_any_exception_a_record_provokes_is_isolated_like_a_poison_score() -> No
 
 
 @pytest.mark.parametrize(("late_policy", "degraded"), [("score", False), ("fallback", True)])
-def test_late_records_follow_the_late_policy(late_policy: str, degraded: bool) -> None:
+def test_late_records_follow_the_late_policy(late_policy: LatePolicy, degraded: bool) -> None:
     policy = POLICY._replace(late_policy=late_policy)
     scorer = FakeScorer()
     hour_ago = now_ms() - 3_600_000

@@ -59,7 +59,7 @@ extra_fields = st.dictionaries(
     st.one_of(st.none(), st.integers(-(2**70), 2**70), st.text(max_size=30)),
     max_size=3,
 )
-TRANSACTION_FIELDS = {
+TRANSACTION_FIELDS: set[str] = {
     "transaction_id",
     "card_id",
     "merchant_id",
@@ -143,6 +143,7 @@ def score_each(
     assert outcomes == Counter(range(len(values))), "one output per record, no more"
     for output in sink.sent:
         if output.kind == "decision":
+            assert output.value is not None, "a decision always has a value"
             decision = msgspec.json.decode(output.value)
             assert 0.0 <= decision["score"] <= 1.0
             assert decision["decision"] in ("approve", "review", "decline")

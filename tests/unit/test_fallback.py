@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -36,7 +38,8 @@ def columns(**overrides: list[object]) -> TransactionColumns:
         "terminal_id": ["t-1"],
     }
     base.update(overrides)
-    return TransactionColumns(**{field: np.array(values) for field, values in base.items()})
+    columns: dict[str, Any] = {field: np.array(values) for field, values in base.items()}
+    return TransactionColumns(**columns)
 
 
 def ordinary(**features: float) -> npt.NDArray[np.float32]:

@@ -193,7 +193,7 @@ def test_recovery_runs_until_the_last_late_record_got_its_outcome() -> None:
     ]
     fault = FaultWindow("kill", T0 + 50, T0 + 50, {0: 4})
     report = check(records, decisions, faults=[fault])
-    assert report.recovery_s == (pytest.approx(2.1),)
+    assert report.recovery_s == pytest.approx((2.1,))
     assert report.max_latency_s == pytest.approx(2.11)
     quiet = check(records, decide_all(records), faults=[fault])
     assert quiet.recovery_s == (0.0,)
@@ -204,7 +204,7 @@ def test_recovery_uses_when_a_live_reader_saw_the_decision() -> None:
     fault = FaultWindow("zombie", T0, T0 + 100, {0: 0})
     decisions = decide_all(records)
     decisions[1] = decisions[1]._replace(visible_at_ms=T0 + 3_000)
-    assert check(records, decisions, faults=[fault]).recovery_s == (pytest.approx(3.0),)
+    assert check(records, decisions, faults=[fault]).recovery_s == pytest.approx((3.0,))
 
 
 def test_a_record_caught_by_the_next_fault_counts_for_that_one() -> None:
@@ -220,7 +220,7 @@ def test_a_record_caught_by_the_next_fault_counts_for_that_one() -> None:
         for r in records
     ]
     report = check(records, decisions, faults=[first, second])
-    assert report.recovery_s == (pytest.approx(1.4), pytest.approx(4.0))
+    assert report.recovery_s == pytest.approx((1.4, 4.0))
 
 
 def test_a_zombie_late_write_counts_only_when_it_repeats_a_decision() -> None:

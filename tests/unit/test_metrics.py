@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from stream.metrics import LATENCY_SECONDS_BUCKETS, BatchHistogram, ServiceMetrics
 
 
-def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, tuple], float]:
+def samples(
+    registry: CollectorRegistry, name: str
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in registry.collect()

@@ -53,7 +53,10 @@ def test_onnx_runtime_errors_become_score_errors(tmp_path: Path, io_binding: boo
 
 def test_a_package_reads_its_own_columns_in_its_own_order(tmp_path: Path) -> None:
     names = ("card_tx_1h", "log_amount")
-    weights = {"w": np.array([[1.0], [10.0]], np.float32), "flat": np.array([-1], np.int64)}
+    weights: dict[str, np.ndarray] = {
+        "w": np.array([[1.0], [10.0]], np.float32),
+        "flat": np.array([-1], np.int64),
+    }
     nodes = [
         helper.make_node("MatMul", ["features", "w"], ["z"]),
         helper.make_node("Reshape", ["z", "flat"], ["score"]),

@@ -188,7 +188,7 @@ class Flaky(DirectorySource):
 
     down = False
 
-    def identity(self):  # type: ignore[override]
+    def identity(self) -> tuple[str, tuple[int, int] | None, tuple[int, int] | None]:
         if self.down:
             raise ModelSourceUnavailableError("the registry is down")
         return super().identity()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import helper
 
+from contracts.transaction import Transaction
 from scorer.catalogue import BY_NAME, CATALOGUE
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, decide_batch
@@ -33,7 +34,7 @@ WEIGHTS = np.array([0.05, 0.02, 0.1, 0.3, 0.01], np.float32)
 POLICY = DecisionPolicy(Thresholds(0.5, 0.8))
 SHIPPED = load_model_package(SHIPPED_MODEL_PATH)
 SHIPPED_SCORER = OnnxScorer(SHIPPED, "cpu")
-SHIPPED_REFERENCE = SHIPPED.reference if SHIPPED.reference is not None else np.zeros(0)
+SHIPPED_REFERENCE = SHIPPED.reference if SHIPPED.reference is not None else np.zeros(0, np.float32)
 
 
 def now_ms() -> int:
@@ -45,7 +46,7 @@ def linear(tmp_path: Path) -> OnnxScorer:
         helper.make_node("MatMul", ["features", "w"], ["z"]),
         helper.make_node("Reshape", ["z", "flat"], ["score"]),
     ]
-    weights = {"w": WEIGHTS[:, None], "flat": np.array([-1], np.int64)}
+    weights: dict[str, np.ndarray] = {"w": WEIGHTS[:, None], "flat": np.array([-1], np.int64)}
     model = package(tmp_path / "linear", onnx_model(nodes, weights, ["batch"], READS), READS)
     return OnnxScorer(load_model_package(model), "cpu")
 
@@ -105,7 +106,7 @@ def test_the_extra_model_call_holds_only_the_flagged_rows(tmp_path: Path) -> Non
     assert all(verdicts.reasons[i][0].feature == "log_amount" for i in flagged)
 
 
-def build_rows(batch: list, index: list[int]) -> npt.NDArray[np.float32]:
+def build_rows(batch: list[Transaction], index: list[int]) -> npt.NDArray[np.float32]:
     return build_features(TransactionColumns.from_transactions([batch[i] for i in index]))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -14,7 +15,7 @@ from deadletter.router import DeadLetterRouter
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
-from stream.sink import Output
+from stream.sink import Headers, Output
 from tests.unit.fakes import message
 
 FAST = RetryPolicy(attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
@@ -39,6 +40,21 @@ class FlakySink:
         else:
             self.delivered.append(output)
             output.delivered()
+
+    def send_batch(
+        self,
+        topic: str,
+        keys: list[bytes],
+        values: Sequence[bytes | None],
+        group: OutcomeGroup,
+        output_of: Callable[[int], Output],
+        partition: int | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
+    ) -> None:
+        """Each output goes through `send` (the redelivery retries one at a time)."""
+        for i in range(len(values)):
+            self.send(output_of(i))
 
     def poll(self) -> None:
         """Deliveries are reported inside send."""

@@ -118,6 +118,7 @@ def test_offsets_survive_concatenation_and_row_selection():
     joined = TransactionColumns.concat([columns("US", "USD"), given, columns("DE", "EUR")])
     assert joined.utc_offset_minutes is not None
     assert joined.utc_offset_minutes.tolist() == [0, 330, 0]
-    assert joined.rows(np.array([1]))._replace(card_id=["c"]).utc_offset_minutes.tolist() == [330]
+    picked = joined.rows(np.array([1]))._replace(card_id=["c"]).utc_offset_minutes
+    assert picked is not None and picked.tolist() == [330]
     plain = TransactionColumns.concat([columns("US", "USD"), columns("DE", "EUR")])
     assert plain.utc_offset_minutes is None and plain.rows(np.array([1])).country.tolist() == ["DE"]

@@ -52,7 +52,7 @@ def test_rows_are_mapped_ordered_by_event_time_and_sent_without_their_label() ->
     times = [row.event_time for row in planned]
     assert times == sorted(times)
     first = planned[0]
-    assert first.readable and first.key == RECORDS[0]["card_id"].encode()
+    assert first.readable and first.key == str(RECORDS[0]["card_id"]).encode()
     assert first.transaction_id == RECORDS[0]["transaction_id"]
     assert first.is_fraud is False
     assert "is_fraud" not in msgspec.json.decode(first.value)

@@ -265,6 +265,7 @@ def test_after_the_cluster_went_away_a_new_producer_takes_over_and_nothing_is_du
         wait_until(lambda: not replica.health.ready()[0])
         unregistered = KafkaError(KafkaError._TIMED_OUT, "coordinator not found", retriable=True)
         replica.replacement_init_error = unregistered
+        assert replica.transactions is not None, "the exactly-once replica has a transactional sink"
         replica.transactions.cluster_lost()  # what the clients' error callback does
         wait_until(lambda: len(replica.producers) == 2)
         replica.transactions.cluster_lost()  # still down: the replacement covers this too
@@ -368,6 +369,7 @@ def test_no_transaction_commits_an_outcome_past_the_offsets_it_commits() -> None
     for outputs, committed in replica.producer.transactions:
         for topic, value, headers in outputs:
             if topic == replica.config.output_topic:
+                assert value is not None, "a decision always has a value"
                 source = offset_of[msgspec.json.decode(value)["transaction_id"]]
             else:
                 source = int(dict(headers)["dlq.original.offset"])

@@ -9,7 +9,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ops.kafka.acls import ServiceAcls
+from ops.kafka.acls import ServiceAcls, name_of
 
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
@@ -20,7 +20,8 @@ CREATE = AclOperation.CREATE
 def test_the_default_set_is_the_services_resources_and_operations() -> None:
     bindings = ServiceAcls().bindings()
     assert sorted(
-        (b.restype.name, b.name, b.resource_pattern_type.name, b.operation.name) for b in bindings
+        (name_of(b.restype), b.name, name_of(b.resource_pattern_type), name_of(b.operation))
+        for b in bindings
     ) == sorted(
         (kind.name, name, pattern.name, operation.name)
         for kind, name, pattern, operation in [

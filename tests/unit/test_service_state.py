@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,9 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
         reads: list[int] = []
         read = replica.changelog.read
 
-        def counted(partition: int, progress):  # type: ignore[no-untyped-def]
+        def counted(
+            partition: int, progress: Callable[[], None]
+        ) -> Iterator[list[tuple[str, bytes | None]]]:
             reads.append(partition)
             return read(partition, progress)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import numpy as np
 import pytest
@@ -184,7 +184,8 @@ def _records(batch: TransactionColumns, start: int) -> Iterator[Record]:
             currency=str(batch.currency[i]),
             mcc=int(batch.mcc[i]),
             country=str(batch.country[i]),
-            channel=str(batch.channel[i]),
+            # The simulator draws only the contract's channels.
+            channel=cast(Literal["pos", "ecom", "atm"], str(batch.channel[i])),
             card_present=bool(batch.card_present[i]),
             event_time=int(batch.event_time[i]),
         )

@@ -61,7 +61,7 @@ def test_same_seed_gives_identical_stream() -> None:
         assert a.records == b.records
         assert np.array_equal(a.scenario, b.scenario)
         for left, right in zip(a.columns, b.columns, strict=True):
-            assert np.array_equal(left, right)
+            assert np.array_equal(np.asarray(left), np.asarray(right))
 
 
 def test_different_seed_gives_different_stream() -> None:

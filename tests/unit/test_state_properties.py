@@ -64,9 +64,9 @@ class Batch(NamedTuple):
 
 
 class Fail(NamedTuple):
-    """The next `count` card states sent fail (the broker does not acknowledge them)."""
+    """The next `failures` card states sent fail (the broker does not acknowledge them)."""
 
-    count: int
+    failures: int
 
 
 class Retry(NamedTuple):
@@ -179,7 +179,7 @@ class CardHarness:
         output.delivered()
 
     def send_batch(self, topic: str, keys: Any, values: Any, group: Any, output_of: Any,
-                   partition: int | None = None) -> None:  # fmt: skip
+                   partition: int | None = None, *, headers: Any = None) -> None:  # fmt: skip
         for i in range(len(keys)):
             self.send(output_of(i))
 
@@ -233,7 +233,7 @@ class CardHarness:
 
     def retry(self) -> None:
         if self.redelivery.pending:
-            self.redelivery.retry(self)  # type: ignore[arg-type]
+            self.redelivery.retry(self)
 
     def move(self, step: Move) -> None:
         partition = step.partition
@@ -300,7 +300,7 @@ def test_card_state_restored_from_its_changelog_equals_the_state_held(steps: lis
         if isinstance(step, Batch):
             harness.batch(step)
         elif isinstance(step, Fail):
-            harness.failing = step.count
+            harness.failing = step.failures
         elif isinstance(step, Retry):
             harness.retry()
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -73,9 +74,12 @@ class UnreadableHeaders:
 
 
 def test_a_record_whose_headers_cannot_be_read_carries_nothing_and_its_batch_mates_theirs():
-    batch = [UnreadableHeaders(), message(1, headers=[("traceparent", EXAMPLE)])]
+    batch: list[Message] = [
+        UnreadableHeaders(),  # type: ignore[list-item]
+        message(1, headers=[("traceparent", EXAMPLE)]),
+    ]
     assert batch_trace_headers(batch) == [None, [("traceparent", EXAMPLE)]]
-    assert batch_trace_headers([UnreadableHeaders()]) is None
+    assert batch_trace_headers([UnreadableHeaders()]) is None  # type: ignore[list-item]
 
 
 def test_the_w3c_example_parses():

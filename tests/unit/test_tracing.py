@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -16,14 +17,21 @@ from contracts.trace_context import TraceParent
 from deadletter.router import DeadLetterRouter
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
+from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
-from stream.scoring import BatchScorer
-from stream.tracing import batch_tracer, linked_contexts, spans_requested
+from stream.scoring import BatchScorer, PendingRecord
+from stream.tracing import BatchTracer, batch_tracer, linked_contexts, spans_requested
+from tests.support.records import offset_of
 from tests.unit.fakes import FakeScorer, MemorySink
 from tests.unit.test_batch_scorer import make_batch, poison_amount, traceparent
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
-TRACER = {"input_topic": "tx", "group_id": "g", "instance_id": "i", "max_batch_size": 256}
+TRACER: dict[str, Any] = {
+    "input_topic": "tx",
+    "group_id": "g",
+    "instance_id": "i",
+    "max_batch_size": 256,
+}
 
 
 def test_a_batch_links_to_each_record_whose_traceparent_parses():
@@ -96,7 +104,7 @@ def exported():
     return tracer, exporter
 
 
-def score(tracer, *batches):
+def score(tracer: BatchTracer, *batches: Batch[PendingRecord]) -> None:
     sink, tracker = MemorySink(), OffsetTracker()
     stage = BatchScorer(
         FakeScorer(raises_on=poison_amount),
@@ -110,7 +118,7 @@ def score(tracer, *batches):
     )
     for batch in batches:
         for record in batch.items:
-            tracker.track(("tx", 0), record.message.offset())
+            tracker.track(("tx", 0), offset_of(record.message))
         stage.process(batch)
 
 

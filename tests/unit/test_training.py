@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightgbm
 import numpy as np
@@ -44,7 +45,13 @@ from training.train import (
 
 #: The reduced configuration: 600 customers, the shortest stream that holds one validation and
 #: one test fold.
-SMALL = {"seed": 3, "days": days_needed(1), "folds": 1, "cards": 600, "without_fresh_labels": True}
+SMALL: dict[str, Any] = {
+    "seed": 3,
+    "days": days_needed(1),
+    "folds": 1,
+    "cards": 600,
+    "without_fresh_labels": True,
+}
 #: Operators with CUDA kernels in ONNX Runtime that the exported graphs may use.
 CUDA_OPS = {
     "Gemm",
@@ -139,7 +146,7 @@ def test_compiled_trees_score_exactly_as_lightgbm() -> None:
     data = lightgbm.Dataset(features, labels.astype(float), params=gbdt.DATASET_PARAMS)
     booster = lightgbm.train({**gbdt.PARAMS, "seed": 1}, data, 40)
     trees = gbdt.compile_trees(booster.dump_model())
-    expected = booster.predict(features, raw_score=True)
+    expected = np.asarray(booster.predict(features, raw_score=True))
     assert np.allclose(gbdt.raw_scores(trees, features), expected, atol=1e-4)
     model = gbdt.export_onnx(trees, NUM_FEATURES, "t", {"model_version": "t"})
     scores = score_with_onnxruntime(model, features)
@@ -160,7 +167,7 @@ def test_unbalanced_and_single_leaf_trees_are_padded_to_the_same_scores() -> Non
     dump["tree_info"].append(stump)
     trees = gbdt.compile_trees(dump)
     assert trees.depth > 3
-    expected = booster.predict(features, raw_score=True) + 0.25
+    expected = np.asarray(booster.predict(features, raw_score=True)) + 0.25
     assert np.allclose(gbdt.raw_scores(trees, features), expected, atol=1e-4)
     model = gbdt.export_onnx(trees, NUM_FEATURES, "t", {"model_version": "t"})
     scores = score_with_onnxruntime(model, features)
