@@ -200,9 +200,9 @@ def test_a_replica_consumes_only_once_terminal_risk_is_loaded() -> None:
     with Replica(terminals=terminals) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(20)))
-        time.sleep(0.3)
+        wait_until(lambda: replica.health.ready() == (False, "loading terminal-risk"))
+        time.sleep(0.2)  # a replica that did not wait would poll meanwhile
         assert replica.consumer.polls == 0, "nothing consumed"
-        assert replica.health.ready() == (False, "loading terminal-risk")
         assert replica.health.alive()[0]
         terminals.loaded.set()
         wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
