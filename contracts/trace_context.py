@@ -64,15 +64,24 @@ def batch_trace_headers(messages: Sequence[Message]) -> list[Headers | None] | N
     """`trace_headers` of each of `messages`, in order; None when none carries trace context.
 
     On the hot path: when no record has headers (the common case) this costs one call into the
-    client per record, and no Python call."""
+    client per record, and no Python call. Each record is asked once: after `headers()` raised
+    on a key that is not UTF-8, the client hands a second caller a NULL key, which crashes the
+    interpreter (a service died on SIGSEGV), so a record that raised carries nothing and the
+    records after it are read one by one."""
+    every: list[Headers | None] = []
+    append = every.append
     try:
-        every = cast(list[Headers | None], [message.headers() for message in messages])
-    except (SystemError, UnicodeDecodeError):  # a key that is not UTF-8, record by record
-        contexts = [trace_headers(message) for message in messages]
-    else:
-        if not any(every):
-            return None
+        for message in messages:
+            append(cast(Headers | None, message.headers()))
+    except (SystemError, UnicodeDecodeError):
+        failed = len(every)  # the record that raised: never asked again
         contexts = [None if headers is None else trace_context(headers) for headers in every]
+        contexts.append(None)
+        contexts.extend(trace_headers(message) for message in messages[failed + 1 :])
+        return contexts if any(contexts) else None
+    if not any(every):
+        return None
+    contexts = [None if headers is None else trace_context(headers) for headers in every]
     return contexts if any(contexts) else None
 
 

@@ -22,9 +22,9 @@ from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encod
 from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
-from contracts.trace_context import batch_trace_headers
+from contracts.trace_context import batch_trace_headers, trace_context
 from contracts.transaction import Transaction
-from deadletter.router import DeadLetterRouter
+from deadletter.router import DeadLetterRecord, DeadLetterRouter
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
@@ -240,9 +240,8 @@ class BatchScorer:
             outputs,
             stages.on_delivered(self._metrics),
         )
-        # Each record's trace context, read once for its decision and the batch's span.
-        contexts = batch_trace_headers([r.message for r in records])
-        self._dead_letter(records, failed, group)
+        dead_letters = self._dead_letter(records, failed, group)
+        contexts = _trace_contexts(records, dead_letters)
         self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, contexts, group)
         if shadow is not None and shadow.keys:
@@ -391,17 +390,20 @@ class BatchScorer:
 
     def _dead_letter(
         self, records: list[PendingRecord], failed: dict[int, ScoreError], group: OutcomeGroup
-    ) -> None:
+    ) -> dict[int, DeadLetterRecord]:
+        """Dead-letter the failed records; their letters, by batch index."""
         model_version = self._scorer.model_version
+        letters = {}
         for i, error in failed.items():
             (topic, partition), offset = records[i].position
             log.warning(
                 "poison record topic=%s partition=%s offset=%s: %s", topic, partition, offset, error
             )
-            letter = self._router.dead_letter(
+            letter = letters[i] = self._router.dead_letter(
                 records[i].message, error, model_version=model_version
             )
             self._sink.send(Output.dead_letter(letter, records[i].message, group))
+        return letters
 
     def _send_decisions(
         self,
@@ -469,6 +471,24 @@ def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:
     return DriftWindow(
         reference, {name: FEATURE_NAMES.index(name) for name in reference.features}, window
     )
+
+
+def _trace_contexts(
+    records: list[PendingRecord], dead_letters: dict[int, DeadLetterRecord]
+) -> list[Headers | None] | None:
+    """Each record's trace context, for its decision and the batch's span; a dead-lettered
+    record's from its letter, which read its headers already: asked again, a record whose
+    header key is not UTF-8 crashes the client (contracts/trace_context.py)."""
+    if not dead_letters:
+        return batch_trace_headers([r.message for r in records])
+    decided = [i for i in range(len(records)) if i not in dead_letters]
+    read = batch_trace_headers([records[i].message for i in decided]) or [None] * len(decided)
+    contexts: list[Headers | None] = [None] * len(records)
+    for i, context in zip(decided, read, strict=True):
+        contexts[i] = context
+    for i, letter in dead_letters.items():
+        contexts[i] = trace_context(letter.headers)
+    return contexts if any(contexts) else None
 
 
 def _columns(transactions: list[Transaction]) -> TransactionColumns | None:

@@ -221,3 +221,35 @@ def test_a_batch_without_trace_context_sends_its_decisions_without_headers():
     sink, _, _ = run(make_batch(5, headers=lambda i: [("x", b"y")] if i else []), FakeScorer())
     assert sink.batch_headers == [None]
     assert all(o.headers is None for o in sink.sent)
+
+
+class UnreadableHeaders:
+    """A consumed record whose header key is not UTF-8: `headers()` raises, and asked again
+    the real client hands back a NULL key that crashes the interpreter (seen against the
+    broker), so this one fails the test when asked twice."""
+
+    def __init__(self, message: Message) -> None:
+        self._message = message
+        self.asked = 0
+
+    def headers(self) -> None:
+        self.asked += 1
+        assert self.asked == 1, "headers() asked again after it raised: a NULL key, a crash"
+        raise SystemError("<built-in method headers> returned a result with an exception set")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._message, name)
+
+
+@pytest.mark.parametrize("poison", [set(), {2}])
+def test_a_record_whose_headers_cannot_be_read_is_asked_once_decided_or_dead_lettered(poison):
+    batch = make_batch(4, poison=poison, headers=lambda i: [("traceparent", traceparent(i))])
+    unreadable = UnreadableHeaders(batch.items[2].message)
+    batch.items[2] = batch.items[2]._replace(message=unreadable)  # type: ignore[arg-type]
+    sink, _, _ = run(batch, FakeScorer(raises_on=poison_amount))
+
+    carried = {offset_of(o.source): o.headers for o in sink.sent if o.kind == "decision"}
+    assert carried[0] == [("traceparent", traceparent(0))] and carried[3] is not None
+    assert (2 in carried) == (not poison) and carried.get(2) is None
+    assert [o.kind for o in sink.sent].count("dead_letter") == len(poison)
+    assert unreadable.asked == 1
