@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scorer.model_cli import main as fraud_model
-from tests.integration.conftest import read_topic
+from tests.integration.conftest import fed_by_loadgen, read_topic
 from tests.integration.test_model_swap import loadgen_summary
 from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
@@ -50,7 +50,9 @@ def test_a_replica_follows_an_mlflow_alias_and_swaps_under_load(
 
     topics = topics_factory(partitions=3)
     source = f"models:/{name}@champion"
-    service = service_factory(topics, "--model-path", source, "--model-poll-s", "0.5")
+    service = service_factory(
+        topics, "--model-path", source, "--model-poll-s", "0.5", *fed_by_loadgen(RATE)
+    )
     service.wait_for_metric("fraud_records_consumed_total", 0)
 
     def promote_midway() -> None:
@@ -59,8 +61,10 @@ def test_a_replica_follows_an_mlflow_alias_and_swaps_under_load(
 
     promoter = threading.Thread(target=promote_midway)
     promoter.start()
-    summary = loadgen_summary(topics, service.metrics_port, rate=RATE, duration_s=DURATION_S)
-    promoter.join()
+    try:
+        summary = loadgen_summary(topics, service.metrics_port, rate=RATE, duration_s=DURATION_S)
+    finally:
+        promoter.join()  # inside the test's environment, whatever the load run did
     assert summary["lost"] == 0 and summary["duplicates"] == 0
     assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
 

@@ -42,8 +42,10 @@ def test_a_promotion_under_load_swaps_between_batches_and_loses_nothing(
 
     promoter = threading.Thread(target=promote_midway)
     promoter.start()
-    summary = loadgen_summary(topics, service.metrics_port)
-    promoter.join()
+    try:
+        summary = loadgen_summary(topics, service.metrics_port)
+    finally:
+        promoter.join()
     assert summary["lost"] == 0 and summary["duplicates"] == 0
     assert summary["decided"] == summary["sent"] >= RATE * DURATION_S * 0.9
 
