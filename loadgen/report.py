@@ -274,6 +274,26 @@ def _over_time_table(rows: list[dict[str, float | None]]) -> list[str]:
     return lines
 
 
+def _scenario_table(summary: dict[str, object]) -> list[str]:
+    """Recall by scenario, one line each: the whole run, then its halves."""
+    whole = summary.get("recall_by_scenario")
+    if not isinstance(whole, dict) or not whole:
+        return []
+    halves = summary.get("recall_by_scenario_halves")
+    halves = halves if isinstance(halves, dict) else {}
+    lines = [f"recall by scenario {'':<20} whole  first half  second half"]
+    for name, recall in whole.items():
+        first, second = halves.get(name) or (None, None)
+        lines.append(
+            f"  {name:<36} {_share(recall):>5}  {_share(first):>10}  {_share(second):>11}"
+        )
+    return lines
+
+
+def _share(value: object) -> str:
+    return "n/a" if value is None else f"{float(str(value)):.3f}"
+
+
 def render_text(summary: dict[str, object]) -> str:
     """A human-readable summary block."""
     lines = [
@@ -296,13 +316,12 @@ def render_text(summary: dict[str, object]) -> str:
         f"declined {summary['fraud_declined']})",
         f"legit flagged   false-positive rate {summary['false_positive_rate']}"
         + (f", halves {fp}" if (fp := summary.get("false_positive_rate_halves")) else ""),
-        f"recall by scenario {summary['recall_by_scenario']}",
     ]
     rows = summary.get("recall_over_time")
     if isinstance(rows, list) and rows:
         halves = summary.get("fraud_recall_halves") or [None, None]
         lines.append(f"recall by time  halves {halves}; {_recall_periods(rows)}")
-        lines.append(f"  by scenario   halves {summary.get('recall_by_scenario_halves')}")
+    lines.extend(_scenario_table(summary))
     if "labels_sent" in summary:
         lines.append(
             f"labels sent     {summary['labels_sent']:>10}   (fraud {summary['labels_fraud_sent']}"

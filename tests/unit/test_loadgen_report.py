@@ -297,3 +297,20 @@ def test_the_summary_says_how_many_flagged_decisions_carry_their_reasons():
     summary = summarize(sent, received, 1.0, 1.0)
     assert summary["flagged_with_reasons"] == [3, 4]
     assert "reasons         3 of 4 reviews and declines carry 3 reasons" in render_text(summary)
+
+
+def test_text_summary_gives_each_scenario_one_short_line_with_its_halves():
+    sent, received = _run([[5, 5], [5, 5]])
+    sent.is_fraud[:] = [True, True, True, False]
+    sent.scenario[:] = ["compromised_terminal", "card_testing", "compromised_terminal", "legit"]
+    received.decisions = [
+        (tx, "decline" if tx == "t-0-0" else "approve", at, at + 5)
+        for tx, _, at, _ in received.decisions
+    ]
+
+    lines = render_text(summarize(sent, received, 2.0, 2.0)).splitlines()
+
+    rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("  ")}
+    assert rows["compromised_terminal"] == ["0.500", "1.000", "0.000"]
+    assert rows["card_testing"] == ["0.000", "0.000", "n/a"]
+    assert max(map(len, lines)) <= 80
