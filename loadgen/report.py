@@ -284,9 +284,7 @@ def _scenario_table(summary: dict[str, object]) -> list[str]:
     lines = [f"recall by scenario {'':<20} whole  first half  second half"]
     for name, recall in whole.items():
         first, second = halves.get(name) or (None, None)
-        lines.append(
-            f"  {name:<36} {_share(recall):>5}  {_share(first):>10}  {_share(second):>11}"
-        )
+        lines.append(f"  {name:<36} {_share(recall):>5}  {_share(first):>10}  {_share(second):>11}")
     return lines
 
 

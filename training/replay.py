@@ -47,7 +47,7 @@ class Stream(NamedTuple):
     is_fraud: npt.NDArray[np.bool_]
     card: _Ints  # population index of each row's card
     day: _Ints  # simulated day of each row, 0 = the first
-    labels: int  # outcomes reported during the stream
+    labels: list[dict[str, object]]  # outcomes reported during the stream, in report order
 
 
 def simulate(seed: int, days: int, cards: int = DEFAULT_CARDS) -> Stream:
@@ -92,7 +92,7 @@ def simulate(seed: int, days: int, cards: int = DEFAULT_CARDS) -> Stream:
         is_fraud=scenario != "legit",
         card=card,
         day=(columns.event_time - DEFAULT_START_TIME_MS) // MS_PER_DAY,
-        labels=len(labels),
+        labels=labels,
     )
 
 

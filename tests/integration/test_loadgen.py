@@ -117,10 +117,10 @@ def test_a_teams_recorded_day_replays_through_its_mapping_with_a_report(
 FIRST_RUN_RATE = 2_000
 FIRST_RUN_S = 40
 FIRST_RUN_PARTITIONS = 2
-#: The demo flags about 2 % of legitimate traffic (docs/state.md); a load generator and a scorer
-#: that disagreed on simulated time flagged 12 %. A card's first simulated days are flagged more
-#: whatever the time scale (its history is short: measured per simulated day at 1,000 tx/s,
-#: 8.9 %, 6.6 %, 4.4 %, 3.2 %, then 2.6 % to 1.8 %), so the bound is on the run's second half.
+#: A load generator and a scorer that disagreed on simulated time flagged 12 % of legitimate
+#: traffic. Agreeing, every card still starts without history: a model trained on steady weeks
+#: alone flagged 3.7 % of this run (5.6 % in its first half); the shipped one, which also trains
+#: on a stream's first days, 0.5-0.6 % (three runs).
 MAX_FALSE_POSITIVE_RATE = 0.03
 #: The setting the load generator's refusal gives for both services.
 SETTING = re.compile(r"start fraud-scorer and fraud-features with FRAUD_HISTORY_TIME_SCALE=(\S+)")
@@ -165,4 +165,4 @@ def test_a_first_run_against_a_default_scorer_learns_its_setting_and_flags_few_l
         f"{summary['false_positive_rate']} (halves {first_half}, {second_half}), recall "
         f"{summary['fraud_recall']}"
     )
-    assert second_half < MAX_FALSE_POSITIVE_RATE
+    assert summary["false_positive_rate"] < MAX_FALSE_POSITIVE_RATE

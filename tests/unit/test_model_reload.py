@@ -105,14 +105,16 @@ def test_a_broken_package_is_refused_once_and_the_old_model_keeps_serving(
 def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
     source: Path, tmp_path: Path
 ):
-    config = ServiceConfig(model_path=str(source), review_threshold=0.3)
+    # A configured review just under the shipped decline, and a package declining below it.
+    review = 0.9 * load_model_package(source).manifest.thresholds.decline
+    config = ServiceConfig(model_path=str(source), review_threshold=review)
     registry = CollectorRegistry()
     watched = DirectorySource(source)
     serving = load_serving_model(config, watched)
     reloader = ModelReloader(config, ServiceMetrics(registry), serving, source=watched)
     low = package_copy(tmp_path / "low", "low")
     manifest = load_model_package(low).manifest
-    thresholds = msgspec.structs.replace(manifest.thresholds, review=0.1, decline=0.2)
+    thresholds = msgspec.structs.replace(manifest.thresholds, review=review / 3, decline=review / 2)
     (low / MANIFEST_FILE).write_text(
         manifest_toml(msgspec.structs.replace(manifest, thresholds=thresholds))
     )

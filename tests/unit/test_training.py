@@ -34,6 +34,8 @@ from training.protocol import (
 from training.replay import replay_history, simulate
 from training.thresholds import Chosen, decline_threshold, flagged_shares, review_threshold
 from training.train import (
+    COLD_CHECK_DAYS,
+    COLD_START_DAYS,
     FRESH_LABEL_COLUMNS,
     HANDBOOK,
     TrainingResult,
@@ -41,6 +43,7 @@ from training.train import (
     manifest,
     mean_std,
     train_model,
+    training_rows,
 )
 
 #: The reduced configuration: 600 customers, the shortest stream that holds one validation and
@@ -360,3 +363,14 @@ def test_shipped_model_ranks_a_fresh_stream() -> None:
     package = load_model_package(SHIPPED_MODEL_PATH)
     scores = score_with_onnxruntime(package.onnx, stream.features[recent])
     assert roc_auc(stream.is_fraud[recent], scores) > 0.85
+
+
+def test_every_fold_also_trains_on_the_cold_start_days(small: TrainingResult) -> None:
+    stream = simulate(seed=4, days=COLD_START_DAYS + 3, cards=200)
+    week = np.flatnonzero(stream.day >= COLD_START_DAYS - 2)
+    rows = training_rows(stream, week)
+    cold = np.flatnonzero(stream.day < COLD_START_DAYS)
+    assert np.array_equal(rows, np.union1d(cold, week))  # each row once, in stream order
+    assert len(small.cold_start) == COLD_CHECK_DAYS
+    for day in small.cold_start:
+        assert 0.0 <= day.legit_decline <= day.legit_review <= 1.0
