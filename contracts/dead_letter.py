@@ -127,6 +127,10 @@ def _quarantined(name: str) -> str:
     return name
 
 
+#: What a record whose headers could not be read carries from then on (`forget_unreadable`).
+_UNREADABLE_MARKER: list[tuple[str, str | bytes | None]] = [("dlq.headers.unreadable", b"")]
+
+
 def read_headers(message: Message) -> Headers | None:
     """The record's headers, or None when the client cannot decode them.
 
@@ -135,9 +139,22 @@ def read_headers(message: Message) -> Headers | None:
     cannot be had any other way.
     """
     try:
-        return cast(Headers, list(message.headers() or []))
+        headers = message.headers()
     except (SystemError, UnicodeDecodeError):
+        forget_unreadable(message)
         return None
+    if headers is _UNREADABLE_MARKER:
+        return None
+    return cast(Headers, list(headers or []))
+
+
+def forget_unreadable(message: Message) -> None:
+    """Call once `message.headers()` raised. The client keeps the list it was building, with a
+    NULL where the key failed, and hands it to the next caller, whose first look at that key
+    crashes the interpreter (a service died on SIGSEGV). Replaced by a marker, the record's
+    headers can be asked again by every reader (trace context, dead letters): `read_headers`
+    gives None for it, as the first time."""
+    message.set_headers(_UNREADABLE_MARKER)
 
 
 def decode_headers(headers: Headers | None) -> dict[str, str]:

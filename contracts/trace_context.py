@@ -26,7 +26,7 @@ from typing import NamedTuple, cast
 
 from confluent_kafka import Message
 
-from contracts.dead_letter import Headers
+from contracts.dead_letter import Headers, forget_unreadable, read_headers
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -53,10 +53,7 @@ def trace_headers(message: Message) -> Headers | None:
 
     A header key that is not UTF-8 makes the client raise (see `read_headers`): such a record
     carries nothing."""
-    try:
-        headers = cast(Headers | None, message.headers())
-    except (SystemError, UnicodeDecodeError):
-        return None
+    headers = read_headers(message)
     return None if headers is None else trace_context(headers)
 
 
@@ -64,17 +61,17 @@ def batch_trace_headers(messages: Sequence[Message]) -> list[Headers | None] | N
     """`trace_headers` of each of `messages`, in order; None when none carries trace context.
 
     On the hot path: when no record has headers (the common case) this costs one call into the
-    client per record, and no Python call. Each record is asked once: after `headers()` raised
-    on a key that is not UTF-8, the client hands a second caller a NULL key, which crashes the
-    interpreter (a service died on SIGSEGV), so a record that raised carries nothing and the
-    records after it are read one by one."""
+    client per record, and no Python call. A record whose header key is not UTF-8 makes the
+    client raise: it carries nothing, its headers are made safe for every later reader
+    (`forget_unreadable`), and the records after it are read one by one."""
     every: list[Headers | None] = []
     append = every.append
     try:
         for message in messages:
             append(cast(Headers | None, message.headers()))
     except (SystemError, UnicodeDecodeError):
-        failed = len(every)  # the record that raised: never asked again
+        failed = len(every)
+        forget_unreadable(messages[failed])
         contexts = [None if headers is None else trace_context(headers) for headers in every]
         contexts.append(None)
         contexts.extend(trace_headers(message) for message in messages[failed + 1 :])

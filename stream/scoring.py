@@ -477,8 +477,7 @@ def _trace_contexts(
     records: list[PendingRecord], dead_letters: dict[int, DeadLetterRecord]
 ) -> list[Headers | None] | None:
     """Each record's trace context, for its decision and the batch's span; a dead-lettered
-    record's from its letter, which read its headers already: asked again, a record whose
-    header key is not UTF-8 crashes the client (contracts/trace_context.py)."""
+    record's from its letter, which read its headers already."""
     if not dead_letters:
         return batch_trace_headers([r.message for r in records])
     decided = [i for i in range(len(records)) if i not in dead_letters]

@@ -3,7 +3,7 @@ reads them here, and fails naming the record where one is missing."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import Message
 
@@ -42,3 +42,31 @@ def headers_of(message: Message) -> dict[str, str]:
 
 def _place(message: Message) -> str:
     return f"{message.topic()}/{message.partition()}/{message.offset()}"
+
+
+class UnreadableHeaders:
+    """A consumed record whose header key is not UTF-8, as the real client behaves (seen
+    against the broker): `headers()` raises, and asked again it hands back the list it was
+    building with a NULL key, whose first use crashes the interpreter, unless `set_headers`
+    replaced it. This fake fails the test instead of crashing. Wraps `message`, if given, for
+    everything else."""
+
+    def __init__(self, message: Message | None = None) -> None:
+        self._message = message
+        self.asked = 0
+        self._replaced: list[tuple[str, bytes]] | None = None
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        self.asked += 1
+        if self._replaced is not None:
+            return self._replaced
+        assert self.asked == 1, "headers() asked again after it raised: a NULL key, a crash"
+        raise SystemError("<built-in method headers> returned a result with an exception set")
+
+    def set_headers(self, headers: list[tuple[str, bytes]]) -> None:
+        self._replaced = headers
+
+    def __getattr__(self, name: str) -> Any:
+        if self._message is None:
+            raise AttributeError(name)
+        return getattr(self._message, name)

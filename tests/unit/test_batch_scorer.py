@@ -26,7 +26,7 @@ from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
 from stream.scoring import BatchReport, BatchScorer, PendingRecord
-from tests.support.records import offset_of
+from tests.support.records import UnreadableHeaders, offset_of
 from tests.unit.fakes import FakeScorer, MemorySink, message
 
 HUGE_AMOUNT = 999_999.0
@@ -221,24 +221,6 @@ def test_a_batch_without_trace_context_sends_its_decisions_without_headers():
     sink, _, _ = run(make_batch(5, headers=lambda i: [("x", b"y")] if i else []), FakeScorer())
     assert sink.batch_headers == [None]
     assert all(o.headers is None for o in sink.sent)
-
-
-class UnreadableHeaders:
-    """A consumed record whose header key is not UTF-8: `headers()` raises, and asked again
-    the real client hands back a NULL key that crashes the interpreter (seen against the
-    broker), so this one fails the test when asked twice."""
-
-    def __init__(self, message: Message) -> None:
-        self._message = message
-        self.asked = 0
-
-    def headers(self) -> None:
-        self.asked += 1
-        assert self.asked == 1, "headers() asked again after it raised: a NULL key, a crash"
-        raise SystemError("<built-in method headers> returned a result with an exception set")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._message, name)
 
 
 @pytest.mark.parametrize("poison", [set(), {2}])

@@ -7,6 +7,7 @@ from confluent_kafka import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contracts.dead_letter import read_headers
 from contracts.trace_context import (
     MAX_HEADER_BYTES,
     TraceParent,
@@ -15,6 +16,7 @@ from contracts.trace_context import (
     trace_context,
     trace_headers,
 )
+from tests.support.records import UnreadableHeaders
 from tests.unit.fakes import message
 
 #: The example of W3C Trace Context, section 3.2.
@@ -66,21 +68,6 @@ def test_a_batch_without_trace_context_has_none_at_all():
     ) == [None, [("traceparent", EXAMPLE)]]
 
 
-class UnreadableHeaders:
-    """A record with a header key that is not UTF-8: the client raises on `headers()`, and a
-    second call hands back a NULL key, which crashes the interpreter (seen with
-    confluent-kafka 2.x against the broker: the service died with SIGSEGV). Asked twice, this
-    fake fails the test instead."""
-
-    def __init__(self) -> None:
-        self.asked = 0
-
-    def headers(self) -> None:
-        self.asked += 1
-        assert self.asked == 1, "headers() asked again after it raised: a NULL key, a crash"
-        raise SystemError("<built-in method headers> returned a result with an exception set")
-
-
 def test_a_record_whose_headers_cannot_be_read_carries_nothing_and_its_batch_mates_theirs():
     batch: list[Message] = [
         message(0, headers=[("x-other", b"1"), ("traceparent", EXAMPLE)]),
@@ -128,3 +115,13 @@ def test_what_w3c_calls_invalid_does_not_parse(value):
 def test_no_bytes_make_parsing_raise(value):
     parsed = parse_traceparent(value)
     assert parsed is None or (parsed.trace_id and parsed.span_id)
+
+
+def test_a_record_whose_headers_cannot_be_read_can_be_read_again_for_its_dead_letter():
+    record = UnreadableHeaders()
+    assert trace_headers(record) is None  # type: ignore[arg-type]
+    # A decision refused for good is dead-lettered after its trace context was read: the fake
+    # fails here if the first read left the client's broken list in place.
+    assert read_headers(record) is None  # type: ignore[arg-type]
+    assert batch_trace_headers([record]) is None  # type: ignore[list-item]
+    assert record.asked == 3
