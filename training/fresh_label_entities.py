@@ -27,7 +27,7 @@ from training import gbdt
 from training.protocol import fold_schedule, handbook_fold, protocol_metrics
 from training.replay import Stream, simulate
 from training.thresholds import REVIEW_LEGIT_SHARE
-from training.train import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, training_rows
+from training.train import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_seeds, training_rows
 
 _Floats = npt.NDArray[np.float32]
 #: The entities whose fresh-label counts are tried, by the label field that names them.
@@ -165,8 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--seeds",
-        default=",".join(map(str, DEFAULT_SEEDS)),
-        help="comma-separated simulator seeds (default: %(default)s)",
+        type=parse_seeds,
+        default=DEFAULT_SEEDS,
+        help="simulator and training seeds, comma-separated (default: 7,8,9)",
     )
     parser.add_argument(
         "--days", type=int, default=DEFAULT_DAYS, help="simulated days (default: %(default)s)"
@@ -182,14 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    seeds = [int(part) for part in args.seeds.split(",")]
-    by_seed = {seed: study_seed(seed, args.days, args.folds, args.cards) for seed in seeds}
+    by_seed = {seed: study_seed(seed, args.days, args.folds, args.cards) for seed in args.seeds}
     for seed, run in by_seed.items():
         print(
             f"seed {seed}: "
             + "; ".join(f"{name} AP {r['average_precision']:.4f}" for name, r in run.items())
         )
-    print(f"\nValidation folds, mean over folds, then mean ± std over seeds {args.seeds}:\n")
+    seeds = ", ".join(map(str, args.seeds))
+    print(f"\nValidation folds, mean over folds, then mean ± std over seeds {seeds}:\n")
     print(_table(by_seed))
     return 0
 

@@ -565,7 +565,7 @@ def manifest(result: TrainingResult) -> Manifest:
     )
 
 
-def _seeds(text: str) -> tuple[int, ...]:
+def parse_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -585,7 +585,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--seeds",
-        type=_seeds,
+        type=parse_seeds,
         default=DEFAULT_SEEDS,
         help="simulator and training seeds, comma-separated: the first one's model ships, "
         "every one is evaluated",
