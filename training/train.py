@@ -10,7 +10,8 @@ simulated world; seeds run in parallel processes, `--jobs` at once):
 2. Validation folds (`training/protocol.py`: the handbook's chapter 5 schedule, every validation
    week before every test week). Both candidates, a gradient-boosted ensemble compiled to tensor
    operations (`training/gbdt.py`) and an MLP (`training/mlp.py`), are trained on each fold's
-   training week and score its validation week. Every choice is made here: the candidate with
+   training week, with the stream's first days, when every card is new (`training_rows`), and
+   score its validation week. Every choice is made here: the candidate with
    the higher mean average precision; its calibration (`training/calibration.py`) on its
    validation log-odds; the decision thresholds (`training/thresholds.py`) on its calibrated
    validation scores; the fallback rules' fit (`training/fallback_fit.py`) on the validation rows.
