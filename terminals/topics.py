@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
@@ -33,11 +33,11 @@ from confluent_kafka.admin import (
 )
 
 from contracts.errors import ConfigurationError
+from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from terminals.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
-ADMIN_TIMEOUT_S = 30.0
 #: How often the metadata is read while waiting for new internal topics to show.
 METADATA_POLL_S = 0.2
 COMPACT = {"cleanup.policy": "compact"}
@@ -67,7 +67,7 @@ def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int
             f"got {partitions} and {replication_factor}"
         )
     admin = _admin(config)
-    created = _create(
+    created = create_missing(
         admin,
         [
             NewTopic(config.labels_topic, partitions, replication_factor),
@@ -91,7 +91,7 @@ def prepare_topics(config: WorkerConfig) -> None:
     ensure_topics(config, partitions, replicas)
     admin = _admin(config)
     internal = [events_topic_name(config.app_id), changelog_topic_name(config.app_id)]
-    _create(
+    create_missing(
         admin,
         [
             NewTopic(internal[0], partitions, replicas),
@@ -125,25 +125,6 @@ def prepare_topics(config: WorkerConfig) -> None:
 
 def _admin(config: WorkerConfig) -> AdminClient:
     return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})
-
-
-def _create(admin: AdminClient, topics: list[NewTopic]) -> list[str]:
-    """Create the topics that are missing; return the names of those created."""
-    futures = admin.create_topics(
-        topics, operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
-    )
-    created = []
-    for name, future in futures.items():
-        try:
-            future.result(timeout=ADMIN_TIMEOUT_S)
-            created.append(name)
-            log.info("created topic=%s", name)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
-            raise ConfigurationError(f"cannot create topic {name!r}: {exc}") from exc
-    return created
 
 
 def _check_compacted(admin: AdminClient, topic: str) -> None:

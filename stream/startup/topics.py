@@ -11,12 +11,12 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.errors import ConfigurationError
+from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from stream.startup.config import ServiceConfig
 from stream.startup.kafka_clients import ClientErrors
 
 log = logging.getLogger(__name__)
 
-ADMIN_TIMEOUT_S = 30.0
 #: How long one metadata request may wait before the credentials are looked at again.
 METADATA_POLL_S = 1.0
 
@@ -36,22 +36,7 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
     topics = [NewTopic(name, partitions, replication_factor) for name in names]
     if config.card_history == "on":
         topics.append(_changelog(config, partitions, replication_factor))
-    futures = admin.create_topics(
-        topics, operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
-    )
-    created = []
-    for name, future in futures.items():
-        try:
-            future.result(timeout=ADMIN_TIMEOUT_S)
-            created.append(name)
-            log.info("created topic=%s partitions=%s", name, partitions)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                log.info("topic=%s exists already", name)
-                continue
-            raise ConfigurationError(f"cannot create topic {name!r}: {exc}") from exc
-    return created
+    return create_missing(admin, topics)
 
 
 def ensure_changelog(config: ServiceConfig, errors: ClientErrors) -> None:
