@@ -211,6 +211,7 @@ def rebalance_storm(run: ScenarioRun, t: Timing) -> None:
     time.sleep(t.warm_s)
     joined: list[Replica] = []
     exits: list[int] = []
+    unclean: list[str] = []  # the end of each leaver's log that exited non-zero: the evidence
     deadline = time.monotonic() + t.storm_s
     settled_s, event, last = 0.0, 0, False
     while not last:
@@ -221,7 +222,11 @@ def rebalance_storm(run: ScenarioRun, t: Timing) -> None:
             if join:
                 joined.append(run.replica(f"s{event}"))
             else:
-                exits.append(joined.pop(0).stop())
+                leaver = joined.pop(0)
+                code = leaver.stop()
+                exits.append(code)
+                if code != 0:
+                    unclean.append(f"--- {leaver.name} exited {code}:\n{leaver.log_tail(3_000)}")
             time.sleep(max(0.0, next_event - time.monotonic()))
             if last:
                 settled_s = run.wait_assigned(None, RECOVERY_TIMEOUT_S)
@@ -229,7 +234,9 @@ def rebalance_storm(run: ScenarioRun, t: Timing) -> None:
     time.sleep(t.tail_s)
     run.result.figures["events"] = f"{event}"
     run.result.figures["settled_after_storm_s"] = f"{settled_s:.1f}"
-    run.result.check("leavers exited cleanly", all(e == 0 for e in exits), f"exit codes {exits}")
+    run.result.check(
+        "leavers exited cleanly", not unclean, "\n".join([f"exit codes {exits}", *unclean])
+    )
 
 
 def delete_dlq(run: ScenarioRun, t: Timing) -> None:

@@ -8,7 +8,9 @@ callback instead (as before) stopped the whole replica for about 9 s per million
 Each assignment of a partition is one restore, named by a token: a partition revoked while its
 restore runs is cancelled (the restore stops at its next chunk and forgets what it read), and if
 the partition comes back meanwhile, only the newest assignment's restore may resume it. Restores
-run one at a time, in assignment order.
+run one at a time, in assignment order. Once stopped, an assignment starts nothing: the
+consumer's close may still hand one over (a rebalance under way when the replica stops), and
+close takes it back at once.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class BackgroundRestores:
         self._pending: dict[int, int] = {}
         self._finished: list[FinishedRestore] = []
         self._next_token = 0
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="card-state-restore", daemon=True)
 
     def __contains__(self, partition: int) -> bool:
@@ -82,7 +85,7 @@ class BackgroundRestores:
 
     def start(self, partitions: Sequence[int]) -> None:
         """Restore these newly assigned partitions (they must be paused until `finished`)."""
-        if not partitions:
+        if not partitions or self._stopped:
             return
         now = self._clock()
         if not self._thread.is_alive():
@@ -107,7 +110,8 @@ class BackgroundRestores:
         return done
 
     def stop(self) -> None:
-        """Cancel every restore and stop the thread."""
+        """Cancel every restore and stop the thread; later assignments start none."""
+        self._stopped = True
         with self._lock:
             self._pending.clear()
         if self._thread.is_alive():

@@ -139,6 +139,25 @@ def test_stop_cancels_a_restore_in_progress() -> None:
     assert state.loaded == [] and not failures and len(restores) == 0
 
 
+@pytest.mark.parametrize("restored_before", [True, False])
+def test_an_assignment_after_stop_starts_nothing(restored_before: bool) -> None:
+    """The consumer's close can hand over an assignment after the restores stopped (a rebalance
+    under way when the replica stops): starting a thread a second time used to raise out of
+    close, and the replica exited 1 instead of 0 (seen in the rebalance storm)."""
+    state = GatedState()
+    state.gate(0).set()
+    restores, failures = restores_of(state)
+    if restored_before:
+        restores.start([0])
+        assert finished_partitions(restores, 1) == [0]
+    restores.stop()
+    before = threading.active_count()
+    restores.start([1, 2])
+    assert 1 not in restores and len(restores) == 0
+    assert threading.active_count() == before and state.started == ([0] if restored_before else [])
+    assert not failures
+
+
 @pytest.mark.parametrize("partitions", [[], [0]])
 def test_no_thread_runs_until_a_restore_is_asked_for(partitions: list[int]) -> None:
     state = GatedState()
