@@ -1,4 +1,5 @@
-"""The faust app of `fraud-features`: re-keyed terminal events in, per-terminal risk out.
+"""The faust app of `fraud-features`: re-keyed terminal and card events in, per-terminal risk
+and per-card confirmed frauds out.
 
 ```
 transactions, labels (key card_id) ─► Router (terminals/router.py, librdkafka) ─┐
@@ -6,9 +7,14 @@ transactions, labels (key card_id) ─► Router (terminals/router.py, librdkafk
                <app-id>-terminal-events (internal, FRAUD_FEATURES_TABLE_PARTITIONS partitions)
                                                   ▼
                update_terminals ──► table "terminal-state" (key terminal_id, value TerminalState)
-                                    └► changelog <app-id>-terminal-state-changelog (compacted)
-                                                  ▼  when the terminal's buckets change
-               terminal-risk (compacted, key terminal_id; a tombstone once neutral or idle)
+                     │              └► changelog <app-id>-terminal-state-changelog (compacted)
+                     │                            ▼  when the terminal's buckets change
+                     │              terminal-risk (compacted, key terminal_id; a tombstone once
+                     │                             neutral or idle)
+                     └─ labels ───► table "card-state" (key card_id, value TerminalState)
+                                    └► changelog <app-id>-card-state-changelog (compacted)
+                                                  ▼  when the card's frauds change
+                                    card-frauds (compacted, key card_id; a tombstone once idle)
 ```
 
 Both inputs are keyed by card, so they are re-keyed by terminal before they touch the table:
@@ -28,6 +34,12 @@ topic, as faust's `Stream.group_by` would, one internal record per partition and
   `terminal-risk`, so neither the table nor the scorers' copies grow without bound;
 - a timer reports the agent's progress to the worker's health (`terminals/health.py`).
 
+A card's entry is the same `TerminalState`, fed with its labels only: its buckets hold the
+card's confirmed frauds by the transaction's day, each label counted once and corrections
+taken back, its day is the newest report's, and the same publication, tombstone and eviction
+rules apply (`_EntityTable` runs both tables). The scorer counts a card's frauds on the fresh
+windows (`scorer/card_frauds.py`), which read no delay.
+
 Guarantees: at least once, as faust gives it. Faust flushes what the agent sent (changelog
 writes, published risk) before it commits the internal topic's offsets; after a crash the events
 since the last commit are applied again, and the table skips those it counted already.
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import faust
@@ -44,6 +57,7 @@ import numpy as np
 import numpy.typing as npt
 from faust.types import StreamT
 
+from contracts.card_frauds import encode_card_frauds
 from contracts.terminal_risk import encode_terminal_risk
 from terminals.config import WorkerConfig
 from terminals.events import TerminalEvent, decode_batch, partition_of
@@ -51,7 +65,7 @@ from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
 from terminals.state import TerminalClock, TerminalState
-from terminals.topics import TABLE_NAME, events_topic_name
+from terminals.topics import CARD_TABLE_NAME, TABLE_NAME, events_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +86,7 @@ def build_app(
     health: WorkerHealth,
     clock: TerminalClock,
 ) -> faust.App:
-    """The faust app with its topics, table and agent, not started."""
+    """The faust app with its topics, tables and agent, not started."""
     app = faust.App(
         config.app_id,
         broker=[f"kafka://{server.strip()}" for server in config.bootstrap_servers.split(",")],
@@ -100,29 +114,42 @@ def build_app(
     terminal_events = app.topic(
         events_topic, internal=True, partitions=config.table_partitions, **keyed
     )
-    table = app.Table(
-        TABLE_NAME,
-        partitions=config.table_partitions,
-        key_type=str,
-        value_type=bytes,
-        help="Per-terminal TerminalState (daily buckets, current day, input positions, labels)",
+    terminals = _EntityTable(
+        app,
+        app.Table(
+            TABLE_NAME,
+            partitions=config.table_partitions,
+            key_type=str,
+            value_type=bytes,
+            help="Per-terminal TerminalState (daily buckets, current day, input positions, labels)",
+        ),
+        config,
+        metrics,
+        clock,
+        card=False,
     )
-    #: Per table partition: the next internal offset to apply, and when idle terminals were
-    #: last looked for.
+    cards = _EntityTable(
+        app,
+        app.Table(
+            CARD_TABLE_NAME,
+            partitions=config.table_partitions,
+            key_type=str,
+            value_type=bytes,
+            help="Per-card TerminalState fed with labels only (confirmed frauds by day)",
+        ),
+        config,
+        metrics,
+        clock,
+        card=True,
+    )
+    #: Per table partition: the next internal offset to apply.
     applied: dict[int, int] = {}
-    last_eviction: dict[int, float] = {}
-    #: Per table partition: terminal → its newest day, for the idle ones to be found without
-    #: reading every entry (filled from the table once per assignment, then kept).
-    newest_days: dict[int, dict[str, int]] = {}
-    #: Per table partition: terminal → its day, for those with counts not published yet (the
-    #: rest of their day's transactions): published once the clock has passed that day.
-    unpublished: dict[int, dict[str, int]] = {}
     progressed = False
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
-        """Count each terminal's events in the table (one changelog write per terminal and
-        record); publish the terminal's risk when its features change."""
+        """Count each terminal's events, and each card's labels, in their tables (one changelog
+        write per entity and record); publish what changed."""
         nonlocal progressed
         async for event in stream.events():
             partition, offset = event.message.partition, event.message.offset
@@ -130,149 +157,22 @@ def build_app(
                 batch = decode_batch(event.message.value)
             except ValueError as exc:  # not written by this worker: nothing to count
                 log.error("skipping an internal record: %s", exc)
-                batch = []
-            by_terminal: dict[str, list[TerminalEvent]] = {}
-            for terminal_id, terminal_event in batch:
-                by_terminal.setdefault(terminal_id, []).append(terminal_event)
-            for terminal_id, events in by_terminal.items():
-                await _update(partition, terminal_id, events)
-            await _close_days(partition)
-            await _evict_if_due(partition)
+            else:
+                await terminals.apply(partition, batch.events)
+                await cards.apply(partition, batch.cards)
             applied[partition] = offset + 1
             progressed = True
 
-    async def _update(partition: int, terminal_id: str, events: list[TerminalEvent]) -> None:
-        stored = table.get(terminal_id)
-        try:
-            state = TerminalState() if stored is None else TerminalState.from_bytes(stored)
-        except ValueError as exc:
-            log.error("skipping terminal=%s: %s", terminal_id, exc)
-            return
-        changed = publish = False
-        for terminal_event in events:
-            applied_ = state.apply(terminal_event, clock)
-            metrics.event(terminal_event.source, applied_.result)
-            if applied_.clamped:
-                metrics.future_event()
-            changed |= applied_.changed
-            publish |= applied_.publish
-        if not changed:
-            return
-        newest_days.setdefault(partition, {})[terminal_id] = state.newest_day
-        publish, features = state.to_publish() if publish else (False, None)
-        table[terminal_id] = state.to_bytes()
-        waiting = unpublished.get(partition)
-        if waiting is None:
-            waiting = unpublished[partition] = _unpublished(partition)
-        if state.unpublished():
-            waiting[terminal_id] = state.as_of_day
-        else:
-            waiting.pop(terminal_id, None)
-        if publish:
-            await _publish_state(terminal_id, state, features)
-
-    async def _close_days(partition: int) -> None:
-        """Publish the terminals whose day the clock has passed with counts not published."""
-        waiting = unpublished.get(partition)
-        if waiting is None:
-            waiting = unpublished[partition] = _unpublished(partition)
-        if not waiting:
-            return
-        closed = [t for t, day in waiting.items() if day < clock.watermark_day]
-        for terminal_id in closed:
-            del waiting[terminal_id]
-            stored = table.get(terminal_id)
-            if stored is None:
-                continue
-            try:
-                state = TerminalState.from_bytes(stored)
-            except ValueError as exc:
-                log.error("skipping terminal=%s: %s", terminal_id, exc)
-                continue
-            publish, features = state.to_publish()
-            if publish:
-                table[terminal_id] = state.to_bytes()
-                await _publish_state(terminal_id, state, features)
-
-    async def _publish_state(
-        terminal_id: str, state: TerminalState, features: npt.NDArray[np.float32] | None
-    ) -> None:
-        """The terminal's record (its features and buckets), or its tombstone (None)."""
-        value = (
-            None
-            if features is None
-            else encode_terminal_risk(terminal_id, state.as_of_day, features, state.risk.buckets())
-        )
-        await _publish(terminal_id, value)
-
-    async def _publish(terminal_id: str, value: bytes | None) -> None:
-        """The terminal's risk record, or its tombstone (None): through the producer itself,
-        so both keep their order (a topic's send would not take a None value)."""
-        await app.producer.send(
-            config.terminal_risk_topic,
-            terminal_id.encode(),
-            value,
-            partition=None,
-            timestamp=None,
-            headers=None,
-        )
-        metrics.published(tombstone=value is None)
-
-    async def _evict_if_due(partition: int) -> None:
-        """Forget the partition's idle terminals, at most every `evict_interval_s`."""
-        now = time.monotonic()
-        if now - last_eviction.get(partition, 0.0) < config.evict_interval_s:
-            return
-        last_eviction[partition] = now
-        known = newest_days.get(partition)
-        if known is None:
-            known = newest_days[partition] = _newest_days(partition)
-        idle = [t for t, day in known.items() if clock.idle_since(day)]
-        for terminal_id in idle:
-            del known[terminal_id]
-            if terminal_id in table:
-                del table[terminal_id]
-                await _publish(terminal_id, None)
-        if idle:
-            metrics.evicted(len(idle))
-            log.info("forgot %s idle terminals of partition %s", len(idle), partition)
-
-    def _unpublished(partition: int) -> dict[str, int]:
-        """Each terminal of the partition whose counts are not all published, with its day
-        (after an assignment: what another replica, or this one before a restart, left)."""
-        waiting = {}
-        for terminal_id, value in table.items():
-            if partition_of(terminal_id, config.table_partitions) != partition:
-                continue
-            try:
-                state = TerminalState.from_bytes(value)
-            except ValueError:
-                continue
-            if state.unpublished():
-                waiting[terminal_id] = state.as_of_day
-        return waiting
-
-    def _newest_days(partition: int) -> dict[str, int]:
-        """Each terminal of the partition held in the table, with its newest day."""
-        days = {}
-        for terminal_id, value in table.items():
-            if partition_of(terminal_id, config.table_partitions) != partition:
-                continue
-            try:
-                days[terminal_id] = TerminalState.from_bytes(value).newest_day
-            except ValueError:
-                continue
-        return days
-
     @app.on_partitions_assigned.connect
     def _assigned(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
-        # What another replica changed meanwhile is read again from the table.
-        newest_days.clear()
-        unpublished.clear()
+        # What another replica changed meanwhile is read again from the tables.
+        terminals.reset()
+        cards.reset()
         applied.clear()
 
-    async def count_terminals() -> None:
-        metrics.terminals(len(table))
+    async def count_entries() -> None:
+        metrics.terminals(len(terminals.table))
+        metrics.cards(len(cards.table))
 
     async def report_progress() -> None:
         nonlocal progressed
@@ -289,6 +189,179 @@ def build_app(
         metrics.stalled(health.stalled)
         progressed = False
 
-    app.timer(GAUGE_INTERVAL_S)(count_terminals)
+    app.timer(GAUGE_INTERVAL_S)(count_entries)
     app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
+
+
+class _EntityTable:
+    """One table of `TerminalState` entries (terminals, or cards) and the topic its records
+    are published to: applies events, publishes, closes days and forgets idle entries."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        table: Any,
+        config: WorkerConfig,
+        metrics: WorkerMetrics,
+        clock: TerminalClock,
+        *,
+        card: bool,
+    ) -> None:
+        self.table = table
+        self._app = app
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._card = card
+        self._topic = config.card_frauds_topic if card else config.terminal_risk_topic
+        self._what = "card" if card else "terminal"
+        #: Per table partition: when idle entries were last looked for.
+        self._last_eviction: dict[int, float] = {}
+        #: Per table partition: entry → its newest day, for the idle ones to be found without
+        #: reading every entry (filled from the table once per assignment, then kept).
+        self._newest_days: dict[int, dict[str, int]] = {}
+        #: Per table partition: entry → its day, for those with counts not published yet (the
+        #: rest of their day's transactions): published once the clock has passed that day.
+        self._unpublished: dict[int, dict[str, int]] = {}
+
+    def reset(self) -> None:
+        """After an assignment: what another replica changed is read again from the table."""
+        self._newest_days.clear()
+        self._unpublished.clear()
+
+    async def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
+        """Apply one internal record's events of this table's entries, in their order."""
+        by_key: dict[str, list[TerminalEvent]] = {}
+        for key, event in pairs:
+            by_key.setdefault(key, []).append(event)
+        for key, events in by_key.items():
+            await self._update(partition, key, events)
+        await self._close_days(partition)
+        await self._evict_if_due(partition)
+
+    def _load(self, key: str) -> TerminalState | None:
+        """The entry in the table, None when there is none; ValueError (logged) when it cannot
+        be read: the caller skips it."""
+        stored = self.table.get(key)
+        if stored is None:
+            return None
+        try:
+            return TerminalState.from_bytes(stored)
+        except ValueError as exc:
+            log.error("skipping %s=%s: %s", self._what, key, exc)
+            raise
+
+    async def _update(self, partition: int, key: str, events: list[TerminalEvent]) -> None:
+        try:
+            state = self._load(key) or TerminalState()
+        except ValueError:
+            return
+        changed = publish = False
+        for event in events:
+            applied = state.apply(event, self._clock)
+            self._metrics.event(event.source, applied.result, card=self._card)
+            if applied.clamped:
+                self._metrics.future_event()
+            changed |= applied.changed
+            publish |= applied.publish
+        if not changed:
+            return
+        self._newest_days.setdefault(partition, {})[key] = state.newest_day
+        publish, features = state.to_publish() if publish else (False, None)
+        self.table[key] = state.to_bytes()
+        waiting = self._waiting(partition)
+        if state.unpublished():
+            waiting[key] = state.as_of_day
+        else:
+            waiting.pop(key, None)
+        if publish:
+            await self._publish(key, state, features)
+
+    def _waiting(self, partition: int) -> dict[str, int]:
+        waiting = self._unpublished.get(partition)
+        if waiting is None:
+            waiting = self._unpublished[partition] = self._scan(partition, _unpublished_day)
+        return waiting
+
+    async def _close_days(self, partition: int) -> None:
+        """Publish the entries whose day the clock has passed with counts not published."""
+        waiting = self._waiting(partition)
+        closed = [key for key, day in waiting.items() if day < self._clock.watermark_day]
+        for key in closed:
+            del waiting[key]
+            try:
+                state = self._load(key)
+            except ValueError:
+                continue
+            if state is None:
+                continue
+            publish, features = state.to_publish()
+            if publish:
+                self.table[key] = state.to_bytes()
+                await self._publish(key, state, features)
+
+    async def _publish(
+        self, key: str, state: TerminalState, features: npt.NDArray[np.float32] | None
+    ) -> None:
+        """The entry's record, or its tombstone (`features` None)."""
+        value = None
+        if features is not None and self._card:
+            days, counts = state.risk.buckets()
+            value = encode_card_frauds(key, state.as_of_day, days, counts[:, 1])
+        elif features is not None:
+            value = encode_terminal_risk(key, state.as_of_day, features, state.risk.buckets())
+        await self._send(key, value)
+
+    async def _send(self, key: str, value: bytes | None) -> None:
+        """Through the producer itself, so records and tombstones keep their order (a topic's
+        send would not take a None value)."""
+        await self._app.producer.send(
+            self._topic, key.encode(), value, partition=None, timestamp=None, headers=None
+        )
+        self._metrics.published(tombstone=value is None, card=self._card)
+
+    async def _evict_if_due(self, partition: int) -> None:
+        """Forget the partition's idle entries, at most every `evict_interval_s`."""
+        now = time.monotonic()
+        if now - self._last_eviction.get(partition, 0.0) < self._config.evict_interval_s:
+            return
+        self._last_eviction[partition] = now
+        known = self._newest_days.get(partition)
+        if known is None:
+            known = self._newest_days[partition] = self._scan(partition, _newest_day)
+        idle = [key for key, day in known.items() if self._clock.idle_since(day)]
+        for key in idle:
+            del known[key]
+            if key in self.table:
+                del self.table[key]
+                await self._send(key, None)
+        if idle:
+            self._metrics.evicted(len(idle), card=self._card)
+            log.info("forgot %s idle %ss of partition %s", len(idle), self._what, partition)
+
+    def _scan(
+        self, partition: int, day_of: Callable[[TerminalState], int | None]
+    ) -> dict[str, int]:
+        """Each entry of the partition held in the table for which `day_of(state)` gives a
+        day (after an assignment: what another replica, or this one before a restart, left)."""
+        days = {}
+        for key, value in self.table.items():
+            if partition_of(key, self._config.table_partitions) != partition:
+                continue
+            try:
+                day = day_of(TerminalState.from_bytes(value))
+            except ValueError:
+                continue
+            if day is not None:
+                days[key] = day
+        return days
+
+
+def _unpublished_day(state: TerminalState) -> int | None:
+    """An entry's day, when its counts are not all published."""
+    return state.as_of_day if state.unpublished() else None
+
+
+def _newest_day(state: TerminalState) -> int | None:
+    return state.newest_day

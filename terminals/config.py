@@ -45,6 +45,13 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             "compacted topic the per-terminal risk is published to (key terminal_id)",
         ),
     ] = "terminal-risk"
+    card_frauds_topic: Annotated[
+        Topic,
+        meta(
+            "FRAUD_CARD_FRAUDS_TOPIC",
+            "compacted topic each card's confirmed frauds are published to (key card_id)",
+        ),
+    ] = "card-frauds"
     dlq_topic: Annotated[
         Topic, meta("FRAUD_DLQ_TOPIC", "dead-letter topic for labels that break the contract")
     ] = "transactions.dlq"
@@ -63,7 +70,7 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             "FRAUD_FEATURES_TABLE_PARTITIONS",
             "partitions of the table, its changelog and the re-keyed events topic (the most "
             "replicas that share the work), fixed when faust first creates them; also those of "
-            "labels and terminal-risk if `run` creates them",
+            "labels, terminal-risk and card-frauds if `run` creates them",
             ge=1,
             le=10_000,
         ),

@@ -1,16 +1,20 @@
-"""Re-keying: a transaction or a label (keyed by card) becomes an event of its terminal.
+"""Re-keying: a transaction or a label (keyed by card) becomes an event of its terminal, and a
+label also one of its card.
 
 The input topics are keyed by `card_id`, so one terminal's records are spread over every
 partition. Before anything touches the per-terminal table, the worker's routing agents turn each
 record into a `TerminalEvent` and send it to the internal topic partition of its terminal
 (`partition_of`: CRC-32 of the terminal id), so each terminal's events meet in one partition and
-one table partition: faust's repartitioning, as `Stream.group_by` does it. The event carries what
+one table partition: faust's repartitioning, as `Stream.group_by` does it. Each label goes to
+its card's partition too (CRC-32 of the card id), for the per-card table of confirmed frauds;
+transactions do not (a card's table counts frauds only). The event carries what
 the table needs and no more: which input it came from and where (for idempotent counting, see
 terminals/state.py), the transaction's event time, and for a label the outcome and when it
 became known. Decoding happens once, here.
 
 The events of one routed batch of input records that go to one partition travel as one record
-(`TerminalBatch`, a JSON array of [terminal_id, event] pairs), in input order: one internal
+(`TerminalBatch`, a JSON array of [terminal_id, event] pairs, then of [card_id, event] pairs),
+in input order: one internal
 record per partition and batch instead of one per input record, which is what keeps faust's
 per-record cost off the table's side.
 
@@ -50,16 +54,20 @@ class TerminalEvent(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class Routed(NamedTuple):
-    """A record's terminal (the new key) and its event (the new value)."""
+    """A record's terminal or card (the new key) and its event (the new value)."""
 
-    terminal_id: str
+    key: str
     event: TerminalEvent
+    #: The event of a card (for its confirmed frauds), not of a terminal.
+    card: bool = False
 
 
 class TerminalBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """The events of one internal record: [terminal_id, event] pairs of one partition."""
+    """The events of one internal record, of one partition: [terminal_id, event] pairs, and
+    [card_id, event] pairs (labels only; none in a record of an older worker)."""
 
     events: list[tuple[str, TerminalEvent]]
+    cards: list[tuple[str, TerminalEvent]] = []
 
 
 _encode = msgspec.json.Encoder().encode
@@ -74,18 +82,20 @@ def partition_of(terminal_id: str, partitions: int) -> int:
 
 def batch_by_partition(routed: Iterable[Routed], partitions: int) -> dict[int, bytes]:
     """The internal records of routed events: one per partition, events in their order."""
-    by_partition: dict[int, list[tuple[str, TerminalEvent]]] = {}
-    for terminal_id, event in routed:
-        by_partition.setdefault(partition_of(terminal_id, partitions), []).append(
-            (terminal_id, event)
-        )
-    return {p: _encode(TerminalBatch(events)) for p, events in by_partition.items()}
+    by_partition: dict[int, TerminalBatch] = {}
+    for key, event, card in routed:
+        partition = partition_of(key, partitions)
+        batch = by_partition.get(partition)
+        if batch is None:
+            batch = by_partition[partition] = TerminalBatch([], [])
+        (batch.cards if card else batch.events).append((key, event))
+    return {p: _encode(batch) for p, batch in by_partition.items()}
 
 
-def decode_batch(value: bytes | None) -> list[tuple[str, TerminalEvent]]:
+def decode_batch(value: bytes | None) -> TerminalBatch:
     """Read an internal record back; ValueError if it is not one (never expected)."""
     try:
-        return _decoder.decode(value or b"").events
+        return _decoder.decode(value or b"")
     except msgspec.MsgspecError as exc:
         raise ValueError(f"not a batch of terminal events: {exc}") from exc
 
@@ -102,14 +112,12 @@ def route_transaction(value: bytes | None, partition: int, offset: int) -> Route
     return Routed(transaction.terminal_id, event)
 
 
-def route_label(value: bytes | None, partition: int, offset: int) -> Routed | None:
-    """The terminal event of a label record, or None when it names no terminal.
+def route_label(value: bytes | None, partition: int, offset: int) -> list[Routed]:
+    """The events of a label record: its terminal's, when it names one, and its card's.
 
     Raises DecodeError or ValidationError (contracts/label.py) for an invalid record.
     """
     label = decode_label(value)
-    if not label.terminal_id:
-        return None
     event = TerminalEvent(
         LABEL,
         partition,
@@ -119,4 +127,5 @@ def route_label(value: bytes | None, partition: int, offset: int) -> Routed | No
         label.reported_at,
         label.transaction_id,
     )
-    return Routed(label.terminal_id, event)
+    card = Routed(label.card_id, event, card=True)
+    return [Routed(label.terminal_id, event), card] if label.terminal_id else [card]

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 #: Outcomes of a transaction record: counted on its terminal, no terminal (skipped), invalid
 #: (skipped: the scorer dead-letters it).
 TRANSACTION_OUTCOMES = ("routed", "no_terminal", "invalid")
-#: Outcomes of a label record: routed to its terminal (fraud or legit), no terminal (skipped),
-#: dead-lettered (decode or validate).
+#: Outcomes of a label record: routed to its terminal and its card (fraud or legit), to its card
+#: only (no terminal), dead-lettered (decode or validate).
 LABEL_OUTCOMES = ("fraud", "legit", "no_terminal", "dead_lettered")
 #: A minute to two months: analyst reviews take hours, chargebacks days to weeks.
 LABEL_DELAY_BUCKETS: tuple[float, ...] = (60.0, 600.0, 3_600.0, 4 * 3_600.0, 12 * 3_600.0, 86_400.0)
@@ -81,9 +81,33 @@ class WorkerMetrics:
             "Terminals in this replica's table partitions",
             registry=self.registry,
         )
+        self._card_events = Counter(
+            "fraud_features_card_events",
+            "Labels applied to the per-card table of confirmed frauds, by result (as "
+            "fraud_features_terminal_events)",
+            ["result"],
+            registry=self.registry,
+        )
+        self._card_published = Counter(
+            "fraud_features_card_frauds_published",
+            "Card records published to the card-frauds topic: frauds, or a tombstone (no window "
+            "reads any of the card's frauds any more)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self._cards_evicted = Counter(
+            "fraud_features_cards_evicted",
+            "Idle cards forgotten (no window reads any of their frauds again)",
+            registry=self.registry,
+        )
+        self._cards = Gauge(
+            "fraud_features_cards",
+            "Cards with a confirmed fraud in this replica's table partitions",
+            registry=self.registry,
+        )
         self._label_delay = Histogram(
             "fraud_features_label_delay_seconds",
-            "How long after its transaction a label naming a terminal was reported "
+            "How long after its transaction a label was reported "
             "(reported_at - event_time; in event time, so a compressed-time run shows it "
             "compressed)",
             buckets=LABEL_DELAY_BUCKETS,
@@ -102,6 +126,8 @@ class WorkerMetrics:
             self._labels.labels(outcome)
         for kind in ("features", "tombstone"):
             self._published.labels(kind)
+        for kind in ("frauds", "tombstone"):
+            self._card_published.labels(kind)
 
     def transaction(self, outcome: str) -> None:
         self._transactions.labels(outcome).inc()
@@ -112,18 +138,24 @@ class WorkerMetrics:
     def label_delay(self, delay_ms: int) -> None:
         self._label_delay.observe(max(delay_ms, 0) / 1000.0)
 
-    def event(self, source: str, result: str) -> None:
+    def event(self, source: str, result: str, *, card: bool = False) -> None:
+        if card:
+            self._card_events.labels(result).inc()
+            return
         kind = "transaction" if source == "t" else "label"
         self._events.labels(kind, result).inc()
 
     def future_event(self) -> None:
         self._future.inc()
 
-    def published(self, *, tombstone: bool = False) -> None:
-        self._published.labels("tombstone" if tombstone else "features").inc()
+    def published(self, *, tombstone: bool = False, card: bool = False) -> None:
+        if card:
+            self._card_published.labels("tombstone" if tombstone else "frauds").inc()
+        else:
+            self._published.labels("tombstone" if tombstone else "features").inc()
 
-    def evicted(self, count: int) -> None:
-        self._evicted.inc(count)
+    def evicted(self, count: int, *, card: bool = False) -> None:
+        (self._cards_evicted if card else self._evicted).inc(count)
 
     def delivery_retry(self) -> None:
         self._retries.inc()
@@ -133,6 +165,9 @@ class WorkerMetrics:
 
     def terminals(self, count: int) -> None:
         self._terminals.set(count)
+
+    def cards(self, count: int) -> None:
+        self._cards.set(count)
 
     def history_time_scale(self, scale: float) -> None:
         self._history_time_scale.set(scale)

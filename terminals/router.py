@@ -200,12 +200,13 @@ class Router:
                 exc,
             )
             return
-        if found is None:
+        routed.extend(found)
+        event = found[0].event
+        if len(found) == 1:  # its card's event only
             self._metrics.label("no_terminal")
-            return
-        routed.append(found)
-        self._metrics.label("fraud" if found.event.fraud else "legit")
-        self._metrics.label_delay(found.event.reported_at - found.event.event_time)
+        else:
+            self._metrics.label("fraud" if event.fraud else "legit")
+        self._metrics.label_delay(event.reported_at - event.event_time)
 
     def _deliver(self, outputs: list[_Output], stop: threading.Event) -> None:
         """Send `outputs` until every one is acknowledged (or `stop`); `outputs` is left with

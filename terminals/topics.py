@@ -1,13 +1,14 @@
-"""The worker's own topics: `labels` (its input) and the compacted `terminal-risk` (its output).
+"""The worker's own topics: `labels` (its input) and the compacted `terminal-risk` and
+`card-frauds` (its outputs).
 
 `fraud-features create-topics` creates them, and `fraud-features run` does too where they are
-missing, so the worker starts on a broker that has only the scorer's topics. `terminal-risk`
-must be compacted: the scorer rebuilds its copy by reading the whole topic, and under the
-default delete policy a terminal whose risk has not changed for the retention time would lose
-its record. An existing `terminal-risk` without `cleanup.policy=compact` stops the worker.
+missing, so the worker starts on a broker that has only the scorer's topics. The outputs must
+be compacted: the scorer rebuilds its copies by reading each whole topic, and under the default
+delete policy a terminal (or card) whose record has not changed for the retention time would
+lose it. An existing output topic without `cleanup.policy=compact` stops the worker.
 
-The internal topics, `<app id>-terminal-events` (the re-keyed events) and
-`<app id>-terminal-state-changelog` (the table's changelog, compacted), with
+The internal topics, `<app id>-terminal-events` (the re-keyed events), and the tables'
+changelogs `<app id>-terminal-state-changelog` and `<app id>-card-state-changelog` (compacted), with
 FRAUD_FEATURES_TABLE_PARTITIONS partitions, are created here too before faust starts, and `run`
 waits until the broker's metadata lists every topic the worker reads: faust would create its
 internal topics itself, but a consumer group that forms before a brand-new topic shows in the
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 #: How often the metadata is read while waiting for new internal topics to show.
 METADATA_POLL_S = 0.2
 COMPACT = {"cleanup.policy": "compact"}
-#: faust's name of the table (its changelog is <app id>-<table>-changelog).
+#: faust's names of the tables (a changelog is <app id>-<table>-changelog).
 TABLE_NAME = "terminal-state"
+CARD_TABLE_NAME = "card-state"
 
 
 def events_topic_name(app_id: str) -> str:
@@ -50,15 +52,16 @@ def events_topic_name(app_id: str) -> str:
     return f"{app_id}-terminal-events"
 
 
-def changelog_topic_name(app_id: str) -> str:
-    """The table's changelog topic (faust's naming)."""
-    return f"{app_id}-{TABLE_NAME}-changelog"
+def changelog_topic_name(app_id: str, table: str = TABLE_NAME) -> str:
+    """A table's changelog topic (faust's naming)."""
+    return f"{app_id}-{table}-changelog"
 
 
 def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int) -> list[str]:
-    """Create the labels and terminal-risk topics where missing; return those created.
+    """Create the labels, terminal-risk and card-frauds topics where missing; return those
+    created.
 
-    Raises ConfigurationError when a topic cannot be created, or terminal-risk exists without
+    Raises ConfigurationError when a topic cannot be created, or an output topic exists without
     compaction.
     """
     if partitions < 1 or replication_factor < 1:
@@ -72,33 +75,39 @@ def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int
         [
             NewTopic(config.labels_topic, partitions, replication_factor),
             NewTopic(config.terminal_risk_topic, partitions, replication_factor, config=COMPACT),
+            NewTopic(config.card_frauds_topic, partitions, replication_factor, config=COMPACT),
         ],
     )
-    if config.terminal_risk_topic not in created:
-        _check_compacted(admin, config.terminal_risk_topic)
+    for topic, setting in (
+        (config.terminal_risk_topic, "FRAUD_TERMINAL_RISK_TOPIC"),
+        (config.card_frauds_topic, "FRAUD_CARD_FRAUDS_TOPIC"),
+    ):
+        if topic not in created:
+            _check_compacted(admin, topic, setting)
     return created
 
 
 def prepare_topics(config: WorkerConfig) -> None:
-    """Before faust starts: create what is missing of the labels, terminal-risk and internal
-    topics, and wait until the metadata lists them all and the transactions topic.
+    """Before faust starts: create what is missing of the labels, output and internal topics,
+    and wait until the metadata lists them all and the transactions topic.
 
     Raises ConfigurationError when a topic cannot be created, the transactions topic does not
-    exist, terminal-risk is not compacted, an internal topic has another partition count than
+    exist, an output topic is not compacted, an internal topic has another partition count than
     FRAUD_FEATURES_TABLE_PARTITIONS, or a new topic does not show within ADMIN_TIMEOUT_S.
     """
     partitions, replicas = config.table_partitions, config.internal_replication_factor
     ensure_topics(config, partitions, replicas)
     admin = _admin(config)
-    internal = [events_topic_name(config.app_id), changelog_topic_name(config.app_id)]
+    changelogs = [changelog_topic_name(config.app_id, t) for t in (TABLE_NAME, CARD_TABLE_NAME)]
+    internal = [events_topic_name(config.app_id), *changelogs]
     create_missing(
         admin,
         [
             NewTopic(internal[0], partitions, replicas),
-            NewTopic(internal[1], partitions, replicas, config=COMPACT),
+            *(NewTopic(name, partitions, replicas, config=COMPACT) for name in changelogs),
         ],
     )
-    names = [config.labels_topic, config.terminal_risk_topic, *internal]
+    names = [config.labels_topic, config.terminal_risk_topic, config.card_frauds_topic, *internal]
     deadline = time.monotonic() + ADMIN_TIMEOUT_S
     while True:
         topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
@@ -127,7 +136,7 @@ def _admin(config: WorkerConfig) -> AdminClient:
     return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})
 
 
-def _check_compacted(admin: AdminClient, topic: str) -> None:
+def _check_compacted(admin: AdminClient, topic: str, setting: str) -> None:
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         described = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
@@ -136,9 +145,8 @@ def _check_compacted(admin: AdminClient, topic: str) -> None:
     policy = described.get("cleanup.policy")
     if policy is None or "compact" not in str(policy.value).split(","):
         raise ConfigurationError(
-            f"topic {topic!r} exists without cleanup.policy=compact, so terminals would lose "
-            "their risk after the retention time: alter it (kafka-configs.sh --alter "
+            f"topic {topic!r} exists without cleanup.policy=compact, so its records would be "
+            "lost after the retention time: alter it (kafka-configs.sh --alter "
             "--entity-type topics --entity-name "
-            f"{topic} --add-config cleanup.policy=compact) or choose another "
-            "FRAUD_TERMINAL_RISK_TOPIC"
+            f"{topic} --add-config cleanup.policy=compact) or choose another {setting}"
         )

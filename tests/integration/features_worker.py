@@ -1,6 +1,6 @@
 """The features worker as the integration tests drive it: a `fraud-features run` child process,
-the records they produce (transactions and labels on whole days), and a reader of the
-`terminal-risk` topic. Used by test_features_worker.py; no tests here."""
+the records they produce (transactions and labels on whole days), and readers of the
+`terminal-risk` and `card-frauds` topics. Used by test_features_worker.py; no tests here."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from contracts.card_frauds import decode_card_frauds
 from contracts.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
 from tests.integration.conftest import (
     BOOTSTRAP,
@@ -40,6 +41,7 @@ class WorkerTopics:
     risk: str
     dlq: str
     app_id: str
+    card_frauds: str
 
 
 @dataclass
@@ -59,6 +61,7 @@ class WorkerProcess:
             *("--bootstrap-servers", BOOTSTRAP, "--app-id", self.topics.app_id),
             *("--input-topic", self.topics.transactions, "--labels-topic", self.topics.labels),
             *("--terminal-risk-topic", self.topics.risk, "--dlq-topic", self.topics.dlq),
+            *("--card-frauds-topic", self.topics.card_frauds),
             *("--table-partitions", str(PARTITIONS), "--instance-id", "w1"),
             *("--session-timeout-s", str(SESSION_TIMEOUT_S), "--data-dir", str(self.data_dir)),
             *("--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)),
@@ -142,9 +145,11 @@ def label(
 
 
 class RiskReader:
-    """Reads the terminal-risk topic as it grows; the latest record per terminal."""
+    """Reads the terminal-risk topic (or, `cards`, the card-frauds topic) as it grows; the
+    latest record per terminal (card)."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, *, cards: bool = False) -> None:
+        self._cards = cards
         #: The latest record per terminal; None once a tombstone came.
         self.latest: dict[str, dict[str, float] | None] = {}
         self._consumer = Consumer(
@@ -184,6 +189,14 @@ class RiskReader:
             if value is None:
                 self.latest[key] = None
                 continue
+            if self._cards:
+                card = decode_card_frauds(value)
+                assert card.card_id == key
+                frauds = dict(zip(card.days.tolist(), card.frauds.tolist(), strict=True))
+                self.latest[key] = {"as_of_day": card.as_of_day} | {
+                    f"frauds_on_{day}": count for day, count in frauds.items()
+                }
+                continue
             record = decode_terminal_risk(value)
             assert record.terminal_id == key
             self.latest[key] = {"as_of_day": record.as_of_day} | dict(
@@ -199,7 +212,8 @@ FEATURES = list(TERMINAL_FEATURE_NAMES)
 
 def _matches(record: dict[str, float] | None, expected: dict[str, float]) -> bool:
     return record is not None and all(
-        math.isclose(record[k], v, rel_tol=1e-5, abs_tol=1e-6) for k, v in expected.items()
+        k in record and math.isclose(record[k], v, rel_tol=1e-5, abs_tol=1e-6)
+        for k, v in expected.items()
     )
 
 

@@ -1,7 +1,8 @@
 """`fraud-features` against the real broker: late labels change a terminal's published risk, the
 table survives a kill -9 (recovered from its changelog), and bad labels are dead-lettered; the
 scorer joins that risk, so late labels change the scores of later transactions at the terminal;
-and `fraud-loadgen` feeds it labels that match the transactions it sent.
+a card's confirmed frauds reach the scorer's card columns, each label once, corrections taken
+back; and `fraud-loadgen` feeds it labels that match the transactions it sent.
 
 Each test has its own topics and app id (so its own consumer group and internal topics), and runs
 the worker as a child process (tests/integration/features_worker.py). Event times are whole UTC
@@ -20,15 +21,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.dead_letter import decode_headers
+from contracts.decision import decode_features
 from contracts.label import decode_label
 from contracts.terminal_risk import DELAY_DAYS
 from contracts.transaction import decode_transaction
+from scorer.features import FEATURE_NAMES
 from terminals.router import router_group
-from terminals.topics import changelog_topic_name, events_topic_name
+from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
     LARGE_MESSAGE_BYTES,
@@ -63,15 +67,22 @@ from tests.support.records import raw_headers, value_of
 def worker_topics(admin: AdminClient) -> Iterator[WorkerTopics]:
     suffix = uuid.uuid4().hex[:10]
     topics = WorkerTopics(
-        f"tx-{suffix}", f"labels-{suffix}", f"risk-{suffix}", f"tx-{suffix}.dlq", f"ff-{suffix}"
+        f"tx-{suffix}",
+        f"labels-{suffix}",
+        f"risk-{suffix}",
+        f"tx-{suffix}.dlq",
+        f"ff-{suffix}",
+        f"cards-{suffix}",
     )
     new = [NewTopic(name, PARTITIONS, 1) for name in (topics.transactions, topics.dlq)]
     new.append(NewTopic(topics.risk, 1, 1, config={"cleanup.policy": "compact"}))
+    new.append(NewTopic(topics.card_frauds, 1, 1, config={"cleanup.policy": "compact"}))
     new.append(NewTopic(topics.labels, PARTITIONS, 1))
     for future in admin.create_topics(new).values():
         future.result(timeout=30)
     yield topics
     internal = [events_topic_name(topics.app_id), changelog_topic_name(topics.app_id)]
+    internal.append(changelog_topic_name(topics.app_id, CARD_TABLE_NAME))
     existing = set(admin.list_topics(timeout=30).topics)
     names = [n for n in (*(t.topic for t in new), *internal) if n in existing]
     for future in admin.delete_topics(names).values():
@@ -136,9 +147,10 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         assert after != before
         assert worker.metric('fraud_features_labels_total{outcome="no_terminal"}') == 1
         assert worker.metric('fraud_features_transactions_total{outcome="no_terminal"}') == 1
-        # The five labels naming a terminal, each reported (today, 2 h in) after its day began.
-        delays = [msgspec.json.decode(value) for _, value in late[:5]]
-        assert worker.metric("fraud_features_label_delay_seconds_count") == 5
+        # The six labels (the one without a terminal counts for its card), each reported
+        # (today, 2 h in) after its day began.
+        delays = [msgspec.json.decode(value) for _, value in late]
+        assert worker.metric("fraud_features_label_delay_seconds_count") == 6
         assert worker.metric("fraud_features_label_delay_seconds_sum") == pytest.approx(
             sum((d["reported_at"] - d["event_time"]) / 1000 for d in delays)
         )
@@ -269,6 +281,59 @@ def test_late_labels_change_the_scores_of_later_transactions_at_that_terminal(
         reader.close()
     assert after["P"] > before["P"], "confirmed fraud at P must raise the score of P's next tx"
     assert _same(after["Q"], before["Q"]), "P's labels must not move another terminal's scores"
+
+
+def test_a_cards_confirmed_frauds_reach_the_scorer_once_each_and_corrections_take_them_back(
+    worker_topics: WorkerTopics,
+    start_worker: Callable[[], WorkerProcess],
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+) -> None:
+    topics = worker_topics
+    today = DAY0 + 1
+    start_worker()
+    scorer_topics = topics_factory(partitions=PARTITIONS)
+    flags = ("--card-frauds-topic", topics.card_frauds, "--decision-features", "on")
+    scorer = service_factory(scorer_topics, *flags, "--decision-deadline-ms", "0")
+    reader = RiskReader(topics.card_frauds, cards=True)
+    columns = [FEATURE_NAMES.index(f"card_fresh_frauds_{w}d") for w in (2, 7)]
+    sent = 0
+
+    def card_columns(day: int) -> list[float]:
+        """The card columns the scorer computed for a new transaction of card c-1 on `day`."""
+        nonlocal sent
+        sent += 1
+        record = msgspec.json.decode(transaction(1, day, None)[1])
+        produce(scorer_topics.input, [(b"c-1", encode(record | {"transaction_id": f"x-{sent}"}))])
+        for message in read_topic(scorer_topics.output, sent, timeout_s=30, settle_s=0):
+            decision = json.loads(value_of(message))
+            if decision["transaction_id"] == f"x-{sent}":
+                return decode_features(decision["features"])[columns].tolist()
+        raise AssertionError(f"no decision for x-{sent}")
+
+    try:
+        # c-1: a chargeback of a DAY0 transaction (sent twice: a producer retry), and an
+        # analyst's fraud on a transaction of today without a terminal; both reported today.
+        fraud = label(1, DAY0, "P", fraud=True, reported=today)
+        produce(topics.labels, [fraud, fraud, label(6, today, None, fraud=True, reported=today)])
+        expected: dict[str, float] = {"as_of_day": today, f"frauds_on_{DAY0}": 1}
+        expected[f"frauds_on_{today}"] = 1
+        assert reader.wait_for("c-1", expected) == expected
+        scorer.wait_for_metric("fraud_card_frauds_cards", 1)
+        assert np.allclose(card_columns(today), np.log1p([2, 2]))
+        assert np.allclose(card_columns(today + 5), np.log1p([0, 2]))  # the 7-day window only
+
+        # The chargeback was a mistake: its fraud is taken back; then the other one too.
+        produce(topics.labels, [label(1, DAY0, "P", fraud=False, reported=today)])
+        expected = {"as_of_day": today, f"frauds_on_{today}": 1}
+        assert reader.wait_for("c-1", expected) == expected
+        deadline = time.monotonic() + 30
+        while not np.allclose(card_columns(today), np.log1p([1, 1])):
+            assert time.monotonic() < deadline, "the scorer kept the corrected fraud"
+        produce(topics.labels, [label(6, today, None, fraud=False, reported=today)])
+        reader.wait_for_tombstone("c-1")
+    finally:
+        reader.close()
 
 
 def test_bad_labels_are_dead_lettered_with_the_scorers_headers(

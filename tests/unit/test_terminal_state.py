@@ -94,24 +94,35 @@ def test_a_transaction_becomes_an_event_of_its_terminal() -> None:
     )
 
 
-def test_a_label_becomes_an_event_of_its_terminal() -> None:
+def test_a_label_becomes_an_event_of_its_terminal_and_one_of_its_card() -> None:
     routed = route_label(msgspec.json.encode(LABEL_RECORD), 1, 7)
     expected = TerminalEvent(
         LABEL, 1, 7, LABEL_RECORD["event_time"], True, LABEL_RECORD["reported_at"], "t-1"
     )
-    assert routed == Routed("P", expected)
+    assert routed == [Routed("P", expected), Routed(LABEL_RECORD["card_id"], expected, card=True)]
 
 
 def test_events_travel_in_one_record_per_partition_in_their_order() -> None:
     routed = [Routed(f"term-{i % 7}", TerminalEvent(TRANSACTION, 0, i, i)) for i in range(50)]
+    routed += [Routed(f"card-{i % 5}", TerminalEvent(LABEL, 0, i, i), card=True) for i in range(30)]
     records = batch_by_partition(routed, 4)
     assert set(records) <= set(range(4))
     for partition, value in records.items():
-        events = decode_batch(value)
-        assert all(partition_of(terminal, 4) == partition for terminal, _ in events)
-        offsets = [event.offset for _, event in events]
-        assert offsets == sorted(offsets)
-    assert sum(len(decode_batch(v)) for v in records.values()) == 50
+        batch = decode_batch(value)
+        for pairs in (batch.events, batch.cards):
+            assert all(partition_of(key, 4) == partition for key, _ in pairs)
+            offsets = [event.offset for _, event in pairs]
+            assert offsets == sorted(offsets)
+        assert all(key.startswith("term-") for key, _ in batch.events)
+        assert all(key.startswith("card-") for key, _ in batch.cards)
+    batches = [decode_batch(v) for v in records.values()]
+    assert sum(len(b.events) for b in batches) == 50 and sum(len(b.cards) for b in batches) == 30
+
+
+def test_an_internal_record_of_an_older_worker_has_no_card_events() -> None:
+    older = b'[[["P", ["t", 0, 5, 9]]]]'  # TerminalBatch before it carried cards
+    batch = decode_batch(older)
+    assert batch.events == [("P", TerminalEvent(TRANSACTION, 0, 5, 9))] and batch.cards == []
 
 
 def test_a_terminals_partition_is_stable() -> None:
@@ -120,9 +131,10 @@ def test_a_terminals_partition_is_stable() -> None:
 
 
 @pytest.mark.parametrize("terminal", [None, ""])
-def test_records_without_a_terminal_route_nowhere(terminal: str | None) -> None:
+def test_records_without_a_terminal_route_to_no_terminal(terminal: str | None) -> None:
     assert route_transaction(encode(TRANSACTION_RECORD, terminal_id=terminal), 0, 0) is None
-    assert route_label(encode(LABEL_RECORD, terminal_id=terminal), 0, 0) is None
+    routed = route_label(encode(LABEL_RECORD, terminal_id=terminal), 0, 0)
+    assert [(r.key, r.card) for r in routed] == [(LABEL_RECORD["card_id"], True)]
 
 
 def test_invalid_records_raise_the_contract_errors() -> None:
