@@ -146,6 +146,8 @@ def service_command(
         group,
         "--terminal-risk-topic",
         f"{group}-terminal-risk",
+        "--card-frauds-topic",
+        f"{group}-card-frauds",
         "--metrics-host",
         "127.0.0.1",
         "--metrics-port",

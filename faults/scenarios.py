@@ -51,7 +51,7 @@ ZOMBIE = (
     *("-X", f"max.poll.interval.ms={ZOMBIE_TIMEOUTS_MS}"),
 )
 RECOVERY_TIMEOUT_S = 120.0
-#: What a replica logs when its terminal-risk reader gives up (stream/terminal_table.py).
+#: What a replica logs when its terminal-risk reader gives up (stream/worker_tables.py).
 TABLE_STOPPED = "terminal-risk reader stopped"
 #: Evidence in a zombie's log that its transaction was fenced and aborted (exactly-once).
 FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")

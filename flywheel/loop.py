@@ -308,6 +308,8 @@ def _start_service(
         f"{topics['tx']}-scorer",
         "--terminal-risk-topic",
         f"{topics['tx']}-terminal-risk",
+        "--card-frauds-topic",
+        f"{topics['tx']}-card-frauds",
         "--metrics-host",
         "127.0.0.1",
         "--metrics-port",

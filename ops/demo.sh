@@ -38,11 +38,13 @@ run_id="$(date +%s)"
 # A worker of its own per run, reading from now on: its days are those of this run's time scale.
 export FRAUD_FEATURES_APP_ID="fraud-features-demo-$run_id"
 export FRAUD_FEATURES_AUTO_OFFSET_RESET=latest
-# Card state and terminal risk of this run alone: a risk topic per run, and the demo group's
+# Card state, terminal risk and card frauds of this run alone: a risk and a card-frauds topic per
+# run, and the demo group's
 # card-state changelog deleted at the end (its offsets stay: the next run starts where this one
 # stopped). Earlier runs' state would be read back first, for seconds, while the load runs.
 export FRAUD_GROUP_ID=fraud-scorer-demo
 export FRAUD_TERMINAL_RISK_TOPIC="terminal-risk-demo-$run_id"
+export FRAUD_CARD_FRAUDS_TOPIC="card-frauds-demo-$run_id"
 cleanup() {
   for pid in "$scorer_pid" "$features_pid"; do
     if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
@@ -53,9 +55,10 @@ cleanup() {
   if [[ -n "$features_pid" ]]; then  # the run's own topics
     "$py" -c "import os; from confluent_kafka.admin import AdminClient
 from stream.startup.config import ServiceConfig
-from terminals.topics import changelog_topic_name, events_topic_name
+from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
 app = os.environ['FRAUD_FEATURES_APP_ID']
-names = [events_topic_name(app), changelog_topic_name(app), os.environ['FRAUD_TERMINAL_RISK_TOPIC']]
+names = [events_topic_name(app), changelog_topic_name(app), changelog_topic_name(app, CARD_TABLE_NAME)]
+names += [os.environ['FRAUD_TERMINAL_RISK_TOPIC'], os.environ['FRAUD_CARD_FRAUDS_TOPIC']]
 names.append(ServiceConfig.from_sources({}, os.environ).changelog_topic)
 admin = AdminClient({'bootstrap.servers': '127.0.0.1:9092'})  # held until the futures resolve
 existing = admin.list_topics(timeout=30).topics

@@ -140,11 +140,17 @@ _TERMINAL.update(
         for w in FRESH_WINDOWS_DAYS
     }
 )
-_DESCRIPTIONS = {**_TRANSACTION, **_HISTORY, **_TERMINAL}
+_CARD_FRAUDS = {
+    f"card_fresh_frauds_{w}d": f"log(1 + the card's confirmed frauds on the last {w} days, "
+    "today included, known so far: by report time, no delay)"
+    for w in FRESH_WINDOWS_DAYS
+}
+_DESCRIPTIONS = {**_TRANSACTION, **_HISTORY, **_TERMINAL, **_CARD_FRAUDS}
 _GROUPS = {
     **dict.fromkeys(_TRANSACTION, "transaction"),
     **dict.fromkeys(_HISTORY, "card history"),
     **dict.fromkeys(_TERMINAL, "terminal risk"),
+    **dict.fromkeys(_CARD_FRAUDS, "card frauds"),
 }
 
 
@@ -205,7 +211,8 @@ def _labels() -> dict[str, Label]:
     for w in ("1d", "7d", "30d"):
         labels.update(_terminal_window_labels(w))
     for days in FRESH_WINDOWS_DAYS:
-        labels[f"terminal_fresh_frauds_{days}d"] = _fresh_label(days)
+        labels[f"terminal_fresh_frauds_{days}d"] = _fresh_label("terminal", days)
+        labels[f"card_fresh_frauds_{days}d"] = _fresh_label("card", days)
     return labels
 
 
@@ -238,12 +245,11 @@ def _terminal_window_labels(w: str) -> dict[str, Label]:
     }
 
 
-def _fresh_label(days: int) -> Label:
-    name = f"terminal_fresh_frauds_{days}d"
+def _fresh_label(entity: str, days: int) -> Label:
+    name = f"{entity}_fresh_frauds_{days}d"
     span = "today and yesterday" if days == 2 else f"the last {days} days"
-    return lambda r: (
-        f"{_count(r[name])} frauds confirmed at the terminal in {span}, reported so far"
-    )
+    where = "at the terminal" if entity == "terminal" else "on the card"
+    return lambda r: f"{_count(r[name])} frauds confirmed {where} in {span}, reported so far"
 
 
 #: Features that say the same thing, each list in the order a reason names them by (the first
@@ -263,6 +269,7 @@ REASON_GROUPS: dict[str, tuple[str, ...]] = {
         for w in ("1d", "7d", "30d")
     },
     "terminal fresh frauds": tuple(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS),
+    "card fresh frauds": tuple(f"card_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS),
 }
 
 

@@ -123,11 +123,12 @@ class _FallbackScorer:
 
 class _State(NamedTuple):
     """What the caller computed once per batch (state updates must apply once; columns are
-    read once): history and terminal features and the batch's columns, sliced along with the
-    records during isolation."""
+    read once): history, terminal and card-fraud features and the batch's columns, sliced
+    along with the records during isolation."""
 
     history: npt.NDArray[np.float32] | None
     terminal: npt.NDArray[np.float32] | None
+    card_frauds: npt.NDArray[np.float32] | None
     columns: TransactionColumns | None
 
     def rows(self, part: Sequence[int]) -> _State:
@@ -135,6 +136,7 @@ class _State(NamedTuple):
         return _State(
             None if self.history is None else self.history[index],
             None if self.terminal is None else self.terminal[index],
+            None if self.card_frauds is None else self.card_frauds[index],
             None if self.columns is None else self.columns.rows(index),
         )
 
@@ -147,6 +149,7 @@ def decide_batch(
     *,
     history: npt.NDArray[np.float32] | None = None,
     terminal: npt.NDArray[np.float32] | None = None,
+    card_frauds: npt.NDArray[np.float32] | None = None,
     columns: TransactionColumns | None = None,
     rules: Rules = Rules.EMPTY,
     explainer: Explainer | None = None,
@@ -154,12 +157,13 @@ def decide_batch(
     """Decide every transaction of a batch: a label, or a failure to dead-letter.
 
     `history` [B, NUM_HISTORY_FEATURES] (from the card state) and `terminal`
-    [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) are row-aligned with `transactions`;
+    [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) and `card_frauds`
+    [B, NUM_CARD_FRAUD_FEATURES] (from `card-frauds`) are row-aligned with `transactions`;
     None: unknown, neutral values (`build_features`). `columns`: the transactions' columns,
     when the caller has read them already. `rules` overrule the model; `explainer` gives the
     model's flagged rows their reasons (None: no reasons).
     """
-    state = _State(history, terminal, columns)
+    state = _State(history, terminal, card_frauds, columns)
     try:
         verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, rules, explainer)
     except ModelUnavailableError as exc:
@@ -258,7 +262,7 @@ def _decide(
     columns = state.columns
     if columns is None:
         columns = TransactionColumns.from_transactions(transactions)
-    features = build_features(columns, state.history, state.terminal)
+    features = build_features(columns, state.history, state.terminal, state.card_frauds)
     late = np.zeros(len(features), bool)
     if policy.decision_deadline_ms:
         late = columns.event_time + policy.decision_deadline_ms < now_ms

@@ -1,11 +1,11 @@
 """Feature construction: a batch of transactions → float32 matrix [B, F] for the model.
 
 Everything after field extraction is vectorised numpy; there is no per-record Python beyond
-reading the decoded fields into columns (`scorer/columns.py`). Three groups of columns: the
-transaction's own fields (here), its card's history (`scorer/history.py`, per partition) and its
-terminal's risk from confirmed outcomes (`scorer/terminal_risk.py`). Training replays its
-simulated stream through the same three, so the model and the service can never disagree on
-what a feature means.
+reading the decoded fields into columns (`scorer/columns.py`). Four groups of columns: the
+transaction's own fields (here), its card's history (`scorer/history.py`, per partition), its
+terminal's risk from confirmed outcomes (`scorer/terminal_risk.py`) and its card's confirmed
+frauds known so far (`scorer/card_frauds.py`). Training replays its simulated stream through the
+same code, so the model and the service can never disagree on what a feature means.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from contracts.card_frauds import CARD_FRAUD_FEATURE_NAMES, NUM_CARD_FRAUD_FEATURES
 from contracts.reference_data import COUNTRY_CURRENCIES, HIGH_RISK_COUNTRIES, MCC_FAMILIES
 from contracts.terminal_risk import NUM_TERMINAL_FEATURES, TERMINAL_FEATURE_NAMES
 from scorer.columns import TINY_AMOUNT, TransactionColumns, TransactionFields, letters_index
@@ -51,15 +52,18 @@ TRANSACTION_FEATURE_NAMES: tuple[str, ...] = (
     "weekend",
 )
 NUM_TRANSACTION_FEATURES = len(TRANSACTION_FEATURE_NAMES)
-#: Every column the model reads: the transaction, its card's history, its terminal's risk.
+#: Every column the service computes: the transaction, its card's history, its terminal's risk,
+#: its card's confirmed frauds.
 FEATURE_NAMES: tuple[str, ...] = (
     *TRANSACTION_FEATURE_NAMES,
     *HISTORY_FEATURE_NAMES,
     *TERMINAL_FEATURE_NAMES,
+    *CARD_FRAUD_FEATURE_NAMES,
 )
 NUM_FEATURES = len(FEATURE_NAMES)
 _HISTORY = slice(NUM_TRANSACTION_FEATURES, NUM_TRANSACTION_FEATURES + NUM_HISTORY_FEATURES)
-_TERMINAL = slice(_HISTORY.stop, NUM_FEATURES)
+_TERMINAL = slice(_HISTORY.stop, _HISTORY.stop + NUM_TERMINAL_FEATURES)
+_CARD_FRAUDS = slice(_TERMINAL.stop, NUM_FEATURES)
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 24 * _MS_PER_HOUR
 #: 1970-01-01 was a Thursday: day numbers shifted by this start weeks on Monday.
@@ -116,18 +120,22 @@ def build_features(
     columns: TransactionColumns,
     history: npt.NDArray[np.float32] | None = None,
     terminal: npt.NDArray[np.float32] | None = None,
+    card_frauds: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.float32]:
     """The float32 feature matrix [B, NUM_FEATURES] of a batch, columns in FEATURE_NAMES order.
 
     `history` [B, NUM_HISTORY_FEATURES] comes from the partition's `CardHistory`, `terminal`
-    [B, NUM_TERMINAL_FEATURES] from the terminal-risk table. None means unknown: the history
-    of a card seen for the first time, and a terminal without any record (neutral values), so
-    the rules fallback and callers without state keep working.
+    [B, NUM_TERMINAL_FEATURES] from the terminal-risk table, `card_frauds`
+    [B, NUM_CARD_FRAUD_FEATURES] from the card-frauds table. None means unknown: the history
+    of a card seen for the first time, a terminal without any record (neutral values) and a
+    card without a confirmed fraud, so the rules fallback and callers without state keep
+    working.
     """
     n = len(columns.amount)
     for name, part, width in (
         ("history", history, NUM_HISTORY_FEATURES),
         ("terminal", terminal, NUM_TERMINAL_FEATURES),
+        ("card_frauds", card_frauds, NUM_CARD_FRAUD_FEATURES),
     ):
         if part is not None and part.shape != (n, width):
             raise ValueError(f"{name} features must be [{n}, {width}], got {list(part.shape)}")
@@ -154,4 +162,5 @@ def build_features(
     out[:, 17] = weekday >= _SATURDAY
     out[:, _HISTORY] = neutral_history(columns) if history is None else history
     out[:, _TERMINAL] = NEUTRAL_TERMINAL_FEATURES if terminal is None else terminal
+    out[:, _CARD_FRAUDS] = 0.0 if card_frauds is None else card_frauds
     return out

@@ -108,13 +108,24 @@ def window_features(days: _Ints, counts: _Ints, as_of_day: _Ints) -> npt.NDArray
         out[:, _PER_WINDOW * i] = np.log1p(transactions)
         out[:, _PER_WINDOW * i + 1] = np.clip(frauds / np.maximum(transactions, 1), 0.0, 1.0)
         out[:, _PER_WINDOW * i + 2] = np.log1p(frauds)
-    # Fresh labels: the service knows when each label arrived, so a fraud reported today counts
-    # today, not 7 days later (the handbook's delay stands in for not knowing it).
-    fresh = as_of_day[:, None] - days  # 0 for today
+    out[:, _PER_WINDOW * len(RISK_WINDOWS_DAYS) :] = fresh_frauds(
+        days, counts[:, :, _FRAUDS], as_of_day
+    )
+    return out
+
+
+def fresh_frauds(days: _Ints, frauds: _Ints, as_of_day: _Ints) -> npt.NDArray[np.float32]:
+    """log(1 + the confirmed frauds known so far) on each of FRESH_WINDOWS_DAYS back from
+    `as_of_day` [T], today included, from daily fraud counts (days [T, K], frauds [T, K];
+    EMPTY_DAY: no day): a terminal's (`window_features`) or a card's (`scorer/card_frauds.py`).
+
+    The service knows when each label arrived, so a fraud reported today counts today, not 7
+    days later (the handbook's delay stands in for not knowing it)."""
+    age = np.asarray(as_of_day, np.int64)[:, None] - days  # 0 for today
+    out = np.empty((len(days), len(FRESH_WINDOWS_DAYS)), np.float32)
     for i, window in enumerate(FRESH_WINDOWS_DAYS):
-        inside = (days != EMPTY_DAY) & (fresh >= 0) & (fresh < window)
-        frauds = (counts[:, :, _FRAUDS] * inside).sum(axis=1)
-        out[:, _PER_WINDOW * len(RISK_WINDOWS_DAYS) + i] = np.log1p(frauds)
+        inside = (days != EMPTY_DAY) & (age >= 0) & (age < window)
+        out[:, i] = np.log1p((frauds * inside).sum(axis=1))
     return out
 
 

@@ -294,8 +294,26 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self._card_frauds = Gauge(
+            "fraud_card_frauds_cards",
+            "Cards in this replica's copy of card-frauds (those with a confirmed fraud)",
+            registry=r,
+        )
+        self._card_frauds_bytes = Gauge(
+            "fraud_card_frauds_bytes",
+            "Memory held by this replica's copy of card-frauds",
+            registry=r,
+        )
+        self._card_frauds_skipped = Counter(
+            "fraud_card_frauds_records_skipped_total",
+            "card-frauds records not taken: invalid, or future (as of a day past this host's "
+            "clock plus the allowed skew)",
+            ["reason"],
+            registry=r,
+        )
         for reason in ("invalid", "future"):
             self._terminal_skipped.labels(reason)
+            self._card_frauds_skipped.labels(reason)
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
@@ -538,6 +556,13 @@ class ServiceMetrics:
 
     def record_terminal_risk_skipped(self, reason: str) -> None:
         self._terminal_skipped.labels(reason).inc()
+
+    def set_card_frauds(self, cards: int, size_bytes: int) -> None:
+        self._card_frauds.set(cards)
+        self._card_frauds_bytes.set(size_bytes)
+
+    def record_card_frauds_skipped(self, reason: str) -> None:
+        self._card_frauds_skipped.labels(reason).inc()
 
     def watch_terminal_risk_age(self, age_s: Callable[[], float]) -> None:
         """The newest terminal-risk record's age is `age_s()` at every scrape."""

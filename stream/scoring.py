@@ -43,8 +43,8 @@ from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.rules_table import RulesTable
 from stream.shadow import Shadow, ShadowRecords
 from stream.sink import Headers, Output, OutputSink
-from stream.terminal_table import TerminalRiskTable
 from stream.tracing import BatchOutcome, BatchTracer
+from stream.worker_tables import CardFraudsTable, TerminalRiskTable
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Stages:
       joining the batch: the broker, the fetch and the consumer's own queue;
     - batch: from then to the batch's close (`max_wait_ms` or the size cap);
     - handoff: waiting for the scoring stage (the handoff queue);
-    - state, terminal: the card history and the terminal-risk features;
+    - state, terminal: the card history; the terminal-risk and card-frauds joins;
     - decide: features, model, rules and reasons (`fraud_inference_seconds` is its model call);
     - encode: the decisions (and shadow records) made into output values;
     - delivery: from the first output produced to the last one acknowledged (in exactly-once
@@ -135,6 +135,7 @@ class BatchScorer:
         metrics: ServiceMetrics,
         card_state: CardState | None = None,
         terminals: TerminalRiskTable | None = None,
+        card_frauds: CardFraudsTable | None = None,
         encode: DecisionEncoder = encode_decision,
         rules: RulesTable | None = None,
         explainer: Explainer | None = None,
@@ -166,6 +167,7 @@ class BatchScorer:
         self._metrics = metrics
         self._card_state = card_state
         self._terminals = terminals
+        self._card_frauds = card_frauds
         self._scorer = scorer
         self._sink = sink
         self._tracker = tracker
@@ -184,15 +186,20 @@ class BatchScorer:
         columns = _columns(transactions)
         history, changelog = self._history(records, columns)
         stages.done("state")
+        event_time = (
+            np.fromiter((t.event_time for t in transactions), np.int64, len(transactions))
+            if columns is None
+            else columns.event_time
+        )
         terminal = (
             None
             if self._terminals is None
-            else self._terminals.features(
-                [t.terminal_id for t in transactions],
-                np.fromiter((t.event_time for t in transactions), np.int64, len(transactions))
-                if columns is None
-                else columns.event_time,
-            )
+            else self._terminals.features([t.terminal_id for t in transactions], event_time)
+        )
+        card_frauds = (
+            None
+            if self._card_frauds is None
+            else self._card_frauds.features([t.card_id for t in transactions], event_time)
         )
         stages.done("terminal")
         now_ms = time.time_ns() // 1_000_000
@@ -203,6 +210,7 @@ class BatchScorer:
             now_ms,
             history=history,
             terminal=terminal,
+            card_frauds=card_frauds,
             columns=columns,
             rules=Rules.EMPTY if self._rules is None else self._rules.current,
             explainer=self._explainer,

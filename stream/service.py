@@ -69,6 +69,7 @@ class ScoringService:
         self._transactions = parts.transactions
         self._card_state = parts.card_state
         self._terminals = parts.terminals
+        self._card_frauds = parts.card_frauds
         self._rules = parts.rules
         self._reloader = parts.reloader
         self._shadow = parts.shadow
@@ -162,6 +163,8 @@ class ScoringService:
         if self._rules is not None:
             self._rules.start()
             self._wait_for_table("the rules topic", self._rules.loaded, "the rules read so far")
+        if self._card_frauds is not None:
+            self._card_frauds.start()  # read while terminal-risk is waited for
         if self._terminals is not None:
             self._terminals.start()
             terminals = self._terminals
@@ -169,6 +172,13 @@ class ScoringService:
                 "terminal-risk",
                 terminals.loaded,
                 f"{len(terminals)} terminals so far; terminals not read yet get neutral risk",
+            )
+        if self._card_frauds is not None:
+            cards = self._card_frauds
+            self._wait_for_table(
+                "card-frauds",
+                cards.loaded,
+                f"{len(cards)} cards so far; cards not read yet count no fraud",
             )
         self._consumer.subscribe(
             [self._config.input_topic],
@@ -429,6 +439,8 @@ class ScoringService:
         self._consumer.close()
         if self._terminals is not None:
             self._terminals.close()
+        if self._card_frauds is not None:
+            self._card_frauds.close()
         if self._rules is not None:
             self._rules.close()
         if self._observed_precision is not None:

@@ -96,7 +96,7 @@ def metrics_table(runs: Sequence[TrainingResult]) -> str:
 def _fresh_label_note(run: TrainingResult) -> str:
     if not run.without_fresh_labels:
         return ""
-    columns = " and ".join(f"`{name}`" for name in FRESH_LABEL_COLUMNS)
+    columns = ", ".join(f"`{name}`" for name in FRESH_LABEL_COLUMNS)
     rows = []
     for name, folds in (
         (f"{run.model_name} (our recipe)", run.test[run.winner]),
@@ -107,11 +107,12 @@ def _fresh_label_note(run: TrainingResult) -> str:
         rows.append(f"| {name} | {cells} |")
     table = "\n".join(rows)
     return f"""
-Much of the difference comes from two columns that the handbook's setting has no counterpart
-for: {columns}, the frauds at the terminal confirmed so far, without the delay (the handbook
-assumes outcomes arrive after it). The chosen candidate trained and scored without them, on the
-same test folds of seed {run.seed} (mean ± standard deviation over its {len(run.test[HANDBOOK])}
-folds; its scores computed in numpy, the arithmetic of the exported graph, not exported):
+Much of the difference comes from {len(FRESH_LABEL_COLUMNS)} columns that the handbook's setting
+has no counterpart for: {columns}, the frauds at the terminal and on the card confirmed so far,
+without the delay (the handbook assumes outcomes arrive after it). The chosen candidate trained
+and scored without them, on the same test folds of seed {run.seed} (mean ± standard deviation
+over its {len(run.test[HANDBOOK])} folds; its scores computed in numpy, the arithmetic of the
+exported graph, not exported):
 
 | model, seed {run.seed} | ROC-AUC | average precision | Card Precision@100 |
 | --- | ---: | ---: | ---: |
@@ -371,10 +372,11 @@ weeks, below) |
 ## What it is
 
 The fraud model the `fraud-scorer` service ships with. It scores a transaction from its own
-fields, its card's history (`scorer/history.py`, kept per partition by the service) and its
+fields, its card's history (`scorer/history.py`, kept per partition by the service), its
 terminal's confirmed frauds (`scorer/terminal_risk.py`, from the `labels` feedback: risk over
 windows that end the handbook's {DELAY_DAYS} days back, and the frauds confirmed so far on the
-last 2 and 7 days). It was trained only on simulated traffic.
+last 2 and 7 days) and its card's confirmed frauds so far on the same days
+(`scorer/card_frauds.py`). It was trained only on simulated traffic.
 
 Two candidates were trained on the same validation folds: gradient-boosted trees (LightGBM,
 {gbdt.NUM_TREES} trees of at most {gbdt.PARAMS["num_leaves"]} leaves, compiled to tensor

@@ -7,7 +7,8 @@ partition and card, which gives each partition's cards the same features; cards 
 longest window are evicted each simulated day, as the service does), the terminal-risk
 buckets (`scorer.terminal_risk.add_events` / `window_features`, the functions behind the faust
 worker's per-terminal value) fed with the simulated outcomes at the time they are reported, and
-finally `scorer.features.build_features`.
+finally `scorer.features.build_features`. The cards' confirmed frauds known so far go through
+the same buckets, fed with the fraud labels only, as the worker's per-card value is.
 """
 
 from __future__ import annotations
@@ -15,16 +16,24 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from contracts.card_frauds import NUM_CARD_FRAUD_FEATURES
 from contracts.terminal_risk import MS_PER_DAY, NUM_TERMINAL_FEATURES
 from scorer.columns import TransactionColumns
 from scorer.features import build_features
 from scorer.history import NUM_HISTORY_FEATURES, CardHistory
-from scorer.terminal_risk import add_events, day_of, empty_buckets, window_features
+from scorer.terminal_risk import (
+    add_events,
+    day_of,
+    empty_buckets,
+    fresh_frauds,
+    window_features,
+)
 from simulator.transactions import DEFAULT_CARDS, DEFAULT_START_TIME_MS, TransactionSimulator
 
 logger = logging.getLogger(__name__)
@@ -83,7 +92,8 @@ def simulate(seed: int, days: int, cards: int = DEFAULT_CARDS) -> Stream:
     terminal_features = replay_terminal_risk(
         columns, terminal, len(simulator.population.terminal_ids), labels
     )
-    features = build_features(columns, history, terminal_features)
+    card_frauds = replay_card_frauds(columns, card, len(simulator.population.card_ids), labels)
+    features = build_features(columns, history, terminal_features, card_frauds)
     logger.info("replayed rows=%d elapsed_s=%.1f", keep, time.perf_counter() - started)
     return Stream(
         columns=columns,
@@ -130,15 +140,60 @@ def replay_terminal_risk(
     labels: list[dict[str, object]],
 ) -> npt.NDArray[np.float32]:
     """Each transaction's terminal features from the outcomes reported before it happened."""
+    return _replay_known_frauds(
+        columns,
+        terminal,
+        terminals,
+        labels,
+        columns.terminal_id,
+        "terminal_id",
+        window_features,
+        NUM_TERMINAL_FEATURES,
+        count_transactions=True,
+    )
+
+
+def replay_card_frauds(
+    columns: TransactionColumns,
+    card: _Ints,
+    cards: int,
+    labels: list[dict[str, object]],
+) -> npt.NDArray[np.float32]:
+    """Each transaction's card-fraud columns from the frauds reported before it happened."""
+
+    def features(days: _Ints, counts: _Ints, day: _Ints) -> npt.NDArray[np.float32]:
+        return fresh_frauds(days, counts[:, :, 1], day)
+
+    return _replay_known_frauds(
+        columns, card, cards, labels, columns.card_id, "card_id", features, NUM_CARD_FRAUD_FEATURES
+    )
+
+
+def _replay_known_frauds(
+    columns: TransactionColumns,
+    entity: _Ints,
+    entities: int,
+    labels: list[dict[str, object]],
+    ids: Sequence[str | None],
+    field: str,
+    features: Callable[[_Ints, _Ints, _Ints], npt.NDArray[np.float32]],
+    width: int,
+    *,
+    count_transactions: bool = False,
+) -> npt.NDArray[np.float32]:
+    """Each transaction's `features` of its entity (`entity` [n], indexes of `entities`; `ids`
+    [n] its name, which a label gives in `field`) from the daily buckets the worker keeps for
+    it: the frauds reported before the transaction happened, and its transactions when
+    `count_transactions`."""
     n = len(columns.amount)
-    out = np.empty((n, NUM_TERMINAL_FEATURES), np.float32)
-    days, counts = empty_buckets(terminals)
-    index = {terminal_id: i for i, terminal_id in enumerate(columns.terminal_id) if terminal_id}
-    frauds = [label for label in labels if label["fraud"] and label.get("terminal_id") in index]
+    out = np.empty((n, width), np.float32)
+    days, counts = empty_buckets(entities)
+    index = {name: i for i, name in enumerate(ids) if name}
+    frauds = [label for label in labels if label["fraud"] and label.get(field) in index]
     reported = np.array([int(str(label["reported_at"])) for label in frauds], np.int64)
     order = np.argsort(reported, kind="stable")
-    fraud_terminal = np.array(
-        [terminal[index[str(frauds[i]["terminal_id"])]] for i in order.tolist()], np.int64
+    fraud_entity = np.array(
+        [entity[index[str(frauds[i][field])]] for i in order.tolist()], np.int64
     )
     fraud_day = day_of([int(str(frauds[i]["event_time"])) for i in order.tolist()])
     # Outcome j is known to every transaction from position before[j] on.
@@ -149,9 +204,10 @@ def replay_terminal_risk(
         known = np.flatnonzero(before == begin)
         if len(known):
             frauds_known = np.ones(len(known), np.bool_)
-            add_events(days, counts, fraud_terminal[known], fraud_day[known], frauds_known)
+            add_events(days, counts, fraud_entity[known], fraud_day[known], frauds_known)
         rows = slice(begin, end)
-        which = terminal[rows]
-        out[rows] = window_features(days[which], counts[which], tx_day[rows])
-        add_events(days, counts, which, tx_day[rows], None)
+        which = entity[rows]
+        out[rows] = features(days[which], counts[which], tx_day[rows])
+        if count_transactions:
+            add_events(days, counts, which, tx_day[rows], None)
     return out

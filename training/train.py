@@ -92,7 +92,7 @@ logger = logging.getLogger(__name__)
 MODEL_NAMES = {"gbdt": "fraud-gbdt", "mlp": "fraud-mlp"}
 #: The handbook's recipe, reported beside the candidates under this kind.
 HANDBOOK = "handbook"
-MODEL_RELEASE = "2.2.0"
+MODEL_RELEASE = "2.3.0"
 DEFAULT_SEEDS = (7, 8, 9)
 #: Days before the first training week: every window (30 days, + the 7-day delay for terminal
 #: risk) is full, and compromised terminals (28 days) and cards (14) are in steady state.
@@ -116,7 +116,9 @@ NOT_IN_HANDBOOK = "card_testing"
 #: Confirmed frauds known so far, without the delay (`scorer/terminal_risk.py`): the handbook's
 #: setting has nothing like them (its outcomes arrive after the delay), so the card also reports
 #: the chosen candidate without them, on the first seed only (it costs a model per test fold).
-FRESH_LABEL_COLUMNS = tuple(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS)
+FRESH_LABEL_COLUMNS = tuple(
+    f"{entity}_fresh_frauds_{w}d" for entity in ("terminal", "card") for w in FRESH_WINDOWS_DAYS
+)
 
 _Ints = npt.NDArray[np.int64]
 _Floats = npt.NDArray[np.float64]

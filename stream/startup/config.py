@@ -71,7 +71,13 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
             FieldMapping.load(self.input_mapping)  # a bad file stops the start, naming the key
         if self.rules is not None:
             Rules.load(self.rules)  # likewise
-        others = (self.input_topic, self.output_topic, self.dlq_topic, self.terminal_risk_topic)
+        others = (
+            self.input_topic,
+            self.output_topic,
+            self.dlq_topic,
+            self.terminal_risk_topic,
+            self.card_frauds_topic,
+        )
         if self.rules_topic in (*others, self.changelog_topic):
             raise ValueError(f"rules_topic must be a topic of its own, got {self.rules_topic!r}")
         if self.observed_precision == "on" and self.labels_topic in (*others, self.rules_topic):

@@ -283,6 +283,14 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             "reads all of it (a terminal not there yet gets neutral risk)",
         ),
     ] = "terminal-risk"
+    card_frauds_topic: Annotated[
+        Topic,
+        meta(
+            "FRAUD_CARD_FRAUDS_TOPIC",
+            "compacted topic of each card's confirmed frauds that fraud-features publishes; "
+            "every replica reads all of it (a card not there has none)",
+        ),
+    ] = "card-frauds"
     rules: Annotated[
         Path | None,
         meta(
@@ -371,7 +379,8 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         float,
         meta(
             "FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S",
-            "at start, the replica reads terminal-risk (and the rules topic) up to its end "
+            "at start, the replica reads terminal-risk (and card-frauds, and the rules topic) "
+            "up to its end "
             "before it consumes a transaction (and is not ready meanwhile), for at most this "
             "long; then it consumes with what it read so far, and says so in its log",
             ge=0,

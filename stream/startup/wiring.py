@@ -47,9 +47,9 @@ from stream.shadow import Shadow
 from stream.sink import KafkaSink, OutputSink
 from stream.startup.config import ServiceConfig
 from stream.startup.kafka_clients import ClientErrors
-from stream.terminal_table import TerminalRiskTable
 from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink
+from stream.worker_tables import CardFraudsTable, TerminalRiskTable
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,10 @@ class Collaborators:
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
     #: Exactly-once mode: the sink, which also commits the transactions.
     transactions: TransactionalSink | None = None
-    #: Per-card history (FRAUD_CARD_HISTORY=on) and the copy of terminal-risk.
+    #: Per-card history (FRAUD_CARD_HISTORY=on), the copies of terminal-risk and card-frauds.
     card_state: CardState | None = None
     terminals: TerminalRiskTable | None = None
+    card_frauds: CardFraudsTable | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
     client_errors: ClientErrors | None = None
     #: How an input record's value becomes a transaction (FRAUD_INPUT_FORMAT), and a
@@ -107,6 +108,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         metrics=parts.metrics,
         card_state=parts.card_state,
         terminals=parts.terminals,
+        card_frauds=parts.card_frauds,
         encode=parts.encode,
         rules=parts.rules,
         explainer=parts.explainer,
@@ -218,6 +220,13 @@ def build_collaborators(
         terminals=TerminalRiskTable(
             kafka,
             config.terminal_risk_topic,
+            metrics,
+            clock=event_clock(config),
+            day_ms=day_length_ms(config.history_time_scale),
+        ),
+        card_frauds=CardFraudsTable(
+            kafka,
+            config.card_frauds_topic,
             metrics,
             clock=event_clock(config),
             day_ms=day_length_ms(config.history_time_scale),

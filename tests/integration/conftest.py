@@ -314,10 +314,12 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
             "127.0.0.1",
             "--metrics-port",
             str(port),
-            # Its own (empty) risk table: a shared one filled by a demo makes scores depend on
-            # when the replica read it.
+            # Its own (empty) risk and card-frauds tables: shared ones filled by a demo make
+            # scores depend on when the replica read them.
             "--terminal-risk-topic",
             f"{topics.input}-terminal-risk",
+            "--card-frauds-topic",
+            f"{topics.input}-card-frauds",
             *extra,
         ]
         service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port, launcher)

@@ -6,7 +6,9 @@ state (`stream.card_state.CardState`, batches of 256 across partitions as the co
 them), the features worker's per-terminal state (`terminals.state.TerminalState`: each
 transaction and each fraud label at its report time, publishing what it decides to publish), the
 `terminal-risk` record as it goes over Kafka (`encode_terminal_risk` / `decode_terminal_risk`),
-and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs).
+and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs); and
+the same for each card's confirmed frauds (the worker's per-card state fed with the labels, the
+`card-frauds` record, `card_features`, what `CardFraudsTable` runs).
 Training is `training.replay.simulate`. The scorer scores a transaction before the worker has
 counted it, and knows every record the worker published before (the worker runs ahead of the
 scorer by less than the 7-day delay).
@@ -16,12 +18,18 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.card_frauds import (
+    CARD_FRAUD_FEATURE_NAMES,
+    CardFraudsRecord,
+    decode_card_frauds,
+    encode_card_frauds,
+)
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
 from contracts.terminal_risk import (
@@ -32,6 +40,7 @@ from contracts.terminal_risk import (
     encode_terminal_risk,
 )
 from contracts.transaction import Transaction
+from scorer.card_frauds import card_features
 from scorer.columns import TransactionColumns
 from scorer.features import FEATURE_NAMES, build_features
 from scorer.terminal_risk import terminal_features
@@ -46,7 +55,10 @@ from training.replay import REPLAY_PARTITIONS, simulate
 SEED, DAYS, CARDS = 5, 24, 400
 BATCH = 256
 TOPIC = "transactions"
-_TERMINAL = slice(len(FEATURE_NAMES) - len(TERMINAL_FEATURE_NAMES), len(FEATURE_NAMES))
+_TERMINAL = slice(
+    len(FEATURE_NAMES) - len(CARD_FRAUD_FEATURE_NAMES) - len(TERMINAL_FEATURE_NAMES),
+    len(FEATURE_NAMES) - len(CARD_FRAUD_FEATURE_NAMES),
+)
 
 
 class Record(NamedTuple):
@@ -90,47 +102,64 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
     )
     card_state.restore(list(range(REPLAY_PARTITIONS)))
     worker_clock = TerminalClock(MS_PER_DAY, clock)
-    terminals: dict[str, TerminalState] = {}
     scorer_copy: dict[str, TerminalRiskRecord] = {}
+    card_copy: dict[str, CardFraudsRecord] = {}
     publications = 0
-    history = np.empty((n, len(FEATURE_NAMES) - 18 - len(TERMINAL_FEATURE_NAMES)), np.float32)
+    history = np.empty(
+        (n, len(FEATURE_NAMES) - 18 - len(TERMINAL_FEATURE_NAMES) - len(CARD_FRAUD_FEATURE_NAMES)),
+        np.float32,
+    )
     terminal = np.empty((n, len(TERMINAL_FEATURE_NAMES)), np.float32)
+    card_frauds = np.empty((n, len(CARD_FRAUD_FEATURE_NAMES)), np.float32)
     as_published = np.zeros_like(terminal)
     frauds = sorted(
-        (label for label in all_labels if label["fraud"] and label.get("terminal_id")),
+        (label for label in all_labels if label["fraud"]),
         key=lambda label: int(str(label["reported_at"])),
     )
     offsets = {TRANSACTION: 0, LABEL: 0}
 
-    unpublished: dict[str, int] = {}
+    def publish_terminal(terminal_id: str, state: TerminalState, features: np.ndarray) -> None:
+        value = encode_terminal_risk(terminal_id, state.as_of_day, features, state.risk.buckets())
+        scorer_copy[terminal_id] = decode_terminal_risk(value)
 
-    def publish(terminal_id: str, state: TerminalState) -> None:
-        nonlocal publications
-        publish, features = state.to_publish()
-        if publish:
-            publications += 1
-            if features is None:
-                scorer_copy.pop(terminal_id, None)
+    def publish_card(card_id: str, state: TerminalState, _features: np.ndarray) -> None:
+        days, counts = state.risk.buckets()
+        card_copy[card_id] = decode_card_frauds(
+            encode_card_frauds(card_id, state.as_of_day, days, counts[:, 1])
+        )
+
+    class Table:
+        """What the worker's agent does with one table's events (terminals/app.py)."""
+
+        def __init__(self, copy: dict[str, Any], send: Any) -> None:
+            self.states: dict[str, TerminalState] = {}
+            self.unpublished: dict[str, int] = {}
+            self.copy, self.send = copy, send
+
+        def publish(self, key: str, state: TerminalState) -> None:
+            nonlocal publications
+            publish, features = state.to_publish()
+            if publish:
+                publications += 1
+                if features is None:
+                    self.copy.pop(key, None)
+                else:
+                    self.send(key, state, features)
+
+        def apply(self, key: str, event: TerminalEvent) -> None:
+            state = self.states.setdefault(key, TerminalState())
+            if state.apply(event, worker_clock).publish:
+                self.publish(key, state)
+            if state.unpublished():
+                self.unpublished[key] = state.as_of_day
             else:
-                value = encode_terminal_risk(
-                    terminal_id, state.as_of_day, features, state.risk.buckets()
-                )
-                scorer_copy[terminal_id] = decode_terminal_risk(value)
+                self.unpublished.pop(key, None)
+            closed = [k for k, day in self.unpublished.items() if day < worker_clock.watermark_day]
+            for closed_key in closed:  # the day close
+                del self.unpublished[closed_key]
+                self.publish(closed_key, self.states[closed_key])
 
-    def worker(terminal_id: str, event: TerminalEvent) -> None:
-        """What the worker's agent does with one event (terminals/app.py)."""
-        state = terminals.setdefault(terminal_id, TerminalState())
-        offsets[event.source] += 1
-        if state.apply(event, worker_clock).publish:
-            publish(terminal_id, state)
-        if state.unpublished():
-            unpublished[terminal_id] = state.as_of_day
-        else:
-            unpublished.pop(terminal_id, None)
-        closed = [t for t, day in unpublished.items() if day < worker_clock.watermark_day]
-        for closed_id in closed:  # the day close
-            del unpublished[closed_id]
-            publish(closed_id, terminals[closed_id])
+    terminals, cards = Table(scorer_copy, publish_terminal), Table(card_copy, publish_card)
 
     next_label = 0
     for start in range(0, n, BATCH):
@@ -142,32 +171,35 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
                 batch.event_time[i]
             ):
                 label = frauds[next_label]
-                worker(
-                    str(label["terminal_id"]),
-                    TerminalEvent(
-                        LABEL,
-                        0,
-                        offsets[LABEL],
-                        int(str(label["event_time"])),
-                        True,
-                        int(str(label["reported_at"])),
-                        str(label["transaction_id"]),
-                    ),
+                offsets[LABEL] += 1
+                event = TerminalEvent(
+                    LABEL,
+                    0,
+                    offsets[LABEL],
+                    int(str(label["event_time"])),
+                    True,
+                    int(str(label["reported_at"])),
+                    str(label["transaction_id"]),
                 )
+                if label.get("terminal_id"):
+                    terminals.apply(str(label["terminal_id"]), event)
+                cards.apply(str(label["card_id"]), event)
                 next_label += 1
             terminal_id = batch.terminal_id[i]
             day = np.array([int(batch.event_time[i]) // MS_PER_DAY])
             terminal[row] = terminal_features(scorer_copy, [terminal_id], day)[0]
+            card_frauds[row] = card_features(card_copy, [batch.card_id[i]], day)[0]
             record = None if terminal_id is None else scorer_copy.get(terminal_id)
             if record is not None:
                 as_published[row] = record.features
             if terminal_id is not None:
-                worker(
+                offsets[TRANSACTION] += 1
+                terminals.apply(
                     terminal_id,
                     TerminalEvent(TRANSACTION, 0, offsets[TRANSACTION], int(batch.event_time[i])),
                 )
         history[rows] = card_state.update(list(_records(batch, start)), batch)[0]
-    features = build_features(columns, history, terminal)
+    features = build_features(columns, history, terminal, card_frauds)
     return Served(features, as_published, publications)
 
 
@@ -197,6 +229,8 @@ def test_every_feature_served_is_the_one_training_computed(
 ) -> None:
     trained, served = trained_and_served
     assert served.publications > 0 and len(trained) > 10_000
+    card_columns = [FEATURE_NAMES.index(name) for name in CARD_FRAUD_FEATURE_NAMES]
+    assert (trained[:, card_columns] > 0).sum() > 100  # the cards' columns are exercised
     differs = ~np.isclose(served.features, trained, rtol=1e-6, atol=1e-6)
     by_feature = {FEATURE_NAMES[j]: int(differs[:, j].sum()) for j in range(len(FEATURE_NAMES))}
     assert not differs.any(), {name: count for name, count in by_feature.items() if count}

@@ -130,7 +130,7 @@ def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
         assert "## Scoring cost" not in card
     assert "not comparable" in card and "± 0.01 |" not in card.split("published")[0]
     (ablated,) = small.without_fresh_labels
-    assert f"without {' and '.join(f'`{c}`' for c in FRESH_LABEL_COLUMNS)}" in card
+    assert f"without {', '.join(f'`{c}`' for c in FRESH_LABEL_COLUMNS)}" in card
     assert 0.5 < ablated.handbook.roc_auc <= 1.0
 
 

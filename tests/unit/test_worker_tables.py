@@ -1,7 +1,8 @@
-"""The scorer's terminal-risk table (stream/terminal_table.py) with a scripted consumer: a broker
-that goes away does not stop the reader for good; records dated past the host's clock are
-skipped; tombstones and old records are forgotten, and the memory held says so; `loaded` waits
-for the end of the topic; the newest record's age is exported."""
+"""The scorer's copies of the worker's tables (stream/worker_tables.py) with a scripted consumer:
+a broker that goes away does not stop the reader for good; records dated past the host's clock
+are skipped; tombstones and old records are forgotten, and the memory held says so; `loaded`
+waits for the end of the topic; the newest record's age is exported. The card-frauds copy runs
+the same reader: its records become each transaction's card columns, as of its own day."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from contracts.card_frauds import encode_card_frauds
 from contracts.event_time import EventClock
 from contracts.terminal_risk import (
     HORIZON_DAYS,
@@ -22,9 +24,9 @@ from contracts.terminal_risk import (
     NUM_TERMINAL_FEATURES,
     encode_terminal_risk,
 )
-from stream import compacted_topic, terminal_table
+from stream import compacted_topic, worker_tables
 from stream.metrics import ServiceMetrics
-from stream.terminal_table import TerminalRiskTable
+from stream.worker_tables import CardFraudsTable, TerminalRiskTable, WorkerTable
 
 TOPIC = "risk"
 RISKY = np.full(NUM_TERMINAL_FEATURES, 0.5, np.float32)
@@ -98,13 +100,16 @@ class ScriptedConsumer:
 
 
 def reading(
-    monkeypatch: pytest.MonkeyPatch, records: list[Message], **script: int
-) -> tuple[TerminalRiskTable, CollectorRegistry]:
+    monkeypatch: pytest.MonkeyPatch,
+    records: list[Message],
+    kind: type[WorkerTable[Any]] = TerminalRiskTable,
+    **script: int,
+) -> tuple[Any, CollectorRegistry]:
     consumer = type("Consumer", (ScriptedConsumer,), {"records": records, **script})
     monkeypatch.setattr(compacted_topic, "Consumer", consumer)
     monkeypatch.setattr(compacted_topic, "MISSING_TOPIC_RETRY_S", 0.01)
     registry = CollectorRegistry()
-    table = TerminalRiskTable(
+    table = kind(
         {},
         TOPIC,
         ServiceMetrics(registry),
@@ -155,7 +160,7 @@ def test_tombstones_and_records_no_window_reads_are_forgotten(
 ) -> None:
     # Finding 5, the scorer's side: the copy holds only what can still matter, and says how
     # much memory that is.
-    monkeypatch.setattr(terminal_table, "SWEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(worker_tables, "SWEEP_INTERVAL_S", 0.0)
     records = [risk(f"T-{i}", DAY - HORIZON_DAYS - 1) for i in range(50)]
     records += [risk("T-new"), risk("T-gone"), Message(b"T-gone", None)]
     table, registry = reading(monkeypatch, records)
@@ -191,5 +196,40 @@ def test_a_missing_topic_is_loaded_at_once(monkeypatch: pytest.MonkeyPatch) -> N
     try:
         eventually(table.loaded.is_set)
         assert len(table) == 0
+    finally:
+        table.close()
+
+
+def frauds(card: str, as_of_day: int, days: list[int], counts: list[int]) -> Message:
+    value = encode_card_frauds(card, as_of_day, np.array(days), np.array(counts))
+    return Message(card.encode(), value)
+
+
+def test_a_cards_frauds_count_on_the_fresh_windows_back_from_each_transactions_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    records = [
+        frauds("C-1", DAY, [DAY - 1, DAY - 3], [1, 2]),
+        frauds("C-2", DAY, [DAY], [1]),
+        Message(b"C-2", None),  # its frauds taken back (a correction): forgotten
+        frauds("C-3", DAY + 3_000_000, [DAY], [5]),  # as of a day that has not come: skipped
+        Message(b"C-4", b'{"card_id": "C-4", "as_of_day": 1, "days": [1], "frauds": [0]}'),
+    ]
+    table, registry = reading(monkeypatch, records, CardFraudsTable)
+    try:
+        eventually(table.loaded.is_set)
+        assert len(table) == 1
+        day_ms = np.array([DAY, DAY, DAY + 3, DAY - 2, DAY], np.int64) * MS_PER_DAY
+        rows = table.features(["C-1", "C-1", "C-1", "C-1", "nobody"], day_ms)
+        # (2-day, 7-day) windows: day DAY reads DAY-1 (1 fraud) in both, DAY-3 (2) in 7 days only.
+        expected = np.log1p([[1, 3], [1, 3], [0, 3], [2, 2], [0, 0]])
+        assert np.allclose(rows, expected)
+        assert np.allclose(table.features(["C-2", "C-3"], day_ms[:2]), 0.0)
+        for reason in ("future", "invalid"):
+            sample = {"reason": reason}
+            skipped = registry.get_sample_value("fraud_card_frauds_records_skipped_total", sample)
+            assert skipped == 1, reason
+        held = registry.get_sample_value("fraud_card_frauds_bytes")
+        assert held is not None and 0 < held < 1_000
     finally:
         table.close()
