@@ -106,8 +106,12 @@ class WorkerTable(Generic[R]):
         )
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = self._reader.loaded
+        self._watch(metrics)
 
     _entries = "entries"
+
+    def _watch(self, metrics: ServiceMetrics) -> None:
+        """Gauges computed at each scrape (none by default)."""
 
     def start(self) -> None:
         self._reader.start()
@@ -196,16 +200,7 @@ class TerminalRiskTable(WorkerTable[TerminalRiskRecord]):
     name = "terminal-risk"
     _entries = "terminals"
 
-    def __init__(
-        self,
-        kafka: Mapping[str, Any],
-        topic: str,
-        metrics: ServiceMetrics,
-        *,
-        clock: EventClock,
-        day_ms: int,
-    ) -> None:
-        super().__init__(kafka, topic, metrics, clock=clock, day_ms=day_ms)
+    def _watch(self, metrics: ServiceMetrics) -> None:
         metrics.watch_terminal_risk_age(self._newest_record_age_s)
 
     def features(

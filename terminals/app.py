@@ -114,15 +114,15 @@ def build_app(
     terminal_events = app.topic(
         events_topic, internal=True, partitions=config.table_partitions, **keyed
     )
+
+    def table(name: str, help_: str) -> Any:
+        return app.Table(
+            name, partitions=config.table_partitions, key_type=str, value_type=bytes, help=help_
+        )
+
     terminals = _EntityTable(
         app,
-        app.Table(
-            TABLE_NAME,
-            partitions=config.table_partitions,
-            key_type=str,
-            value_type=bytes,
-            help="Per-terminal TerminalState (daily buckets, current day, input positions, labels)",
-        ),
+        table(TABLE_NAME, "Per-terminal TerminalState (daily buckets, day, positions, labels)"),
         config,
         metrics,
         clock,
@@ -130,13 +130,7 @@ def build_app(
     )
     cards = _EntityTable(
         app,
-        app.Table(
-            CARD_TABLE_NAME,
-            partitions=config.table_partitions,
-            key_type=str,
-            value_type=bytes,
-            help="Per-card TerminalState fed with labels only (confirmed frauds by day)",
-        ),
+        table(CARD_TABLE_NAME, "Per-card TerminalState fed with labels only (frauds by day)"),
         config,
         metrics,
         clock,

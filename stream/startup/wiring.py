@@ -204,6 +204,8 @@ def build_collaborators(
     )
     if transactions is not None:
         client_errors.on_cluster_lost(transactions.cluster_lost)
+    # The worker's tables count days as the worker does, and trust dates as far as the card state.
+    clock, day_ms = event_clock(config), day_length_ms(config.history_time_scale)
     return Collaborators(
         consumer=consumer,
         sink=transactions or KafkaSink(new_producer(), redelivery.failed),
@@ -218,18 +220,10 @@ def build_collaborators(
         transactions=transactions,
         card_state=card_state,
         terminals=TerminalRiskTable(
-            kafka,
-            config.terminal_risk_topic,
-            metrics,
-            clock=event_clock(config),
-            day_ms=day_length_ms(config.history_time_scale),
+            kafka, config.terminal_risk_topic, metrics, clock=clock, day_ms=day_ms
         ),
         card_frauds=CardFraudsTable(
-            kafka,
-            config.card_frauds_topic,
-            metrics,
-            clock=event_clock(config),
-            day_ms=day_length_ms(config.history_time_scale),
+            kafka, config.card_frauds_topic, metrics, clock=clock, day_ms=day_ms
         ),
         client_errors=client_errors,
         decode=transaction_decoder(
