@@ -23,9 +23,12 @@ import importlib.util
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import (
     BACKLOG_EVENT_RATE,
@@ -316,6 +319,8 @@ def latency(
         )
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"fraud-loadgen did not finish within {exc.timeout} s") from exc
+    else:
+        stages = stage_means_ms(f"http://127.0.0.1:{port}/metrics")
     finally:
         stop(service)
     if not loadgen.stdout.strip():
@@ -331,4 +336,25 @@ def latency(
         "load_average_before": load,
         "report": shown(report_dir / REPORT_FILE),
         **{key: summary.get(key) for key in keys},
+        "stage_mean_ms": stages,
     }
+
+
+def stage_means_ms(metrics_url: str) -> dict[str, float]:
+    """Where a batch's time went over the service's life: the mean of each stage of
+    `fraud_stage_seconds` in ms (empty when /metrics cannot be read)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5.0) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            stage = sample.labels.get("stage")
+            if sample.name == "fraud_stage_seconds_sum" and stage:
+                sums[stage] = sample.value
+            elif sample.name == "fraud_stage_seconds_count" and stage:
+                counts[stage] = sample.value
+    return {stage: 1000 * sums[stage] / n for stage, n in counts.items() if n and stage in sums}

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from bench.contenders import Run, latency
 from bench.harness import Broker
+from stream.metrics import STAGES
 
 DEFAULT_PARTITIONS: tuple[int, ...] = (1, 12, 24)
 DEFAULT_RATES: tuple[float, ...] = (5_000.0, 10_000.0)
@@ -80,7 +81,8 @@ def measure_table(
 
 def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per cell, in the order first seen: runs, failed runs, lost and duplicate decisions
-    summed, and each of FIGURES as {median, range}."""
+    summed, each of FIGURES as {median, range}, and each stage's mean time per batch (ms,
+    the median over the runs that report it)."""
     by_cell: dict[Cell, list[dict[str, Any]]] = {}
     for result in results:
         cell = Cell(result["guarantee"], result["partitions"], result["rate"])
@@ -102,8 +104,31 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if values
                 else None
             )
+        stages: dict[str, float] = {}
+        for stage in STAGES:
+            means = [m["stage_mean_ms"][stage] for m in ok if stage in m.get("stage_mean_ms", {})]
+            if means:
+                stages[stage] = statistics.median(means)
+        row["stage_mean_ms"] = stages
         rows.append(row)
     return rows
+
+
+def render_stages(rows: Sequence[dict[str, Any]]) -> str:
+    """Where a batch's time goes, per cell: each stage's mean ms per batch (median of runs)."""
+    lines = [
+        "| guarantee | partitions | tx/s | " + " | ".join(STAGES) + " |",
+        "| --- | ---: | ---: | " + " | ".join("---:" for _ in STAGES) + " |",
+    ]
+    for row in rows:
+        stages = row.get("stage_mean_ms") or {}
+        cells = [f"{stages[s]:.1f}" if s in stages else "-" for s in STAGES]
+        lines.append(
+            f"| {row['guarantee']} | {row['partitions']} | {row['rate']:,.0f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 def render(rows: Sequence[dict[str, Any]]) -> str:

@@ -32,7 +32,14 @@ import onnxruntime
 from bench import profiling
 from bench.contenders import CONTENDERS, LABELS, Run, contender, latency
 from bench.harness import Broker, load_average, produce_backlog, shown
-from bench.latency_table import DEFAULT_GUARANTEES, Cell, cells_of, measure_table, summarize
+from bench.latency_table import (
+    DEFAULT_GUARANTEES,
+    Cell,
+    cells_of,
+    measure_table,
+    render_stages,
+    summarize,
+)
 from bench.latency_table import DEFAULT_PARTITIONS as DEFAULT_TABLE_PARTITIONS
 from bench.latency_table import DEFAULT_RATES as DEFAULT_TABLE_RATES
 from bench.latency_table import DEFAULT_RUNS as DEFAULT_TABLE_RUNS
@@ -398,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_table(rounds, values, run.price_per_hour))
     if table:
         print(render_latency_table(summarize(table)))
+        print(render_stages(summarize(table)))
     if "profile" in results:
         print(results["profile"].get("text") or results["profile"]["error"])
     print(render_bounds(checked))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.latency_table import Cell, cells_of, render, summarize
+from bench.latency_table import Cell, cells_of, render, render_stages, summarize
 from bench.pipeline_bench import build_parser, table_cells
 
 
@@ -69,3 +69,20 @@ def test_a_cell_whose_runs_all_failed_shows_no_figures() -> None:
     (row,) = summarize([{"guarantee": "exactly-once", "partitions": 24, "rate": 1e4, "error": "x"}])
     assert row["runs"] == 0 and row["p99_ms"] is None
     assert "| 0 (1 failed) | - | - | - |" in render([row])
+
+
+def test_a_cell_reports_where_its_batches_spent_their_time() -> None:
+    results = [
+        _run(24, 300.0, stage_mean_ms={"queue": 40.0, "delivery": 50.0}),
+        _run(24, 900.0, stage_mean_ms={"queue": 190.0, "delivery": 220.0}),
+        _run(24, 500.0, stage_mean_ms={"queue": 60.0}),  # a run whose delivery was not read
+        _run(1, 60.0),  # a run from before the stages were recorded
+    ]
+    twenty_four, one = summarize(results)
+    assert twenty_four["stage_mean_ms"] == {"queue": 60.0, "delivery": 135.0}
+    assert one["stage_mean_ms"] == {}
+    table = render_stages([twenty_four, one]).splitlines()
+    assert table[0].startswith("| guarantee | partitions | tx/s | queue | batch |")
+    assert table[2].startswith("| at-least-once | 24 | 5,000 | 60.0 | - |")
+    assert table[2].endswith("| 135.0 |")
+    assert table[3].endswith("| - | - |")
