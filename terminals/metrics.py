@@ -49,7 +49,8 @@ class WorkerMetrics:
         self._future = Counter(
             "fraud_features_event_time_future",
             "Event times past the wall clock plus the allowed skew, counted on the worker's newest "
-            "trusted day",
+            "trusted day; once per table an event is applied to (a label naming a terminal "
+            "counts for the terminal and for the card)",
             registry=self.registry,
         )
         self._published = Counter(
