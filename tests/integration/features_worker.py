@@ -163,14 +163,22 @@ class RiskReader:
         self._consumer.subscribe([topic])
 
     def wait_for(
-        self, terminal: str, expected: dict[str, float], timeout_s: float = 45.0
+        self,
+        terminal: str,
+        expected: dict[str, float],
+        timeout_s: float = 45.0,
+        *,
+        exact: bool = False,
     ) -> dict[str, float]:
-        """Until the terminal's latest record has the expected fields; return that record."""
+        """Until the terminal's latest record has the expected fields (`exact`: and no other);
+        return that record."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self._read_some()
             found = self.latest.get(terminal)
-            if found is not None and _matches(found, expected):
+            if found is None or not _matches(found, expected):
+                continue
+            if not exact or set(found) == set(expected):
                 return found
         raise AssertionError(f"{terminal}: expected {expected}, latest {self.latest.get(terminal)}")
 
