@@ -311,6 +311,12 @@ def test_a_cards_confirmed_frauds_reach_the_scorer_once_each_and_corrections_tak
                 return decode_features(decision["features"])[columns].tolist()
         raise AssertionError(f"no decision for x-{sent}")
 
+    def until_columns(day: int, expected: list[int], what: str) -> None:
+        """Until the scorer's copy says `expected` frauds on the (2-day, 7-day) windows."""
+        deadline = time.monotonic() + 30
+        while not np.allclose(card_columns(day), np.log1p(expected)):
+            assert time.monotonic() < deadline, what
+
     try:
         # c-1: a chargeback of a DAY0 transaction (sent twice: a producer retry), and an
         # analyst's fraud on a transaction of today without a terminal; both reported today.
@@ -320,16 +326,14 @@ def test_a_cards_confirmed_frauds_reach_the_scorer_once_each_and_corrections_tak
         expected[f"frauds_on_{today}"] = 1
         reader.wait_for("c-1", expected, exact=True)
         scorer.wait_for_metric("fraud_card_frauds_cards", 1)
-        assert np.allclose(card_columns(today), np.log1p([2, 2]))
+        until_columns(today, [2, 2], "the scorer never counted both frauds")
         assert np.allclose(card_columns(today + 5), np.log1p([0, 2]))  # the 7-day window only
 
         # The chargeback was a mistake: its fraud is taken back; then the other one too.
         produce(topics.labels, [label(1, DAY0, "P", fraud=False, reported=today)])
         # Until the record lists today's fraud alone (the one before it lists both).
         reader.wait_for("c-1", {"as_of_day": today, f"frauds_on_{today}": 1}, exact=True)
-        deadline = time.monotonic() + 30
-        while not np.allclose(card_columns(today), np.log1p([1, 1])):
-            assert time.monotonic() < deadline, "the scorer kept the corrected fraud"
+        until_columns(today, [1, 1], "the scorer kept the corrected fraud")
         produce(topics.labels, [label(6, today, None, fraud=False, reported=today)])
         reader.wait_for_tombstone("c-1")
     finally:
