@@ -20,19 +20,9 @@ OutputLabel = tuple[str, str]
 
 
 class OutcomeGroup:
-    """Counts down the deliveries of some outputs (and its holds), then finishes their source
-    offsets."""
+    """Counts down the deliveries of some outputs, then finishes their source offsets."""
 
-    __slots__ = (
-        "_count",
-        "_delivered",
-        "_expected",
-        "_on_complete",
-        "_outputs",
-        "_sources",
-        "_tracker",
-        "labels",
-    )
+    __slots__ = ("_count", "_expected", "_on_complete", "_sources", "_tracker", "labels")
 
     def __init__(
         self,
@@ -40,40 +30,26 @@ class OutcomeGroup:
         sources: list[SourceOffset],
         labels: Counter[OutputLabel],
         on_complete: Callable[[Counter[OutputLabel]], None],
-        *,
-        holds: int = 0,
     ) -> None:
         """`labels` counts the group's outputs by kind and label; their total is how many
-        deliveries complete the group, and `on_complete` is called then. `holds` more
-        `release()` calls must come before the sources are finished."""
-        outputs = labels.total()
-        if outputs < 1:
-            raise ValueError(f"an outcome group needs at least one output, got {outputs}")
+        deliveries complete the group."""
+        expected = labels.total()
+        if expected < 1:
+            raise ValueError(f"an outcome group needs at least one output, got {expected}")
         self._tracker = tracker
         self._sources = sources
-        self._outputs = outputs
-        self._expected = outputs + holds
+        self._expected = expected
         # Delivery reports of one group may be served by both threads' polls: `next()` on a
         # counter is one C call under the GIL, where `remaining -= 1` could lose an update.
-        self._delivered = itertools.count(1)
         self._count = itertools.count(1)
         self.labels = labels
         self._on_complete = on_complete
 
     def delivered(self) -> None:
         """One output of the group is acknowledged (called once per output, any thread)."""
-        outputs_done = next(self._delivered) == self._outputs
-        self._count_down()
-        if outputs_done:
-            self._on_complete(self.labels)
-
-    def release(self) -> None:
-        """One hold on the group's sources is over (called once per hold, any thread)."""
-        self._count_down()
-
-    def _count_down(self) -> None:
         if next(self._count) == self._expected:
             self._tracker.finish_all(self._sources)
+            self._on_complete(self.labels)
 
     @property
     def sources(self) -> list[SourceOffset]:

@@ -5,9 +5,8 @@ on the consuming thread inside `poll` or `close`).
   (`stream/restores.py`); the consuming thread resumes it once loaded (`resume_restored`), and
   scores the partitions it kept meanwhile.
 - Revoked: the partitions' undecided records are dropped (their next owner reads them again),
-  the batch being scored finishes, card states waiting are sent, outputs are flushed and what
-  was decided is committed, within the shutdown deadline while stopping; then everything held
-  for them is forgotten.
+  the batch being scored finishes, outputs are flushed and what was decided is committed,
+  within the shutdown deadline while stopping; then everything held for them is forgotten.
 - Lost (the group moved on without us): nothing of them may be committed. Exactly-once aborts
   the open transaction, which holds outputs of the kept partitions too, so the replica rewinds
   those to their commit.
@@ -23,7 +22,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset
 from stream.card_state import CardState
-from stream.changelog_writer import ChangelogWriter
 from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
@@ -54,7 +52,6 @@ class Rebalance:
         lag: LagMonitor,
         metrics: ServiceMetrics,
         card_state: CardState | None,
-        changelog: ChangelogWriter | None,
         transactions: TransactionalSink | None,
         release_records: Callable[[set[PartitionKey]], int],
         commit: Callable[[], None],
@@ -70,7 +67,6 @@ class Rebalance:
         self._held = held
         self._handoff = handoff
         self._sink = sink
-        self._changelog = changelog
         self._tracker = tracker
         self._lag = lag
         self._metrics = metrics
@@ -112,8 +108,6 @@ class Rebalance:
         started = time.monotonic()
         deadline = self._deadline()
         self._handoff.wait_until_done(deadline)
-        if self._changelog is not None:
-            self._changelog.flush()  # the card states waiting are what the commit covers
         self._sink.flush(max(0.0, deadline - time.monotonic()))
         flushed = time.monotonic()
         self._commit()

@@ -36,7 +36,6 @@ from scorer.reasons import Explainer
 from scorer.rules import Rules
 from stream.batcher import Batch
 from stream.card_state import CardState, ChangelogRecord
-from stream.changelog_writer import ChangelogWriter
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel
 from stream.observed_precision import ObservedPrecision
@@ -135,7 +134,6 @@ class BatchScorer:
         policy: DecisionPolicy,
         metrics: ServiceMetrics,
         card_state: CardState | None = None,
-        changelog: ChangelogWriter | None = None,
         terminals: TerminalRiskTable | None = None,
         card_frauds: CardFraudsTable | None = None,
         encode: DecisionEncoder = encode_decision,
@@ -148,9 +146,7 @@ class BatchScorer:
         drift_window: int = DEFAULT_DRIFT_WINDOW,
         tracer: BatchTracer | None = None,
     ) -> None:
-        """`changelog`: where the card states go (None: with each batch, to the card state's
-        changelog topic); `encode`: how a decision becomes the output's value
-        (FRAUD_OUTPUT_FORMAT); `rules`:
+        """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
         decisions (None: none); `reloader`: where a new model (scorer, policy and explainer
         together) comes from between batches (None: the first serves for good); `shadow`: a
@@ -170,11 +166,6 @@ class BatchScorer:
         self._explainer = explainer
         self._metrics = metrics
         self._card_state = card_state
-        if changelog is None and card_state is not None:
-            changelog = ChangelogWriter(
-                sink, tracker, card_state.changelog_topic, flush_interval_s=0, flush_records=1
-            )
-        self._changelog = changelog
         self._terminals = terminals
         self._card_frauds = card_frauds
         self._scorer = scorer
@@ -247,9 +238,8 @@ class BatchScorer:
         )
         if failed:
             outputs["dead_letter", ScoreError.reason] = len(failed)
-        writer = self._changelog
-        if writer is not None:
-            outputs.update(writer.labels(changelog))
+        if changelog:
+            outputs["changelog", "card_state"] = len(changelog)
         if shadow is not None and shadow.keys:
             outputs["shadow", "shadow"] = len(shadow.keys)
         group = OutcomeGroup(
@@ -257,12 +247,10 @@ class BatchScorer:
             [r.position for r in records],
             outputs,
             stages.on_delivered(self._metrics),
-            holds=0 if writer is None else writer.holds(changelog),
         )
         dead_letters = self._dead_letter(records, failed, group)
         contexts = _trace_contexts(records, dead_letters)
-        if writer is not None:
-            writer.write(records, changelog, group)
+        self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, contexts, group)
         if shadow is not None and shadow.keys:
             self._send_shadow(records, encoded.rows, shadow, group)
@@ -308,6 +296,37 @@ class BatchScorer:
         except Exception:
             log.exception("card history failed for a batch: its history features are neutral")
             return None, []
+
+    def _send_changelog(
+        self, records: list[PendingRecord], changelog: list[ChangelogRecord], group: OutcomeGroup
+    ) -> None:
+        """The batch's card states, one shared-callback send per partition."""
+        if not changelog:
+            return
+        assert self._card_state is not None
+        topic = self._card_state.changelog_topic
+        by_partition: dict[int, list[ChangelogRecord]] = {}
+        for change in changelog:
+            by_partition.setdefault(change.partition, []).append(change)
+        for partition, changes in by_partition.items():
+
+            def output_of(i: int, changes: list[ChangelogRecord] = changes) -> Output:
+                change = changes[i]
+                return Output(
+                    kind="changelog",
+                    topic=topic,
+                    key=change.card_id.encode(),
+                    value=change.state,
+                    headers=None,
+                    source=records[change.batch_index].message,
+                    group=group,
+                    label="card_state",
+                    partition=change.partition,
+                )
+
+            keys = [change.card_id.encode() for change in changes]
+            values = [change.state for change in changes]
+            self._sink.send_batch(topic, keys, values, group, output_of, partition)
 
     def _encode(
         self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int

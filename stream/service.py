@@ -68,7 +68,6 @@ class ScoringService:
         self._metrics = parts.metrics
         self._transactions = parts.transactions
         self._card_state = parts.card_state
-        self._changelog = parts.changelog
         self._terminals = parts.terminals
         self._card_frauds = parts.card_frauds
         self._rules = parts.rules
@@ -131,7 +130,6 @@ class ScoringService:
             lag=parts.lag,
             metrics=parts.metrics,
             card_state=parts.card_state,
-            changelog=parts.changelog,
             transactions=parts.transactions,
             release_records=self._release_records,
             commit=self._commit,
@@ -231,8 +229,6 @@ class ScoringService:
             due = self._batcher.take_due(time.monotonic())
             if due is not None:
                 self._hand_off(due)
-        if self._changelog is not None:
-            self._changelog.flush_if_due(time.monotonic())
         self._sink.poll()
         self._record_progress()
 
@@ -425,8 +421,6 @@ class ScoringService:
         self._handoff.close()
         self._worker.stop_retrying()
         self._worker.join(max(0.0, deadline - time.monotonic()))
-        if self._changelog is not None:
-            self._changelog.flush()
         left = self._sink.flush(max(0.0, deadline - time.monotonic()))
         if left or self._worker.is_alive():
             log.error(

@@ -131,12 +131,6 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         return self.state_changelog_topic or f"{self.group_id}-card-state-changelog"
 
     @property
-    def changelog_flush_s(self) -> float:
-        """How long card states wait to go to the changelog together (0: with their batch, as
-        exactly-once always does)."""
-        return 0.0 if self.exactly_once else self.changelog_flush_ms / 1000.0
-
-    @property
     def shadow_output_topic(self) -> str:
         """Where the challenger's shadow decisions go (FRAUD_SHADOW_MODEL)."""
         return self.shadow_topic or f"{self.output_topic}.shadow"

@@ -264,18 +264,6 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             le=86_400,
         ),
     ] = 60.0
-    changelog_flush_ms: Annotated[
-        float,
-        meta(
-            "FRAUD_CHANGELOG_FLUSH_MS",
-            "at-least-once: the card states of the batches scored within this many milliseconds "
-            "go to the changelog together, each card's newest only (fewer produce requests; "
-            "offsets are committed up to this much later); 0: with each batch. Exactly-once "
-            "always writes them with their batch, in its transaction",
-            ge=0,
-            le=60_000,
-        ),
-    ] = 100.0
     max_clock_skew_ms: Annotated[
         int,
         meta(

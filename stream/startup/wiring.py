@@ -30,7 +30,6 @@ from scorer.reasons import Explainer
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState, KafkaChangelog
-from stream.changelog_writer import FLUSH_SHARE_OF_IN_FLIGHT, ChangelogWriter
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.model_reload import (
@@ -76,8 +75,6 @@ class Collaborators:
     transactions: TransactionalSink | None = None
     #: Per-card history (FRAUD_CARD_HISTORY=on), the copies of terminal-risk and card-frauds.
     card_state: CardState | None = None
-    #: Where the card states go (FRAUD_CHANGELOG_FLUSH_MS); None: with each batch.
-    changelog: ChangelogWriter | None = None
     terminals: TerminalRiskTable | None = None
     card_frauds: CardFraudsTable | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
@@ -110,7 +107,6 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         policy=parts.policy,
         metrics=parts.metrics,
         card_state=parts.card_state,
-        changelog=parts.changelog,
         terminals=parts.terminals,
         card_frauds=parts.card_frauds,
         encode=parts.encode,
@@ -136,19 +132,6 @@ def retry_policy(config: ServiceConfig) -> RetryPolicy:
         config.delivery_attempts,
         config.retry_backoff_ms / 1000.0,
         config.retry_backoff_max_ms / 1000.0,
-    )
-
-
-def changelog_writer(
-    config: ServiceConfig, card_state: CardState, sink: OutputSink, tracker: OffsetTracker
-) -> ChangelogWriter:
-    """Where `card_state`'s states go (FRAUD_CHANGELOG_FLUSH_MS), through `sink`."""
-    return ChangelogWriter(
-        sink,
-        tracker,
-        card_state.changelog_topic,
-        flush_interval_s=config.changelog_flush_s,
-        flush_records=max(1, config.max_in_flight_records // FLUSH_SHARE_OF_IN_FLIGHT),
     )
 
 
@@ -221,13 +204,11 @@ def build_collaborators(
     )
     if transactions is not None:
         client_errors.on_cluster_lost(transactions.cluster_lost)
-    sink = transactions or KafkaSink(new_producer(), redelivery.failed)
-    changelog = None if card_state is None else changelog_writer(config, card_state, sink, tracker)
     # The worker's tables count days as the worker does, and trust dates as far as the card state.
     clock, day_ms = event_clock(config), day_length_ms(config.history_time_scale)
     return Collaborators(
         consumer=consumer,
-        sink=sink,
+        sink=transactions or KafkaSink(new_producer(), redelivery.failed),
         scorer=model.scorer,
         redelivery=redelivery,
         router=router,
@@ -238,7 +219,6 @@ def build_collaborators(
         tracker=tracker,
         transactions=transactions,
         card_state=card_state,
-        changelog=changelog,
         terminals=TerminalRiskTable(
             kafka, config.terminal_risk_topic, metrics, clock=clock, day_ms=day_ms
         ),

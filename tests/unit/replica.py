@@ -25,7 +25,7 @@ from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
 from stream.startup.config import ServiceConfig
-from stream.startup.wiring import Collaborators, changelog_writer, dead_letter_router
+from stream.startup.wiring import Collaborators, dead_letter_router
 from stream.transactional_sink import TransactionalSink
 from tests.unit.fakes import (
     AutoSink,
@@ -153,11 +153,6 @@ class Replica:
             tracker=tracker,
             transactions=self.transactions,
             card_state=self.card_state,
-            changelog=None
-            if self.card_state is None
-            else changelog_writer(
-                self.config, self.card_state, self.transactions or self.sink, tracker
-            ),
             terminals=terminals,
             decode=decode,
         )
