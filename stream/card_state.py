@@ -232,8 +232,21 @@ class CardState:
         self._report()
 
     def drop(self, partitions: Sequence[int]) -> None:
-        """Forget the state of partitions that went (their next owner restores it)."""
+        """Forget the state of partitions that went (their next owner restores it): `let_go`,
+        then `forget_cards`."""
         self._forget(set(partitions))
+        self._report()
+
+    def let_go(self, partitions: Sequence[int]) -> None:
+        """Partitions that went are no longer owned: from now on no batch updates them and
+        `current` says so. Their cards stay in memory until `forget_cards` (a revoke leaves that
+        to the restore thread: half of a million cards take about 0.4 s to forget)."""
+        self._let_go(set(partitions))
+
+    def forget_cards(self, partitions: Sequence[int]) -> None:
+        """Forget the cards of partitions let go, a chunk at a time (batches of the partitions
+        kept go on in between)."""
+        self._forget_cards(set(partitions))
         self._report()
 
     def owned(self) -> list[int]:
@@ -445,11 +458,14 @@ class CardState:
             self._undo_overflow = False
 
     def _forget(self, partitions: set[int]) -> None:
+        self._let_go(partitions)
+        self._forget_cards(partitions)
+
+    def _let_go(self, partitions: set[int]) -> None:
         if not partitions:
             return
         prefixes = tuple(card_key(partition, "") for partition in partitions)
         with self._lock:
-            # Not owned from here on: no batch updates them and `current` says so.
             for partition in partitions:
                 self._watermark.pop(partition, None)
                 self._last_eviction.pop(partition, None)
@@ -462,11 +478,17 @@ class CardState:
                         entry.snapshots[i] = _select(snapshot, keep)
                     for partition in partitions:
                         entry.offsets.pop(partition, None)
+
+    def _forget_cards(self, partitions: set[int]) -> None:
+        if not partitions:
+            return
+        prefixes = tuple(card_key(partition, "") for partition in partitions)
+        with self._lock:
             keys = list(self._history)
         # Their cards are found, then forgotten a chunk at a time with the lock released in
         # between, so the batches of the partitions kept go on (half of a million cards took
         # 0.4 s under the lock). None of these partitions gains a card meanwhile: they are not
-        # owned, and their restores run on one thread, the one that calls this for them.
+        # owned, and their restores run on the restore thread, after this (`stream/restores.py`).
         doomed = [key for key in keys if key.startswith(prefixes)]
         for start in range(0, len(doomed), FORGET_CHUNK):
             with self._lock:

@@ -192,8 +192,10 @@ class Rebalance:
             self._restores.cancel([p.partition for p in partitions])
             self.restoring.difference_update(keys)
             self._metrics.set_restoring_partitions(len(self.restoring))
-        if self._card_state is not None:
-            self._card_state.drop([p.partition for p in partitions])
+        if self._card_state is not None and self._restores is not None:
+            gone = [p.partition for p in partitions]
+            self._card_state.let_go(gone)
+            self._restores.forget(gone)  # their cards, off the consuming thread
         if self._transactions is not None:
             self._transactions.forget(keys)
         unfinished = self._tracker.forget(keys)

@@ -72,7 +72,7 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
         ) as replica:
             state = replica.card_state
             assert state is not None
-            update, drop = state.update, state.drop
+            update, let_go = state.update, state.let_go
             in_update, dropped = threading.Event(), threading.Event()
 
             def gated_update(records: Any, columns: Any) -> Any:
@@ -81,12 +81,12 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
                     dropped.wait(3.0)
                 return update(records, columns)
 
-            def noted_drop(partitions: Any) -> None:
-                drop(partitions)
+            def noted_let_go(partitions: Any) -> None:
+                let_go(partitions)
                 dropped.set()
 
             state.update = gated_update  # type: ignore[method-assign]
-            state.drop = noted_drop  # type: ignore[method-assign]
+            state.let_go = noted_let_go  # type: ignore[method-assign]
             replica.consumer.assign(tp(0, 1))
             replica.consumer.feed(interleaved(0, 50))
             wait_until(in_update.is_set)
@@ -135,6 +135,32 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
     assert written[-1] == held, "the card's last changelog record is its newest state"
     replica.changelog.compact()
     assert restored(replica.changelog, [0]).current(0, card).state == held
+
+
+def test_a_revoked_partition_is_let_go_at_once_and_its_cards_forgotten_off_the_loop() -> None:
+    with Replica(card_state=True) as replica:
+        state = replica.card_state
+        assert state is not None
+        forgotten_on: list[str] = []
+        forget_cards = state.forget_cards
+
+        def noted(partitions: Any) -> None:
+            forgotten_on.append(threading.current_thread().name)
+            forget_cards(partitions)
+
+        state.forget_cards = noted  # type: ignore[method-assign]
+        replica.consumer.assign(tp(0, 1))
+        wait_until(lambda: state.owned() == [0, 1])
+        replica.consumer.feed(interleaved(0, 100))
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 100, (TOPIC, 1): 100})
+        cards = {p: set(expected_states(range(100), p)) for p in (0, 1)}
+        replica.consumer.revoke(tp(1))
+        wait_until(lambda: state.owned() == [0])
+        wait_until(lambda: forgotten_on == ["card-state-restore"], what="cards forgotten")
+        held = replica.metrics.registry.get_sample_value("fraud_card_state_cards")
+        assert held == len(cards[0]), "only the kept partition's cards are held"
+        assert not any(state.current(1, card).owned for card in cards[1])
+        assert states(state, 0, cards[0]) == expected_states(range(100), 0)
 
 
 def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
