@@ -330,7 +330,7 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
         restarted = sum(r.name == a.name for r in run.replicas) > 1
         kept = set() if restarted else everything - moved_away(_log(a), run.input_topic)
         gaps = longest_gaps(inputs, decisions, kept)
-        worst = max(gaps, key=lambda g: g.decisions_ms, default=None)
+        worst = max(gaps, key=lambda g: g.waited_ms, default=None)
         late = latency(decisions)
         # When the partitions kept were silent past the goal: a rebalance's doing, or a's
         # alone (a backlog is fetched one partition at a time)?
@@ -339,7 +339,8 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
             f"{name}:{sum(_phase(phases, x.from_ms) == name for x in silent)}" for name, _ in phases
         )
         figures["kept_partitions"] = ",".join(str(g.partition) for g in gaps) or "none"
-        figures["max_gap_kept_ms"] = f"{worst.decisions_ms}" if worst else "?"
+        figures["max_wait_kept_ms"] = f"{worst.waited_ms}" if worst else "?"
+        figures["max_gap_kept_ms"] = f"{max((g.decisions_ms for g in gaps), default=0)}"
         figures["max_input_gap_kept_ms"] = f"{max((g.input_ms for g in gaps), default=0)}"
         figures["latency_p50_ms"] = f"{late.p50_ms:.0f}"
         figures["latency_p99_ms"] = f"{late.p99_ms:.0f}"
@@ -349,14 +350,15 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
             run.result.check("a kept partitions throughout", False, why)
             return
         lines = "; ".join(
-            f"partition {g.partition}: {g.decisions_ms} ms, ended "
+            f"partition {g.partition}: a record waited {g.waited_ms} ms without a decision; "
+            f"longest gap {g.decisions_ms} ms, ended "
             f"{(g.ended_at_ms - run.load.started_ms) / 1000:.1f}s into the load "
             f"(input's longest gap {g.input_ms} ms)"
             for g in gaps
         )
         run.result.check(
-            f"kept partitions decided without a gap over {KEPT_GAP_GOAL_MS} ms",
-            worst.decisions_ms <= KEPT_GAP_GOAL_MS,
+            f"kept partitions never left a record {KEPT_GAP_GOAL_MS} ms without a decision",
+            worst.waited_ms <= KEPT_GAP_GOAL_MS,
             lines,
         )
         log.info("6 %s: longest gaps of the kept partitions: %s", run.settings.mode, lines)

@@ -5,7 +5,9 @@ A partition's gap is the time between two consecutive decisions of its records, 
 (the service's clock when it decided): scenario 6 checks that the partitions a replica keeps go
 on being decided while other partitions' card state is restored. The gaps of the input itself
 (the records' timestamps) come with it, so a silence of the load is not taken for one of the
-service. Plain logic over in-memory records, unit-tested.
+service, and so does the service's share of each gap: counted from the later of the decision
+before it and the production of the first record decided after it (its timestamp), so the time
+the load itself sent nothing is left out. Plain logic over in-memory records, unit-tested.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from faults.verifier import Decision, InputRecord
 
 class PartitionGap(NamedTuple):
     """The longest time (ms) between consecutive decisions of one input partition's records,
-    when it ended (epoch ms), and the longest between consecutive records of its input."""
+    when it ended (epoch ms), the longest between consecutive records of its input, and the
+    longest time a record of it waited, produced, while the partition had no decision."""
 
     partition: int
     decisions_ms: int
     ended_at_ms: int
     input_ms: int
+    waited_ms: int
 
 
 class Silence(NamedTuple):
@@ -52,15 +56,29 @@ def longest_gaps(
     """The longest decision gap of each of `partitions` (input partitions), over every decision
     of their records (duplicates too: a repeat is a sign of life all the same). A partition
     with fewer than two decisions has a gap of 0."""
+    decisions = list(decisions)
     decided = _decided_at(inputs, decisions, partitions)
+    first = _first_decided(decisions)
     sent: defaultdict[int, list[int]] = defaultdict(list)
+    answered: defaultdict[int, list[tuple[int, int]]] = defaultdict(list)
     for r in inputs:
         if r.partition in partitions:
             sent[r.partition].append(r.timestamp_ms)
+            at = first.get(r.transaction_id) if r.transaction_id is not None else None
+            if at is not None:
+                answered[r.partition].append((at, r.timestamp_ms))
     gaps = []
     for partition in sorted(partitions):
         gap_ms, ended_ms = _longest_gap(decided[partition])
-        gaps.append(PartitionGap(partition, gap_ms, ended_ms, _longest_gap(sent[partition])[0]))
+        gaps.append(
+            PartitionGap(
+                partition,
+                gap_ms,
+                ended_ms,
+                _longest_gap(sent[partition])[0],
+                _longest_wait(decided[partition], answered[partition]),
+            )
+        )
     return gaps
 
 
@@ -112,6 +130,33 @@ def _decided_at(
         if partition is not None:
             decided[partition].append(d.decided_at_ms)
     return decided
+
+
+def _first_decided(decisions: Iterable[Decision]) -> dict[str, int]:
+    """Each transaction's first `decided_at`."""
+    first: dict[str, int] = {}
+    for d in decisions:
+        if d.transaction_id not in first or d.decided_at_ms < first[d.transaction_id]:
+            first[d.transaction_id] = d.decided_at_ms
+    return first
+
+
+def _longest_wait(decided_ms: list[int], answered: list[tuple[int, int]]) -> int:
+    """The service's longest share of a gap between consecutive decisions (`decided_ms`, every
+    sign of life): from the later of the decision before and the earliest production time of the
+    records first decided after the gap (`answered`: (first decided_at, produced) per record)."""
+    if len(decided_ms) < 2 or not answered:
+        return 0
+    ordered = np.sort(np.asarray(decided_ms, np.int64))
+    by_decision = sorted(answered)
+    first_at = np.asarray([at for at, _ in by_decision], np.int64)
+    # The earliest production time among the records first decided at or after each position.
+    produced = np.minimum.accumulate(np.asarray([p for _, p in by_decision], np.int64)[::-1])[::-1]
+    starts = np.searchsorted(first_at, ordered[1:], side="left")
+    valid = starts < len(first_at)
+    waiting_since = np.where(valid, produced[np.minimum(starts, len(first_at) - 1)], ordered[1:])
+    waits = ordered[1:] - np.maximum(ordered[:-1], waiting_since)
+    return int(max(0, waits.max()))
 
 
 def _longest_gap(times_ms: list[int]) -> tuple[int, int]:

@@ -33,7 +33,9 @@ def test_the_longest_gap_is_between_consecutive_decisions_of_a_partition() -> No
     # From the third record on, the partition stalls until T0 + 720: silent since 10 + 5 ms.
     decisions = [decided(r, 5 if r.offset < 2 else 720 - 10 * r.offset) for r in records]
     [gap] = longest_gaps(records, decisions, {0})
-    assert gap == PartitionGap(0, decisions_ms=705, ended_at_ms=T0 + 720, input_ms=10)
+    assert gap == PartitionGap(
+        0, decisions_ms=705, ended_at_ms=T0 + 720, input_ms=10, waited_ms=700
+    ), "the third record waited from its production at T0 + 20"
 
 
 def test_gaps_follow_decided_at_not_the_topic_order() -> None:
@@ -50,10 +52,20 @@ def test_only_the_partitions_asked_for_count() -> None:
     assert longest_gaps(kept + moved, decisions, {1})[0].decisions_ms == 5_010
 
 
-def test_a_silent_input_shows_in_the_input_gap() -> None:
+def test_a_silent_input_shows_in_the_input_gap_not_in_the_wait() -> None:
     records = [record(0, 0, 0), record(0, 1, 2_000), record(0, 2, 2_010)]
     gap = longest_gaps(records, [decided(r, 5) for r in records], {0})[0]
-    assert (gap.decisions_ms, gap.input_ms) == (2_000, 2_000)
+    assert (gap.decisions_ms, gap.input_ms, gap.waited_ms) == (2_000, 2_000, 5)
+
+
+def test_a_record_left_undecided_makes_every_gap_after_its_production_a_wait() -> None:
+    records = every_10_ms(0, 4)
+    # The first record is decided only at 3,000; the others promptly: the partition decided
+    # nothing between 35 and 3,000 while the first record waited since 0.
+    after = {0: 3_000, 1: 5, 2: 5, 3: 5}
+    decisions = [decided(r, after[r.offset]) for r in records]
+    gap = longest_gaps(records, decisions, {0})[0]
+    assert (gap.decisions_ms, gap.waited_ms) == (2_965, 2_965)
 
 
 def test_a_duplicate_counts_as_a_sign_of_life() -> None:
@@ -67,7 +79,7 @@ def test_a_duplicate_counts_as_a_sign_of_life() -> None:
 def test_a_partition_with_under_two_decisions_has_no_gap() -> None:
     records = every_10_ms(0, 2)
     gaps = longest_gaps(records, [decided(records[0], 5)], {0, 3})
-    assert [(g.partition, g.decisions_ms) for g in gaps] == [(0, 0), (3, 0)]
+    assert [(g.partition, g.decisions_ms, g.waited_ms) for g in gaps] == [(0, 0, 0), (3, 0, 0)]
 
 
 def test_silences_are_every_gap_longer_than_asked() -> None:
