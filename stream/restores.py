@@ -12,9 +12,8 @@ run one at a time, in assignment order. The cards of partitions that went are fo
 same thread (`forget`), in order with the restores, so a revoke never stops the partitions kept
 for that either (half of a million cards took 0.4 s in the callback: a kept partition's longest
 silence at a rebalance was that plus the group's own pause). Once stopped, an assignment starts
-nothing: the
-consumer's close may still hand one over (a rebalance under way when the replica stops), and
-close takes it back at once.
+nothing: the consumer's close may still hand one over (a rebalance under way when the replica
+stops), and close takes it back at once.
 """
 
 from __future__ import annotations
