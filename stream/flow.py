@@ -8,9 +8,7 @@ records than fit under both bounds (bytes at the running average record size), s
 overshoots the byte bound by a record or so when sizes change. librdkafka's own pre-fetch queue
 is bounded apart from this (`queued.max.messages.kbytes`). The loop keeps polling while
 paused, so the group never evicts the replica for silence (`max.poll.interval.ms`). Pausing
-also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat. A resume
-wakes the broker threads that fetch them (`stream/resume.py`): with every partition paused,
-librdkafka would otherwise fetch again only up to a second later.
+also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat.
 
 librdkafka keeps an application's pause flag on a partition across a rebalance, so the state
 of every newly assigned partition is set explicitly in the assignment callback. A partition
@@ -26,7 +24,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from contracts.offsets import PartitionKey
 from stream.metrics import ServiceMetrics
-from stream.resume import resume
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +116,7 @@ class FlowControl:
         if self._paused or withheld:
             self._consumer.pause(partitions)
         else:
-            resume(self._consumer, partitions)
+            self._consumer.resume(partitions)
         self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
     def release(self, keys: list[PartitionKey]) -> None:
@@ -127,7 +124,7 @@ class FlowControl:
         released = [key for key in keys if key in self._withheld]
         self._withheld.difference_update(released)
         if released and not self._paused:
-            resume(self._consumer, [TopicPartition(t, p) for t, p in released])
+            self._consumer.resume([TopicPartition(t, p) for t, p in released])
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
@@ -138,10 +135,8 @@ class FlowControl:
     def _set(self, paused: bool, reason: str) -> None:
         kept = self._assigned if paused else self._assigned - self._withheld
         partitions = [TopicPartition(t, p) for t, p in sorted(kept)]
-        if partitions and paused:
-            self._consumer.pause(partitions)
-        elif partitions:
-            resume(self._consumer, partitions)
+        if partitions:
+            (self._consumer.pause if paused else self._consumer.resume)(partitions)
         self._paused = paused
         if paused:
             log.info("pausing %s partitions: %s", len(partitions), reason)

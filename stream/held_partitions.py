@@ -21,7 +21,6 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from contracts.offsets import PartitionKey, position_of
 from stream.metrics import ServiceMetrics
-from stream.resume import resume
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ class HeldPartitions:
         if due:
             self._metrics.set_held_partitions(len(self._until))
         if due and not fetching_paused:
-            resume(self._consumer, [TopicPartition(topic, partition) for topic, partition in due])
+            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in due])
 
     def forget(self, keys: Iterable[PartitionKey]) -> None:
         """Partitions that went: their next owner reads them."""

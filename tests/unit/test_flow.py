@@ -7,17 +7,14 @@ from prometheus_client import CollectorRegistry
 
 from stream.flow import FlowControl
 from stream.metrics import ServiceMetrics
-from tests.unit.fakes import OneBrokerCluster
 
 METRICS = ServiceMetrics(CollectorRegistry())
 
 
-class RecordingConsumer(OneBrokerCluster):
-    """Records pause/resume calls; FlowControl calls nothing else on a consumer but what a
-    resume's wake-up asks (`OneBrokerCluster`)."""
+class RecordingConsumer:
+    """Records pause/resume calls; FlowControl calls nothing else on a consumer."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.calls: list[tuple[str, list[tuple[str, int]]]] = []
 
     def pause(self, partitions: list[TopicPartition]) -> None:
