@@ -23,7 +23,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,6 +45,7 @@ from bench.harness import (
 )
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
+from loadgen.scrape import read_page
 from loadgen.time_scale import time_scale
 
 CONTENDERS: tuple[str, ...] = (
@@ -344,10 +344,14 @@ def stage_means_ms(metrics_url: str) -> dict[str, float]:
     """Where a batch's time went over the service's life: the mean of each stage of
     `fraud_stage_seconds` in ms (empty when /metrics cannot be read)."""
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5.0) as response:
-            text = response.read().decode()
+        text = read_page(metrics_url)
     except OSError:
         return {}
+    return stage_means_of(text)
+
+
+def stage_means_of(text: str) -> dict[str, float]:
+    """`stage_means_ms` of a /metrics page's text."""
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):

@@ -41,7 +41,7 @@ def scrape(metrics_url: str) -> MetricsSnapshot | None:
     """The scorer's figures now, or None when /metrics cannot be reached."""
     at_s = time.monotonic()
     try:
-        text = _read(metrics_url)
+        text = read_page(metrics_url)
     except OSError:
         return None
     return parse_metrics(text, at_s)
@@ -54,14 +54,15 @@ def history_time_scale(metrics_url: str) -> float:
         OSError: /metrics cannot be read.
         LookupError: it has no such metric (a scorer older than the metric).
     """
-    for family in text_string_to_metric_families(_read(metrics_url)):
+    for family in text_string_to_metric_families(read_page(metrics_url)):
         for sample in family.samples:
             if sample.name == HISTORY_TIME_SCALE_METRIC:
                 return sample.value
     raise LookupError(f"{metrics_url} has no {HISTORY_TIME_SCALE_METRIC}")
 
 
-def _read(metrics_url: str) -> str:
+def read_page(metrics_url: str) -> str:
+    """The /metrics page as text. Raises OSError when it cannot be read."""
     with urllib.request.urlopen(metrics_url, timeout=SCRAPE_TIMEOUT_S) as response:
         return str(response.read().decode())
 

@@ -4,9 +4,12 @@ over its runs, failed runs counted apart."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from bench.contenders import stage_means_of
 from bench.latency_table import Cell, cells_of, render, render_stages, summarize
 from bench.pipeline_bench import build_parser, table_cells
+from stream.metrics import ServiceMetrics
 
 
 def _cells(*argv: str) -> tuple[list[Cell], int]:
@@ -86,3 +89,11 @@ def test_a_cell_reports_where_its_batches_spent_their_time() -> None:
     assert table[2].startswith("| at-least-once | 24 | 5,000 | 60.0 | - |")
     assert table[2].endswith("| 135.0 |")
     assert table[3].endswith("| - | - |")
+
+
+def test_stage_means_are_each_stages_sum_over_its_count_in_ms() -> None:
+    metrics = ServiceMetrics(CollectorRegistry())
+    metrics.observe_stages({"queue": 0.010, "delivery": 0.030})
+    metrics.observe_stages({"queue": 0.020})
+    means = stage_means_of(generate_latest(metrics.registry).decode())
+    assert means == pytest.approx({"queue": 15.0, "delivery": 30.0})
