@@ -7,7 +7,7 @@ forbidden topic: retried with backoff). Callers decide by the class of the trans
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 
@@ -48,7 +48,39 @@ def leader_unknown(exc: BaseException) -> bool:
     return isinstance(exc, KafkaException) and exc.args[0].code() in LEADER_UNKNOWN
 
 
+#: The code of a success report that names no offset (`delivery_error`).
+UNCONFIRMED = "_UNCONFIRMED"
+
+
 def translate_kafka_error(error: KafkaError, topic: str) -> DeliveryError:
     """librdkafka's verdict on one output → the project's error, by cause."""
     cls = RecordRejectedError if error.code() in RECORD_REJECTIONS else TransientDeliveryError
     return cls(f"{topic}: {error.str()}", code=error.name())
+
+
+def stored(error: KafkaError | None, message: Message) -> bool:
+    """Whether a delivery report says the broker stored the message: no error, and an offset.
+
+    librdkafka reports the messages of a failed produce request as delivered, without an offset
+    ("implicitly acked"), when a later request to the same partition succeeds: it assumes the
+    broker enforces the producer's sequence order. A broker that holds no state for the producer
+    on that partition (a topic just created, a new producer id, one idle past
+    producer.id.expiration.ms) accepts any sequence, so the earlier request may have failed for
+    good: fault scenario 5 lost a dead letter that way (a NOT_LEADER answer, then the next
+    request accepted). Such a report is not trusted. (confluent-kafka gives None for a negative
+    offset.)"""
+    offset = message.offset()
+    return error is None and offset is not None and offset >= 0
+
+
+def delivery_error(error: KafkaError | None, topic: str) -> DeliveryError:
+    """The error of a report that `stored` did not accept: librdkafka's, translated, or a
+    transient one for a success without an offset (the sink sends it again: at worst a
+    duplicate, which at-least-once allows)."""
+    if error is not None:
+        return translate_kafka_error(error, topic)
+    return TransientDeliveryError(
+        f"{topic}: reported delivered without an offset (librdkafka's implicit ack): not "
+        "confirmed stored",
+        code=UNCONFIRMED,
+    )

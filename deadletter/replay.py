@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from contracts.dead_letter import INCOMPLETE_MARKERS, ORIGINAL_TOPIC, replay_headers
+from contracts.kafka_errors import delivery_error, stored
 from contracts.offsets import OffsetTracker
 from deadletter.reader import (
     DeadLetter,
@@ -310,11 +311,11 @@ class Replayer:
             *replay_headers(letter.headers, source, letter.partition, letter.offset)
         ]
 
-        def delivered(error: KafkaError | None, _message: object) -> None:
+        def delivered(error: KafkaError | None, message: Message) -> None:
             self._in_flight -= 1
-            if error is not None:
+            if not stored(error, message):
                 where = f"{source}/{letter.partition}/{letter.offset}"
-                self._fail(f"cannot replay {where} to {topic!r}: {error.str()}")
+                self._fail(f"cannot replay {where}: {delivery_error(error, topic)}")
                 return
             self.summary.to_topics[topic] += 1
             self._tracker.finish((source, letter.partition), letter.offset)

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, cast
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from contracts.errors import DeliveryError
-from contracts.kafka_errors import translate_kafka_error
+from contracts.kafka_errors import delivery_error, stored, translate_kafka_error
 from deadletter.router import DeadLetterRecord
 from stream.outcomes import OutcomeGroup
 
@@ -111,11 +111,11 @@ class KafkaSink:
     def send(self, output: Output) -> None:
         on_failure = self._on_failure
 
-        def report(error: KafkaError | None, _message: object) -> None:
-            if error is None:
+        def report(error: KafkaError | None, message: Message) -> None:
+            if stored(error, message):
                 output.delivered()
             else:
-                on_failure(output, translate_kafka_error(error, output.topic))
+                on_failure(output, delivery_error(error, output.topic))
 
         refused = self._produce(
             output.topic, output.key, output.value, output.headers, report, output.partition
@@ -140,11 +140,11 @@ class KafkaSink:
         delivered = group.delivered
 
         def report(error: KafkaError | None, message: Message) -> None:
-            if error is None:
+            if stored(error, message):
                 delivered()
             else:
                 failed = output_of(index_of(keys, values, message))
-                on_failure(failed, translate_kafka_error(error, topic))
+                on_failure(failed, delivery_error(error, topic))
 
         produce = self._produce
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):

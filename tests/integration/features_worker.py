@@ -92,12 +92,17 @@ class WorkerProcess:
             return exc.code
 
     def metric(self, sample: str) -> float:
+        for line in self.samples():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{sample} not exposed")
+
+    def samples(self, prefix: str = "") -> list[str]:
+        """The /metrics sample lines whose name starts with `prefix`."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(sample + " "):
-                    return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{sample} not exposed")
+            lines = response.read().decode().splitlines()
+        return [line for line in lines if line.startswith(prefix)]
 
     def kill(self) -> None:
         self.process.kill()

@@ -182,9 +182,12 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
                 {"as_of_day": later} | risk(1, 1, 1) | risk(11, 1, 7) | risk(21, 5, 30),
                 timeout_s=SESSION_TIMEOUT_S + READY_TIMEOUT_S,
             )
-        except AssertionError as exc:  # seen once in CI: keep what the worker did meanwhile
+        except AssertionError as exc:  # seen twice in CI: keep what the worker did meanwhile
             tail = restarted.log()[-6000:]
-            raise AssertionError(f"{exc}\nthe restarted worker:\n{tail}") from None
+            counts = "\n".join(restarted.samples("fraud_features_"))
+            raise AssertionError(
+                f"{exc}\nthe restarted worker's counts:\n{counts}\nits log:\n{tail}"
+            ) from None
         counted = 'fraud_features_terminal_events_total{result="counted",source="label"}'
         duplicate = 'fraud_features_terminal_events_total{result="duplicate",source="label"}'
         assert restarted.metric(counted) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -13,7 +14,7 @@ from contracts.errors import (
     TransientDeliveryError,
     ValidationError,
 )
-from contracts.kafka_errors import RECORD_REJECTIONS, translate_kafka_error
+from contracts.kafka_errors import RECORD_REJECTIONS, UNCONFIRMED, translate_kafka_error
 from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from stream.outcomes import OutcomeGroup
@@ -57,6 +58,53 @@ def test_a_locally_refused_record_is_translated_at_the_sink() -> None:
     group = OutcomeGroup(OffsetTracker(), [], Counter({("decision", "approve"): 1}), lambda _: None)
     sink.send(Output("decision", "d", b"k", b"x" * 5_000, None, message(0), group, "approve"))
     assert len(failures) == 1 and isinstance(failures[0], RecordRejectedError)
+
+
+class ReportingProducer:
+    """Stands in for librdkafka's side of one produce: the delivery report it would serve."""
+
+    def __init__(self, error: KafkaError | None, offset: int) -> None:
+        self._error, self._offset = error, offset
+
+    def produce(self, topic: str, value: bytes, key: bytes, **kwargs: Any) -> None:
+        reported = message(self._offset, value, topic=topic, key=key)
+        kwargs["on_delivery"](self._error, reported)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["send", "send_batch"])
+@pytest.mark.parametrize(
+    ("error", "offset", "outcome"),
+    [
+        (None, 0, "delivered"),
+        (None, 41, "delivered"),
+        # librdkafka's implicit ack (no offset, OFFSET_INVALID): not trusted, sent again.
+        (None, -1001, UNCONFIRMED),
+        (KafkaError(KafkaError._MSG_TIMED_OUT), -1001, "_MSG_TIMED_OUT"),
+    ],
+)
+def test_the_sink_counts_an_output_delivered_only_with_an_offset(
+    batch: bool, error: KafkaError | None, offset: int, outcome: str
+) -> None:
+    failures: list[DeliveryError] = []
+    delivered: list[object] = []
+    sink = KafkaSink(
+        cast(Producer, ReportingProducer(error, offset)),
+        lambda _output, failure: failures.append(failure),
+    )
+    group = OutcomeGroup(
+        OffsetTracker(), [], Counter({("decision", "approve"): 1}), delivered.append
+    )
+    output = Output("decision", "d", b"k", b"v", None, message(0), group, "approve")
+    if batch:
+        sink.send_batch("d", [b"k"], [b"v"], group, lambda _index: output)
+    else:
+        sink.send(output)
+    if outcome == "delivered":
+        assert len(delivered) == 1 and failures == []
+    else:
+        assert delivered == [] and len(failures) == 1
+        assert isinstance(failures[0], TransientDeliveryError)
+        assert failures[0].code == outcome
 
 
 def test_retry_policy_retries_transient_errors_then_gives_up() -> None:
