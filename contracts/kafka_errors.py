@@ -67,10 +67,9 @@ def stored(error: KafkaError | None, message: Message) -> bool:
     on that partition (a topic just created, a new producer id, one idle past
     producer.id.expiration.ms) accepts any sequence, so the earlier request may have failed for
     good: fault scenario 5 lost a dead letter that way (a NOT_LEADER answer, then the next
-    request accepted). Such a report is not trusted. (confluent-kafka gives None for a negative
-    offset.)"""
-    offset = message.offset()
-    return error is None and offset is not None and offset >= 0
+    request accepted). Such a report is not trusted. (confluent-kafka gives None for any
+    negative offset, librdkafka's OFFSET_INVALID included.)"""
+    return error is None and message.offset() is not None
 
 
 def delivery_error(error: KafkaError | None, topic: str) -> DeliveryError:
