@@ -8,7 +8,11 @@ records than fit under both bounds (bytes at the running average record size), s
 overshoots the byte bound by a record or so when sizes change. librdkafka's own pre-fetch queue
 is bounded apart from this (`queued.max.messages.kbytes`). The loop keeps polling while
 paused, so the group never evicts the replica for silence (`max.poll.interval.ms`). Pausing
-also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat.
+also purges librdkafka's pre-fetch queue for those partitions, so memory stays flat. A resume
+wakes the broker threads that fetch them (`stream/resume.py`): with every partition paused,
+librdkafka would otherwise fetch again only up to a second later. librdkafka itself pauses
+every partition during a rebalance and resumes the ones kept once the assignment callback has
+returned, so the partitions fetching are woken once more, shortly after each assignment.
 
 librdkafka keeps an application's pause flag on a partition across a rebalance, so the state
 of every newly assigned partition is set explicitly in the assignment callback. A partition
@@ -19,11 +23,14 @@ whatever the bounds say until it is released.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, TopicPartition
 
 from contracts.offsets import PartitionKey
 from stream.metrics import ServiceMetrics
+from stream.resume import resume, wake
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,10 @@ RESUME_FRACTION = 0.5
 #: the running estimate comes down after larger records (exponential smoothing, per fetch).
 INITIAL_AVERAGE_SIZE_BYTES = 512.0
 SIZE_SMOOTHING = 0.2
+#: librdkafka resumes the partitions a rebalance kept on its main thread after the assignment
+#: callback returns (6-12 ms later in fault scenario 6's debug log); a wake-up sent before that
+#: is lost, so it is sent this long after the callback.
+REBALANCE_WAKE_DELAY_S = 0.05
 
 
 class FlowControl:
@@ -45,8 +56,10 @@ class FlowControl:
         max_in_flight_records: int,
         max_in_flight_bytes: int,
         metrics: ServiceMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._consumer = consumer
+        self._clock = clock
         self._metrics = metrics
         self.high_water = max_in_flight_records
         self.low_water = int(max_in_flight_records * RESUME_FRACTION)
@@ -58,6 +71,8 @@ class FlowControl:
         self._paused = False
         self._paused_at_bound = False
         self._average_size = INITIAL_AVERAGE_SIZE_BYTES
+        #: When to wake the fetchers after the last rebalance; None once done.
+        self._wake_at: float | None = None
 
     @property
     def paused(self) -> bool:
@@ -88,6 +103,10 @@ class FlowControl:
         low-water marks (hysteresis); paused only for a block, it resumes as soon as the block
         clears while both are under their bounds.
         """
+        if self._wake_at is not None and self._clock() >= self._wake_at:
+            self._wake_at = None
+            if not self._paused:
+                wake(self._consumer, self._partitions(self._assigned - self._withheld))
         over = in_flight >= self.high_water or in_flight_bytes >= self.high_water_bytes
         if blocked_by is not None:
             if not self._paused:
@@ -109,6 +128,8 @@ class FlowControl:
         `release` if `withheld`."""
         keys = {(p.topic, p.partition) for p in partitions}
         self._assigned.update(keys)
+        # The last callback of every rebalance, the partitions kept included.
+        self._wake_at = self._clock() + REBALANCE_WAKE_DELAY_S
         if withheld:
             self._withheld.update(keys)
         if not partitions:
@@ -116,7 +137,7 @@ class FlowControl:
         if self._paused or withheld:
             self._consumer.pause(partitions)
         else:
-            self._consumer.resume(partitions)
+            self._consumer.resume(partitions)  # woken with the others after the callback
         self._metrics.set_paused_partitions(len(self._assigned) if self._paused else 0)
 
     def release(self, keys: list[PartitionKey]) -> None:
@@ -124,7 +145,7 @@ class FlowControl:
         released = [key for key in keys if key in self._withheld]
         self._withheld.difference_update(released)
         if released and not self._paused:
-            self._consumer.resume([TopicPartition(t, p) for t, p in released])
+            resume(self._consumer, self._partitions(released))
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
@@ -134,12 +155,18 @@ class FlowControl:
 
     def _set(self, paused: bool, reason: str) -> None:
         kept = self._assigned if paused else self._assigned - self._withheld
-        partitions = [TopicPartition(t, p) for t, p in sorted(kept)]
-        if partitions:
-            (self._consumer.pause if paused else self._consumer.resume)(partitions)
+        partitions = self._partitions(kept)
+        if partitions and paused:
+            self._consumer.pause(partitions)
+        elif partitions:
+            resume(self._consumer, partitions)
         self._paused = paused
         if paused:
             log.info("pausing %s partitions: %s", len(partitions), reason)
         else:
             log.info("resuming %s partitions", len(partitions))
         self._metrics.set_paused_partitions(len(partitions) if paused else 0)
+
+    @staticmethod
+    def _partitions(keys: Iterable[PartitionKey]) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in sorted(keys)]

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from contracts.offsets import PartitionKey, position_of
 from stream.metrics import ServiceMetrics
+from stream.resume import resume
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class HeldPartitions:
         if due:
             self._metrics.set_held_partitions(len(self._until))
         if due and not fetching_paused:
-            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in due])
+            resume(self._consumer, [TopicPartition(topic, partition) for topic, partition in due])
 
     def forget(self, keys: Iterable[PartitionKey]) -> None:
         """Partitions that went: their next owner reads them."""

@@ -127,7 +127,9 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
     topics_factory, service_factory, tmp_path
 ):
     topics = topics_factory(partitions=4)
-    sent = backlog(topics.input, 20_000, seed=43)
+    # Enough that the first replica is still busy when the second has joined: it decides about
+    # 5,000 records/s here, and 20,000 were all decided before the second had its partitions.
+    sent = backlog(topics.input, 60_000, seed=43)
     model = str(slow_model(tmp_path / "slow"))
     tight = (
         "--model-path",

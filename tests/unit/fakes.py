@@ -6,6 +6,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import numpy.typing as npt
@@ -131,12 +132,33 @@ def message(
     )
 
 
-class FakeConsumer:
+class OneBrokerCluster:
+    """What `stream/resume.py` asks a consumer after a resume, answered for a cluster of one
+    broker (id 1, the leader of partitions 0-63 of every topic); `wakeups` lists the
+    partitions whose watermarks were queried."""
+
+    def __init__(self) -> None:
+        self.wakeups: list[tuple[str, int]] = []
+
+    def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+        partitions = {p: SimpleNamespace(leader=1) for p in range(64)}
+        metadata = SimpleNamespace(partitions=partitions, error=None)
+        return SimpleNamespace(topics={topic: metadata})
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        self.wakeups.append((partition.topic, partition.partition))
+        return 0, 0
+
+
+class FakeConsumer(OneBrokerCluster):
     """A consumer driven by the test: it hands out the messages queued with `feed`, and runs
     rebalance callbacks (`assign`, `revoke`, `lose`) inside `poll`/`consume`, on the consuming
     thread, as librdkafka does. Paused partitions hand out nothing."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._messages: deque[Message] = deque()
         self._events: deque[tuple[str, list[TopicPartition]]] = deque()

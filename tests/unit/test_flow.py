@@ -5,16 +5,19 @@ from __future__ import annotations
 from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from stream.flow import FlowControl
+from stream.flow import REBALANCE_WAKE_DELAY_S, FlowControl
 from stream.metrics import ServiceMetrics
+from tests.unit.fakes import OneBrokerCluster
 
 METRICS = ServiceMetrics(CollectorRegistry())
 
 
-class RecordingConsumer:
-    """Records pause/resume calls; FlowControl calls nothing else on a consumer."""
+class RecordingConsumer(OneBrokerCluster):
+    """Records pause/resume calls; FlowControl calls nothing else on a consumer but what a
+    resume's wake-up asks (`OneBrokerCluster`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls: list[tuple[str, list[tuple[str, int]]]] = []
 
     def pause(self, partitions: list[TopicPartition]) -> None:
@@ -132,3 +135,44 @@ def test_a_revoked_withheld_partition_is_forgotten() -> None:
     consumer.calls.clear()
     flow.release([("tx", 1)])
     assert consumer.calls == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_partitions_fetching_are_woken_once_shortly_after_each_rebalance() -> None:
+    consumer, clock = RecordingConsumer(), Clock()
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS, clock)  # type: ignore[arg-type]
+    flow.on_assign(tps(3, 4))
+    flow.on_assign(tps(5), withheld=True)
+    clock.now = REBALANCE_WAKE_DELAY_S / 2
+    flow.update(0, 0, None)
+    assert consumer.wakeups == [], "librdkafka has not resumed the partitions kept yet"
+    clock.now = REBALANCE_WAKE_DELAY_S
+    flow.update(0, 0, None)
+    assert consumer.wakeups == [("tx", 3)], "one query to the leader of 3 and 4, not of 5"
+    clock.now = 10.0
+    flow.update(0, 0, None)
+    assert consumer.wakeups == [("tx", 3)], "once per rebalance"
+    flow.on_revoke(tps(3))
+    flow.on_assign([])  # a cooperative rebalance's empty assignment after its revoke
+    clock.now += REBALANCE_WAKE_DELAY_S
+    flow.update(0, 0, None)
+    assert consumer.wakeups == [("tx", 3), ("tx", 4)], "the partition kept is woken"
+
+
+def test_no_wake_after_a_rebalance_while_paused_the_resume_wakes_instead() -> None:
+    consumer, clock = RecordingConsumer(), Clock()
+    flow = FlowControl(consumer, 100, 1 << 30, METRICS, clock)  # type: ignore[arg-type]
+    flow.on_assign(tps(0, 1))
+    flow.update(100, 0, None)
+    clock.now = 1.0
+    flow.update(100, 0, None)
+    assert flow.paused and consumer.wakeups == []
+    flow.update(0, 0, None)
+    assert not flow.paused and consumer.wakeups == [("tx", 0)]
