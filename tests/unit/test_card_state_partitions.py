@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
+from scorer.card_record import STATE_BYTES, STATE_VERSION
+from scorer.card_store import CardStore
 from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
@@ -205,3 +207,28 @@ def test_other_changelog_errors_are_not_asked_again() -> None:
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
         watermarks(consumer, TopicPartition("changelog", 0))  # type: ignore[arg-type]
     assert consumer.asked == 1
+
+
+def test_a_restore_holds_the_state_lock_for_a_piece_of_each_read_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The partitions kept wait for each hold of the lock: a read of 2,500 changelog records
+    loads in pieces of RESTORE_APPLY_CHUNK, each under the lock, and all of it loads."""
+    changelog = MemoryChangelog(chunk=2_500)
+    valid = bytes([STATE_VERSION]) + bytes(STATE_BYTES - 1)
+    for card in range(2_500):
+        changelog.append(0, f"card-{card}", valid)
+    registry = CollectorRegistry()
+    state = new_state([], registry, changelog=changelog)
+    holds: list[tuple[int, bool]] = []
+    load = CardStore.restore
+
+    def recorded(store: CardStore, records: list[tuple[str, bytes | None]]) -> list[str]:
+        holds.append((len(records), state._lock.locked()))
+        return load(store, records)
+
+    monkeypatch.setattr(CardStore, "restore", recorded)
+    state.restore([0])
+    piece = card_state_module.RESTORE_APPLY_CHUNK
+    assert holds == [(piece, True), (piece, True), (2_500 - 2 * piece, True)]
+    assert registry.get_sample_value("fraud_card_state_cards") == 2_500
