@@ -78,8 +78,6 @@ INITIAL_CAPACITY = 1024
 #: Polynomial hash of merchant ids over their code points (stable across processes).
 HASH_BASE = np.uint32(1_000_003)
 
-Floats = npt.NDArray[np.float64]
-
 
 def validate_scale(time_scale: float) -> float:
     if isinstance(time_scale, bool) or not isinstance(time_scale, int | float):
@@ -99,13 +97,3 @@ def merchant_hashes(merchant_ids: Sequence[str]) -> npt.NDArray[np.uint32]:
     powers = HASH_BASE ** np.arange(width, dtype=np.uint32)  # wraps modulo 2**32
     hashed: npt.NDArray[np.uint32] = (points * powers).sum(axis=1, dtype=np.uint32)
     return hashed
-
-
-def distinct_counts(values: npt.NDArray[np.integer], valid: npt.NDArray[np.bool_]) -> Floats:
-    """Per row, how many distinct values among the valid entries of `values` [B, R]."""
-    # Invalid entries get distinct negative stand-ins, sort, count the changes.
-    keyed = np.where(valid, values.astype(np.int64), -1 - np.arange(values.shape[1]))
-    keyed.sort(axis=1)
-    changes = (keyed[:, 1:] != keyed[:, :-1]).sum(axis=1) + 1
-    result: Floats = (changes - (~valid).sum(axis=1)).astype(np.float64)
-    return result
