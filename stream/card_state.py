@@ -109,14 +109,16 @@ class StatefulRecord(Protocol):
     def position(self) -> SourceOffset: ...
 
 
-class ChangelogRecord(NamedTuple):
-    """One record for the changelog: a card's state, or None (a tombstone)."""
+class ChangelogBatch(NamedTuple):
+    """A batch's changelog records of one input partition, as they are produced: each card's
+    state, or None (a tombstone), keyed by its card id. Lists, not an object per card: a batch
+    of a backlog changes a card per record."""
 
     partition: int
-    card_id: str
-    state: bytes | None
-    #: Index, in the batch, of a record of the same partition (whose output group it joins).
+    #: Index, in the batch, of the partition's last record (whose output group they join).
     batch_index: int
+    card_ids: list[bytes]
+    states: list[bytes | None]
 
 
 class Changelog(Protocol):
@@ -149,12 +151,6 @@ KEY_SEPARATOR = "\x00"
 def card_key(partition: int, card_id: str) -> str:
     """A card's key in the replica's store: its id, qualified by its input partition."""
     return f"{partition}{KEY_SEPARATOR}{card_id}"
-
-
-def split_card_key(key: str) -> tuple[int, str]:
-    """(partition, card id) of a `card_key`."""
-    partition, _, card_id = key.partition(KEY_SEPARATOR)
-    return int(partition), card_id
 
 
 class _Undo(NamedTuple):
@@ -318,7 +314,7 @@ class CardState:
 
     def update(
         self, records: Sequence[StatefulRecord], columns: TransactionColumns
-    ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
+    ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogBatch]]:
         """The history feature rows of `records` (batch order; `columns` are theirs) and the
         changelog records their updates produced. None for the rows when no partition of the
         batch is loaded (the features are then neutral); a record of a partition that is not
@@ -355,7 +351,7 @@ class CardState:
         offsets: npt.NDArray[np.int64],
         columns: TransactionColumns,
         in_batch: npt.NDArray[np.int64],
-    ) -> tuple[npt.NDArray[np.float32], list[ChangelogRecord]]:
+    ) -> tuple[npt.NDArray[np.float32], list[ChangelogBatch]]:
         """`update` for records of owned partitions only; `in_batch` is each one's index in the
         whole batch. Holds the lock."""
         event_time = np.asarray(columns.event_time, np.int64)
@@ -395,24 +391,27 @@ class CardState:
         rows = history.update_and_features(
             keys, columns, columns.merchant_id, offsets, event_time=event_time, applies=applies
         )
-        changelog = []
+        changes = {p: ChangelogBatch(p, last[p], [], []) for p in prefix}
+        by_head = {str(p): batch for p, batch in changes.items()}  # a card key's head
         for key, state in history.take_dirty():
-            partition, card = split_card_key(key)
-            changelog.append(ChangelogRecord(partition, card, state, last[partition]))
-        changelog.extend(self._evictions(last, snapshots))
+            head, _, card = key.partition(KEY_SEPARATOR)
+            batch = by_head[head]
+            batch.card_ids.append(card.encode())
+            batch.states.append(state)
+        self._evictions(changes, snapshots)
         if self._undo is not None:
             batch_offsets = {p: int(offsets[partitions == p].max()) for p in prefix}
             self._remember(_Undo(batch_offsets, snapshots))
-        return rows, changelog
+        return rows, [batch for batch in changes.values() if batch.card_ids]
 
     def _evictions(
-        self, last: Mapping[int, int], snapshots: list[CardSnapshot]
-    ) -> list[ChangelogRecord]:
-        """Tombstones for the idle cards of the batch's partitions due for eviction, each idle
-        as of its partition's watermark; their rows are copied to `snapshots` when undo is on."""
+        self, changes: Mapping[int, ChangelogBatch], snapshots: list[CardSnapshot]
+    ) -> None:
+        """Tombstones, added to `changes`, for the idle cards of the batch's partitions due for
+        eviction, each idle as of its partition's watermark; their rows are copied to
+        `snapshots` when undo is on."""
         now = time.monotonic()
-        due = [p for p in last if now - self._last_eviction[p] >= self._evict_interval_s]
-        tombstones: list[ChangelogRecord] = []
+        due = [p for p in changes if now - self._last_eviction[p] >= self._evict_interval_s]
         for partition in due:
             self._last_eviction[partition] = now
             prefix = card_key(partition, "")
@@ -426,11 +425,9 @@ class CardState:
             if self._undo is not None:
                 snapshots.append(self._history.snapshot(idle))
             self._history.forget(idle)
-            tombstones.extend(
-                ChangelogRecord(partition, key[len(prefix) :], None, last[partition])
-                for key in idle
-            )
-        return tombstones
+            batch = changes[partition]
+            batch.card_ids.extend(key[len(prefix) :].encode() for key in idle)
+            batch.states.extend([None] * len(idle))
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from scorer.model import Scorer
 from scorer.reasons import Explainer
 from scorer.rules import Rules
 from stream.batcher import Batch
-from stream.card_state import CardState, ChangelogRecord
+from stream.card_state import CardState, ChangelogBatch
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel
 from stream.observed_precision import ObservedPrecision
@@ -239,7 +239,7 @@ class BatchScorer:
         if failed:
             outputs["dead_letter", ScoreError.reason] = len(failed)
         if changelog:
-            outputs["changelog", "card_state"] = len(changelog)
+            outputs["changelog", "card_state"] = sum(len(batch.card_ids) for batch in changelog)
         if shadow is not None and shadow.keys:
             outputs["shadow", "shadow"] = len(shadow.keys)
         group = OutcomeGroup(
@@ -286,7 +286,7 @@ class BatchScorer:
 
     def _history(
         self, records: list[PendingRecord], columns: TransactionColumns | None
-    ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogRecord]]:
+    ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogBatch]]:
         """The batch's history rows, once (outside the poison bisection: a state update
         applies once); neutral, with an error logged, should the state itself fail."""
         if self._card_state is None or columns is None:
@@ -298,35 +298,31 @@ class BatchScorer:
             return None, []
 
     def _send_changelog(
-        self, records: list[PendingRecord], changelog: list[ChangelogRecord], group: OutcomeGroup
+        self, records: list[PendingRecord], changelog: list[ChangelogBatch], group: OutcomeGroup
     ) -> None:
         """The batch's card states, one shared-callback send per partition."""
         if not changelog:
             return
         assert self._card_state is not None
         topic = self._card_state.changelog_topic
-        by_partition: dict[int, list[ChangelogRecord]] = {}
-        for change in changelog:
-            by_partition.setdefault(change.partition, []).append(change)
-        for partition, changes in by_partition.items():
+        for batch in changelog:
 
-            def output_of(i: int, changes: list[ChangelogRecord] = changes) -> Output:
-                change = changes[i]
+            def output_of(i: int, batch: ChangelogBatch = batch) -> Output:
                 return Output(
                     kind="changelog",
                     topic=topic,
-                    key=change.card_id.encode(),
-                    value=change.state,
+                    key=batch.card_ids[i],
+                    value=batch.states[i],
                     headers=None,
-                    source=records[change.batch_index].message,
+                    source=records[batch.batch_index].message,
                     group=group,
                     label="card_state",
-                    partition=change.partition,
+                    partition=batch.partition,
                 )
 
-            keys = [change.card_id.encode() for change in changes]
-            values = [change.state for change in changes]
-            self._sink.send_batch(topic, keys, values, group, output_of, partition)
+            self._sink.send_batch(
+                topic, batch.card_ids, batch.states, group, output_of, batch.partition
+            )
 
     def _encode(
         self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int

@@ -123,15 +123,15 @@ def test_a_retried_card_state_never_ends_older_than_the_cards_newest(topics_fact
         ]
         tracker.track_all([r.position for r in batch], [1] * len(batch))
         columns = TransactionColumns.from_transactions([r.transaction for r in batch])
-        _, records = state.update(batch, columns)
+        _, changed = state.update(batch, columns)  # one partition: one batch of changes
+        keys = [card_id for change in changed for card_id in change.card_ids]
+        values = [value for change in changed for value in change.states]
         group = OutcomeGroup(
             tracker,
             [r.position for r in batch],
-            Counter({("changelog", "card_state"): len(records)}),
+            Counter({("changelog", "card_state"): len(keys)}),
             lambda _: None,
         )
-        keys = [r.card_id.encode() for r in records]
-        values = [r.state for r in records]
 
         output_of = changelog_outputs(changelog, keys, values, message(start, topic="tx"), group)
         sink.send_batch(changelog, keys, values, group, output_of, 0)

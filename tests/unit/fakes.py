@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
+from stream.card_state import ChangelogBatch
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output
 from tests.support.records import offset_of
@@ -44,6 +46,24 @@ class FakeScorer:
         if self._raises_on is not None and self._raises_on(features).any():
             raise ScoreError("Gather: index out of bounds")
         return self._rule(features)
+
+
+class Change(NamedTuple):
+    """One changelog record of a `CardState.update`, on its own (tests look at them one by one)."""
+
+    partition: int
+    card_id: str
+    state: bytes | None
+    batch_index: int
+
+
+def changes(batches: Iterable[ChangelogBatch]) -> list[Change]:
+    """The changelog records of `CardState.update`'s per-partition batches, one by one."""
+    return [
+        Change(batch.partition, card_id.decode(), state, batch.batch_index)
+        for batch in batches
+        for card_id, state in zip(batch.card_ids, batch.states, strict=True)
+    ]
 
 
 class MemoryChangelog:

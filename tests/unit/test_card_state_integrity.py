@@ -20,9 +20,9 @@ from scorer.card_record import SERIALIZED_STATE_DTYPE, STATE_DTYPE, STATE_VERSIO
 from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory
 from simulator.transactions import TransactionSimulator
-from stream.card_state import CardState, ChangelogRecord
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
-from tests.unit.fakes import MemoryChangelog
+from tests.unit.fakes import Change, MemoryChangelog, changes
 
 TOPIC = "transactions"
 #: The simulated stream's clock (January 2026) is the wall clock of these tests.
@@ -65,12 +65,10 @@ def new_state(
     return state
 
 
-def apply(
-    state: CardState, changelog: MemoryChangelog, batch: list[Record]
-) -> list[ChangelogRecord]:
+def apply(state: CardState, changelog: MemoryChangelog, batch: list[Record]) -> list[Change]:
     """One batch through the state, its changelog records written (as the sink does)."""
     columns = TransactionColumns.from_transactions([r.transaction for r in batch])
-    _, records = state.update(batch, columns)
+    records = changes(state.update(batch, columns)[1])
     for record in records:
         changelog.append(record.partition, record.card_id, record.state)
     return records
@@ -250,7 +248,7 @@ def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> Non
     records = stream(partitions=2)
     committed = MemoryChangelog()
 
-    def batch(start: int, end: int) -> list[ChangelogRecord]:
+    def batch(start: int, end: int) -> list[Change]:
         return apply(state, changelog, records[start:end])
 
     for written in (batch(0, 400), batch(400, 800)):

@@ -24,7 +24,7 @@ from simulator.transactions import TransactionSimulator
 from stream import card_state as card_state_module
 from stream.card_state import CardState, watermarks
 from stream.metrics import ServiceMetrics
-from tests.unit.fakes import MemoryChangelog
+from tests.unit.fakes import MemoryChangelog, changes
 
 TOPIC = "transactions"
 
@@ -69,8 +69,10 @@ def records(count: int, partitions: int, seed: int = 4) -> list[Record]:
 
 
 def update(state: CardState, batch: list[Record]):
+    """The batch's history rows, and its changelog records one by one."""
     columns = TransactionColumns.from_transactions([r.transaction for r in batch])
-    return state.update(batch, columns)
+    rows, batches = state.update(batch, columns)
+    return rows, changes(batches)
 
 
 def test_a_mixed_batch_scores_as_one_history_per_partition() -> None:

@@ -37,7 +37,7 @@ from stream.redelivery import Redelivery
 from stream.sink import Output
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
 from terminals.state import NO_DAY, TerminalClock, TerminalState
-from tests.unit.fakes import MemoryChangelog, message
+from tests.unit.fakes import MemoryChangelog, changes, message
 
 #: The tests' wall clock: 2026-06-01. Event times are drawn around it and anywhere else.
 WALL_MS = 1_780_272_000_000
@@ -203,7 +203,7 @@ class CardHarness:
 
     def _update(self, records: list[Record]) -> None:
         columns = TransactionColumns.from_transactions([r.transaction for r in records])
-        _, changed = self.state.update(records, columns)
+        changed = changes(self.state.update(records, columns)[1])
         bound = self.clock.bound_ms()
         for record in records:
             partition, t = record.position[0][1], record.transaction.event_time
