@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -87,23 +87,25 @@ class CardStore:
         if -1 in rows:
             # New cards get their rows first and are cleared in one pass; a card new to this
             # batch and seen twice in it gets one row.
-            fresh = [self._take_row(k) for k, r in zip(keys, rows, strict=True) if r < 0]
-            self._clear(np.array([r for r in fresh if r >= 0], np.int64))
+            new = dict.fromkeys(key for key, row in zip(keys, rows, strict=True) if row < 0)
+            self._clear(self._take_rows(list(new)))
             rows = [index[key] for key in keys]
         return np.array(rows, np.int64)
 
-    def _take_row(self, key: str) -> int:
-        """A row for a card not seen before (not cleared yet); -1 if it has one already."""
-        if key in self._index:
-            return -1
-        if not self._free:
+    def _take_rows(self, keys: list[str]) -> npt.NDArray[np.int64]:
+        """Rows for cards not seen before (distinct keys; the rows are not cleared yet)."""
+        while len(self._free) < len(keys):
             self._grow()
-        row = self._free.pop()
-        self._index[key] = row
-        self._ids[row] = key
-        self._used[row] = True
-        self._key_bytes += sys.getsizeof(key)
-        return row
+        taken = self._free[len(self._free) - len(keys) :]
+        del self._free[len(self._free) - len(keys) :]
+        self._index.update(zip(keys, taken, strict=True))
+        ids = self._ids
+        for key, row in zip(keys, taken, strict=True):
+            ids[row] = key
+        rows = np.array(taken, np.int64)
+        self._used[rows] = True
+        self._key_bytes += sum(map(sys.getsizeof, keys))
+        return rows
 
     def _clear(self, rows: npt.NDArray[np.int64]) -> None:
         self._times[rows] = -1
@@ -229,6 +231,9 @@ class CardStore:
         A record that is not a state this version wrote (wrong length or version) forgets its
         card, which starts anew; the return value says why, one line per such record.
         """
+        records = list(records)
+        if self._restore_distinct_states(records):
+            return []
         #: key → (offset, state or None, whether a tombstone of this run came before it)
         last: dict[str, tuple[int, bytes | None, bool]] = {}
         rejected: list[str] = []
@@ -268,6 +273,34 @@ class CardStore:
         self._load(rows, np.frombuffer(data, SERIALIZED_STATE_DTYPE)["state"])
         self._dirty[rows] = False
         return rejected
+
+    def _restore_distinct_states(self, records: list[tuple[str, bytes | None]]) -> bool:
+        """`restore` of a run whose keys are distinct and whose records are all states this
+        version wrote (most chunks of a compacted changelog), in a few numpy passes instead of
+        a step per record; False, loading nothing, for any other run."""
+        keys = [key for key, _ in records]
+        states = [state for _, state in records]
+        if not records or None in states or len(set(keys)) < len(keys):
+            return False
+        sizes = np.fromiter(map(len, cast(list[bytes], states)), np.int64, len(states))
+        if (sizes != STATE_BYTES).any():
+            return False
+        parsed = np.frombuffer(b"".join(cast(list[bytes], states)), SERIALIZED_STATE_DTYPE)
+        if (parsed["version"] != STATE_VERSION).any():
+            return False
+        loaded = parsed["state"]
+        # A state loads past what its card holds from earlier runs (ties: the later one).
+        index = self._index
+        held_rows = np.array([index.get(key, -1) for key in keys], np.int64)
+        held = np.where(held_rows >= 0, self._times[held_rows, 1], -1)
+        newer = loaded["offset"] >= held
+        if not newer.all():
+            keys = [key for key, new in zip(keys, newer.tolist(), strict=True) if new]
+            loaded = loaded[newer]
+        rows = self._rows_for(keys)
+        self._load(rows, loaded)
+        self._dirty[rows] = False
+        return True
 
     def newest_event_ms(self, keys: Iterable[str]) -> int:
         """The newest event time any of these cards applied (-1: none)."""

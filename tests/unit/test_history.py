@@ -178,6 +178,22 @@ def test_a_restore_chunk_leaves_each_card_as_its_last_record_says() -> None:
     assert np.array_equal(run(chunked, nxt, [3]), expected)
 
 
+def test_an_older_state_never_replaces_a_newer_one_in_a_run_of_distinct_cards() -> None:
+    # A run of distinct cards, all states, loads in one pass (most chunks of a compacted
+    # changelog): it must keep the offset rule of the record-by-record path.
+    original = CardHistory()
+    run(original, columns(["a", "b"], [0, 10], [5.0, 7.0]), [0, 1])
+    first = dict(original.take_dirty())
+    run(original, columns(["a"], [20], [9.0]), [2])
+    second = dict(original.take_dirty())
+    restored = CardHistory()
+    assert restored.restore([("a", second["a"])]) == []
+    # A retry wrote a's older state again, after the newer one: a is not rolled back.
+    assert restored.restore([("a", first["a"]), ("b", first["b"])]) == []
+    assert restored.state_of("a") == second["a"] and restored.state_of("b") == first["b"]
+    assert restored.take_dirty() == [], "a restored card is not dirty"
+
+
 def test_idle_cards_are_evicted_after_the_longest_window() -> None:
     history = CardHistory()
     run(history, columns(["old", "new"], [0, 20 * MS_PER_DAY]), [0, 1])
