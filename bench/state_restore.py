@@ -24,6 +24,7 @@ from bench.harness import REPO, connect, tool_parser
 from scorer.card_record import STATE_BYTES, STATE_VERSION
 from stream.card_state import CardState, KafkaChangelog
 from stream.metrics import ServiceMetrics
+from stream.startup.kafka_clients import READER_DEFAULTS
 
 RESULTS = REPO / "bench" / "results" / "state-restore.json"
 TRANSACTION_RECORDS = 10_000
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = fill(args.bootstrap_servers, topic, args.cards)
         registry = CollectorRegistry()
         state = CardState(
-            KafkaChangelog({"bootstrap.servers": args.bootstrap_servers}, topic),
+            KafkaChangelog({**READER_DEFAULTS, "bootstrap.servers": args.bootstrap_servers}, topic),
             time_scale=1.0,
             metrics=ServiceMetrics(registry),
         )

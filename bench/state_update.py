@@ -30,6 +30,7 @@ from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
 from stream.card_state import CardState, KafkaChangelog
 from stream.metrics import ServiceMetrics
+from stream.startup.kafka_clients import READER_DEFAULTS
 
 RESULTS = REPO / "bench" / "results" / "state-update.json"
 
@@ -64,7 +65,7 @@ def microseconds_per_record(
     """Best round's µs per record of `CardState.update` over `transactions` in `partitions`."""
     state = CardState(
         KafkaChangelog(
-            {"bootstrap.servers": broker.bootstrap},
+            {**READER_DEFAULTS, "bootstrap.servers": broker.bootstrap},
             broker.topic(f"state-update-{partitions}", partitions),
         ),
         time_scale=1.0,

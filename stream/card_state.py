@@ -81,11 +81,6 @@ EVICT_INTERVAL_S = 60.0
 #: A restore's reads give up after this long without progress.
 RESTORE_IDLE_TIMEOUT_S = 30.0
 RESTORE_BATCH = 10_000
-#: librdkafka waits this long before fetching again once its queue holds `queued.min.messages`
-#: (100,000 by default). Its default, 1 s, left a restore's reader idle most of the time: 500,000
-#: changelog records read in 3.3-3.4 s at the default, 1.5-1.7 s at 1 to 50 ms, the broker and
-#: the reader using under a core between them either way.
-RESTORE_FETCH_QUEUE_BACKOFF_MS = 10
 #: Changelog records loaded per hold of the state lock. Each batch of the partitions kept waits
 #: for the hold under way: a whole read (10,000 records) held it 20 ms (median; up to 100 ms
 #: when the store grows) on an idle core, 1,000 records 1.7 ms, for the same total.
@@ -549,7 +544,6 @@ class KafkaChangelog:
     def read(self, partition: int, progress: Callable[[], None]) -> Iterator[Chunk]:
         consumer = Consumer(
             {
-                "fetch.queue.backoff.ms": RESTORE_FETCH_QUEUE_BACKOFF_MS,
                 **self._kafka,
                 "group.id": f"{self.topic}-restore",
                 "enable.auto.commit": False,

@@ -162,10 +162,23 @@ def create_producer(config: ServiceConfig, errors: ClientErrors) -> Producer:
     return Producer({**settings, "transactional.id": config.producer_transactional_id})
 
 
+#: The replica's plain readers (card-state restore, the compacted tables) read a topic whole.
+READER_DEFAULTS: dict[str, Any] = {
+    # librdkafka waits this long before fetching again once its queue holds queued.min.messages
+    # (100,000 by default). Its default, 1 s, kept these readers waiting most of the time, though
+    # they drain that queue in a fraction of it: 500,000 changelog records read in 3.3-3.4 s at
+    # the default, 1.5-1.7 s at 1 to 50 ms (the broker and the reader using under a core between
+    # them either way); a compacted table of 500,000 records loaded in 2.8-3.8 s, at 10 ms in
+    # 0.4 s.
+    "fetch.queue.backoff.ms": 10,
+}
+
+
 def reader_settings(config: ServiceConfig, errors: ClientErrors) -> dict[str, Any]:
-    """Settings of the replica's plain readers (card state restore, terminal-risk table):
-    connection and security, none of the service consumer's tuning."""
+    """Settings of the replica's plain readers (card state restore, the compacted tables):
+    connection and security, and `READER_DEFAULTS`; none of the service consumer's tuning."""
     return {
+        **READER_DEFAULTS,
         "bootstrap.servers": config.bootstrap_servers,
         "client.id": f"{config.group_id}-{config.instance_id}-reader",
         "error_cb": errors,
