@@ -38,6 +38,7 @@ from scorer.card_record import (
     STATE_DTYPE,
     STATE_VERSION,
 )
+from scorer.card_update import CardColumns
 
 _T = TypeVar("_T", bound=np.generic)
 
@@ -106,6 +107,17 @@ class CardStore:
         self._used[rows] = True
         self._key_bytes += sum(map(sys.getsizeof, keys))
         return rows
+
+    def _columns(self) -> CardColumns:
+        """The state columns, as the compiled update changes them in place."""
+        return CardColumns(
+            self._times,
+            self._sums,
+            self._ring_minute,
+            self._ring_merchant,
+            self._ring_country,
+            self._ring_next,
+        )
 
     def _clear(self, rows: npt.NDArray[np.int64]) -> None:
         self._times[rows] = -1
@@ -318,16 +330,7 @@ class CardStore:
     def nbytes(self) -> int:
         """Memory held: the state columns and flags (all rows, free ones too), the index
         (dict, row → key list, free list) and the keys it keeps alive."""
-        arrays = (
-            self._times,
-            self._sums,
-            self._ring_minute,
-            self._ring_merchant,
-            self._ring_country,
-            self._ring_next,
-            self._dirty,
-            self._used,
-        )
+        arrays = (*self._columns(), self._dirty, self._used)
         return (
             sum(array.nbytes for array in arrays)
             + sys.getsizeof(self._index)

@@ -52,7 +52,7 @@ from scorer.card_record import (
     validate_scale,
 )
 from scorer.card_store import CardStore
-from scorer.card_update import CardColumns, apply_in_order
+from scorer.card_update import apply_in_order
 from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
 
 __all__ = [
@@ -149,14 +149,7 @@ class CardHistory(CardStore):
             small_ecom,
             merchant,
             country,
-            CardColumns(
-                self._times,
-                self._sums,
-                self._ring_minute,
-                self._ring_merchant,
-                self._ring_country,
-                self._ring_next,
-            ),
+            self._columns(),
             self._inverse_windows,
             self._recent_minutes,
             self._longest_ms,
