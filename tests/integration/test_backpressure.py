@@ -119,7 +119,9 @@ def test_a_backlog_faster_than_scoring_pauses_at_the_bound_and_memory_stays_flat
     assert "resuming 3 partitions" in log
     service.wait_for_metric("fraud_records_consumed_total", len(sent))
     assert service.metric("fraud_paused_partitions") == 0, "drained: nothing stays paused"
-    assert max(sampler.rss) < 300, f"peak RSS {max(sampler.rss):.0f} MB"
+    # 10,000 records held would show far above this; numba's compiler and the compiled card
+    # update alone take about 130 MB of it (docs/installing.md).
+    assert max(sampler.rss) < 450, f"peak RSS {max(sampler.rss):.0f} MB"
     assert "lost" not in log
 
 
