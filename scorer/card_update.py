@@ -2,10 +2,10 @@
 in turn, and its history features, in one machine-code loop (numba).
 
 `CardHistory.update_and_features` orders a batch (per card by event time, ties by offset) and
-calls `apply_in_order`; the arithmetic is the one the module docstring of `scorer/history.py`
-describes. One loop over the records replaces a vectorised numpy pass per round (the r-th
-transaction of every card), whose fixed cost of some forty numpy calls was paid again for
-every transaction a card had in the batch.
+calls `apply_in_order` with its `CardStore` columns; the arithmetic is the one the module
+docstring of `scorer/history.py` describes. One loop over the records replaces a vectorised
+numpy pass per round (the r-th transaction of every card), whose fixed cost of some forty numpy
+calls was paid again for every transaction a card had in the batch.
 
 Compiled when this module is first imported (explicit signature), and cached next to it or in
 `NUMBA_CACHE_DIR`, so the first batch never waits for the compiler.
@@ -32,7 +32,6 @@ from scorer.card_record import (
     MAX_ZSCORE,
     MIN_HISTORY,
     MS_PER_MINUTE,
-    NUM_HISTORY_FEATURES,
     NUM_SUMS,
     RING_SIZE,
     STD_FLOOR,
@@ -102,7 +101,7 @@ def _distinct(values: Ints, valid: Flags) -> float:
 
 
 @njit(_SIGNATURE, cache=True, nogil=True)
-def _apply_in_order(
+def apply_in_order(
     order: Ints,
     rows: Ints,
     t: Ints,
@@ -123,6 +122,10 @@ def _apply_in_order(
     longest_ms: float,
     out: npt.NDArray[np.float32],
 ) -> None:
+    """Apply records `order[0]`, `order[1]`, … to their cards' `rows` of the store's columns
+    (`times` … `ring_next`, a `CardColumns` unpacked; changed in place) and write every record's
+    history features to `out` [n, NUM_HISTORY_FEATURES]. A record whose `apply` is False
+    changes nothing; its features are read from its card as it is at the record's time."""
     s = np.empty(NUM_SUMS, np.float64)
     minutes = np.empty(RING_SIZE, np.uint32)
     merchants = np.empty(RING_SIZE, np.int64)
@@ -192,42 +195,3 @@ def _apply_in_order(
             ring_merchant[row, slot] = merchant[i]
             ring_country[row, slot] = country[i]
             ring_next[row] = (slot + 1) % RING_SIZE
-
-
-def apply_in_order(
-    order: npt.NDArray[np.int64],
-    rows: npt.NDArray[np.int64],
-    t: npt.NDArray[np.int64],
-    apply: npt.NDArray[np.bool_],
-    offset: npt.NDArray[np.int64],
-    amount: npt.NDArray[np.float64],
-    small_ecom: npt.NDArray[np.bool_],
-    merchant: npt.NDArray[np.uint32],
-    country: npt.NDArray[np.uint16],
-    cards: CardColumns,
-    inverse_windows: npt.NDArray[np.float64],
-    recent_minutes: float,
-    longest_ms: float,
-) -> npt.NDArray[np.float32]:
-    """Apply records `order[0]`, `order[1]`, … to their cards' `rows` of `cards` (changed in
-    place) and return every record's history features [n, NUM_HISTORY_FEATURES]. A record
-    whose `apply` is False changes nothing; its features are read from its card as it is at
-    the record's time."""
-    out = np.empty((len(rows), NUM_HISTORY_FEATURES), np.float32)
-    _apply_in_order(
-        order,
-        rows,
-        t,
-        apply,
-        offset,
-        amount,
-        small_ecom,
-        merchant,
-        country,
-        *cards,
-        inverse_windows,
-        float(recent_minutes),
-        float(longest_ms),
-        out,
-    )
-    return out

@@ -135,11 +135,9 @@ class CardHistory(CardStore):
         fresh = offsets > self._times[rows, 1]
         if applies is not None:
             fresh &= applies
-        if len(np.unique(rows)) == n:
-            order = np.arange(n, dtype=np.int64)  # one transaction per card: any order will do
-        else:
-            order = np.lexsort((offsets, event_time, rows))
-        out = apply_in_order(
+        order = np.lexsort((offsets, event_time, rows))
+        out = np.empty((n, NUM_HISTORY_FEATURES), np.float32)
+        apply_in_order(
             order,
             rows,
             event_time,
@@ -149,10 +147,11 @@ class CardHistory(CardStore):
             small_ecom,
             merchant,
             country,
-            self._columns(),
+            *self._columns(),
             self._inverse_windows,
             self._recent_minutes,
             self._longest_ms,
+            out,
         )
         applied = rows[fresh]
         if len(applied):
