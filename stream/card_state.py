@@ -11,8 +11,10 @@ Responsibilities:
   input offsets covers its state too;
 - keep each partition's event-time clock (its watermark), which no single record can move past
   the wall clock plus the allowed skew (`contracts/event_time.py`);
-- drop a partition's state when it is revoked or lost; after an aborted transaction
-  (exactly-once), undo the changes of the batches it held, whose updates never became durable;
+- drop a partition's state when it is lost; when it is revoked with every change durable, keep
+  its cards for FRAUD_STATE_RETAIN_S, so that if it comes back only the changelog's tail is
+  read; after an aborted transaction (exactly-once), undo the changes of the batches it held,
+  whose updates never became durable;
 - say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
@@ -46,6 +48,15 @@ Key design decisions:
   newest first. Its cost is the batches' size, not the state's (a reload read every owned
   partition's changelog again: about 9 s per million cards). Past `UNDO_MAX_CARDS` copies
   between two commits the copies are dropped and an abort reloads, so memory stays bounded.
+- Warm return: a partition revoked once all its changelog records are acknowledged (and, with
+  exactly-once, committed) leaves its cards equal to a replay of its changelog up to the end
+  the changelog had then, since only the owner writes there. The replica keeps them with that
+  end offset (`let_go`) for `retain_s`; if the partition comes back meanwhile, the restore reads
+  only the records written since (the next owner's), which replace or forget cards as a full
+  replay would (a card's last record wins). In scenario 6 of the fault suite a partition came
+  back after a full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted
+  by retention, or truncated) is read whole, as is a partition kept past `retain_s`; a retained
+  partition is not owned, so no batch changes it and a record sent again skips its cards.
 - A lock orders the restore thread's restores and the consuming thread's drops against the
   batches; a restore takes it per `RESTORE_APPLY_CHUNK` records loaded, so batches of other
   partitions go on meanwhile, waiting a few milliseconds at most.
@@ -91,6 +102,9 @@ LEADER_RETRY_S = 0.1
 #: A transaction holds at most FRAUD_TRANSACTION_MAX_RECORDS records (10,000 by default), so
 #: this is reached only with a much larger setting; an abort then reloads instead.
 UNDO_MAX_CARDS = 200_000
+#: How long, in seconds, the cards of a partition revoked cleanly stay in memory in case it comes
+#: back (default of FRAUD_STATE_RETAIN_S).
+RETAIN_S = 600.0
 
 #: A changelog chunk: (card id, state or None for a tombstone), in changelog order.
 Chunk = list[tuple[str, bytes | None]]
@@ -121,15 +135,20 @@ class ChangelogBatch(NamedTuple):
     states: list[bytes | None]
 
 
+class ChangelogTailGone(Exception):
+    """The changelog no longer holds the offset a tail read starts from: read it whole."""
+
+
 class Changelog(Protocol):
     """Where the card states are read back from: the changelog topic (or a test's list)."""
 
     @property
     def topic(self) -> str: ...
 
-    def read(self, partition: int, progress: Callable[[], None]) -> Iterator[Chunk]:
-        """The partition's records up to the end it has now, in chunks; `progress` is called
-        after every read (a long restore is not a stuck replica)."""
+    def read(self, partition: int, progress: Callable[[], None], start: int = 0) -> Iterator[Chunk]:
+        """The partition's records from offset `start` (0: all of them) up to the end it has
+        now, in chunks; `progress` is called after every read (a long restore is not a stuck
+        replica). Raises `ChangelogTailGone` when a `start` past 0 is not in the partition."""
         ...
 
 
@@ -153,6 +172,16 @@ def card_key(partition: int, card_id: str) -> str:
     return f"{partition}{KEY_SEPARATOR}{card_id}"
 
 
+class _Retained(NamedTuple):
+    """A partition revoked with its cards kept."""
+
+    #: The changelog's end offset when it was revoked: a return reads from there.
+    end: int
+    watermark: int
+    #: When its cards go (`time.monotonic()`), unless it came back.
+    until: float
+
+
 class _Undo(NamedTuple):
     """What one batch changed, as it was before: its snapshots in the order they were taken."""
 
@@ -173,11 +202,14 @@ class CardState:
         clock: EventClock | None = None,
         undo: bool = False,
         evict_interval_s: float = EVICT_INTERVAL_S,
+        retain_s: float = RETAIN_S,
     ) -> None:
         """`undo`: keep what each batch changed until it commits, so an aborted transaction
         is undone in memory (exactly-once). `evict_interval_s`: how often each partition
-        looks for idle cards."""
+        looks for idle cards. `retain_s`: how long a partition revoked cleanly keeps its cards
+        (`let_go`); 0 forgets them at once."""
         self._evict_interval_s = evict_interval_s
+        self._retain_s = retain_s
         self._changelog = changelog
         self.changelog_topic = changelog.topic
         self._metrics = metrics
@@ -194,6 +226,8 @@ class CardState:
         self._undo_overflow = False
         #: Committed input positions (next offset to read) per partition, as last reported.
         self._committed: dict[int, int] = {}
+        #: Partitions revoked whose cards are kept (not owned: no batch changes them).
+        self._retained: dict[int, _Retained] = {}
         self._lock = threading.Lock()
 
     # -- consuming thread: rebalances --------------------------------------------------------
@@ -206,11 +240,16 @@ class CardState:
         # cancelled forgot what it read): asking the others would scan every card for nothing.
         with self._lock:
             held = {partition for partition in partitions if partition in self._watermark}
+            retained = {p: self._retained.pop(p) for p in partitions if p in self._retained}
         self._forget(held)
         for partition in partitions:
             started = time.monotonic()
+            kept = retained.get(partition)
             try:
-                cards, records, newest = self._read_changelog(partition, progress)
+                if kept is not None:
+                    cards, records, newest = self._read_tail(partition, kept, progress)
+                else:
+                    cards, records, newest = self._read_changelog(partition, progress)
             except BaseException:
                 self._forget({partition})  # no half-restored partition stays in memory
                 raise
@@ -223,11 +262,13 @@ class CardState:
             seconds = time.monotonic() - started
             self._metrics.observe_state_restore(seconds)
             log.info(
-                "restored card state topic=%s partition=%s cards=%s changelog_records=%s in %.3fs",
+                "restored card state topic=%s partition=%s cards=%s changelog_records=%s%s "
+                "in %.3fs",
                 self.changelog_topic,
                 partition,
                 cards,
                 records,
+                "" if kept is None else f" (kept cards, changelog read from {kept.end})",
                 seconds,
             )
         self._report()
@@ -238,11 +279,37 @@ class CardState:
         self._forget(set(partitions))
         self._report()
 
-    def let_go(self, partitions: Sequence[int]) -> None:
+    def let_go(self, partitions: Sequence[int], ends: Mapping[int, int] | None = None) -> list[int]:
         """Partitions that went are no longer owned: from now on no batch updates them and
-        `current` says so. Their cards stay in memory until `forget_cards` (a revoke leaves that
-        to the restore thread: half of a million cards take about 0.4 s to forget)."""
-        self._let_go(set(partitions))
+        `current` says so. `ends`: the changelog's end offset of those revoked with every change
+        durable, whose cards are kept for `retain_s` (see the module's "Warm return"). Return
+        the others, whose cards stay in memory until `forget_cards` (a revoke leaves that to
+        the restore thread: half of a million cards take about 0.4 s to forget)."""
+        ends = ends if self.retains and ends is not None else {}
+        watermarks = self._let_go(set(partitions))
+        until = time.monotonic() + self._retain_s
+        with self._lock:
+            for partition, end in ends.items():
+                if partition in watermarks:
+                    self._retained[partition] = _Retained(end, watermarks[partition], until)
+        return [partition for partition in partitions if partition not in self._retained]
+
+    @property
+    def retains(self) -> bool:
+        """Whether a partition revoked cleanly keeps its cards (`retain_s` > 0)."""
+        return self._retain_s > 0
+
+    def expire_retained(self) -> None:
+        """Forget the cards of the partitions kept past `retain_s` (on the restore thread, in
+        order with the restores, so a partition that came back is never forgotten)."""
+        now = time.monotonic()
+        with self._lock:
+            expired = {p for p, kept in self._retained.items() if kept.until <= now}
+            for partition in expired:
+                del self._retained[partition]
+        if expired:
+            log.info("forgetting the kept cards of partitions %s (not back)", sorted(expired))
+            self.forget_cards(sorted(expired))
 
     def forget_cards(self, partitions: Sequence[int]) -> None:
         """Forget the cards of partitions let go, a chunk at a time (batches of the partitions
@@ -463,13 +530,17 @@ class CardState:
         self._let_go(partitions)
         self._forget_cards(partitions)
 
-    def _let_go(self, partitions: set[int]) -> None:
+    def _let_go(self, partitions: set[int]) -> dict[int, int]:
+        """Make `partitions` not owned; return the watermarks of those that were."""
         if not partitions:
-            return
+            return {}
         prefixes = tuple(card_key(partition, "") for partition in partitions)
+        watermarks: dict[int, int] = {}
         with self._lock:
             for partition in partitions:
-                self._watermark.pop(partition, None)
+                if partition in self._watermark:
+                    watermarks[partition] = self._watermark.pop(partition)
+                self._retained.pop(partition, None)
                 self._last_eviction.pop(partition, None)
                 self._committed.pop(partition, None)
             if self._undo:
@@ -480,6 +551,7 @@ class CardState:
                         entry.snapshots[i] = _select(snapshot, keep)
                     for partition in partitions:
                         entry.offsets.pop(partition, None)
+        return watermarks
 
     def _forget_cards(self, partitions: set[int]) -> None:
         if not partitions:
@@ -496,15 +568,31 @@ class CardState:
             with self._lock:
                 self._history.forget(doomed[start : start + FORGET_CHUNK])
 
-    def _read_changelog(self, partition: int, progress: Callable[[], None]) -> tuple[int, int, int]:
-        """Load the partition's changelog into the store; return the partition's cards, the
-        changelog records read and the newest event time a restored card applied (-1: none)."""
+    def _read_tail(
+        self, partition: int, kept: _Retained, progress: Callable[[], None]
+    ) -> tuple[int, int, int]:
+        """`_read_changelog` over the partition's kept cards, from the end it had when it went;
+        all of it when that offset is gone."""
+        try:
+            cards, records, newest = self._read_changelog(partition, progress, kept.end)
+        except ChangelogTailGone as gone:
+            log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
+            self._forget({partition})
+            return self._read_changelog(partition, progress)
+        return cards, records, max(newest, kept.watermark)
+
+    def _read_changelog(
+        self, partition: int, progress: Callable[[], None], start: int = 0
+    ) -> tuple[int, int, int]:
+        """Load the partition's changelog from offset `start` into the store; return the cards
+        it added, the changelog records read and the newest event time a restored card applied
+        (-1: none)."""
         read = cards = 0
         newest = -1
         prefix = card_key(partition, "")
-        for read_chunk in self._changelog.read(partition, progress):
-            for start in range(0, len(read_chunk), RESTORE_APPLY_CHUNK):
-                chunk = read_chunk[start : start + RESTORE_APPLY_CHUNK]
+        for read_chunk in self._changelog.read(partition, progress, start):
+            for first in range(0, len(read_chunk), RESTORE_APPLY_CHUNK):
+                chunk = read_chunk[first : first + RESTORE_APPLY_CHUNK]
                 keys = [prefix + card for card, _ in chunk]
                 records = [(key, state) for key, (_, state) in zip(keys, chunk, strict=True)]
                 with self._lock:
@@ -541,7 +629,7 @@ class KafkaChangelog:
         self._kafka = dict(kafka)
         self.topic = topic
 
-    def read(self, partition: int, progress: Callable[[], None]) -> Iterator[Chunk]:
+    def read(self, partition: int, progress: Callable[[], None], start: int = 0) -> Iterator[Chunk]:
         consumer = Consumer(
             {
                 **self._kafka,
@@ -554,9 +642,16 @@ class KafkaChangelog:
         try:
             assigned = TopicPartition(self.topic, partition)
             low, high = watermarks(consumer, assigned)
-            if high <= low:
+            if start > 0 and not low <= start <= high:
+                raise ChangelogTailGone(
+                    f"changelog {self.topic}[{partition}] holds offsets {low} to {high}, "
+                    f"not {start}"
+                )
+            if high <= max(low, start):
                 return
-            consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
+            consumer.assign(
+                [TopicPartition(self.topic, partition, start if start > 0 else OFFSET_BEGINNING)]
+            )
             idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
             while True:
                 # consume() waits its whole timeout unless the batch fills: keep it short, and

@@ -6,7 +6,9 @@ on the consuming thread inside `poll` or `close`).
   scores the partitions it kept meanwhile.
 - Revoked: the partitions' undecided records are dropped (their next owner reads them again),
   the batch being scored finishes, outputs are flushed and what was decided is committed,
-  within the shutdown deadline while stopping; then everything held for them is forgotten.
+  within the shutdown deadline while stopping; then everything held for them is forgotten, but
+  their cards when every change reached the changelog: those are kept with the changelog's end
+  offset, for a return that reads only what was written since (`stream/card_state.py`).
 - Lost (the group moved on without us): nothing of them may be committed. Exactly-once aborts
   the open transaction, which holds outputs of the kept partitions too, so the replica rewinds
   those to their commit.
@@ -18,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset
 from stream.card_state import CardState
@@ -33,6 +35,9 @@ from stream.sink import OutputSink
 from stream.transactional_sink import TransactionalSink
 
 log = logging.getLogger(__name__)
+
+#: How long a revoke waits for the changelog's end offsets before forgetting the cards instead.
+CHANGELOG_END_TIMEOUT_S = 1.0
 
 
 class Rebalance:
@@ -54,12 +59,14 @@ class Rebalance:
         card_state: CardState | None,
         transactions: TransactionalSink | None,
         release_records: Callable[[set[PartitionKey]], int],
-        commit: Callable[[], None],
+        commit: Callable[[], bool],
         request_rewind: Callable[[], None],
     ) -> None:
         """`release_records`: drop the undecided records of these partitions, say how many.
-        `commit`: commit now what is finished. `request_rewind`: read the kept partitions again
-        from their commit (exactly-once, after a loss aborted the transaction)."""
+        `commit`: commit now what is finished; say whether every output so far is acknowledged
+        and none waits to be sent again or undone by an abort. `request_rewind`: read the kept
+        partitions again from their commit (exactly-once, after a loss aborted the
+        transaction)."""
         self._consumer = consumer
         self._input_topic = input_topic
         self._shutdown_timeout_s = shutdown_timeout_s
@@ -107,19 +114,21 @@ class Rebalance:
         log.info("%s, committing what was decided", what)
         started = time.monotonic()
         deadline = self._deadline()
-        self._handoff.wait_until_done(deadline)
-        self._sink.flush(max(0.0, deadline - time.monotonic()))
+        scored = self._handoff.wait_until_done(deadline)
+        left = self._sink.flush(max(0.0, deadline - time.monotonic()))
         flushed = time.monotonic()
-        self._commit()
+        durable = self._commit() and scored and left == 0
         committed = time.monotonic()
-        self._forget(keys, partitions)
+        ends = self._changelog_ends(partitions) if durable else None
+        self._forget(keys, partitions, ends)
         log.info(
             "revoked %s handed over: outputs flushed in %.3fs, committed in %.3fs, state let go "
-            "in %.3fs",
+            "in %.3fs (cards kept: %s)",
             describe(partitions),
             flushed - started,
             committed - flushed,
             time.monotonic() - committed,
+            "no" if not ends else ",".join(map(str, sorted(ends))),
         )
 
     def on_lost(self, _consumer: object, partitions: list[TopicPartition]) -> None:
@@ -187,14 +196,36 @@ class Rebalance:
         log.error("card state restore failed: %s", error)
         self._restore_failure = error
 
-    def _forget(self, keys: set[PartitionKey], partitions: list[TopicPartition]) -> None:
+    def _changelog_ends(self, partitions: list[TopicPartition]) -> dict[int, int] | None:
+        """The changelog's end offsets of these partitions (for a restored one: its state may
+        be kept), or None when the broker does not say within a second. Asked in the revoke
+        callback: no next owner can have written there yet."""
+        if self._card_state is None or not self._card_state.retains:
+            return None
+        topic = self._card_state.changelog_topic
+        restored = [p.partition for p in partitions if (p.topic, p.partition) not in self.restoring]
+        if not restored:
+            return None
+        latest = [TopicPartition(topic, partition, OFFSET_END) for partition in restored]
+        try:
+            ends = self._consumer.offsets_for_times(latest, timeout=CHANGELOG_END_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("changelog end offsets not known (%s): the cards are forgotten", exc)
+            return None
+        return {end.partition: end.offset for end in ends if end.error is None and end.offset >= 0}
+
+    def _forget(
+        self,
+        keys: set[PartitionKey],
+        partitions: list[TopicPartition],
+        changelog_ends: dict[int, int] | None = None,
+    ) -> None:
         if self._restores is not None:
             self._restores.cancel([p.partition for p in partitions])
             self.restoring.difference_update(keys)
             self._metrics.set_restoring_partitions(len(self.restoring))
         if self._card_state is not None and self._restores is not None:
-            gone = [p.partition for p in partitions]
-            self._card_state.let_go(gone)
+            gone = self._card_state.let_go([p.partition for p in partitions], changelog_ends)
             self._restores.forget(gone)  # their cards, off the consuming thread
         if self._transactions is not None:
             self._transactions.forget(keys)

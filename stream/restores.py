@@ -11,9 +11,11 @@ the partition comes back meanwhile, only the newest assignment's restore may res
 run one at a time, in assignment order. The cards of partitions that went are forgotten on the
 same thread (`forget`), in order with the restores, so a revoke never stops the partitions kept
 for that either (half of a million cards took 0.4 s in the callback: a kept partition's longest
-silence at a rebalance was that plus the group's own pause). Once stopped, an assignment starts
-nothing: the consumer's close may still hand one over (a rebalance under way when the replica
-stops), and close takes it back at once.
+silence at a rebalance was that plus the group's own pause); so are the cards kept for a
+partition's return once they expire (`expire_retained`, looked for every `EXPIRY_CHECK_S`), so
+a partition that came back is restored before its kept cards could go. Once stopped, an
+assignment starts nothing: the consumer's close may still hand one over (a rebalance under way
+when the replica stops), and close takes it back at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: How long `stop` waits for a restore to notice that it is cancelled.
 STOP_TIMEOUT_S = 10.0
+#: How often the restore thread looks for kept cards past their time, when idle.
+EXPIRY_CHECK_S = 1.0
 
 
 class RestorableState(Protocol):
@@ -39,6 +43,8 @@ class RestorableState(Protocol):
     def drop(self, partitions: Sequence[int]) -> None: ...
 
     def forget_cards(self, partitions: Sequence[int]) -> None: ...
+
+    def expire_retained(self) -> None: ...
 
 
 class RestoreCancelled(Exception):
@@ -138,12 +144,24 @@ class BackgroundRestores:
             self._jobs.put(None)
             self._thread.join(STOP_TIMEOUT_S)
 
+    def _next_job(self) -> _Job | _Forget | None:
+        """The next job; meanwhile, forget the kept cards past their time."""
+        while True:
+            try:
+                return self._jobs.get(timeout=EXPIRY_CHECK_S)
+            except queue.Empty:
+                try:
+                    self._state.expire_retained()
+                except BaseException as exc:
+                    self._on_failure(exc)
+                    return None
+
     def _current(self, job: _Job) -> bool:
         with self._lock:
             return self._pending.get(job.partition) == job.token
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next_job()) is not None:
             if isinstance(job, _Forget):
                 try:
                     self._state.forget_cards(job.partitions)

@@ -353,9 +353,11 @@ class ScoringService:
         self._rewind_pending |= self._commits.record_progress()  # True: a transaction aborted
         self._metrics.set_in_flight(self._tracker.in_flight, self._tracker.in_flight_bytes)
 
-    def _commit(self) -> None:
-        """Commit now what is finished (rebalance, shutdown)."""
+    def _commit(self) -> bool:
+        """Commit now what is finished (rebalance, shutdown); return whether nothing sent waits
+        to be sent again or to be undone by an abort (the card state is all durable)."""
         self._rewind_pending |= self._commits.commit_now()
+        return not self._rewind_pending and not self._redelivery.busy
 
     def _rewind(self) -> None:
         """Exactly-once, once the abort is confirmed (fetching waits meanwhile): drop what is

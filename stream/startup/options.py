@@ -264,6 +264,18 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             le=86_400,
         ),
     ] = 60.0
+    state_retain_s: Annotated[
+        float,
+        meta(
+            "FRAUD_STATE_RETAIN_S",
+            "how long, in seconds, a replica keeps the cards of a partition it gave up with every "
+            "change in the changelog, so that if the partition comes back only the changelog's "
+            "records since are read; 0 forgets them at once. Memory: those cards stay counted "
+            "in fraud_card_state_cards; keep it below the changelog's delete.retention.ms",
+            ge=0,
+            le=86_400,
+        ),
+    ] = 600.0
     max_clock_skew_ms: Annotated[
         int,
         meta(

@@ -168,6 +168,7 @@ def build_collaborators(
             clock=event_clock(config),
             undo=config.exactly_once,
             evict_interval_s=config.state_evict_interval_s,
+            retain_s=config.state_retain_s,
         )
         if config.card_history == "on"
         else None

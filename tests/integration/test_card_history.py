@@ -5,6 +5,7 @@ those of an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import uuid
@@ -115,3 +116,39 @@ def test_the_state_moves_with_its_partition_on_a_rebalance(
     assert "restored card state" in joiner.log()
     # Restored in the background, the partition paused until then (issue 26).
     assert "resumed: its card state loaded" in joiner.log()
+
+
+def test_a_partition_that_comes_back_reads_only_what_was_written_since(
+    topics_factory, service_factory, uninterrupted
+):
+    # Replica one gives a partition up to two, keeps its cards, and gets it back when two stops:
+    # it reads only two's changelog records, and the scores still equal an uninterrupted run's.
+    first, second = streams()
+    half = len(second) // 2
+    topics = topics_factory(partitions=PARTITIONS)
+    group = f"hist-back-{uuid.uuid4().hex[:8]}"
+    one = service_factory(topics, "--group-id", group, instance="one")
+    send(topics.input, first)
+    wait_decided(topics, FIRST)
+    two = service_factory(topics, "--group-id", group, instance="two")
+    wait_logged(two, "resumed: its card state loaded")
+    send(topics.input, second[:half])
+    wait_decided(topics, FIRST + half)
+    two.signal(signal.SIGTERM)
+    assert two.wait() == 0, two.log()
+    wait_logged(one, "(kept cards, changelog read from ")
+    send(topics.input, second[half:])
+
+    assert scores(topics, second) == pytest.approx(uninterrupted, abs=1e-6)
+    assert re.search(r"revoked .*\(cards kept: \d\)", one.log()), one.log()
+    read_from = re.findall(
+        r"changelog_records=(\d+) \(kept cards, changelog read from (\d+)\)", one.log()
+    )
+    assert len(read_from) == 1 and int(read_from[0][1]) > 0, one.log()
+
+
+def wait_logged(service, line: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in service.log():
+        assert time.monotonic() < deadline, service.log()
+        time.sleep(0.2)

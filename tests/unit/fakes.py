@@ -14,7 +14,7 @@ import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
-from stream.card_state import ChangelogBatch
+from stream.card_state import ChangelogBatch, ChangelogTailGone
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output
 from tests.support.records import offset_of
@@ -67,30 +67,59 @@ def changes(batches: Iterable[ChangelogBatch]) -> list[Change]:
 
 
 class MemoryChangelog:
-    """A changelog topic in memory: partition → records in the order written; `compact()`
-    keeps each key's last record, as the broker's cleaner does."""
+    """A changelog topic in memory: partition → records in the order written, each at its
+    offset; `compact()` keeps each key's last record (at its offset), as the broker's cleaner
+    does, and `delete_before()` drops the records before an offset, as retention does."""
 
     topic = "cards-changelog"
 
     def __init__(self, chunk: int = 7) -> None:
         self.partitions: dict[int, list[tuple[str, bytes | None]]] = {}
+        self._offsets: dict[int, list[int]] = {}
+        self._end: dict[int, int] = {}
+        self._start: dict[int, int] = {}
         self._chunk = chunk
+        #: The `start` of every read, in order: (partition, offset).
+        self.reads: list[tuple[int, int]] = []
 
     def append(self, partition: int, card_id: str, state: bytes | None) -> None:
         self.partitions.setdefault(partition, []).append((card_id, state))
+        self._offsets.setdefault(partition, []).append(self.end(partition))
+        self._end[partition] = self.end(partition) + 1
+
+    def end(self, partition: int) -> int:
+        """The offset the next record of `partition` gets."""
+        return self._end.get(partition, 0)
 
     def compact(self) -> None:
         for partition, records in self.partitions.items():
-            last = dict(records)
-            self.partitions[partition] = list(last.items())
+            last = {card: i for i, (card, _) in enumerate(records)}
+            kept = sorted(last.values())
+            self.partitions[partition] = [records[i] for i in kept]
+            self._offsets[partition] = [self._offsets[partition][i] for i in kept]
+
+    def delete_before(self, partition: int, offset: int) -> None:
+        kept = [i for i, at in enumerate(self._offsets.get(partition, [])) if at >= offset]
+        self.partitions[partition] = [self.partitions[partition][i] for i in kept]
+        self._offsets[partition] = [self._offsets[partition][i] for i in kept]
+        self._start[partition] = offset
 
     def read(
-        self, partition: int, progress: Callable[[], None]
+        self, partition: int, progress: Callable[[], None], start: int = 0
     ) -> Iterator[list[tuple[str, bytes | None]]]:
-        records = list(self.partitions.get(partition, []))
-        for start in range(0, len(records), self._chunk):
+        self.reads.append((partition, start))
+        if start > 0 and not self._start.get(partition, 0) <= start <= self.end(partition):
+            raise ChangelogTailGone(f"{partition}: not {start}")
+        records = [
+            record
+            for record, at in zip(
+                self.partitions.get(partition, []), self._offsets.get(partition, []), strict=True
+            )
+            if at >= start
+        ]
+        for first in range(0, len(records), self._chunk):
             progress()
-            yield records[start : start + self._chunk]
+            yield records[first : first + self._chunk]
 
 
 class MemorySink:
@@ -159,6 +188,16 @@ class OneBrokerCluster:
 
     def __init__(self) -> None:
         self.wakeups: list[tuple[str, int]] = []
+        #: A partition's end offset, as `offsets_for_times` answers for the latest time.
+        self.ends: Callable[[str, int], int] = lambda topic, partition: 0
+
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition]:
+        return [
+            TopicPartition(p.topic, p.partition, self.ends(p.topic, p.partition))
+            for p in partitions
+        ]
 
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         partitions = {p: SimpleNamespace(leader=1) for p in range(64)}

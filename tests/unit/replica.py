@@ -95,12 +95,14 @@ class Replica:
         router = dead_letter_router(self.config)
         self.metrics = ServiceMetrics(CollectorRegistry())
         self.changelog = MemoryChangelog()
+        self.consumer.ends = lambda topic, partition: self.changelog.end(partition)
         self.card_state = (
             CardState(
                 self.changelog,
                 time_scale=1.0,
                 metrics=self.metrics,
                 undo=self.config.exactly_once,
+                retain_s=self.config.state_retain_s,
             )
             if card_state
             else None

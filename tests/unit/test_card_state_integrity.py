@@ -52,8 +52,13 @@ def at(record: Record, offset: int, event_time: int) -> Record:
 
 
 def new_state(
-    changelog: MemoryChangelog, registry: CollectorRegistry | None = None, **settings: Any
+    changelog: MemoryChangelog,
+    registry: CollectorRegistry | None = None,
+    *,
+    partitions: list[int] | None = None,
+    **settings: Any,
 ) -> CardState:
+    """A card state owning `partitions` (default: 0 and those the changelog holds)."""
     state = CardState(
         changelog,
         time_scale=1.0,
@@ -61,7 +66,7 @@ def new_state(
         clock=EventClock(wall_ms=lambda: NOW_MS),
         **settings,
     )
-    state.restore(sorted({0, *changelog.partitions}))
+    state.restore(sorted({0, *changelog.partitions}) if partitions is None else partitions)
     return state
 
 
@@ -266,7 +271,7 @@ def test_an_aborted_transaction_is_undone_without_reading_the_changelog() -> Non
     reads: list[int] = []
 
     def read(
-        partition: int, progress: Callable[[], None]
+        partition: int, progress: Callable[[], None], start: int = 0
     ) -> Iterator[list[tuple[str, bytes | None]]]:
         reads.append(partition)
         return iter(())

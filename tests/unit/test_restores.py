@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from stream import restores as restores_module
 from stream.restores import BackgroundRestores
 from tests.support.waiting import wait_until
 
@@ -26,6 +27,8 @@ class GatedState:
         self.forgotten: list[tuple[list[int], str]] = []
         #: Everything it did, in order: ("restore", p), ("loaded", p), ("forget", p).
         self.events: list[tuple[str, int]] = []
+        #: The threads `expire_retained` ran on.
+        self.expiry_threads: set[str] = set()
         self._failing = failing
 
     def gate(self, partition: int) -> threading.Event:
@@ -49,6 +52,10 @@ class GatedState:
     def forget_cards(self, partitions: Sequence[int]) -> None:
         self.forgotten.append((list(partitions), threading.current_thread().name))
         self.events.extend(("forget", partition) for partition in partitions)
+
+    def expire_retained(self) -> None:
+        self.expiry_threads.add(threading.current_thread().name)
+        self.events.append(("expire", -1))
 
 
 def restores_of(state: GatedState) -> tuple[BackgroundRestores, list[BaseException]]:
@@ -206,3 +213,19 @@ def test_the_cards_of_partitions_that_went_are_forgotten_on_the_restore_thread_i
     restores.stop()
     restores.forget([1])
     assert state.forgotten[-1] == ([1], threading.current_thread().name), "stopped: done here"
+
+
+def test_kept_cards_expire_on_the_restore_thread_only_between_restores(monkeypatch) -> None:
+    monkeypatch.setattr(restores_module, "EXPIRY_CHECK_S", 0.01)
+    state = GatedState()
+    restores, failures = restores_of(state)
+    restores.start([1])
+    wait_until(lambda: state.started == [1])
+    expired_before = state.events.count(("expire", -1))
+    threading.Event().wait(0.1)  # a restore under way: nothing expires meanwhile
+    assert state.events.count(("expire", -1)) == expired_before
+    state.gate(1).set()
+    assert finished_partitions(restores, 1) == [1]
+    wait_until(lambda: state.events[-1] == ("expire", -1), what="an expiry check once idle")
+    assert state.expiry_threads == {"card-state-restore"} and not failures
+    restores.stop()

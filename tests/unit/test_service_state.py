@@ -81,9 +81,10 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
                     dropped.wait(3.0)
                 return update(records, columns)
 
-            def noted_let_go(partitions: Any) -> None:
-                let_go(partitions)
+            def noted_let_go(partitions: Any, ends: Any = None) -> list[int]:
+                gone = let_go(partitions, ends)
                 dropped.set()
+                return gone
 
             state.update = gated_update  # type: ignore[method-assign]
             state.let_go = noted_let_go  # type: ignore[method-assign]
@@ -138,7 +139,7 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
 
 
 def test_a_revoked_partition_is_let_go_at_once_and_its_cards_forgotten_off_the_loop() -> None:
-    with Replica(card_state=True) as replica:
+    with Replica(card_state=True, state_retain_s=0.0) as replica:
         state = replica.card_state
         assert state is not None
         forgotten_on: list[str] = []
@@ -163,6 +164,55 @@ def test_a_revoked_partition_is_let_go_at_once_and_its_cards_forgotten_off_the_l
         assert states(state, 0, cards[0]) == expected_states(range(100), 0)
 
 
+def owning_two_partitions(replica: Replica, decided: int) -> CardState:
+    """The replica's card state once it owns partitions 0 and 1 and has decided their first
+    `decided` records each."""
+    state = replica.card_state
+    assert state is not None
+    replica.consumer.assign(tp(0, 1))
+    wait_until(lambda: state.owned() == [0, 1])
+    replica.consumer.feed(interleaved(0, decided))
+    wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): decided, (TOPIC, 1): decided})
+    return state
+
+
+def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_return() -> None:
+    with Replica(card_state=True) as replica:
+        state = owning_two_partitions(replica, 100)
+        gauge = replica.metrics.registry.get_sample_value
+        held = gauge("fraud_card_state_cards")
+        replica.consumer.revoke(tp(1))
+        wait_until(lambda: state.owned() == [0])
+        end = replica.changelog.end(1)
+        assert end > 0 and gauge("fraud_card_state_cards") == held, "its cards kept"
+
+        replica.consumer.assign(tp(1))
+        wait_until(lambda: state.owned() == [0, 1])
+
+        assert replica.changelog.reads[-1] == (1, end), "only what was written since"
+        cards = set(expected_states(range(100), 1))
+        assert states(state, 1, cards) == expected_states(range(100), 1)
+
+
+def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -> None:
+    # Its kept cards would hold a state the changelog lacks: a return must read it all.
+    with Replica(card_state=True) as replica:
+        state = owning_two_partitions(replica, 50)
+        gauge = replica.metrics.registry.get_sample_value
+        replica.sink.fail_when = lambda output: output.kind == "changelog" and output.partition == 1
+        replica.consumer.feed(interleaved(50, 100))
+        wait_until(lambda: replica.redelivery.busy, what="a card state not delivered")
+        replica.consumer.revoke(tp(1))
+        wait_until(lambda: state.owned() == [0])
+        kept = len(expected_states(range(100), 0))
+        wait_until(lambda: gauge("fraud_card_state_cards") == kept, what="its cards forgotten")
+
+        replica.sink.fail_when = None
+        replica.consumer.assign(tp(1))
+        wait_until(lambda: state.owned() == [0, 1])
+        assert replica.changelog.reads[-1] == (1, 0), "its whole changelog"
+
+
 def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
     # Finding 8: every abort reloaded the whole card state from the changelog.
     with Replica(
@@ -175,10 +225,10 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
         read = replica.changelog.read
 
         def counted(
-            partition: int, progress: Callable[[], None]
+            partition: int, progress: Callable[[], None], start: int = 0
         ) -> Iterator[list[tuple[str, bytes | None]]]:
             reads.append(partition)
-            return read(partition, progress)
+            return read(partition, progress, start)
 
         replica.changelog.read = counted  # type: ignore[method-assign]
         replica.producer.fail_next_commit = KafkaError(
@@ -253,10 +303,10 @@ def test_a_partition_restoring_its_state_never_stops_the_partitions_kept(guarant
         assert state is not None
         changelog_read, gate = replica.changelog.read, threading.Event()
 
-        def gated_read(partition: int, progress: Any) -> Any:
+        def gated_read(partition: int, progress: Any, start: int = 0) -> Any:
             while partition == 1 and not gate.wait(0.001):
                 progress()
-            yield from changelog_read(partition, progress)
+            yield from changelog_read(partition, progress, start)
 
         replica.changelog.read = gated_read  # type: ignore[method-assign]
         held = expected_states(range(20), partition=1)
