@@ -3,7 +3,8 @@
 The lines are the service's own: `stream/service.py` logs each partition revoked or lost and
 each one resumed once its card state is loaded ("partition=N resumed: its card state loaded
 X s after its assignment"); `stream/card_state.py` logs each restore ("restored card state
-topic=… partition=N cards=C changelog_records=R in X s"). Plain logic over the text,
+topic=… partition=N cards=C changelog_records=R in X s", with "(kept cards, changelog read
+from O)" before "in" when only the changelog's tail was read). Plain logic over the text,
 unit-tested.
 """
 
@@ -16,7 +17,8 @@ from typing import NamedTuple
 _MOVED = re.compile(r": (?:revoked|lost) (?P<what>.*)$")
 _RESTORED = re.compile(
     r"restored card state topic=\S+ partition=(?P<partition>\d+) cards=(?P<cards>\d+) "
-    r"changelog_records=(?P<records>\d+) in (?P<seconds>[\d.]+)s"
+    r"changelog_records=(?P<records>\d+)(?P<kept> \(kept cards, changelog read from \d+\))? "
+    r"in (?P<seconds>[\d.]+)s"
 )
 _RESUMED = re.compile(
     r"partition=(?P<partition>\d+) resumed: its card state loaded (?P<seconds>[\d.]+)s after "
@@ -25,10 +27,14 @@ _RESUMED = re.compile(
 
 
 class Restore(NamedTuple):
-    """One partition's card state restore: the cards it loaded and how long the read took."""
+    """One partition's card state restore: the cards it added, the changelog records it read,
+    whether it read only the tail over cards kept since the partition went, and how long the
+    read took."""
 
     partition: int
     cards: int
+    records: int
+    kept: bool
     seconds: float
 
 
@@ -54,7 +60,13 @@ def moved_away(log_text: str, topic: str) -> set[int]:
 def restores(log_text: str) -> list[Restore]:
     """Every card state restore the log reports, in its order."""
     return [
-        Restore(int(m["partition"]), int(m["cards"]), float(m["seconds"]))
+        Restore(
+            int(m["partition"]),
+            int(m["cards"]),
+            int(m["records"]),
+            m["kept"] is not None,
+            float(m["seconds"]),
+        )
         for m in _RESTORED.finditer(log_text)
     ]
 

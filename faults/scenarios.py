@@ -397,12 +397,15 @@ def _resumed(replica: Replica, since: int, partitions: set[int]) -> Callable[[],
 
 def _restore_figures(name: str, log_text: str) -> dict[str, str]:
     """The restores in a stretch of a replica's log: the longest time from an assignment to
-    its partition's resume, the cards restored, and each partition's read (seconds)."""
+    its partition's resume, the cards restored, the changelog records read, how many restores
+    read only the tail over kept cards, and each partition's read (seconds)."""
     done: list[Restore] = restores(log_text)
     waited = max((r.seconds for r in resumes(log_text)), default=0.0)
     return {
         f"{name}_resumed_after_s": f"{waited:.1f}",
         f"{name}_restored_cards": f"{sum(r.cards for r in done)}",
+        f"{name}_changelog_records": f"{sum(r.records for r in done)}",
+        f"{name}_tail_reads": f"{sum(r.kept for r in done)}",
         f"{name}_reads_s": "[" + ",".join(f"{r.seconds:.1f}" for r in done) + "]",
     }
 

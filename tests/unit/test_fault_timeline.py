@@ -127,6 +127,8 @@ records, committing what was decided
 nothing of them is committed
 2026-12-03 08:00:11,006 INFO stream.service: revoked other-tx[0]: releasing 0 undecided records
 2026-12-03 08:00:12,007 INFO stream.service: assigned tx[1]
+2026-12-03 08:00:12,107 INFO stream.card_state: restored card state topic=g-card-state-changelog \
+partition=1 cards=3 changelog_records=950 (kept cards, changelog read from 16700) in 0.031s
 """
 
 
@@ -137,6 +139,9 @@ def test_moved_away_reads_revoked_and_lost_partitions_of_the_topic() -> None:
 
 
 def test_restores_and_resumes_are_read_with_their_figures() -> None:
-    assert restores(LOG) == [Restore(0, 16_667, 0.412)]
+    assert restores(LOG) == [
+        Restore(0, 16_667, 16_667, False, 0.412),
+        Restore(1, 3, 950, True, 0.031),
+    ]
     assert resumes(LOG) == [Resume(0, 0.42)]
     assert restores("") == [] and resumes("") == []
