@@ -160,12 +160,12 @@ $(BENCH_INSTALLED): $(INSTALLED)
 # with the .venv's versions of what it shares with the other contenders.
 QUIX_VENV := .venv-quix
 QUIX_INSTALLED := $(QUIX_VENV)/.installed
-QUIX_SHARED := ^(numpy|msgspec|onnxruntime(-gpu)?|prometheus[-_]client)==
+QUIX_SHARED := ^(numpy|msgspec|numba|llvmlite|onnxruntime(-gpu)?|prometheus[-_]client)==
 
-$(QUIX_INSTALLED): $(INSTALLED) bench/quix-requirements.txt
+$(QUIX_INSTALLED): $(INSTALLED) bench/quix-requirements.txt Makefile
 	$(PYTHON) -m venv $(QUIX_VENV)
 	$(QUIX_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(PY) -m pip freeze | grep -E '$(QUIX_SHARED)' > $(QUIX_VENV)/shared.txt
+	$(PY) -m pip list --format=freeze | grep -E '$(QUIX_SHARED)' > $(QUIX_VENV)/shared.txt
 	$(QUIX_VENV)/bin/python -m pip install --quiet -r bench/quix-requirements.txt -r $(QUIX_VENV)/shared.txt
 	@touch $@
 
