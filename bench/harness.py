@@ -302,7 +302,8 @@ def measure(
     measured_s, rate = steady_rate(samples, warmup_s, window_s)
     error = None
     if exit_code is not None and outputs < expected:
-        tail = log_path.read_text(errors="replace")[-2000:]
+        # Paths inside the repository relative to it: results are committed as samples.
+        tail = log_path.read_text(errors="replace")[-2000:].replace(f"{REPO}/", "")
         error = f"exited with status {exit_code} after {outputs} outputs:\n{tail}"
     elif rate is None:
         error = f"produced {outputs} outputs in {timeout_s} s: too few to measure"
