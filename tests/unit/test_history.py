@@ -160,12 +160,18 @@ def test_restore_from_the_changelog_gives_the_same_features() -> None:
     assert len(restored) == 0, "a card whose state cannot be read starts anew"
 
 
-def test_a_restore_chunk_leaves_each_card_as_its_last_record_says() -> None:
+def written_twice() -> tuple[CardHistory, dict[str, bytes], dict[str, bytes]]:
+    """A history whose cards a and b each applied a transaction (their states: the first
+    dict), then a a second one (its state: the second dict)."""
     original = CardHistory()
     run(original, columns(["a", "b"], [0, 10], [5.0, 7.0]), [0, 1])
     first = dict(original.take_dirty())
     run(original, columns(["a"], [20], [9.0]), [2])
-    second = dict(original.take_dirty())
+    return original, first, dict(original.take_dirty())
+
+
+def test_a_restore_chunk_leaves_each_card_as_its_last_record_says() -> None:
+    original, first, second = written_twice()
     one_by_one, chunked = CardHistory(), CardHistory()
     changelog = [("a", first["a"]), ("b", first["b"]), ("b", None), ("a", second["a"])]
     for record in changelog:
@@ -181,11 +187,7 @@ def test_a_restore_chunk_leaves_each_card_as_its_last_record_says() -> None:
 def test_an_older_state_never_replaces_a_newer_one_in_a_run_of_distinct_cards() -> None:
     # A run of distinct cards, all states, loads in one pass (most chunks of a compacted
     # changelog): it must keep the offset rule of the record-by-record path.
-    original = CardHistory()
-    run(original, columns(["a", "b"], [0, 10], [5.0, 7.0]), [0, 1])
-    first = dict(original.take_dirty())
-    run(original, columns(["a"], [20], [9.0]), [2])
-    second = dict(original.take_dirty())
+    _, first, second = written_twice()
     restored = CardHistory()
     assert restored.restore([("a", second["a"])]) == []
     # A retry wrote a's older state again, after the newer one: a is not rolled back.
