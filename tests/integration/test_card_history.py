@@ -118,8 +118,9 @@ def test_the_state_moves_with_its_partition_on_a_rebalance(
     assert "resumed: its card state loaded" in joiner.log()
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_a_partition_that_comes_back_reads_only_what_was_written_since(
-    topics_factory, service_factory, uninterrupted
+    topics_factory, service_factory, uninterrupted, guarantee
 ):
     # Replica one gives a partition up to two, keeps its cards, and gets it back when two stops:
     # it reads only two's changelog records, and the scores still equal an uninterrupted run's.
@@ -127,10 +128,11 @@ def test_a_partition_that_comes_back_reads_only_what_was_written_since(
     half = len(second) // 2
     topics = topics_factory(partitions=PARTITIONS)
     group = f"hist-back-{uuid.uuid4().hex[:8]}"
-    one = service_factory(topics, "--group-id", group, instance="one")
+    flags = ("--group-id", group, "--processing-guarantee", guarantee)
+    one = service_factory(topics, *flags, instance="one")
     send(topics.input, first)
     wait_decided(topics, FIRST)
-    two = service_factory(topics, "--group-id", group, instance="two")
+    two = service_factory(topics, *flags, instance="two")
     wait_logged(two, "resumed: its card state loaded")
     send(topics.input, second[:half])
     wait_decided(topics, FIRST + half)
