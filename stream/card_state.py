@@ -247,9 +247,10 @@ class CardState:
             kept = retained.get(partition)
             try:
                 if kept is not None:
-                    cards, records, newest = self._read_tail(partition, kept, progress)
+                    cards, records, newest, tail = self._read_tail(partition, kept, progress)
                 else:
                     cards, records, newest = self._read_changelog(partition, progress)
+                    tail = False
             except BaseException:
                 self._forget({partition})  # no half-restored partition stays in memory
                 raise
@@ -260,7 +261,7 @@ class CardState:
                 self._watermark[partition] = min(newest, self._clock.bound_ms())
                 self._last_eviction[partition] = time.monotonic()
             seconds = time.monotonic() - started
-            self._metrics.observe_state_restore(seconds)
+            self._metrics.observe_state_restore("tail" if tail else "whole", seconds, records)
             log.info(
                 "restored card state topic=%s partition=%s cards=%s changelog_records=%s%s "
                 "in %.3fs",
@@ -268,7 +269,7 @@ class CardState:
                 partition,
                 cards,
                 records,
-                "" if kept is None else f" (kept cards, changelog read from {kept.end})",
+                f" (kept cards, changelog read from {kept.end})" if tail and kept else "",
                 seconds,
             )
         self._report()
@@ -292,7 +293,9 @@ class CardState:
             for partition, end in ends.items():
                 if partition in watermarks:
                     self._retained[partition] = _Retained(end, watermarks[partition], until)
-        return [partition for partition in partitions if partition not in self._retained]
+            released = [partition for partition in partitions if partition not in self._retained]
+        self._report()
+        return released
 
     @property
     def retains(self) -> bool:
@@ -570,16 +573,16 @@ class CardState:
 
     def _read_tail(
         self, partition: int, kept: _Retained, progress: Callable[[], None]
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, int, bool]:
         """`_read_changelog` over the partition's kept cards, from the end it had when it went;
-        all of it when that offset is gone."""
+        all of it when that offset is gone. The last item says whether only the tail was read."""
         try:
             cards, records, newest = self._read_changelog(partition, progress, kept.end)
         except ChangelogTailGone as gone:
             log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
             self._forget({partition})
-            return self._read_changelog(partition, progress)
-        return cards, records, max(newest, kept.watermark)
+            return *self._read_changelog(partition, progress), False
+        return cards, records, max(newest, kept.watermark), True
 
     def _read_changelog(
         self, partition: int, progress: Callable[[], None], start: int = 0
@@ -608,7 +611,9 @@ class CardState:
     def _report(self) -> None:
         with self._lock:
             cards, size = len(self._history), self._history.nbytes
+            kept = len(self._retained)
         self._metrics.set_card_state(cards, size)
+        self._metrics.set_kept_partitions(kept)
 
 
 def _select(snapshot: CardSnapshot, keep: list[bool]) -> CardSnapshot:

@@ -236,8 +236,26 @@ class ServiceMetrics:
         )
         self._restore = Histogram(
             "fraud_state_restore_seconds",
-            "Time to restore one partition's card state from its changelog",
+            "Time to restore one partition's card state from its changelog, by what was read: "
+            "whole (the changelog from its start) or tail (a partition that came back with its "
+            "cards kept: only what was written since it went)",
+            ["read"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=r,
+        )
+        self._restore_records = Counter(
+            "fraud_state_restore_changelog_records",
+            "Changelog records read by card state restores, by what was read (whole or tail)",
+            ["read"],
+            registry=r,
+        )
+        for read in ("whole", "tail"):
+            self._restore.labels(read)
+            self._restore_records.labels(read)
+        self._kept = Gauge(
+            "fraud_state_kept_partitions",
+            "Partitions revoked with every change durable whose cards this replica keeps, not "
+            "owned, for FRAUD_STATE_RETAIN_S: a return reads only the changelog's tail",
             registry=r,
         )
         self._restoring = Gauge(
@@ -534,8 +552,12 @@ class ServiceMetrics:
     def record_poison(self, count: int) -> None:
         self._poison.inc(count)
 
-    def observe_state_restore(self, seconds: float) -> None:
-        self._restore.observe(seconds)
+    def observe_state_restore(self, read: str, seconds: float, changelog_records: int) -> None:
+        self._restore.labels(read).observe(seconds)
+        self._restore_records.labels(read).inc(changelog_records)
+
+    def set_kept_partitions(self, count: int) -> None:
+        self._kept.set(count)
 
     def set_restoring_partitions(self, count: int) -> None:
         self._restoring.set(count)

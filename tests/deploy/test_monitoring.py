@@ -105,14 +105,23 @@ UNITS = {
 }
 
 
-def _axes(panel: dict[str, Any]) -> dict[str, str]:
-    """legend → the axis it is drawn on ("left" unless an override moves it)."""
+def _axes(panel: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(matcher, legend or query refId) → the axis it is drawn on ("left" unless an override
+    moves it); an override matches a series by its name (byName) or by its query
+    (byFrameRefID, for a legend that names a label's values)."""
     placement = {}
     for override in panel.get("fieldConfig", {}).get("overrides", []):
+        matcher = override["matcher"]
+        assert matcher["id"] in ("byName", "byFrameRefID"), f"{panel['title']}: {matcher}"
         for prop in override.get("properties", []):
             if prop["id"] == "custom.axisPlacement":
-                placement[override["matcher"]["options"]] = prop["value"]
+                placement[matcher["id"], matcher["options"]] = prop["value"]
     return placement
+
+
+def _axis(placement: dict[tuple[str, str], str], target: dict[str, Any]) -> str:
+    by_name = placement.get(("byName", target.get("legendFormat", "")))
+    return by_name or placement.get(("byFrameRefID", target.get("refId", "")), "left")
 
 
 @pytest.mark.parametrize(
@@ -124,7 +133,7 @@ def test_a_panel_axis_carries_one_quantity_in_its_unit(panel: dict[str, Any]) ->
     placement = _axes(panel)
     by_axis: dict[str, set[str]] = {}
     for target in panel["targets"]:
-        axis = placement.get(target.get("legendFormat", ""), "left")
+        axis = _axis(placement, target)
         by_axis.setdefault(axis, set()).add(_quantity(target["expr"]))
     for axis, quantities in by_axis.items():
         assert len(quantities) == 1, f"{panel['title']}: {axis} axis mixes {quantities}"

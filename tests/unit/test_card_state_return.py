@@ -33,11 +33,22 @@ def features(state: CardState, batch: list[Record]) -> np.ndarray:
     return rows
 
 
-def given_up_and_moved_on(changelog: MemoryChangelog) -> tuple[CardState, int]:
+def restores(registry: CollectorRegistry, read: str) -> tuple[float | None, float | None]:
+    """How many restores of that kind (`read`: whole or tail) ran, and the records they read."""
+    labels = {"read": read}
+    return (
+        registry.get_sample_value("fraud_state_restore_seconds_count", labels),
+        registry.get_sample_value("fraud_state_restore_changelog_records_total", labels),
+    )
+
+
+def given_up_and_moved_on(
+    changelog: MemoryChangelog, registry: CollectorRegistry | None = None
+) -> tuple[CardState, int]:
     """Replica `a` decides FIRST on partitions 0 and 1, gives partition 1 up with its changelog's
     end; replica `b` restores it, decides SECOND's records of it, forgets one card (a tombstone,
     as an eviction writes) and gives it up again. Returns `a` and the end it kept."""
-    a = new_state(changelog, partitions=[0, 1], retain_s=600.0)
+    a = new_state(changelog, registry, partitions=[0, 1], retain_s=600.0)
     apply(a, changelog, FIRST)
     end = changelog.end(1)
     assert a.let_go([1], {1: end}) == [], "its cards are kept"
@@ -50,15 +61,20 @@ def given_up_and_moved_on(changelog: MemoryChangelog) -> tuple[CardState, int]:
 
 
 def test_a_partition_back_reads_only_the_tail_and_equals_a_full_replay() -> None:
-    changelog = MemoryChangelog()
-    a, end = given_up_and_moved_on(changelog)
+    changelog, registry = MemoryChangelog(), CollectorRegistry()
+    a, end = given_up_and_moved_on(changelog, registry)
     forgotten = of(1, FIRST)[0].transaction.card_id
     assert end > 0
+    assert registry.get_sample_value("fraud_state_kept_partitions") == 1
+    assert restores(registry, "tail") == (0, 0)
 
     a.restore([1])
     full = new_state(changelog, partitions=[1])
 
     assert changelog.reads[-2] == (1, end), "only the records written since it went"
+    assert registry.get_sample_value("fraud_state_kept_partitions") == 0
+    assert restores(registry, "tail") == (1, changelog.end(1) - end)
+    assert restores(registry, "whole") == (2, 0), "the first restores, of an empty changelog"
     expected = held(full, CARDS, 1)
     assert forgotten not in expected
     assert held(a, CARDS, 1) == expected
@@ -88,8 +104,8 @@ def test_a_kept_partition_is_not_owned_and_no_batch_changes_it() -> None:
 
 
 def test_a_changelog_that_lost_the_tail_is_read_whole() -> None:
-    changelog = MemoryChangelog()
-    a, end = given_up_and_moved_on(changelog)
+    changelog, registry = MemoryChangelog(), CollectorRegistry()
+    a, end = given_up_and_moved_on(changelog, registry)
     changelog.compact()
     changelog.delete_before(1, end + 1)  # retention took records the kept cards lack
 
@@ -97,6 +113,8 @@ def test_a_changelog_that_lost_the_tail_is_read_whole() -> None:
     full = new_state(changelog, partitions=[1])
 
     assert changelog.reads[-3:-1] == [(1, end), (1, 0)]
+    assert restores(registry, "tail") == (0, 0), "counted as a whole read"
+    assert restores(registry, "whole")[0] == 3, "partitions 0 and 1 at first, then 1"
     assert held(a, CARDS, 1) == held(full, CARDS, 1)
 
 

@@ -185,11 +185,14 @@ def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_r
         wait_until(lambda: state.owned() == [0])
         end = replica.changelog.end(1)
         assert end > 0 and gauge("fraud_card_state_cards") == held, "its cards kept"
+        assert gauge("fraud_state_kept_partitions") == 1
 
         replica.consumer.assign(tp(1))
         wait_until(lambda: state.owned() == [0, 1])
 
         assert replica.changelog.reads[-1] == (1, end), "only what was written since"
+        assert gauge("fraud_state_kept_partitions") == 0
+        assert gauge("fraud_state_restore_seconds_count", {"read": "tail"}) == 1
         cards = set(expected_states(range(100), 1))
         assert states(state, 1, cards) == expected_states(range(100), 1)
 
@@ -206,6 +209,7 @@ def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -
         wait_until(lambda: state.owned() == [0])
         kept = len(expected_states(range(100), 0))
         wait_until(lambda: gauge("fraud_card_state_cards") == kept, what="its cards forgotten")
+        assert gauge("fraud_state_kept_partitions") == 0
 
         replica.sink.fail_when = None
         replica.consumer.assign(tp(1))
@@ -323,7 +327,8 @@ def test_a_partition_restoring_its_state_never_stops_the_partitions_kept(guarant
         gate.set()
         wait_until(lambda: replica.progress().get((TOPIC, 1)) == 40, what="partition 1 scored")
         assert gauge("fraud_state_restoring_partitions") == 0
-        assert gauge("fraud_state_restore_seconds_count") == 2
+        assert gauge("fraud_state_restore_seconds_count", {"read": "whole"}) == 2
+        assert gauge("fraud_state_restore_changelog_records_total", {"read": "whole"}) == 20
         expected = expected_states(range(40), partition=1)
         assert states(state, 1, set(expected)) == expected, "scored on its restored history"
     assert replica.service.failure is None
