@@ -61,6 +61,15 @@ class CardSnapshot(NamedTuple):
     records: npt.NDArray[np.void]  # STATE_DTYPE, one per held key (in `keys` order)
 
 
+class Restored(NamedTuple):
+    """What `CardStore.restore_states` did with a run of changelog records."""
+
+    #: Why records were refused, one line each (their cards start anew).
+    rejected: list[str]
+    #: The newest event time the run's cards hold after it (-1: none held).
+    newest_event_ms: int
+
+
 class CardStore:
     """The rows of a set of cards, by key. Not thread-safe: one owner calls it."""
 
@@ -130,10 +139,16 @@ class CardStore:
     def _grow(self) -> None:
         old = len(self._times)
 
-        def doubled(array: npt.NDArray[_T]) -> npt.NDArray[_T]:
-            return np.concatenate((array, np.zeros_like(array)))
+        def doubled(array: npt.NDArray[_T], fill: int = 0) -> npt.NDArray[_T]:
+            # np.zeros maps pages the kernel zeroes when first written: only the old rows are
+            # copied now (a restore of a million cards doubles its columns ten times).
+            grown = np.zeros((2 * old, *array.shape[1:]), array.dtype)
+            if fill:
+                grown[old:] = fill
+            grown[:old] = array
+            return grown
 
-        self._times = np.concatenate((self._times, np.full_like(self._times, -1)))
+        self._times = doubled(self._times, -1)
         self._sums = doubled(self._sums)
         self._ring_minute = doubled(self._ring_minute)
         self._ring_merchant = doubled(self._ring_merchant)
@@ -243,13 +258,20 @@ class CardStore:
         A record that is not a state this version wrote (wrong length or version) forgets its
         card, which starts anew; the return value says why, one line per such record.
         """
-        records = list(records)
-        if self._restore_distinct_states(records):
-            return []
+        pairs = list(records)
+        keys, states = [key for key, _ in pairs], [state for _, state in pairs]
+        return self.restore_states(keys, states).rejected
+
+    def restore_states(self, keys: list[str], states: list[bytes | None]) -> Restored:
+        """`restore` of a run given as its keys and their states (a restore reads them so), and
+        the newest event time the run's cards hold after it."""
+        newest = self._restore_distinct_states(keys, states)
+        if newest is not None:
+            return Restored([], newest)
         #: key → (offset, state or None, whether a tombstone of this run came before it)
         last: dict[str, tuple[int, bytes | None, bool]] = {}
         rejected: list[str] = []
-        for key, state in records:
+        for key, state in zip(keys, states, strict=True):
             if state is not None and (len(state) != STATE_BYTES or state[0] != STATE_VERSION):
                 rejected.append(
                     f"card {key!r}: not a version {STATE_VERSION} card state "
@@ -267,8 +289,6 @@ class CardStore:
                 last[key] = (offset, state, before[2])
         self.forget([key for key, (_, state, _) in last.items() if state is None])
         loaded = [(key, entry) for key, entry in last.items() if entry[1] is not None]
-        if not loaded:
-            return rejected
         # A state loads past what its card holds from earlier chunks, unless a tombstone of
         # this chunk forgot that.
         index = self._index
@@ -278,47 +298,46 @@ class CardStore:
         anew = np.array([after for _, (_, _, after) in loaded], np.bool_)
         newer = anew | (offsets >= held)
         kept = [entry for entry, new in zip(loaded, newer.tolist(), strict=True) if new]
-        if not kept:
-            return rejected
-        rows = self._rows_for([key for key, _ in kept])
-        data = b"".join([state for _, (_, state, _) in kept if state is not None])
-        self._load(rows, np.frombuffer(data, SERIALIZED_STATE_DTYPE)["state"])
-        self._dirty[rows] = False
-        return rejected
+        if kept:
+            rows = self._rows_for([key for key, _ in kept])
+            data = b"".join([state for _, (_, state, _) in kept if state is not None])
+            self._load(rows, np.frombuffer(data, SERIALIZED_STATE_DTYPE)["state"])
+            self._dirty[rows] = False
+        held_now = np.array([index[key] for key in last if key in index], np.int64)
+        return Restored(rejected, int(self._times[held_now, 0].max()) if len(held_now) else -1)
 
-    def _restore_distinct_states(self, records: list[tuple[str, bytes | None]]) -> bool:
-        """`restore` of a run whose keys are distinct and whose records are all states this
-        version wrote (most chunks of a compacted changelog), in a few numpy passes instead of
-        a step per record; False, loading nothing, for any other run."""
-        keys = [key for key, _ in records]
-        states = [state for _, state in records]
-        if not records or None in states or len(set(keys)) < len(keys):
-            return False
-        sizes = np.fromiter(map(len, cast(list[bytes], states)), np.int64, len(states))
+    def _restore_distinct_states(self, keys: list[str], states: list[bytes | None]) -> int | None:
+        """`restore_states` of a run whose keys are distinct and whose records are all states
+        this version wrote (most chunks of a compacted changelog), in a few numpy passes instead
+        of a step per record: the newest event time its cards hold after it; None, loading
+        nothing, for any other run."""
+        if not keys or None in states or len(set(keys)) < len(keys):
+            return None
+        present = cast(list[bytes], states)
+        sizes = np.fromiter(map(len, present), np.int64, len(present))
         if (sizes != STATE_BYTES).any():
-            return False
-        parsed = np.frombuffer(b"".join(cast(list[bytes], states)), SERIALIZED_STATE_DTYPE)
+            return None
+        parsed = np.frombuffer(b"".join(present), SERIALIZED_STATE_DTYPE)
         if (parsed["version"] != STATE_VERSION).any():
-            return False
+            return None
         loaded = parsed["state"]
         # A state loads past what its card holds from earlier runs (ties: the later one).
         index = self._index
-        held_rows = np.array([index.get(key, -1) for key in keys], np.int64)
-        held = np.where(held_rows >= 0, self._times[held_rows, 1], -1)
-        newer = loaded["offset"] >= held
+        rows = np.array([index.get(key, -1) for key in keys], np.int64)
+        new = rows < 0
+        newer = new | (loaded["offset"] >= self._times[rows, 1])
+        if new.any():  # one lookup per key: the new cards' rows are taken from what it found
+            fresh = [key for key, is_new in zip(keys, new.tolist(), strict=True) if is_new]
+            taken = self._take_rows(fresh)
+            self._clear(taken)
+            rows[new] = taken
         if not newer.all():
-            keys = [key for key, new in zip(keys, newer.tolist(), strict=True) if new]
-            loaded = loaded[newer]
-        rows = self._rows_for(keys)
-        self._load(rows, loaded)
-        self._dirty[rows] = False
-        return True
-
-    def newest_event_ms(self, keys: Iterable[str]) -> int:
-        """The newest event time any of these cards applied (-1: none)."""
-        index = self._index
-        rows = np.array([index[key] for key in keys if key in index], np.int64)
-        return int(self._times[rows, 0].max()) if len(rows) else -1
+            loaded, changed = loaded[newer], rows[newer]
+        else:
+            changed = rows
+        self._load(changed, loaded)
+        self._dirty[changed] = False
+        return int(self._times[rows, 0].max())
 
     def __len__(self) -> int:
         return len(self._index)

@@ -597,13 +597,13 @@ class CardState:
             for first in range(0, len(read_chunk), RESTORE_APPLY_CHUNK):
                 chunk = read_chunk[first : first + RESTORE_APPLY_CHUNK]
                 keys = [prefix + card for card, _ in chunk]
-                records = [(key, state) for key, (_, state) in zip(keys, chunk, strict=True)]
+                states = [state for _, state in chunk]
                 with self._lock:
                     held = len(self._history)
-                    problems = self._history.restore(records)
-                    newest = max(newest, self._history.newest_event_ms(keys))
+                    restored = self._history.restore_states(keys, states)
+                    newest = max(newest, restored.newest_event_ms)
                     cards += len(self._history) - held
-                for problem in problems:
+                for problem in restored.rejected:
                     log.warning("skipping a card state record (the card starts anew): %s", problem)
             read += len(read_chunk)
         return cards, read, newest

@@ -11,8 +11,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
+import stream.card_state as card_state_module
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction, decode_transaction
@@ -222,13 +224,20 @@ def test_a_restore_keeps_the_highest_offset_and_starts_anew_after_a_tombstone() 
         assert applied(in_one, "c") == applied(chunked, "c") == expected, log
 
 
-def test_a_restored_partition_knows_a_stale_record() -> None:
+@pytest.mark.parametrize("chunk", [1, 100_000], ids=["records-one-by-one", "one-run-with-repeats"])
+def test_a_restored_partition_knows_a_stale_record(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A restore used to start the partition's clock anew: the first record after it, however
     # old, was applied, so a replay of last year's records after a rebalance rewrote cards the
-    # owner before would have left alone.
-    changelog = MemoryChangelog()
+    # owner before would have left alone. Read one record at a time, every run is distinct
+    # (`CardStore`'s numpy path); read whole, the run repeats cards (its step-by-step path).
+    monkeypatch.setattr(card_state_module, "RESTORE_APPLY_CHUNK", chunk)
+    changelog = MemoryChangelog(chunk=chunk)
     records = stream()
-    apply(new_state(changelog), changelog, records)
+    owner = new_state(changelog)
+    for half in (records[: len(records) // 2], records[len(records) // 2 :]):
+        apply(owner, changelog, half)  # two batches: cards repeat in the changelog
     registry = CollectorRegistry()
     restored = new_state(changelog, registry)
     cards = {r.transaction.card_id for r in records}

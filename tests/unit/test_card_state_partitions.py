@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.card_record import STATE_BYTES, STATE_VERSION
-from scorer.card_store import CardStore
+from scorer.card_store import CardStore, Restored
 from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
@@ -223,13 +223,13 @@ def test_a_restore_holds_the_state_lock_for_a_piece_of_each_read_only(
     registry = CollectorRegistry()
     state = new_state([], registry, changelog=changelog)
     holds: list[tuple[int, bool]] = []
-    load = CardStore.restore
+    load = CardStore.restore_states
 
-    def recorded(store: CardStore, records: list[tuple[str, bytes | None]]) -> list[str]:
-        holds.append((len(records), state._lock.locked()))
-        return load(store, records)
+    def recorded(store: CardStore, keys: list[str], states: list[bytes | None]) -> Restored:
+        holds.append((len(keys), state._lock.locked()))
+        return load(store, keys, states)
 
-    monkeypatch.setattr(CardStore, "restore", recorded)
+    monkeypatch.setattr(CardStore, "restore_states", recorded)
     state.restore([0])
     piece = card_state_module.RESTORE_APPLY_CHUNK
     assert holds == [(piece, True), (piece, True), (2_500 - 2 * piece, True)]
