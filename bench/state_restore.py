@@ -12,6 +12,7 @@ the end.
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import sys
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             time_scale=1.0,
             metrics=ServiceMetrics(registry),
         )
+        # As the service does once started (stream/startup/cli.py): what is loaded by now stays
+        # out of the collector's full passes, which otherwise took 1.4 of a 3.7 s restore here.
+        gc.freeze()
         rss_before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         state.restore([0])
