@@ -238,10 +238,14 @@ class CardState:
         stuck replica)."""
         # Only a partition whose state is loaded has cards (a restore that failed or was
         # cancelled forgot what it read): asking the others would scan every card for nothing.
+        now = time.monotonic()
         with self._lock:
             held = {partition for partition in partitions if partition in self._watermark}
             retained = {p: self._retained.pop(p) for p in partitions if p in self._retained}
-        self._forget(held)
+        # Kept past their time (the restore thread was too busy to forget them): read whole.
+        expired = {partition for partition, kept in retained.items() if kept.until <= now}
+        retained = {p: kept for p, kept in retained.items() if p not in expired}
+        self._forget(held | expired)
         for partition in partitions:
             started = time.monotonic()
             kept = retained.get(partition)

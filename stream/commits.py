@@ -75,14 +75,15 @@ class TransactionCommits:
             self._transactions.commit_if_due(time.monotonic())
         except TransactionAborted:
             return True
-        return False
+        return self._transactions.rewind_needed
 
     def commit_now(self) -> bool:
         try:
             self._transactions.commit()
         except TransactionAborted:
             return True
-        return False
+        # An abort elsewhere (a revoke's flush) needs the rewind as much as one here.
+        return self._transactions.rewind_needed
 
 
 def committed_positions(

@@ -202,6 +202,8 @@ class Rebalance:
         callback: no next owner can have written there yet."""
         if self._card_state is None or not self._card_state.retains:
             return None
+        if self._shutdown_deadline is not None:  # stopping: nothing will come back here
+            return None
         topic = self._card_state.changelog_topic
         restored = [p.partition for p in partitions if (p.topic, p.partition) not in self.restoring]
         if not restored:

@@ -278,6 +278,27 @@ class TransactionalSink:
         is not ready)."""
         return self.commit_pending or self.abort_pending or self._registering
 
+    @property
+    def rewind_needed(self) -> bool:
+        """Whether an abort dropped outputs the consumer must read again: until `end_rewind`
+        says it is back at the committed offsets. A revoke's `flush` that aborts says it only
+        so."""
+        return self._discarding
+
+    @property
+    def settled(self) -> bool:
+        """Whether every output written so far is committed: no transaction open, none
+        waiting for another try of its commit or abort, none aborted and not yet read again."""
+        with self._lock:
+            return not (
+                self._open
+                or self.commit_pending
+                or self.abort_pending
+                or self._registering
+                or self._discarding
+                or self._doomed
+            )
+
     def end_rewind(self) -> None:
         """The consumer is back at the committed offsets: accept outputs again."""
         with self._lock:

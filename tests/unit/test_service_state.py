@@ -195,6 +195,8 @@ def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_r
         assert gauge("fraud_state_restore_seconds_count", {"read": "tail"}) == 1
         cards = set(expected_states(range(100), 1))
         assert states(state, 1, cards) == expected_states(range(100), 1)
+    # Stopping revokes every partition: nothing will come back to a replica that stops.
+    assert gauge("fraud_state_kept_partitions") == 0
 
 
 def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -> None:
@@ -215,6 +217,54 @@ def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -
         replica.consumer.assign(tp(1))
         wait_until(lambda: state.owned() == [0, 1])
         assert replica.changelog.reads[-1] == (1, 0), "its whole changelog"
+
+
+@pytest.mark.parametrize("commit_fails", ["aborted", "retried"])
+def test_a_revoke_whose_transaction_does_not_commit_keeps_no_cards(commit_fails: str) -> None:
+    # Exactly-once: the revoke's commit aborted (or failed and was retried, then aborted), yet
+    # the cards were kept with the aborted updates; the return read only the changelog's tail,
+    # and the kept cards, newer by input offset, stayed unlike the changelog for good. After
+    # the abort nothing rewound the partition kept either: it never committed again.
+    with Replica(card_state=True, processing_guarantee="exactly-once", transaction_ms=1.0) as r:
+        state = r.card_state
+        assert state is not None
+        r.consumer.assign(tp(0, 1))
+        wait_until(lambda: state.owned() == [0, 1])
+        r.consumer.feed(interleaved(0, 50))
+        wait_until(lambda: r.committed() == {(TOPIC, 0): 50, (TOPIC, 1): 50})
+        r.transactions._commit_interval_s = 3600.0  # type: ignore[union-attr]
+        r.consumer.feed(interleaved(50, 100))
+        cards = set(expected_states(range(100), 1))
+        wait_until(
+            lambda: states(state, 1, cards) == expected_states(range(100), 1),
+            what="records 50 to 99 applied in the open transaction",
+        )
+        if commit_fails == "aborted":
+            r.producer.fail_next_commit = KafkaError(
+                KafkaError._STATE, "transaction failed", txn_requires_abort=True
+            )
+        else:
+            r.producer.commit_error = KafkaError(KafkaError._TIMED_OUT, "timeout", retriable=True)
+        r.consumer.revoke(tp(1))
+        wait_until(lambda: state.owned() == [0])
+        gauge = r.metrics.registry.get_sample_value
+        assert gauge("fraud_state_kept_partitions") == 0
+        if commit_fails == "retried":
+            r.producer.commit_error = KafkaError(
+                KafkaError._STATE, "fenced", txn_requires_abort=True
+            )
+            wait_until(lambda: r.consumer.seeks, what="the abort's rewind")
+            r.producer.commit_error = None
+        r.transactions._commit_interval_s = 0.001  # type: ignore[union-attr]
+        r.consumer.feed(messages(0, range(100, 150)))
+        wait_until(
+            lambda: r.committed().get((TOPIC, 0), 0) == 150, what="the partition kept commits"
+        )
+
+        r.consumer.assign(tp(1))
+        wait_until(lambda: state.owned() == [0, 1])
+        assert r.changelog.reads[-1] == (1, 0), "its whole changelog"
+        assert states(state, 1, cards) == states(restored(r.changelog, [1]), 1, cards)
 
 
 def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
