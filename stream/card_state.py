@@ -57,6 +57,11 @@ Key design decisions:
   back after a full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted
   by retention, or truncated) is read whole, as is a partition kept past `retain_s`; a retained
   partition is not owned, so no batch changes it and a record sent again skips its cards.
+- Warm start (`warm_up`, FRAUD_STATE_WARM_UP): a replica about to join reads every partition's
+  changelog up to the end it has then and keeps the cards as a warm return does, so the
+  partitions it is given read only what their owners wrote since. Reading from an end taken
+  before the read re-applies the records written during it: harmless, since applying a record
+  again over cards that hold it changes nothing (the same state ties, an older one loses).
 - A lock orders the restore thread's restores and the consuming thread's drops against the
   batches; a restore takes it per `RESTORE_APPLY_CHUNK` records loaded, so batches of other
   partitions go on meanwhile, waiting a few milliseconds at most.
@@ -149,6 +154,14 @@ class Changelog(Protocol):
         """The partition's records from offset `start` (0: all of them) up to the end it has
         now, in chunks; `progress` is called after every read (a long restore is not a stuck
         replica). Raises `ChangelogTailGone` when a `start` past 0 is not in the partition."""
+        ...
+
+    def end(self, partition: int) -> int:
+        """The offset the partition's next record will get."""
+        ...
+
+    def partition_ids(self) -> list[int]:
+        """The topic's partitions."""
         ...
 
 
@@ -300,6 +313,41 @@ class CardState:
             released = [partition for partition in partitions if partition not in self._retained]
         self._report()
         return released
+
+    def warm_up(self, progress: Callable[[], None] = _nothing) -> None:
+        """Before joining the group, load every partition of the changelog that this replica
+        does not own, each up to the end it has now, and keep their cards as `let_go` keeps
+        those of a partition revoked cleanly: an assignment then reads only what was written
+        since, and the cards of the partitions not given are forgotten once `retain_s` passes.
+        Nothing when `retain_s` is 0. `progress` as for `restore`."""
+        if not self.retains:
+            return
+        for partition in self._changelog.partition_ids():
+            with self._lock:
+                if partition in self._watermark or partition in self._retained:
+                    continue
+            started = time.monotonic()
+            end = self._changelog.end(partition)
+            try:
+                cards, records, newest = self._read_changelog(partition, progress)
+            except BaseException:
+                self._forget({partition})
+                raise
+            with self._lock:
+                self._retained[partition] = _Retained(
+                    end, min(newest, self._clock.bound_ms()), time.monotonic() + self._retain_s
+                )
+            log.info(
+                "warmed up card state topic=%s partition=%s cards=%s changelog_records=%s "
+                "(kept until assigned, up to %ss) in %.3fs",
+                self.changelog_topic,
+                partition,
+                cards,
+                records,
+                self._retain_s,
+                time.monotonic() - started,
+            )
+        self._report()
 
     @property
     def retains(self) -> bool:
@@ -637,6 +685,26 @@ class KafkaChangelog:
     def __init__(self, kafka: Mapping[str, Any], topic: str) -> None:
         self._kafka = dict(kafka)
         self.topic = topic
+
+    def partition_ids(self) -> list[int]:
+        consumer = Consumer({**self._kafka, "group.id": f"{self.topic}-restore"})
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=RESTORE_IDLE_TIMEOUT_S)
+        finally:
+            consumer.close()
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise RuntimeError(
+                f"changelog {self.topic} cannot be listed: {None if topic is None else topic.error}"
+            )
+        return sorted(topic.partitions)
+
+    def end(self, partition: int) -> int:
+        consumer = Consumer({**self._kafka, "group.id": f"{self.topic}-restore"})
+        try:
+            return watermarks(consumer, TopicPartition(self.topic, partition))[1]
+        finally:
+            consumer.close()
 
     def read(self, partition: int, progress: Callable[[], None], start: int = 0) -> Iterator[Chunk]:
         consumer = Consumer(

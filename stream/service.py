@@ -49,6 +49,10 @@ IDLE_POLL_S = 0.1
 HANDOFF_WAIT_MAX_S = 1.0
 
 
+class _Stopped(Exception):
+    """Raised inside the card state's warm-up when the replica is told to stop."""
+
+
 class ScoringService:
     """Runs one replica until `stop()`; then drains, commits and closes the consumer.
 
@@ -180,6 +184,7 @@ class ScoringService:
                 cards.loaded,
                 f"{len(cards)} cards so far; cards not read yet count no fraud",
             )
+        self._warm_up_card_state()
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._rebalance.on_assign,
@@ -193,6 +198,27 @@ class ScoringService:
         finally:
             self._health.set_ready(False, "shutting down")
             self._shut_down()
+
+    def _warm_up_card_state(self) -> None:
+        """FRAUD_STATE_WARM_UP: read every partition's card state before joining the group, so
+        the partitions given to this replica read only the changelog written since (not ready
+        meanwhile; a stop ends it)."""
+        state = self._card_state
+        if state is None or self._config.state_warm_up != "on":
+            return
+
+        def progress() -> None:
+            self._health.beat()
+            if self._stopping.is_set():
+                raise _Stopped
+
+        self._health.set_ready(False, "warming up the card state")
+        started = time.monotonic()
+        try:
+            state.warm_up(progress)
+        except _Stopped:
+            return
+        log.info("card state warmed up in %.3fs: joining the group", time.monotonic() - started)
 
     def _wait_for_table(self, name: str, loaded: threading.Event, meanwhile: str) -> None:
         """Read a table's topic up to its end before consuming, so that a restarted replica

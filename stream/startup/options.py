@@ -276,6 +276,17 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             le=86_400,
         ),
     ] = 600.0
+    state_warm_up: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_STATE_WARM_UP",
+            "on: before joining the group, read every partition's changelog and keep the cards "
+            "as for a partition given up (FRAUD_STATE_RETAIN_S), so the partitions this replica "
+            "is then given read only the changelog written since instead of all of it, and the "
+            "replicas they come from are not left waiting for a whole restore. Memory: every "
+            "partition's cards until FRAUD_STATE_RETAIN_S passes; start-up: the reading",
+        ),
+    ] = "off"
     max_clock_skew_ms: Annotated[
         int,
         meta(

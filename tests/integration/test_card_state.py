@@ -16,11 +16,12 @@ CARDS = 3 * RESTORE_BATCH
 STATE = bytes([STATE_VERSION]) + bytes(STATE_BYTES - 1)
 
 
-def card_state(changelog: str, registry: CollectorRegistry) -> CardState:
+def card_state(changelog: str, registry: CollectorRegistry, retain_s: float = 0.0) -> CardState:
     return CardState(
         KafkaChangelog({"bootstrap.servers": BOOTSTRAP}, changelog),
         time_scale=1.0,
         metrics=ServiceMetrics(registry),
+        retain_s=retain_s,
     )
 
 
@@ -65,3 +66,24 @@ def test_a_restore_does_not_chase_records_written_after_it_began(topics_factory)
 
     assert late, "the restore never reported progress"
     assert registry.get_sample_value("fraud_card_state_cards") == CARDS
+
+
+def test_a_warm_up_reads_every_partition_and_an_assignment_only_what_came_since(
+    topics_factory,
+) -> None:
+    changelog = topics_factory(partitions=2).input
+    produce(changelog, [(f"card-{i}".encode(), STATE) for i in range(1_000)])
+    registry = CollectorRegistry()
+    state = card_state(changelog, registry, retain_s=600.0)
+
+    state.warm_up()
+
+    assert registry.get_sample_value("fraud_state_kept_partitions") == 2
+    assert registry.get_sample_value("fraud_card_state_cards") == 1_000
+    produce(changelog, [(f"late-{i}".encode(), STATE) for i in range(100)])
+    state.restore([0, 1])
+    tail = registry.get_sample_value(
+        "fraud_state_restore_changelog_records_total", {"read": "tail"}
+    )
+    assert tail == 100, "only the records written since the warm-up"
+    assert registry.get_sample_value("fraud_card_state_cards") == 1_100

@@ -87,6 +87,10 @@ class MemoryChangelog:
         self._offsets.setdefault(partition, []).append(self.end(partition))
         self._end[partition] = self.end(partition) + 1
 
+    def partition_ids(self) -> list[int]:
+        """The partitions that hold records (or held some)."""
+        return sorted(self._end)
+
     def end(self, partition: int) -> int:
         """The offset the next record of `partition` gets."""
         return self._end.get(partition, 0)

@@ -169,3 +169,60 @@ def test_a_partition_back_with_nothing_written_since_keeps_its_clock() -> None:
     columns = TransactionColumns.from_transactions([stale[0].transaction])
     assert changes(a.update(stale, columns)[1]) == []
     assert held(a, CARDS, 1) == held(full, CARDS, 1)
+
+
+def test_a_replica_warmed_up_reads_only_what_was_written_since() -> None:
+    # FRAUD_STATE_WARM_UP: a replica about to join loads every partition, kept; the one it is
+    # given reads from the end noted then, and equals a full replay of what its owner wrote
+    # meanwhile (a tombstone included).
+    changelog, registry = MemoryChangelog(), CollectorRegistry()
+    owner = new_state(changelog, partitions=[0, 1])
+    apply(owner, changelog, FIRST)
+    joining = new_state(changelog, registry, partitions=[], retain_s=600.0)
+    reads = len(changelog.reads)
+
+    joining.warm_up()
+
+    assert changelog.reads[reads:] == [(0, 0), (1, 0)]
+    assert registry.get_sample_value("fraud_state_kept_partitions") == 2
+    assert joining.owned() == []
+    end = changelog.end(1)
+    apply(owner, changelog, SECOND)
+    changelog.append(1, of(1, FIRST)[0].transaction.card_id, None)
+
+    joining.restore([1])
+    full = new_state(changelog, partitions=[1])
+
+    assert changelog.reads[-2] == (1, end)
+    assert held(joining, CARDS, 1) == held(full, CARDS, 1)
+    later = of(1, THIRD)
+    assert np.array_equal(features(joining, later), features(full, later))
+    assert registry.get_sample_value("fraud_state_kept_partitions") == 1, "partition 0 kept"
+
+
+def test_records_written_while_warming_up_are_read_again_harmlessly() -> None:
+    # The end is noted before the read, which goes on to the end it finds: what the owner
+    # wrote in between is read again at the assignment, over cards that already hold it.
+    changelog = MemoryChangelog()
+    owner = new_state(changelog, partitions=[0, 1])
+    apply(owner, changelog, FIRST)
+    apply(owner, changelog, SECOND[:1_000])
+    joining = new_state(changelog, partitions=[], retain_s=600.0)
+    noted = changelog.end(1) - 300
+    changelog.end = lambda partition: noted  # type: ignore[method-assign]
+    joining.warm_up()
+    del changelog.end  # the real one again
+
+    joining.restore([1])
+
+    assert changelog.reads[-1] == (1, noted)
+    assert held(joining, CARDS, 1) == held(new_state(changelog, partitions=[1]), CARDS, 1)
+
+
+def test_no_warm_up_without_retain() -> None:
+    changelog = MemoryChangelog()
+    apply(new_state(changelog, partitions=[0, 1]), changelog, FIRST)
+    joining = new_state(changelog, partitions=[], retain_s=0.0)
+    reads = len(changelog.reads)
+    joining.warm_up()
+    assert len(changelog.reads) == reads

@@ -199,6 +199,26 @@ def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_r
     assert gauge("fraud_state_kept_partitions") == 0
 
 
+def test_a_replica_warmed_up_joins_then_reads_only_the_tail_of_what_it_is_given() -> None:
+    replica = Replica(card_state=True, state_warm_up="on")
+    changelog = replica.changelog
+    for partition in (0, 1):
+        for card, card_state in expected_states(range(40), partition).items():
+            changelog.append(partition, card, card_state)
+    with replica:
+        state = replica.card_state
+        assert state is not None
+        wait_until(lambda: changelog.reads[:2] == [(0, 0), (1, 0)], what="the warm-up")
+        end = changelog.end(1)
+        replica.consumer.assign(tp(1))
+        wait_until(lambda: state.owned() == [1])
+        assert changelog.reads[2:] == [(1, end)], "only the tail of the partition given"
+        replica.consumer.feed(messages(1, range(40, 60)))
+        wait_until(lambda: replica.progress().get((TOPIC, 1)) == 60)
+        cards = set(expected_states(range(60), 1))
+        assert states(state, 1, cards) == expected_states(range(60), 1)
+
+
 def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -> None:
     # Its kept cards would hold a state the changelog lacks: a return must read it all.
     with Replica(card_state=True) as replica:
