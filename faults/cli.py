@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         "service's own default is 67,108,864)",
     )
     parser.add_argument(
+        "--state-warm-up",
+        choices=("on", "off"),
+        default=Settings.state_warm_up,
+        help="scenario 6: whether its replicas read every partition's card state before they "
+        "join the group (the service's FRAUD_STATE_WARM_UP, off by default there; "
+        "default here: %(default)s)",
+    )
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=DEFAULT_STATE_DIR,
@@ -218,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rate=timing.rate,
                     max_in_flight_records=args.max_in_flight_records,
                     max_in_flight_bytes=args.max_in_flight_bytes,
+                    state_warm_up=args.state_warm_up,
                 )
                 result = run_one(broker, scenario, settings, timing, log_dir, args.keep_topics)
                 rows.append((scenario, result))

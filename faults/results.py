@@ -20,6 +20,9 @@ class Settings:
     max_in_flight_records: int = 800
     max_in_flight_bytes: int = 1_048_576
     seed: int = 11
+    #: Scenario 6's replicas read every partition's card state before joining
+    #: (FRAUD_STATE_WARM_UP).
+    state_warm_up: str = "on"
 
     @property
     def mode(self) -> str:

@@ -276,7 +276,9 @@ def delete_dlq(run: ScenarioRun, t: Timing) -> None:
 
 def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
     """6. Replica a starts alone with `t.held_cards` cards' state in its changelog; under load,
-    b joins (the partitions it takes are restored on b, in the background), stays `t.joined_s`
+    b joins (the partitions it takes are restored on b, in the background; with the settings'
+    `state_warm_up`, b reads every partition before joining and then only their tails), stays
+    `t.joined_s`
     and leaves with SIGTERM (a restores them again, in the background). Each fault lasts until
     the moved partitions are resumed. Checked: the longest gap between decisions of each
     partition a kept throughout (never revoked, in its log), against `KEPT_GAP_GOAL_MS`."""
@@ -285,7 +287,8 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
         run.bootstrap, run.changelog_topic, t.held_cards, seed=run.settings.seed
     )
     everything = set(range(run.settings.partitions))
-    a = run.replica("a")
+    warm_up = ("--state-warm-up", run.settings.state_warm_up)
+    a = run.replica("a", *warm_up)
     run.wait_assigned([a], RECOVERY_TIMEOUT_S)
     run.wait_until(_resumed(a, 0, everything), RECOVERY_TIMEOUT_S, "a's card state restored")
     held_at_start = a.metrics()["fraud_card_state_cards"]
@@ -293,7 +296,7 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
     run.start_load()
     time.sleep(t.warm_s)
     with run.fault("b joins"):
-        b = run.replica("b")
+        b = run.replica("b", *warm_up)
         run.wait_assigned([a, b], RECOVERY_TIMEOUT_S)
         moved = set(run.assignment()[1][b.name])
         run.wait_until(_resumed(b, 0, moved), RECOVERY_TIMEOUT_S, "b's card state restored")
@@ -307,6 +310,7 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
     back_log = _log(a)[back_at:]
     figures = run.result.figures
     figures["held_cards"] = f"{t.held_cards}"
+    figures["state_warm_up"] = run.settings.state_warm_up
     figures["changelog_fill_s"] = f"{fill_s:.1f}"
     figures["a_cards_at_start"] = f"{held_at_start:.0f}"
     figures["a_cards_at_end"] = f"{a.metrics()['fraud_card_state_cards']:.0f}"

@@ -51,6 +51,11 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "partition.assignment.strategy": "cooperative-sticky",
     # A crashed replica's partitions move after 10 s instead of the default 45 s.
     "session.timeout.ms": 10_000,
+    # A member learns that the group rebalances at its next heartbeat. A cooperative
+    # rebalance takes two rounds, and the partitions on the move wait for the second, so with
+    # the default 3 s every partition a replica took at a join waited up to 3 s more
+    # (docs/faults.md, scenario 6). Twice a second is a small request to the coordinator.
+    "heartbeat.interval.ms": 500,
     # Per-partition lag arrives through the statistics callback (stream/lag.py).
     "statistics.interval.ms": STATISTICS_INTERVAL_MS,
 }
