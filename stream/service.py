@@ -218,6 +218,10 @@ class ScoringService:
             state.warm_up(progress)
         except _Stopped:
             return
+        except (KafkaException, RuntimeError, TimeoutError) as exc:
+            # The partitions read whole are kept; the others restore whole once given.
+            log.warning("card state warm-up failed (%s): joining without the rest of it", exc)
+            return
         log.info("card state warmed up in %.3fs: joining the group", time.monotonic() - started)
 
     def _wait_for_table(self, name: str, loaded: threading.Event, meanwhile: str) -> None:

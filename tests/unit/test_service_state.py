@@ -219,6 +219,21 @@ def test_a_replica_warmed_up_joins_then_reads_only_the_tail_of_what_it_is_given(
         assert states(state, 1, cards) == expected_states(range(60), 1)
 
 
+def test_a_warm_up_that_fails_leaves_the_replica_to_join_cold() -> None:
+    replica = Replica(card_state=True, state_warm_up="on")
+
+    def unlisted() -> list[int]:
+        raise RuntimeError("changelog cards-changelog cannot be listed")
+
+    replica.changelog.partition_ids = unlisted  # type: ignore[method-assign]
+    with replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(20)))
+        wait_until(lambda: replica.progress().get((TOPIC, 0)) == 20)
+        assert replica.changelog.reads[-1] == (0, 0), "restored whole"
+    assert replica.service.failure is None
+
+
 def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -> None:
     # Its kept cards would hold a state the changelog lacks: a return must read it all.
     with Replica(card_state=True) as replica:
