@@ -278,10 +278,10 @@ def rebalance_with_held_state(run: ScenarioRun, t: Timing) -> None:
     """6. Replica a starts alone with `t.held_cards` cards' state in its changelog; under load,
     b joins (the partitions it takes are restored on b, in the background; with the settings'
     `state_warm_up`, b reads every partition before joining and then only their tails), stays
-    `t.joined_s`
-    and leaves with SIGTERM (a restores them again, in the background). Each fault lasts until
-    the moved partitions are resumed. Checked: the longest gap between decisions of each
-    partition a kept throughout (never revoked, in its log), against `KEPT_GAP_GOAL_MS`."""
+    `t.joined_s` and leaves with SIGTERM (a restores them again, in the background, reading
+    only what b wrote when it kept their cards). Each fault lasts until the moved partitions
+    are resumed. Checked: the longest gap between decisions of each partition a kept
+    throughout (never revoked, in its log), against `KEPT_GAP_GOAL_MS`."""
     run.create_topics([run.changelog_topic], CHANGELOG_CONFIG)
     fill_s = write_held_states(
         run.bootstrap, run.changelog_topic, t.held_cards, seed=run.settings.seed
