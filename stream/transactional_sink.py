@@ -261,6 +261,7 @@ class TransactionalSink:
             except KafkaException as exc:
                 error = cast(KafkaError, exc.args[0])
                 if error.fatal():
+                    _log_fatal(error)
                     raise
                 if error.retriable():
                     log.warning("abort not confirmed yet (%s): retrying", error.str())
@@ -337,6 +338,7 @@ class TransactionalSink:
         except KafkaException as exc:
             error = cast(KafkaError, exc.args[0])
             if error.fatal() or not error.retriable():
+                _log_fatal(error)
                 raise
             log.warning("new producer not registered yet (%s): retrying", error.str())
             self._metrics.set_delivery_stalled(True)
@@ -367,7 +369,7 @@ class TransactionalSink:
 
     def _on_commit_error(self, error: KafkaError, positions: dict[Any, int]) -> None:
         if error.fatal():
-            log.error("fatal transaction error (another replica took over?): %s", error.str())
+            _log_fatal(error)
             raise KafkaException(error)
         if error.txn_requires_abort():
             log.warning("transaction failed (%s): aborting, reading again from the commit", error)
@@ -428,3 +430,9 @@ class TransactionalSink:
             self._refused.remember(output, translated)
         if output.kind == "dead_letter":
             self._metrics.record_dead_letter_produce_failure(error.name())
+
+
+def _log_fatal(error: KafkaError) -> None:
+    """Say why the replica stops, alike for a commit, an abort or a registration that failed
+    for good (the fault suite tells such an exit from a crash by this line)."""
+    log.error("fatal transaction error (another replica took over?): %s", error.str())

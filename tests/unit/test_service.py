@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import msgspec
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from contracts.errors import TransientDeliveryError
 from tests.support.waiting import wait_until
@@ -309,6 +309,37 @@ def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() ->
         wait_until(lambda: replica.health.ready()[0])
     assert replica.service.failure is None
     assert len(replica.producer.committed) == len(replica.decided()) == 120
+
+
+def test_an_abort_refused_for_good_stops_the_replica_saying_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by the fault suite (broker killed, exactly-once): the abort after a lost session
+    # was fenced; the replica stopped as it must, but without the line that tells such an
+    # exit from a crash (the commit's fatal error had it, the abort's did not).
+    replica = Replica(processing_guarantee="exactly-once", transaction_ms=1.0)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            replica.service.run()
+        except KafkaException as exc:  # what `fraud-scorer run` exits 1 on
+            raised.append(exc)
+
+    replica.thread = threading.Thread(target=run, daemon=True)
+    with replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(50)))
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
+        replica.producer.abort_error = KafkaError(
+            KafkaError._FENCED, "fenced by a newer instance", fatal=True
+        )
+        replica.producer.fail_next_commit = KafkaError(
+            KafkaError._STATE, "transaction failed", txn_requires_abort=True
+        )
+        replica.consumer.feed(messages(0, range(50, 120)))
+        wait_until(lambda: bool(raised), what="the replica stopped")
+    assert "fatal transaction error" in caplog.text
 
 
 def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
