@@ -325,19 +325,21 @@ class CardStore:
         index = self._index
         rows = np.array([index.get(key, -1) for key in keys], np.int64)
         new = rows < 0
-        newer = new | (loaded["offset"] >= self._times[rows, 1])
-        if new.any():  # one lookup per key: the new cards' rows are taken from what it found
-            fresh = [key for key, is_new in zip(keys, new.tolist(), strict=True) if is_new]
+        newer = loaded["offset"] >= np.where(new, -1, self._times[rows, 1])
+        adding = new & newer
+        if adding.any():  # one lookup per key: the new cards' rows are taken from what it found
+            fresh = [key for key, add in zip(keys, adding.tolist(), strict=True) if add]
             taken = self._take_rows(fresh)
             self._clear(taken)
-            rows[new] = taken
+            rows[adding] = taken
         if not newer.all():
             loaded, changed = loaded[newer], rows[newer]
         else:
             changed = rows
         self._load(changed, loaded)
         self._dirty[changed] = False
-        return int(self._times[rows, 0].max())
+        held = rows[rows >= 0]
+        return int(self._times[held, 0].max()) if len(held) else -1
 
     def __len__(self) -> int:
         return len(self._index)

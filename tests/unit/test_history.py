@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.transaction import MAX_AMOUNT, MAX_EVENT_TIME_MS, MAX_ID_CHARS
+from scorer.card_store import _OFFSET_AT
 from scorer.columns import TransactionColumns
 from scorer.features import FEATURE_NAMES, build_features
 from scorer.history import (
@@ -194,6 +195,18 @@ def test_an_older_state_never_replaces_a_newer_one_in_a_run_of_distinct_cards() 
     assert restored.restore([("a", first["a"]), ("b", first["b"])]) == []
     assert restored.state_of("a") == second["a"] and restored.state_of("b") == first["b"]
     assert restored.take_dirty() == [], "a restored card is not dirty"
+
+
+def test_both_restore_paths_leave_out_a_state_whose_offset_no_record_has() -> None:
+    # A state whose input offset is below -1 (no record has one: a corrupt changelog) is older
+    # than even a card not held; one record at a time and a run of distinct cards agree.
+    _, first, _ = written_twice()
+    corrupt = bytearray(first["a"])
+    corrupt[_OFFSET_AT : _OFFSET_AT + 8] = (-5).to_bytes(8, "little", signed=True)
+    one_by_one, distinct = CardHistory(), CardHistory()
+    one_by_one.restore([("a", bytes(corrupt)), ("a", bytes(corrupt))])  # a repeat: step by step
+    distinct.restore([("a", bytes(corrupt)), ("b", first["b"])])
+    assert "a" not in one_by_one and "a" not in distinct and "b" in distinct
 
 
 def test_idle_cards_are_evicted_after_the_longest_window() -> None:
