@@ -285,21 +285,28 @@ def test_after_the_cluster_went_away_a_new_producer_takes_over_and_nothing_is_du
     assert len(replica.decided()) == 100
 
 
+def a_commit_aborts_and_the_abort_fails(replica: Replica, abort_error: KafkaError) -> None:
+    """Records 0-49 of partition 0 committed; the transaction of 50-119 fails and must be
+    aborted, and abort_transaction() raises `abort_error`."""
+    replica.consumer.assign(tp(0))
+    replica.consumer.feed(messages(0, range(50)))
+    wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
+    replica.producer.abort_error = abort_error
+    replica.producer.fail_next_commit = KafkaError(
+        KafkaError._STATE, "transaction failed", txn_requires_abort=True
+    )
+    replica.consumer.feed(messages(0, range(50, 120)))
+
+
 def test_an_abort_that_times_out_is_tried_again_before_the_next_transaction() -> None:
     # Found by the fault suite (broker killed, exactly-once): abort_transaction() timed out
     # ("retry call to resume"), the service took the abort for done, the next
     # begin_transaction() failed with _CONFLICT and the scoring thread died in both replicas.
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
-        replica.consumer.assign(tp(0))
-        replica.consumer.feed(messages(0, range(50)))
-        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
-        replica.producer.abort_error = KafkaError(
-            KafkaError._TIMED_OUT, "Timed out, retry call to resume", retriable=True
+        a_commit_aborts_and_the_abort_fails(
+            replica,
+            KafkaError(KafkaError._TIMED_OUT, "Timed out, retry call to resume", retriable=True),
         )
-        replica.producer.fail_next_commit = KafkaError(
-            KafkaError._STATE, "transaction failed", txn_requires_abort=True
-        )
-        replica.consumer.feed(messages(0, range(50, 120)))
         wait_until(lambda: not replica.health.ready()[0])
         polls = replica.consumer.polls
         wait_until(lambda: replica.consumer.polls > polls + 20)
@@ -328,16 +335,9 @@ def test_an_abort_refused_for_good_stops_the_replica_saying_so(
 
     replica.thread = threading.Thread(target=run, daemon=True)
     with replica:
-        replica.consumer.assign(tp(0))
-        replica.consumer.feed(messages(0, range(50)))
-        wait_until(lambda: replica.committed() == {(TOPIC, 0): 50})
-        replica.producer.abort_error = KafkaError(
-            KafkaError._FENCED, "fenced by a newer instance", fatal=True
+        a_commit_aborts_and_the_abort_fails(
+            replica, KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
         )
-        replica.producer.fail_next_commit = KafkaError(
-            KafkaError._STATE, "transaction failed", txn_requires_abort=True
-        )
-        replica.consumer.feed(messages(0, range(50, 120)))
         wait_until(lambda: bool(raised), what="the replica stopped")
     assert "fatal transaction error" in caplog.text
 
