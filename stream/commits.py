@@ -75,7 +75,7 @@ class TransactionCommits:
             self._transactions.commit_if_due(time.monotonic())
         except TransactionAborted:
             return True
-        return self._transactions.rewind_needed
+        return False
 
     def commit_now(self) -> bool:
         try:

@@ -385,11 +385,9 @@ class ScoringService:
 
     def _commit(self) -> bool:
         """Commit now what is finished (rebalance, shutdown); return whether nothing sent waits
-        to be sent again or to be undone by an abort, and (exactly-once) the transaction is
-        committed: the card state is all durable."""
+        to be sent again or to be undone by an abort (the card state is all durable)."""
         self._rewind_pending |= self._commits.commit_now()
-        committed = self._transactions is None or self._transactions.settled
-        return committed and not self._rewind_pending and not self._redelivery.busy
+        return not self._rewind_pending and not self._redelivery.busy
 
     def _rewind(self) -> None:
         """Exactly-once, once the abort is confirmed (fetching waits meanwhile): drop what is

@@ -175,13 +175,16 @@ class TransactionalSink:
         self._producer.poll(0)
 
     def flush(self, timeout_s: float) -> int:
-        """Commit what is open (shutdown, revoke); return how many outputs are left unsent."""
+        """Commit what is open (shutdown, revoke); return how many outputs are not committed:
+        those of a transaction that aborted (counted before the abort forgets them), or whose
+        commit waits for another try."""
+        records = self._records
         try:
             self.commit()
         except (TransactionAborted, KafkaException) as exc:
             log.error("could not commit the last transaction: %s", exc)
-            return self._records
-        return 0
+            return records
+        return self._records if self.commit_pending else 0
 
     # -- committing (consuming thread) -------------------------------------------------------
 
@@ -285,20 +288,6 @@ class TransactionalSink:
         says it is back at the committed offsets. A revoke's `flush` that aborts says it only
         so."""
         return self._discarding
-
-    @property
-    def settled(self) -> bool:
-        """Whether every output written so far is committed: no transaction open, none
-        waiting for another try of its commit or abort, none aborted and not yet read again."""
-        with self._lock:
-            return not (
-                self._open
-                or self.commit_pending
-                or self.abort_pending
-                or self._registering
-                or self._discarding
-                or self._doomed
-            )
 
     def end_rewind(self) -> None:
         """The consumer is back at the committed offsets: accept outputs again."""
