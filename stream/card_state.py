@@ -661,11 +661,11 @@ class CardState:
         return cards, read, newest
 
     def _report(self) -> None:
+        # Set under the lock: the consuming and restore threads both report, and a count read
+        # before the other thread's change must not land after that thread's report.
         with self._lock:
-            cards, size = len(self._history), self._history.nbytes
-            kept = len(self._retained)
-        self._metrics.set_card_state(cards, size)
-        self._metrics.set_kept_partitions(kept)
+            self._metrics.set_card_state(len(self._history), self._history.nbytes)
+            self._metrics.set_kept_partitions(len(self._retained))
 
 
 def _select(snapshot: CardSnapshot, keep: list[bool]) -> CardSnapshot:

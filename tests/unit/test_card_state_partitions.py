@@ -5,6 +5,7 @@ here every changelog is empty."""
 
 from __future__ import annotations
 
+import threading
 import zlib
 from typing import Any, NamedTuple
 
@@ -234,3 +235,43 @@ def test_a_restore_holds_the_state_lock_for_a_piece_of_each_read_only(
     piece = card_state_module.RESTORE_APPLY_CHUNK
     assert holds == [(piece, True), (piece, True), (2_500 - 2 * piece, True)]
     assert registry.get_sample_value("fraud_card_state_cards") == 2_500
+
+
+class _HeldCardGauge(ServiceMetrics):
+    """Metrics whose first card-count report, once armed, waits until released."""
+
+    def __init__(self) -> None:
+        super().__init__(CollectorRegistry())
+        self.cards: list[int] = []
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def set_card_state(self, cards: int, size_bytes: int) -> None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            self.release.wait(5)
+        self.cards.append(cards)
+        super().set_card_state(cards, size_bytes)
+
+
+def test_two_threads_reports_of_the_card_count_land_in_the_order_of_the_changes() -> None:
+    # The consuming thread and the restore thread both report the card count: a report read
+    # before another thread's change must not be set after that thread's report.
+    metrics = _HeldCardGauge()
+    state = CardState(MemoryChangelog(), time_scale=1.0, metrics=metrics)
+    state.restore([0, 1, 2])
+    update(state, records(300, partitions=3))
+    metrics.armed = True
+    first = threading.Thread(target=state.forget_cards, args=([1],))
+    first.start()
+    assert metrics.entered.wait(5)
+    second = threading.Thread(target=state.forget_cards, args=([0, 2],))
+    second.start()
+    second.join(0.3)  # done by now unless it waits for the first report
+    metrics.release.set()
+    first.join(5)
+    second.join(5)
+    assert metrics.cards[-2] > 0  # the first thread's count, with partitions 0 and 2 still held
+    assert metrics.cards[-1] == 0  # the second thread's, after all three went
