@@ -4,8 +4,9 @@ pre-produced backlog of transactions, plus its latency under open-loop load.
 Every contender (bench/contenders.py) runs once per round, for `--rounds` rounds; each is
 measured over a steady window of `--window` seconds after a `--warmup` (bench/harness.py), and
 the figures are the medians over the rounds with their spread (bench/summary.py). Before them,
-on a broker with no backlog yet, the service's event→decision latency at an open-loop 5,000 tx/s
-(fraud-loadgen), at-least-once and exactly-once; after them, optionally (`--profile`), a py-spy
+on a broker with no backlog yet, the event→decision latency at an open-loop 5,000 tx/s
+(fraud-loadgen) of the service (at-least-once, exactly-once, reasons off) and of the Quix Streams
+contender; after them, optionally (`--profile`), a py-spy
 profile of the service working through the backlog; and the cost per million decisions at a
 given machine price. A broker just started answers slowly for about a minute (its JIT warming
 up: p99 266, 94, then 30 ms in three latency runs in a row after a start), so the latency runs
@@ -44,7 +45,14 @@ from bench.latency_table import DEFAULT_PARTITIONS as DEFAULT_TABLE_PARTITIONS
 from bench.latency_table import DEFAULT_RATES as DEFAULT_TABLE_RATES
 from bench.latency_table import DEFAULT_RUNS as DEFAULT_TABLE_RUNS
 from bench.latency_table import render as render_latency_table
-from bench.summary import Round, check_bounds, figures, render_bounds, render_table
+from bench.summary import (
+    LATENCY_FIGURES,
+    Round,
+    check_bounds,
+    figures,
+    render_bounds,
+    render_table,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_BOUNDS = BENCH_DIR / "bounds.json"
@@ -368,9 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # is not deleting them (a run after the rounds measured that too).
             if run.broker_warmup_s > 0:
                 results["broker_warmup"] = _broker_warmup(run, broker)
-            latency_alo = _latency(run, broker, "pipeline")
-            latency_eos = _latency(run, broker, "pipeline_eos")
-            latency_no_reasons = _latency(run, broker, "pipeline_no_reasons")
+            latencies = {name: _latency(run, broker, name) for name, _, _ in LATENCY_FIGURES}
             table = measure_table(run, broker, cells, table_runs, _note) if table_runs else []
             broker.delete_topics()  # the table's many topics, before the backlog's gigabytes
             backlog = broker.topic("backlog", run.partitions)
@@ -387,14 +393,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         finally:
             broker.delete_topics()
-    values = figures(rounds, latency_alo, latency_eos, latency_no_reasons, run.price_per_hour)
+    values = figures(rounds, latencies, run.price_per_hour)
     checked = check_bounds(bounds, values)
     results.update(
         load_average_after=load_average(),
         rounds=[{name: m._asdict() for name, m in r.items()} for r in rounds],
-        latency=latency_alo,
-        latency_eos=latency_eos,
-        latency_no_reasons=latency_no_reasons,
+        latency=latencies["pipeline"],
+        latency_eos=latencies["pipeline_eos"],
+        latency_no_reasons=latencies["pipeline_no_reasons"],
+        latency_quix=latencies["quix"],
         latency_table={"runs": table, "cells": summarize(table)},
         figures=values,
         bounds=checked,

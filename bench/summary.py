@@ -9,7 +9,7 @@ rounds is reported, with the spread (lowest and highest) beside it.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.contenders import CONTENDERS, LABELS, LATENCY_RATE, PIPELINE_FLAGS
@@ -28,6 +28,13 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("eos_vs_at_least_once", "pipeline_eos", "pipeline"),
     ("reasons_on_vs_off", "pipeline", "pipeline_no_reasons"),
     ("features_logged_vs_not", "pipeline_features", "pipeline"),
+)
+#: The latency runs at LATENCY_RATE: (contender, JSON name of its p99, how the table says it).
+LATENCY_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("pipeline", "p99_ms_at_5000", ""),
+    ("pipeline_eos", "p99_ms_at_5000_eos", ", exactly-once"),
+    ("pipeline_no_reasons", "p99_ms_at_5000_no_reasons", ", reasons off"),
+    ("quix", "p99_ms_at_5000_quix", ", Quix Streams"),
 )
 #: The JSON name of each contender's throughput.
 TPS_NAMES = {
@@ -58,14 +65,11 @@ def _median(values: Sequence[float | None]) -> tuple[float | None, list[float] |
 
 
 def figures(
-    rounds: Sequence[Round],
-    latency: dict[str, Any],
-    latency_eos: dict[str, Any],
-    latency_no_reasons: dict[str, Any],
-    price: float,
+    rounds: Sequence[Round], latencies: Mapping[str, dict[str, Any]], price: float
 ) -> dict[str, Any]:
     """The headline numbers (the keys of the final JSON line): median per figure, and per
-    figure its spread over the rounds and the shortest window it was measured over."""
+    figure its spread over the rounds and the shortest window it was measured over.
+    `latencies`: the latency run of each contender of LATENCY_FIGURES that had one."""
     values: dict[str, Any] = {"runs": len(rounds)}
     spread: dict[str, list[float] | None] = {}
     window_s: dict[str, float] = {}
@@ -82,9 +86,13 @@ def figures(
         shares = [r[name].flagged_share for r in rounds]
         median, spread[f"{name}_flagged_share"] = _median(shares)
         values[f"{name}_flagged_share"] = None if median is None else round(median, 4)
-    values["p99_ms_at_5000"] = latency.get("p99_ms")
-    values["p99_ms_at_5000_eos"] = latency_eos.get("p99_ms")
-    values["p99_ms_at_5000_no_reasons"] = latency_no_reasons.get("p99_ms")
+    for name, figure, _label in LATENCY_FIGURES:
+        values[figure] = latencies.get(name, {}).get("p99_ms")
+    # Quix's records not decided when the run's drain ended: its p99 then leaves out its latest
+    # decisions, and the ratio is a lower bound.
+    values["quix_undecided_at_5000"] = latencies.get("quix", {}).get("lost")
+    slower = _ratio(values["p99_ms_at_5000_quix"], values["p99_ms_at_5000"])
+    values["quix_p99_vs_pipeline"] = None if slower is None else round(slower, 2)
     values["cost_per_million_decisions_usd"] = cost_per_million(values["pipeline_tps"], price)
     values["price_per_hour_usd"] = price
     values["window_s"] = window_s
@@ -142,15 +150,17 @@ def render_table(rounds: Sequence[Round], values: dict[str, Any], price: float) 
         "reviews and declines: "
         + ", ".join(f"{label} {'n/a' if s is None else f'{s:.2%}'}" for label, s in shares.items())
     )
-    for key, label in (
-        ("p99_ms_at_5000", ""),
-        ("p99_ms_at_5000_eos", ", exactly-once"),
-        ("p99_ms_at_5000_no_reasons", ", reasons off"),
-    ):
+    for _name, key, label in LATENCY_FIGURES:
         p99 = values[key]
         lines.append(
             f"p99 event→decision at an open-loop {LATENCY_RATE:,.0f} tx/s{label}: "
             + ("not measured" if p99 is None else f"{p99:g} ms")
+        )
+    if values["quix_p99_vs_pipeline"] is not None:
+        undecided = values["quix_undecided_at_5000"]
+        lines.append(
+            f"quix_p99_vs_pipeline         {values['quix_p99_vs_pipeline']:g}"
+            + (f" (a lower bound: {undecided:,} Quix records undecided)" if undecided else "")
         )
     for index, round_ in enumerate(rounds, start=1):
         loads = ", ".join(f"{m.name} {m.load_average_before}" for m in round_.values())
