@@ -4,6 +4,9 @@ Each contender is a child process reading the one backlog topic in its own consu
 writing to its own output topic:
 
 - passthrough (bench/loops.py): consume → produce, no decoding, no scoring; the ceiling.
+- floor (bench/loops.py): the least an at-least-once scorer with card history must do per
+  batch (decode, model, decisions and a changelog-sized record produced with delivery
+  callbacks), without card state, reasons or bookkeeping.
 - pipeline: `python -m stream run` with its defaults; the service itself (card history on).
 - pipeline_stateless: the same with `--card-history off`: what the per-card state costs.
 - pipeline_eos: the same with `--processing-guarantee exactly-once`.
@@ -43,6 +46,7 @@ from bench.harness import (
     stop,
     wait_for_assignment,
 )
+from bench.loops import STATE_TOPIC_SUFFIX
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
 from loadgen.scrape import read_page
@@ -50,6 +54,7 @@ from loadgen.time_scale import time_scale
 
 CONTENDERS: tuple[str, ...] = (
     "passthrough",
+    "floor",
     "pipeline",
     "pipeline_stateless",
     "pipeline_eos",
@@ -61,6 +66,7 @@ CONTENDERS: tuple[str, ...] = (
 )
 LABELS = {
     "passthrough": "pass-through (ceiling)",
+    "floor": "floor: decode, model, 2 outputs",
     "pipeline": "pipeline (the service)",
     "pipeline_stateless": "pipeline, no card history",
     "pipeline_eos": "pipeline, exactly-once",
@@ -243,6 +249,8 @@ def contender(
         state_dir = run.scratch / f"quix-{role}"
         command = _quix_command(run, (backlog, output), group, state_dir, history_time_scale=scale)
     else:
+        if name == "floor":
+            broker.topic(f"{role}-out{STATE_TOPIC_SUFFIX}", run.partitions)
         command = _loop_command(run, name.replace("_", "-"), backlog, output, group)
     measured = measure(
         name,

@@ -1,11 +1,17 @@
-"""Two contenders on confluent-kafka with the service's own librdkafka settings:
+"""Three contenders on confluent-kafka with the service's own librdkafka settings:
 
 - ``passthrough``: consume → produce the same key and value; no decoding, no scoring. The
   ceiling any Python consumer on this broker can reach.
+- ``floor``: the least work an at-least-once scorer with card history has to do, in batches
+  of the service's cap: each batch decoded, featurised (neutral history: no state read or
+  updated) and scored in one ONNX Runtime call, its decisions encoded and produced, plus one
+  record of a card state's size per transaction to `<output>-state` (the changelog record),
+  every output with a delivery callback (at-least-once must know what was stored). No reasons,
+  no offset bookkeeping, no metrics: what the service does beyond this is its own cost.
 - ``per-record``: the naive loop; each record is decoded, featurised and scored alone (one
   ONNX Runtime call per record), then its decision produced.
 
-Neither does offset bookkeeping beyond what the consumer does by itself. Run as
+None does offset bookkeeping beyond what the consumer does by itself. Run as
 `python -m bench.loops MODE --input-topic … --output-topic … --group-id … [-X KEY=VALUE]` until
 SIGTERM or SIGINT.
 """
@@ -18,11 +24,13 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import NamedTuple
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 from bench.decide import MAX_BATCH_SIZE, Decider
 from contracts.kafka_settings import parse_kafka_options
+from scorer.card_record import STATE_BYTES
 from stream.startup.config import ServiceConfig
 from stream.startup.kafka_clients import ClientErrors, create_consumer, create_producer
 
@@ -31,43 +39,79 @@ POLL_TIMEOUT_S = 0.1
 #: How long a stopping contender waits for its last outputs to be acknowledged.
 FLUSH_TIMEOUT_S = 30.0
 
-Transform = Callable[[Message], tuple[bytes | None, bytes | None]]
+#: A contender's work on one consumed batch: the key and value of each record's output.
+Transform = Callable[[list[Message]], Sequence[tuple[bytes | None, bytes | None]]]
+#: Where `floor` writes its per-record state, beside its output topic.
+STATE_TOPIC_SUFFIX = "-state"
+
+
+class Mode(NamedTuple):
+    """One contender of this module."""
+
+    transform: Callable[[], Transform]
+    #: A delivery callback on every output, and a card-state-sized record per transaction to
+    #: `<output>-state`, as the service writes its changelog.
+    as_the_service_writes: bool = False
 
 
 def _passthrough() -> Transform:
-    return lambda message: (message.key(), message.value())
+    return lambda messages: [(m.key(), m.value()) for m in messages]
+
+
+def _floor() -> Transform:
+    decider = Decider()
+    return lambda messages: decider.decide([m.value() for m in messages])
 
 
 def _per_record() -> Transform:
     decider = Decider()
-    return lambda message: decider.decide([message.value()])[0]
+    return lambda messages: [decider.decide([m.value()])[0] for m in messages]
 
 
-MODES: dict[str, Callable[[], Transform]] = {
-    "passthrough": _passthrough,
-    "per-record": _per_record,
+MODES: dict[str, Mode] = {
+    "passthrough": Mode(_passthrough),
+    "floor": Mode(_floor, as_the_service_writes=True),
+    "per-record": Mode(_per_record),
 }
 
 
-def run(config: ServiceConfig, transform: Transform, stop: threading.Event) -> None:
-    """Consume the input topic in batches of the service's cap and produce one output per
-    record until `stop` is set."""
+def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> None:
+    """Consume the input topic in batches of the service's cap and produce each batch's
+    outputs until `stop` is set."""
     errors = ClientErrors()
     consumer = create_consumer(config, lambda _stats: None, errors)
     producer = create_producer(config, errors)
     consumer.subscribe([config.input_topic])
+    transform = mode.transform()
+    stored = 0
+
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        nonlocal stored
+        stored += error is None
+
+    report = delivered if mode.as_the_service_writes else None
+    state_topic = config.output_topic + STATE_TOPIC_SUFFIX
+    state = bytes(STATE_BYTES)
+
+    def send(topic: str, key: bytes | None, value: bytes | None) -> None:
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=report)
+                return
+            except BufferError:
+                producer.poll(POLL_TIMEOUT_S)
+
     try:
         while not stop.is_set():
-            for message in consumer.consume(MAX_BATCH_SIZE, POLL_TIMEOUT_S):
-                if message.error() is not None:
-                    continue
-                key, value = transform(message)
-                while True:
-                    try:
-                        producer.produce(config.output_topic, key=key, value=value)
-                        break
-                    except BufferError:
-                        producer.poll(POLL_TIMEOUT_S)
+            batch = [
+                message
+                for message in consumer.consume(MAX_BATCH_SIZE, POLL_TIMEOUT_S)
+                if message.error() is None
+            ]
+            for key, value in transform(batch) if batch else ():
+                send(config.output_topic, key, value)
+                if mode.as_the_service_writes:
+                    send(state_topic, key, state)
             producer.poll(0)
     finally:
         producer.flush(FLUSH_TIMEOUT_S)
@@ -106,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    run(config, MODES[args.mode](), stop)
+    run(config, MODES[args.mode], stop)
     return 0
 
 

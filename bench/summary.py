@@ -21,6 +21,8 @@ Round = dict[str, Measurement]
 #: (figure, numerator contender, denominator contender)
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("pipeline_vs_passthrough", "pipeline", "passthrough"),
+    ("floor_vs_passthrough", "floor", "passthrough"),
+    ("pipeline_vs_floor", "pipeline", "floor"),
     ("pipeline_vs_faust", "pipeline", "faust"),
     ("pipeline_vs_quix", "pipeline", "quix"),
     ("pipeline_vs_per_record", "pipeline", "per_record"),
@@ -39,6 +41,7 @@ LATENCY_FIGURES: tuple[tuple[str, str, str], ...] = (
 #: The JSON name of each contender's throughput.
 TPS_NAMES = {
     "passthrough": "passthrough_tps",
+    "floor": "floor_tps",
     "pipeline": "pipeline_tps",
     "pipeline_stateless": "pipeline_stateless_tps",
     "pipeline_eos": "eos_tps",
