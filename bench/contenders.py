@@ -286,6 +286,8 @@ def latency(
     falls behind for the whole run: fraud-loadgen waits up to `DRAIN_TIMEOUT_S` for its last
     decisions, and those still missing count as `lost`."""
     variant = variant or ("pipeline_eos" if exactly_once else "pipeline")
+    if variant == "quix" and not QUIX_PYTHON.is_file():
+        raise RuntimeError(QUIX_MISSING)
     role = role or f"latency-{variant}"
     topics = (
         broker.topic(f"{role}-in", run.partitions),
@@ -296,8 +298,6 @@ def latency(
     group = broker.group(role)
     scale = time_scale(LOADGEN_SEED, rate)
     if variant == "quix":
-        if not QUIX_PYTHON.is_file():
-            raise RuntimeError(QUIX_MISSING)
         state_dir = run.scratch / f"quix-{role}"
         command = _quix_command(run, topics[:2], group, state_dir, history_time_scale=scale)
         # Quix has no /metrics: fraud-loadgen is told the scale by the rate it is given.

@@ -1,4 +1,4 @@
-"""The scoring work of the faust, Quix Streams and per-record contenders: the service's own
+"""The scoring work of the faust, Quix Streams, floor and per-record contenders: the service's own
 decision path (`scorer.decide.decide_batch`) and decision records, without its Kafka loop, so
 that only the loop around them differs between contenders."""
 

@@ -48,10 +48,10 @@ STATE_TOPIC_SUFFIX = "-state"
 class Mode(NamedTuple):
     """One contender of this module."""
 
-    transform: Callable[[], Transform]
+    make_transform: Callable[[], Transform]
     #: A delivery callback on every output, and a card-state-sized record per transaction to
     #: `<output>-state`, as the service writes its changelog.
-    as_the_service_writes: bool = False
+    writes_state: bool = False
 
 
 def _passthrough() -> Transform:
@@ -70,26 +70,27 @@ def _per_record() -> Transform:
 
 MODES: dict[str, Mode] = {
     "passthrough": Mode(_passthrough),
-    "floor": Mode(_floor, as_the_service_writes=True),
+    "floor": Mode(_floor, writes_state=True),
     "per-record": Mode(_per_record),
 }
 
 
-def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> None:
+def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> int:
     """Consume the input topic in batches of the service's cap and produce each batch's
-    outputs until `stop` is set."""
+    outputs until `stop` is set; return how many outputs were reported not stored (a mode
+    without delivery callbacks: 0)."""
     errors = ClientErrors()
     consumer = create_consumer(config, lambda _stats: None, errors)
     producer = create_producer(config, errors)
     consumer.subscribe([config.input_topic])
-    transform = mode.transform()
-    stored = 0
+    transform = mode.make_transform()
+    failed = 0
 
     def delivered(error: KafkaError | None, _message: Message) -> None:
-        nonlocal stored
-        stored += error is None
+        nonlocal failed
+        failed += error is not None
 
-    report = delivered if mode.as_the_service_writes else None
+    report = delivered if mode.writes_state else None
     state_topic = config.output_topic + STATE_TOPIC_SUFFIX
     state = bytes(STATE_BYTES)
 
@@ -110,12 +111,13 @@ def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> None:
             ]
             for key, value in transform(batch) if batch else ():
                 send(config.output_topic, key, value)
-                if mode.as_the_service_writes:
+                if mode.writes_state:
                     send(state_topic, key, state)
             producer.poll(0)
     finally:
         producer.flush(FLUSH_TIMEOUT_S)
         consumer.close()
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    run(config, MODES[args.mode], stop)
+    failed = run(config, MODES[args.mode], stop)
+    if failed:
+        print(f"bench.loops {args.mode}: {failed} outputs were not stored", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -162,7 +162,7 @@ def render_table(rounds: Sequence[Round], values: dict[str, Any], price: float) 
     if values["quix_p99_vs_pipeline"] is not None:
         undecided = values["quix_undecided_at_5000"]
         lines.append(
-            f"quix_p99_vs_pipeline         {values['quix_p99_vs_pipeline']:g}"
+            f"{'quix_p99_vs_pipeline':<28} {values['quix_p99_vs_pipeline']:g}"
             + (f" (a lower bound: {undecided:,} Quix records undecided)" if undecided else "")
         )
     for index, round_ in enumerate(rounds, start=1):

@@ -37,7 +37,8 @@ def test_the_floor_decides_every_transaction_and_writes_one_state_record_for_eac
         metrics_port=0,
     )
     stop = threading.Event()
-    loop = threading.Thread(target=run, args=(config, MODES["floor"], stop))
+    failed: list[int] = []
+    loop = threading.Thread(target=lambda: failed.append(run(config, MODES["floor"], stop)))
     loop.start()
     try:
         decisions = [msgspec.json.decode(value_of(m)) for m in read_topic(topics.output, len(sent))]
@@ -50,6 +51,7 @@ def test_the_floor_decides_every_transaction_and_writes_one_state_record_for_eac
         str(r["transaction_id"]) for r in sent
     )
     assert {d["decision"] for d in decisions} <= {"approve", "review", "decline"}
+    assert failed == [0]  # every output reported stored
     assert len(states) == len(sent)
     assert all(len(value_of(m)) == STATE_BYTES for m in states)
     assert sorted(m.key() or b"" for m in states) == sorted(

@@ -269,7 +269,8 @@ def test_two_threads_reports_of_the_card_count_land_in_the_order_of_the_changes(
     assert metrics.entered.wait(5)
     second = threading.Thread(target=state.forget_cards, args=([0, 2],))
     second.start()
-    second.join(0.3)  # done by now unless it waits for the first report
+    second.join(0.3)
+    assert second.is_alive()  # its change waits until the first report is set
     metrics.release.set()
     first.join(5)
     second.join(5)
