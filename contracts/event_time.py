@@ -28,6 +28,11 @@ import numpy.typing as npt
 DEFAULT_MAX_CLOCK_SKEW_MS = 300_000
 
 
+class EpochMs(int):
+    """An instant already in epoch milliseconds (read from an Avro timestamp): an input
+    mapping's time_format, which says how to read numbers and text, does not apply to it."""
+
+
 def wall_clock_ms() -> int:
     """The host's clock, epoch ms."""
     return time.time_ns() // 1_000_000

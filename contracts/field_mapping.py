@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ConfigurationError, ValidationError
+from contracts.event_time import EpochMs
 from contracts.transaction import Transaction
 
 CONTRACT_FIELDS: tuple[str, ...] = tuple(Transaction.__struct_fields__)
@@ -176,8 +177,10 @@ class FieldMapping:
             value = self._event_time_ms(value)
         return value
 
-    def _event_time_ms(self, value: Any) -> int | tuple[int, int]:
+    def _event_time_ms(self, value: Any) -> int | tuple[int, int | None]:
         """Epoch ms; for ISO-8601, (epoch ms, the time's offset from UTC in minutes)."""
+        if isinstance(value, EpochMs):  # an instant of its own unit, with no local offset
+            return (int(value), None) if self.time_format == "iso8601" else int(value)
         if self.time_format == "iso8601":
             if not isinstance(value, str):
                 raise ValidationError(f"event_time: expected an ISO-8601 string, got {value!r}")

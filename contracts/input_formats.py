@@ -16,13 +16,22 @@
   (Apicurio's Confluent-compatible API does not serve the `serialized` form the client asks
   for, docs/input-mapping.md).
 
+Before a registry record is decoded, its schema id is checked (`contracts/writer_schemas.py`,
+once per id): it must be registered under the topic's subject (or FRAUD_SCHEMA_REGISTRY_SUBJECTS)
+and have no shape that allocates without bound. A registry record or a mapped JSON record longer
+than FRAUD_MAX_RECORD_BYTES is not decoded at all, so what one record decodes into is bounded
+(docs/threat-model.md). Avro logical types are read as the contract's plain values: a
+timestamp-millis or -micros as epoch milliseconds, a decimal as a number, a uuid as text.
+
 How a registry record fails (docs/contracts.md, "Dead letter"):
-- a schema id the registry answers 404 for: `SchemaUnknownError` (dead letter `schema_unknown`);
-- not the wire format, or bytes that do not decode with their schema: `SchemaDecodeError`
-  (`schema_decode`);
+- a schema id the registry says it does not know (its code 40403): `SchemaUnknownError` (dead
+  letter `schema_unknown`);
+- not the wire format, too long, a writer schema refused, or bytes that do not decode with their
+  schema: `SchemaDecodeError` (`schema_decode`);
 - a lookup that failed for a cause that may pass (the registry unreachable, a timeout, 5xx, 429,
-  refused credentials): `RegistryUnavailableError`, never a dead letter: the consuming loop
-  holds the record's partition and reads it again after a backoff.
+  refused credentials, a 404 that is not the registry's own "not found"):
+  `RegistryUnavailableError`, never a dead letter: the consuming loop holds the record's
+  partition and reads it again after a backoff.
 
 The registry client's own retries are off (`max.retries` 0): a lookup that fails returns at
 once, so a registry that is down holds one partition, not the whole consuming loop.
@@ -33,8 +42,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, MutableMapping
+from typing import Any, cast
 
 import msgspec
 
@@ -43,21 +52,29 @@ from contracts.errors import (
     DecodeError,
     RegistryUnavailableError,
     SchemaDecodeError,
-    SchemaUnknownError,
     ValidationError,
 )
 from contracts.field_mapping import FieldMapping, avro_paths, json_schema_paths
 from contracts.transaction import Transaction, decode_transaction
+from contracts.writer_schemas import (
+    WriterSchema,
+    WriterSchemas,
+    plain_logical_values,
+    registry_failure,
+)
 
 log = logging.getLogger(__name__)
 
 INPUT_FORMATS = ("json", "avro", "json-schema", "protobuf")
 #: Registry client settings under the user's: fail fast, the loop retries (see above).
 REGISTRY_DEFAULTS: Mapping[str, Any] = {"max.retries": 0, "timeout": 5}
-#: HTTP answers from the registry that may pass (its error codes in Confluent's API).
-_TRANSIENT_STATUS = frozenset({401, 403, 408, 429})
+#: The longest record value a registry format or a mapping decodes (FRAUD_MAX_RECORD_BYTES):
+#: a payment record is under a few kilobytes; what one decodes into is bounded by its length.
+DEFAULT_MAX_RECORD_BYTES = 65_536
+#: The registry's name of each input format's schemas.
+_SCHEMA_TYPES = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}
 
-#: Magic byte and schema id, before a protobuf record's message indexes.
+#: Magic byte and schema id, before the payload (and a protobuf record's message indexes).
 _WIRE_HEADER_BYTES = 5
 #: Nested messages deeper than this are not walked for mapping paths (recursive types).
 _MAX_PROTOBUF_DEPTH = 8
@@ -72,11 +89,16 @@ def transaction_decoder(
     registry: Mapping[str, Any] | None = None,
     mapping: FieldMapping | None = None,
     protobuf_message: str | None = None,
+    *,
+    subjects: Collection[str] = (),
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> TransactionDecoder:
     """The decoder of `input_format` for records of `topic`; `registry` is the Schema Registry
     client's configuration (`url` and any credentials), needed by the registry formats;
     `mapping` maps the team's fields onto the contract's (`contracts/field_mapping.py`);
-    `protobuf_message` (module:Class) is the protobuf format's generated message class.
+    `protobuf_message` (module:Class) is the protobuf format's generated message class;
+    `subjects`: those a writer schema must be registered under (default `<topic>-value`);
+    `max_record_bytes`: the longest record a registry format or a mapping decodes.
 
     Raises ConfigurationError for an unknown format, a registry format without a registry URL,
     registry settings the client does not take, or a mapping the topic's registered schema
@@ -87,43 +109,69 @@ def transaction_decoder(
             f"unknown input format {input_format!r}; one of {', '.join(INPUT_FORMATS)}"
         )
     if input_format == "json":
-        return decode_transaction if mapping is None else _mapped_json(mapping)
+        # The contract's own JSON needs no length bound: its typed decoder allocates only the
+        # contract's fields, and skips the rest without building it.
+        return decode_transaction if mapping is None else _mapped_json(mapping, max_record_bytes)
     if not registry or not registry.get("url"):
         raise ConfigurationError(
             f"input format {input_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
         )
+    from confluent_kafka.schema_registry import prefix_schema_id_deserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     client = registry_client(registry)
     context = SerializationContext(topic, MessageField.VALUE)
+    writer_schemas = WriterSchemas(
+        client, subjects or (f"{topic}-value",), _SCHEMA_TYPES[input_format], _http_errors
+    )
+    # The schema id from the payload's prefix only: the one `writer_schemas` checked.
+    conf = {"schema.id.deserializer": prefix_schema_id_deserializer}
     deserialize: Callable[[bytes, SerializationContext], Any]
     if input_format == "protobuf":
         message_class = protobuf_class(protobuf_message)
         if mapping is not None:
             mapping.check_schema_fields(protobuf_paths(message_class.DESCRIPTOR))
-        deserialize = _protobuf_deserializer(client, message_class)
+        deserialize = _protobuf_deserializer(message_class)
     elif mapping is not None:
         _check_registered_schema(client, f"{topic}-value", input_format, mapping)
     if input_format == "avro":
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-        deserialize = AvroDeserializer(client)
+        deserialize = AvroDeserializer(client, conf=conf)
     elif input_format == "json-schema":
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
         # Not validated against the writer's schema per record (its producer's serializer did;
         # the contract validates what scoring reads): 43,319 records/s against 8,837 with it.
         deserialize = JSONDeserializer(
-            None, schema_registry_client=client, conf={"validate": False}
+            None, schema_registry_client=client, conf={**conf, "validate": False}
         )
 
     def decode(value: bytes | None) -> Transaction:
-        if value is None:
-            raise DecodeError("record has no value (tombstone)")
-        record = _deserialized(deserialize, value, context)
+        writer = _writer_schema(writer_schemas, value, max_record_bytes)
+        record = _deserialized(deserialize, cast(bytes, value), context)
+        if writer.logical_paths:
+            plain_logical_values(record, writer.logical_paths)
         return _converted(record if mapping is None else mapping.apply(record))
 
     return decode
+
+
+def _writer_schema(
+    writer_schemas: WriterSchemas, value: bytes | None, max_record_bytes: int
+) -> WriterSchema:
+    """The checked writer schema a registry record names in its prefix."""
+    if value is None:
+        raise DecodeError("record has no value (tombstone)")
+    if len(value) > max_record_bytes:
+        raise SchemaDecodeError(
+            f"record of {len(value):,} bytes, over FRAUD_MAX_RECORD_BYTES ({max_record_bytes:,})"
+        )
+    if len(value) < _WIRE_HEADER_BYTES or value[0] != 0:
+        raise SchemaDecodeError(
+            "not the Schema Registry wire format (magic byte 0, then a 4-byte schema id)"
+        )
+    return writer_schemas.check(int.from_bytes(value[1:_WIRE_HEADER_BYTES], "big"))
 
 
 def registry_client(registry: Mapping[str, Any]) -> Any:
@@ -138,12 +186,18 @@ def registry_client(registry: Mapping[str, Any]) -> Any:
         raise ConfigurationError(f"schema registry settings (schema.registry.*): {exc}") from exc
 
 
-def _mapped_json(mapping: FieldMapping) -> TransactionDecoder:
-    """JSON in the team's own shape: decoded untyped, mapped, then validated by the contract."""
+def _mapped_json(mapping: FieldMapping, max_record_bytes: int) -> TransactionDecoder:
+    """JSON in the team's own shape: decoded untyped (so at most `max_record_bytes` of it),
+    mapped, then validated by the contract."""
 
     def decode(value: bytes | None) -> Transaction:
         if value is None:
             raise DecodeError("record has no value (tombstone)")
+        if len(value) > max_record_bytes:
+            raise DecodeError(
+                f"record of {len(value):,} bytes, over FRAUD_MAX_RECORD_BYTES "
+                f"({max_record_bytes:,})"
+            )
         try:
             record = msgspec.json.decode(value)
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -185,26 +239,21 @@ def _check_registered_schema(
 
 def _deserialized(
     deserialize: Callable[[bytes, Any], Any], value: bytes, context: Any
-) -> Mapping[str, Any]:
+) -> MutableMapping[str, Any]:
     """The record as the registry's deserializer reads it, its failures sorted by cause."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     try:
         record = deserialize(value, context)
     except SchemaRegistryError as exc:
-        status = exc.http_status_code
-        if status == 404:
-            raise SchemaUnknownError(f"schema id not in the registry: {exc}") from exc
-        if status in _TRANSIENT_STATUS or status >= 500 or status < 0:
-            raise RegistryUnavailableError(f"schema registry: {exc}") from exc
-        raise SchemaDecodeError(f"schema registry refused the lookup: {exc}") from exc
+        raise registry_failure(exc, "the record's schema") from exc
     except (OSError, _http_errors()) as exc:
         raise RegistryUnavailableError(
             f"schema registry unreachable: {type(exc).__name__}: {exc}"
         ) from exc
     except Exception as exc:  # whatever the payload provokes in the decoder
         raise SchemaDecodeError(f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(record, Mapping):
+    if not isinstance(record, MutableMapping):
         raise SchemaDecodeError(f"the schema decodes to {type(record).__name__}, not a record")
     return record
 
@@ -247,15 +296,16 @@ def protobuf_paths(descriptor: Any, prefix: tuple[str, ...] = ()) -> list[tuple[
     return paths
 
 
-def _protobuf_deserializer(client: Any, message_class: Any) -> Callable[[bytes, Any], Any]:
+def _protobuf_deserializer(message_class: Any) -> Callable[[bytes, Any], Any]:
+    from confluent_kafka.schema_registry import prefix_schema_id_deserializer
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
-    parse = ProtobufDeserializer(message_class, {"use.deprecated.format": False})
+    parse = ProtobufDeserializer(
+        message_class,
+        {"use.deprecated.format": False, "schema.id.deserializer": prefix_schema_id_deserializer},
+    )
 
     def deserialize(value: bytes, context: Any) -> Mapping[str, Any]:
-        if len(value) < _WIRE_HEADER_BYTES or value[0] != 0:
-            raise ValueError("not the Schema Registry wire format (no magic byte 0)")
-        client.get_schema(int.from_bytes(value[1:_WIRE_HEADER_BYTES], "big"))  # cached
         return _message_dict(parse(value, context))
 
     return deserialize

@@ -89,6 +89,14 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
                 "input_format protobuf and input_protobuf_message (FRAUD_INPUT_PROTOBUF_MESSAGE, "
                 "module:Class) go together"
             )
+        if self.schema_registry_subjects is not None and not all(
+            subject.strip() == subject and subject
+            for subject in self.schema_registry_subjects.split(",")
+        ):
+            raise ValueError(
+                "schema_registry_subjects (FRAUD_SCHEMA_REGISTRY_SUBJECTS) must be subjects "
+                f"separated by commas, got {self.schema_registry_subjects!r}"
+            )
         for name, value in (
             ("input_format", self.input_format),
             ("output_format", self.output_format),
@@ -124,6 +132,14 @@ class ServiceConfig(Options, frozen=True, kw_only=True):
         if self.schema_registry_url:
             settings["url"] = self.schema_registry_url
         return settings
+
+    @property
+    def schema_subjects(self) -> tuple[str, ...]:
+        """The subjects a writer schema must be registered under (FRAUD_SCHEMA_REGISTRY_SUBJECTS,
+        or the input topic's own)."""
+        if self.schema_registry_subjects is None:
+            return (f"{self.input_topic}-value",)
+        return tuple(self.schema_registry_subjects.split(","))
 
     @property
     def changelog_topic(self) -> str:

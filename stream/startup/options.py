@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
+from contracts.input_formats import DEFAULT_MAX_RECORD_BYTES
 from contracts.settings import ServiceSettings, Topic, meta
 from scorer.decide import LatePolicy
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
@@ -65,6 +66,26 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             "codes onto the transaction contract (docs/input-mapping.md; examples/)",
         ),
     ] = None
+    schema_registry_subjects: Annotated[
+        str | None,
+        meta(
+            "FRAUD_SCHEMA_REGISTRY_SUBJECTS",
+            "registry formats: the subjects, separated by commas, a record's writer schema must "
+            "be registered under to be decoded (default: <input topic>-value); a record naming "
+            "any other schema is dead-lettered (schema_decode; docs/threat-model.md)",
+        ),
+    ] = None
+    max_record_bytes: Annotated[
+        int,
+        meta(
+            "FRAUD_MAX_RECORD_BYTES",
+            "registry formats and FRAUD_INPUT_MAPPING: a longer record is dead-lettered "
+            "undecoded (schema_decode, or decode for mapped JSON), which bounds what one record "
+            "decodes into; the contract's own JSON needs no bound",
+            ge=1_024,
+            le=16 * 1_048_576,
+        ),
+    ] = DEFAULT_MAX_RECORD_BYTES
     output_format: Annotated[
         OutputFormat,
         meta(

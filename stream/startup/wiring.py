@@ -233,6 +233,8 @@ def build_collaborators(
             config.registry_settings(),
             None if config.input_mapping is None else FieldMapping.load(config.input_mapping),
             config.input_protobuf_message,
+            subjects=config.schema_subjects,
+            max_record_bytes=config.max_record_bytes,
         ),
         encode=decision_encoder(
             config.output_format, config.output_topic, config.registry_settings()

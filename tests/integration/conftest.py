@@ -231,6 +231,14 @@ class ServiceProcess:
             )
         return self
 
+    def rss_mb(self) -> float:
+        """The process's resident memory now, in MiB."""
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
     def metrics(self) -> str:
         with urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5

@@ -31,14 +31,6 @@ def backlog(topic: str, n: int, seed: int) -> set[str]:
     return {str(r["transaction_id"]) for r in records}
 
 
-def rss_mb(service: ServiceProcess) -> float:
-    with open(f"/proc/{service.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 class Sampler(threading.Thread):
     """Samples a service's in-flight gauge and RSS every 50 ms."""
 
@@ -53,7 +45,7 @@ class Sampler(threading.Thread):
         while not self.stop.is_set() and self.service.process.poll() is None:
             try:
                 self.in_flight.append(self.service.metric("fraud_in_flight_records"))
-                self.rss.append(rss_mb(self.service))
+                self.rss.append(self.service.rss_mb())
             except (OSError, AssertionError):
                 pass
             time.sleep(0.05)

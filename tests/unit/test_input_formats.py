@@ -43,6 +43,8 @@ def failing(exc: BaseException) -> Any:
     ("raised", "expected"),
     [
         (SchemaRegistryError(404, 40403, "Schema 7 not found"), SchemaUnknownError),
+        # Any other 404 (a wrong URL path, a misrouted ingress) holds the partition.
+        (SchemaRegistryError(404, -1, "HTTP 404 Not Found"), RegistryUnavailableError),
         (SchemaRegistryError(500, 50001, "storage error"), RegistryUnavailableError),
         (SchemaRegistryError(503, 50003, "unavailable"), RegistryUnavailableError),
         (SchemaRegistryError(429, 42900, "too many requests"), RegistryUnavailableError),
