@@ -8,6 +8,9 @@ import sys
 import time
 
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+#: Libraries that log every HTTP request at INFO: the registry client's HTTP library logs a line
+#: per schema lookup. Those lines are kept for DEBUG.
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore")
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -35,3 +38,17 @@ def configure_logging(level: str, log_format: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in CHATTY_LOGGERS:
+        chatty = logging.getLogger(name)
+        if not any(isinstance(f, InfoAsDebug) for f in chatty.filters):
+            chatty.addFilter(InfoAsDebug())
+
+
+class InfoAsDebug(logging.Filter):
+    """Logs a library's INFO lines at DEBUG: shown only when DEBUG is asked for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
