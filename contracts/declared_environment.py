@@ -66,6 +66,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_SCHEMA_REGISTRY_URL": ("fraud-scorer",),
     "FRAUD_SCORING": ("fraud-scorer",),
     "FRAUD_SHADOW_MODEL": ("fraud-scorer",),
+    "FRAUD_SHADOW_TIMEOUT_MS": ("fraud-scorer",),
     "FRAUD_SHADOW_TOPIC": ("fraud-scorer",),
     "FRAUD_SHUTDOWN_TIMEOUT_S": ("fraud-scorer",),
     "FRAUD_SLO_MS": ("fraud-scorer",),
