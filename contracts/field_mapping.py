@@ -28,14 +28,23 @@ offset (`Z` or `+02:00`): a time without one is ambiguous, so invalid. The offse
 the local time of a checkout stamped `2026-03-01T23:30:00-05:00`.
 
 The file is checked when the service starts: unknown keys or contract fields, a field both
-mapped and constant, a bad scale or time format stop it with one line naming the key; and
+mapped and constant, a constant or code value that is not a string, number or boolean, a bad
+scale or time format stop it with one line naming the key; and
 `check_schema_fields` checks the paths against the fields a registry schema declares.
+
+Whoever can write the file can make it anything, so what it may cost is bounded: a file larger
+than MAX_MAPPING_BYTES is refused before it is parsed, TOML nested deeper than the parser can
+follow is refused rather than crashing it, a path has at most MAX_PATH_SEGMENTS segments (each
+record walks every path), and an error shows at most a few dozen characters of a value. Applied
+to a record, a value the mapping cannot convert (a code that is not a scalar, a number too large
+for the scale) makes the record invalid, never an error of another kind.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import reprlib
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +64,17 @@ _MISSING = object()
 _TOP_LEVEL = ("time_format", "amount_scale")
 #: Past any event time the contract takes in any unit (its bound is checked after conversion).
 _MAX_EPOCH = 1e18
+#: The largest mapping file read: thousands of value codes fit in a small part of it, and
+#: parsing costs tens of bytes of memory per byte of the file.
+MAX_MAPPING_BYTES = 256 * 1024
+#: The most segments a mapped path may have: deeper than any schema's nesting, and every
+#: record walks every path.
+MAX_PATH_SEGMENTS = 32
+#: How much of a value an error shows.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist = _SHOWN.maxdict = 4
+_SHOWN.maxlevel = 2
 
 
 @dataclass(frozen=True)
@@ -73,11 +93,23 @@ class FieldMapping:
     def load(cls, path: Path) -> FieldMapping:
         """Read and check a mapping file; ConfigurationError naming what is wrong."""
         try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
+            with path.open("rb") as file:
+                content = file.read(MAX_MAPPING_BYTES + 1)
+            text = content.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"cannot read input mapping {str(path)!r}: {exc}") from exc
+        if len(content) > MAX_MAPPING_BYTES:
+            raise ConfigurationError(
+                f"input mapping {str(path)!r} is larger than {MAX_MAPPING_BYTES:,} bytes"
+            )
+        try:
+            document = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigurationError(f"input mapping {str(path)!r} is not TOML: {exc}") from exc
+        except RecursionError:
+            raise ConfigurationError(
+                f"input mapping {str(path)!r}: arrays or tables nested too deep to read"
+            ) from None
         return cls.from_document(document, str(path))
 
     @classmethod
@@ -89,7 +121,7 @@ class FieldMapping:
 
         unknown_keys = set(document) - {*_TOP_LEVEL, "fields", "values", "constants"}
         if unknown_keys:
-            raise fail(f"unknown key {sorted(unknown_keys)[0]!r}; keys are time_format, "
+            raise fail(f"unknown key {_shown(sorted(unknown_keys)[0])}; keys are time_format, "
                        "amount_scale, [fields], [values], [constants]")  # fmt: skip
         sections = {k: document.get(k, {}) for k in ("fields", "values", "constants")}
         for section, content in sections.items():
@@ -97,27 +129,44 @@ class FieldMapping:
                 raise fail(f"[{section}] must be a table")
             for contract_field in content:
                 if contract_field not in CONTRACT_FIELDS:
-                    raise fail(f"[{section}] names {contract_field!r}, not a transaction field "
-                               f"({', '.join(CONTRACT_FIELDS)})")  # fmt: skip
+                    raise fail(f"[{section}] names {_shown(contract_field)}, not a transaction "
+                               f"field ({', '.join(CONTRACT_FIELDS)})")  # fmt: skip
         paths: dict[str, tuple[str, ...]] = {}
         for contract_field, dotted in sections["fields"].items():
             if not isinstance(dotted, str) or not all(dotted.split(".")):
-                raise fail(f"[fields] {contract_field} must be a dotted path, got {dotted!r}")
-            paths[contract_field] = tuple(dotted.split("."))
+                raise fail(f"[fields] {contract_field} must be a dotted path, got {_shown(dotted)}")
+            path = tuple(dotted.split("."))
+            if len(path) > MAX_PATH_SEGMENTS:
+                raise fail(
+                    f"[fields] {contract_field} has {len(path):,} segments, at most "
+                    f"{MAX_PATH_SEGMENTS}"
+                )
+            paths[contract_field] = path
         both = set(paths) & set(sections["constants"])
         if both:
             raise fail(f"{sorted(both)[0]!r} is both mapped and a constant")
         scale = document.get("amount_scale", 1.0)
-        if not _is_number(scale) or not scale > 0:
-            raise fail(f"amount_scale must be a number > 0, got {scale!r}")
+        if not _is_number(scale) or not scale > 0 or not math.isfinite(scale):
+            raise fail(f"amount_scale must be a number > 0, got {_shown(scale)}")
+        for contract_field, constant in sections["constants"].items():
+            if not _is_scalar(constant):
+                raise fail(f"[constants] {contract_field} must be a string, number or boolean")
         values: dict[str, dict[str, Any]] = {}
         for contract_field, table in sections["values"].items():
             if not isinstance(table, dict) or not table:
                 raise fail(f"[values.{contract_field}] must be a table of code = value")
+            for code, value in table.items():
+                if not _is_scalar(value):
+                    raise fail(
+                        f"[values.{contract_field}] {_shown(code)} must map to a string, number "
+                        "or boolean"
+                    )
             values[contract_field] = dict(table)
         time_format = document.get("time_format", "epoch_ms")
         if time_format not in TIME_FORMATS:
-            raise fail(f"time_format must be one of {', '.join(TIME_FORMATS)}, got {time_format!r}")
+            raise fail(
+                f"time_format must be one of {', '.join(TIME_FORMATS)}, got {_shown(time_format)}"
+            )
         return cls(paths, dict(sections["constants"]), float(scale), values, time_format)
 
     def apply(self, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,7 +185,11 @@ class FieldMapping:
                 if contract_field in self.paths:
                     raise ValidationError(f"mapped field {'.'.join(path)} is missing")
                 continue  # the contract says whether it may be absent
-            out[contract_field] = self._convert(contract_field, value)
+            try:
+                out[contract_field] = self._convert(contract_field, value)
+            except (OverflowError, ValueError, RecursionError) as exc:
+                # A number too large for the scale or for text: the record is invalid.
+                raise ValidationError(f"{contract_field}: cannot convert {_shown(value)}") from exc
         if self.time_format == "iso8601" and "event_time" in out:
             out["event_time"], offset = out["event_time"]
             if not any(
@@ -167,9 +220,11 @@ class FieldMapping:
     def _convert(self, contract_field: str, value: Any) -> Any:
         codes = self.values.get(contract_field)
         if codes is not None:
+            if not isinstance(value, str | int | float):
+                raise ValidationError(f"{contract_field}: no mapping for the value {_shown(value)}")
             key = str(value).lower() if isinstance(value, bool) else str(value)
             if key not in codes:
-                raise ValidationError(f"{contract_field}: no mapping for the value {value!r}")
+                raise ValidationError(f"{contract_field}: no mapping for the value {_shown(value)}")
             value = codes[key]
         if contract_field == "amount" and self.amount_scale != 1.0 and _is_number(value):
             value = value * self.amount_scale
@@ -183,23 +238,27 @@ class FieldMapping:
             return (int(value), None) if self.time_format == "iso8601" else int(value)
         if self.time_format == "iso8601":
             if not isinstance(value, str):
-                raise ValidationError(f"event_time: expected an ISO-8601 string, got {value!r}")
+                raise ValidationError(
+                    f"event_time: expected an ISO-8601 string, got {_shown(value)}"
+                )
             try:
                 moment = dt.datetime.fromisoformat(value)
             except ValueError as exc:
-                raise ValidationError(f"event_time: not ISO-8601: {value!r}") from exc
+                raise ValidationError(f"event_time: not ISO-8601: {_shown(value)}") from exc
             offset = moment.utcoffset()
             if offset is None:
-                raise ValidationError(f"event_time: {value!r} has no offset (add Z or +hh:mm)")
+                raise ValidationError(
+                    f"event_time: {_shown(value)} has no offset (add Z or +hh:mm)"
+                )
             return int(moment.timestamp() * 1000), round(offset.total_seconds() / 60)
         if not _is_number(value):
             raise ValidationError(
-                f"event_time: expected a number ({self.time_format}), got {value!r}"
+                f"event_time: expected a number ({self.time_format}), got {_shown(value)}"
             )
         if isinstance(value, int):  # exact, however large
             return value * 1000 if self.time_format == "epoch_s" else value // 1000
         if not math.isfinite(value) or abs(value) > _MAX_EPOCH:
-            raise ValidationError(f"event_time: out of range: {value!r}")
+            raise ValidationError(f"event_time: out of range: {_shown(value)}")
         return round(float(value) * _TIME_UNIT_MS[self.time_format])
 
 
@@ -214,6 +273,20 @@ def _at(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
             return _MISSING
         value = value[key]
     return value
+
+
+def _shown(value: Any) -> str:
+    """`value` as an error shows it: its repr, cut short."""
+    try:
+        return _SHOWN.repr(value)
+    except (ValueError, RecursionError):  # an integer too long for text, say
+        return f"<{type(value).__name__}>"
+
+
+def _is_scalar(value: Any) -> bool:
+    """Whether `value` is of a kind a contract field holds (TOML also has tables, arrays and
+    dates)."""
+    return isinstance(value, str | int | float)
 
 
 def _is_number(value: Any) -> bool:

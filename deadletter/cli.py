@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Annotated, Any, NoReturn
 
+from contracts.environment import check_environment
 from contracts.errors import ConfigurationError, FraudScorerError
 from contracts.settings import KafkaSettings, Topic, meta
 from deadletter.inspect import inspect, render_text
@@ -289,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for warning in check_environment("fraud-dlq"):
+            print(f"fraud-dlq: {warning}", file=sys.stderr)
         settings = DlqSettings.from_args(args)
         kafka = _kafka_settings(settings)
         where = _filter_of(args)

@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from contracts.environment import check_environment
+from contracts.errors import ConfigurationError
 from faults.broker import DEFAULT_PORT, DEFAULT_STATE_DIR, REPO, Broker
 from faults.harness import ScenarioRun
 from faults.results import Result, Settings
@@ -187,6 +189,13 @@ def table(rows: list[tuple[Scenario, Result]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        # Its replicas inherit the environment: the scorer's variables are read there.
+        for warning in check_environment("python -m faults", passes_on=("fraud-scorer",)):
+            print(f"python -m faults: {warning}", file=sys.stderr)
+    except ConfigurationError as exc:
+        print(f"python -m faults: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.rate is not None and not args.rate > 0:
         print(f"python -m faults: --rate must be > 0, got {args.rate}", file=sys.stderr)
         return EXIT_USAGE

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from contracts.environment import check_environment
+from contracts.errors import ConfigurationError
 from flywheel.loop import Settings, run
 
 
@@ -46,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        # Its scorer replica inherits the environment: the scorer's variables are read there.
+        for warning in check_environment("python -m flywheel", passes_on=("fraud-scorer",)):
+            print(f"python -m flywheel: {warning}", file=sys.stderr)
+    except ConfigurationError as exc:
+        print(f"python -m flywheel: configuration error: {exc}", file=sys.stderr)
+        return 2
     if not 0 < args.drift_day < args.train_days or min(args.late_days, args.served_days) < 1:
         print(
             "python -m flywheel: need 0 < --drift-day < --train-days, and --late-days and "

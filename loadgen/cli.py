@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
+from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
 from contracts.logs import configure_logging
 from loadgen.html_report import write_report
@@ -347,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulator: TransactionSimulator | None = None
     time_scale = REPLAY_SCALE
     try:
+        for warning in check_environment("fraud-loadgen"):
+            print(f"fraud-loadgen: {warning}", file=sys.stderr)
         settings = LoadgenSettings.from_args(args)
         if args.replay is None:
             rate_given = args.rate is not None

@@ -21,6 +21,7 @@ from typing import Any, NoReturn, get_args
 
 import onnxruntime as ort
 
+from contracts.environment import check_environment
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
@@ -258,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
+        for warning in check_environment(PROG):
+            print(f"{PROG} {args.command}: {warning}", file=sys.stderr)
         if args.command == "import":
             return _import(args)
         if args.command == "promote":

@@ -372,6 +372,16 @@ class ServiceMetrics:
             "Batches the challenger in shadow failed on (decided and sent without shadow records)",
             registry=r,
         )
+        self._shadow_dropped = Counter(
+            "fraud_shadow_records_dropped_total",
+            "Shadow records not written, decisions unaffected: busy (the challenger still had "
+            "its most batches waiting), late (not scored within FRAUD_SHADOW_TIMEOUT_MS of the "
+            "decisions), refused (the broker refused or did not acknowledge it)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("busy", "late", "refused"):
+            self._shadow_dropped.labels(reason)
         self._score_psi = Gauge(
             "fraud_score_psi",
             "Population stability index of the served model's scores over the last "
@@ -496,6 +506,10 @@ class ServiceMetrics:
 
     def record_shadow_failure(self) -> None:
         self._shadow_failures.inc()
+
+    def count_shadow_dropped(self, reason: str, count: int = 1) -> None:
+        """Shadow records not written: busy, late or refused (stream/shadow.py)."""
+        self._shadow_dropped.labels(reason).inc(count)
 
     def set_paused_partitions(self, count: int) -> None:
         self._paused.set(count)

@@ -1,8 +1,8 @@
 """Observed precision: of the transactions a replica flagged, how many turned out fraud, counted
 as their labels arrive (FRAUD_OBSERVED_PRECISION=on).
 
-The replica remembers each transaction it flags (review or decline): its id and event time, in
-the order it decided them, at most `max_pending` at once (beyond that a flagged transaction is
+The replica remembers each transaction it flags (review or decline): its id and event time,
+at most `max_pending` at once (beyond that a flagged transaction is
 not followed, and `fraud_flagged_outcomes_untracked_total` says so; the estimate stays unbiased,
 on fewer). A reader follows the labels topic from its end, since only labels of decisions made
 since the start can match. Each label marks a remembered transaction fraud or legitimate, and
@@ -17,13 +17,18 @@ a fraud reported later than the maturity counts as a false positive here, so set
 past most of your label delays, `fraud_features_label_delay_seconds`). Observed precision over
 a window is fraud / (fraud + legit + unreported); each replica counts what it flagged, so the
 sums over replicas give the service's.
+
+Matured transactions are taken from a heap ordered by event time, not from the order they were
+flagged in: one flagged transaction dated far ahead (a valid one may say 9999-12-31) would
+otherwise hold back every one flagged after it. Its event time also counts only up to the host's
+clock plus the allowed skew (`EventClock`, the rule of the state's clocks), so it matures too.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,7 +68,9 @@ class ObservedPrecision:
         self._max_pending = max_pending
         self._clock = clock
         #: Flagged transaction id -> (event time, the label's outcome so far, None: none yet).
-        self._pending: OrderedDict[str, tuple[int, bool | None]] = OrderedDict()
+        self._pending: dict[str, tuple[int, bool | None]] = {}
+        #: (event time, id) of every pending transaction: the next to mature on top.
+        self._maturing: list[tuple[int, str]] = []
         self._label_clock_ms: int | None = None
         self._lock = threading.Lock()
         self._reader = (
@@ -85,15 +92,18 @@ class ObservedPrecision:
     def note_flagged(self, ids: Sequence[str], event_time: npt.NDArray[np.int64]) -> None:
         """Remember the transactions of a batch that were flagged (on the scoring thread)."""
         untracked = 0
+        bound_ms = self._clock.bound_ms()
         with self._lock:
-            pending = self._pending
+            pending, maturing = self._pending, self._maturing
             for transaction_id, at in zip(ids, event_time.tolist(), strict=True):
                 if transaction_id in pending:
                     continue  # decided again (a redelivery, a rewind): still one transaction
                 if len(pending) >= self._max_pending:
                     untracked += 1
                     continue
+                at = min(at, bound_ms)
                 pending[transaction_id] = (at, None)
+                heapq.heappush(maturing, (at, transaction_id))
             size = len(pending)
         self._metrics.set_flagged_pending(size)
         if untracked:
@@ -125,12 +135,10 @@ class ObservedPrecision:
             if self._label_clock_ms is None or trusted > self._label_clock_ms:
                 self._label_clock_ms = trusted
             horizon = self._label_clock_ms - self._maturity_ms
-            # Decided in event-time order, near enough: stop at the first one still maturing.
-            while self._pending:
-                at, fraud_so_far = next(iter(self._pending.values()))
-                if at > horizon:
-                    break
-                self._pending.popitem(last=False)
+            maturing = self._maturing
+            while maturing and maturing[0][0] <= horizon:
+                _, matured_id = heapq.heappop(maturing)
+                _, fraud_so_far = self._pending.pop(matured_id)
                 kind = (
                     "unreported" if fraud_so_far is None else "fraud" if fraud_so_far else "legit"
                 )

@@ -181,7 +181,7 @@ class Redelivery:
             if output.kind == "dead_letter":
                 log.warning("dead letter refused (%s): sending it in a smaller form", error.code)
             return found
-        if output.kind in ("changelog", "shadow"):
+        if output.kind == "changelog":
             log.error(
                 "%s refused (%s): check topic %s; retrying", output.kind, error.code, output.topic
             )

@@ -22,10 +22,10 @@ def replacement(
 ) -> Output | None:
     """The output to send instead of `output`, refused for `error`: a decision becomes its
     record's dead letter (reason `produce`), a dead letter a smaller form of itself
-    (`deadletter.router.shrink`). None when nothing smaller can go: a card state or a shadow
-    record (small, so its topic is at fault) or a dead letter refused even in its smallest form
-    (the dead-letter topic's `max.message.bytes` is at fault)."""
-    if output.kind in ("changelog", "shadow"):
+    (`deadletter.router.shrink`). None when nothing smaller can go: a card state (small, so
+    its topic is at fault) or a dead letter refused even in its smallest form (the dead-letter
+    topic's `max.message.bytes` is at fault)."""
+    if output.kind == "changelog":
         return None
     if output.kind == "decision":
         output.group.relabel(("decision", output.label), ("dead_letter", error.reason))

@@ -41,7 +41,7 @@ from stream.model_reload import ModelReloader, ServingModel
 from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
 from stream.rules_table import RulesTable
-from stream.shadow import Shadow, ShadowRecords
+from stream.shadow import Shadow
 from stream.sink import Headers, Output, OutputSink
 from stream.tracing import BatchOutcome, BatchTracer
 from stream.worker_tables import CardFraudsTable, TerminalRiskTable
@@ -69,7 +69,7 @@ class Stages:
     - handoff: waiting for the scoring stage (the handoff queue);
     - state, terminal: the card history; the terminal-risk and card-frauds joins;
     - decide: features, model, rules and reasons (`fraud_inference_seconds` is its model call);
-    - encode: the decisions (and shadow records) made into output values;
+    - encode: the decisions made into output values;
     - delivery: from the first output produced to the last one acknowledged (in exactly-once
       mode, the transaction's commit).
     """
@@ -150,7 +150,8 @@ class BatchScorer:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
         decisions (None: none); `reloader`: where a new model (scorer, policy and explainer
         together) comes from between batches (None: the first serves for good); `shadow`: a
-        challenger that scores the decided rows too (FRAUD_SHADOW_MODEL); `observed_precision`:
+        challenger that scores the decided rows too, on its own thread, once their decisions
+        are sent (FRAUD_SHADOW_MODEL); `observed_precision`:
         follows the flagged transactions until their labels arrive (FRAUD_OBSERVED_PRECISION);
         `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES);
         `tracer`: one span per batch (stream/tracing.py; None: no spans)."""
@@ -218,17 +219,6 @@ class BatchScorer:
         decided_at = time.time_ns() // 1_000_000
         stages.done("decide")
         encoded = self._encode(records, verdicts, decided_at)
-        shadow = (
-            None
-            if self._shadow is None
-            else self._shadow.records(
-                transactions,
-                verdicts,
-                encoded.rows,
-                (self._scorer.model_version, self._policy),
-                decided_at,
-            )
-        )
         self._count(verdicts, len(records), batch.wait_s, now_ms)
         stages.done("encode")
 
@@ -240,8 +230,6 @@ class BatchScorer:
             outputs["dead_letter", ScoreError.reason] = len(failed)
         if changelog:
             outputs["changelog", "card_state"] = sum(len(batch.card_ids) for batch in changelog)
-        if shadow is not None and shadow.keys:
-            outputs["shadow", "shadow"] = len(shadow.keys)
         group = OutcomeGroup(
             self._tracker,
             [r.position for r in records],
@@ -252,8 +240,15 @@ class BatchScorer:
         contexts = _trace_contexts(records, dead_letters)
         self._send_changelog(records, changelog, group)
         self._send_decisions(records, verdicts, encoded, contexts, group)
-        if shadow is not None and shadow.keys:
-            self._send_shadow(records, encoded.rows, shadow, group)
+        if self._shadow is not None:
+            # After the decisions, and never waited for (stream/shadow.py).
+            self._shadow.submit(
+                transactions,
+                verdicts,
+                encoded.rows,
+                (self._scorer.model_version, self._policy),
+                decided_at,
+            )
         if encoded.rows:
             decided = np.asarray(encoded.rows)
             event_time = verdicts.event_time[decided]
@@ -440,30 +435,6 @@ class BatchScorer:
         self._sink.send_batch(
             topic, encoded.keys, encoded.values, group, output_of, headers=headers
         )
-
-    def _send_shadow(
-        self,
-        records: list[PendingRecord],
-        rows: list[int],
-        shadow: ShadowRecords,
-        group: OutcomeGroup,
-    ) -> None:
-        assert self._shadow is not None
-        topic = self._shadow.topic
-
-        def output_of(j: int) -> Output:
-            return Output(
-                kind="shadow",
-                topic=topic,
-                key=shadow.keys[j],
-                value=shadow.values[j],
-                headers=None,
-                source=records[rows[j]].message,
-                group=group,
-                label="shadow",
-            )
-
-        self._sink.send_batch(topic, shadow.keys, shadow.values, group, output_of)
 
 
 def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:

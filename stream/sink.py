@@ -23,7 +23,7 @@ from stream.outcomes import OutcomeGroup
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes]]
-OutputKind = Literal["decision", "dead_letter", "changelog", "shadow"]
+OutputKind = Literal["decision", "dead_letter", "changelog"]
 
 #: librdkafka's "no partition chosen": its partitioner picks one by key.
 ANY_PARTITION = -1

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
 
+from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
 from contracts.health import serve
 from contracts.logs import configure_logging
@@ -155,11 +156,14 @@ def _route(router: Router, stop: threading.Event, health: WorkerHealth) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
+        warnings = check_environment("fraud-features")
         config = WorkerConfig.from_args(args)
     except ConfigurationError as exc:
         print(f"fraud-features: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
+    for warning in warnings:
+        log.warning("%s", warning)
     try:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)

@@ -6,9 +6,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from contracts.environment import check_environment
+from contracts.errors import ConfigurationError
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        for warning in check_environment("fraud-train"):
+            print(f"fraud-train: {warning}", file=sys.stderr)
+    except ConfigurationError as exc:
+        print(f"fraud-train: configuration error: {exc}", file=sys.stderr)
+        return 2
     try:
         if "--from-topics" in args:
             from training.from_topics import main as from_topics

@@ -12,6 +12,7 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
+from contracts.environment import check_environment
 from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
 from contracts.health import HealthState, serve
 from contracts.logs import configure_logging
@@ -142,11 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        warnings = check_environment("fraud-scorer")
         config = _load_config(args)
     except ConfigurationError as exc:
         print(f"fraud-scorer: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
+    for warning in warnings:
+        log.warning("%s", warning)
     try:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)

@@ -145,6 +145,27 @@ EXACTLY_ONCE_PRODUCER: dict[str, Any] = {
 }
 
 
+#: The shadow topic's own producer (stream/shadow.py): nothing waits for it, and what it cannot
+#: deliver is dropped, so it must never fail for good (no idempotence, whose errors can be
+#: fatal) nor hold records long (a topic that does not exist is reported after this timeout).
+#: Failures only: a delivered shadow record needs no callback.
+SHADOW_PRODUCER: dict[str, Any] = {
+    "enable.idempotence": False,
+    "acks": "all",
+    "linger.ms": 5,
+    "message.timeout.ms": 10_000,
+    "delivery.report.only.error": True,
+}
+
+
+def create_shadow_producer(config: ServiceConfig, errors: ClientErrors) -> Producer:
+    """The producer of shadow decisions: plain in either guarantee, outside any transaction."""
+    settings = {**_settings(config, PRODUCER_DEFAULTS, errors), **SHADOW_PRODUCER}
+    settings.pop("transactional.id", None)
+    settings["client.id"] += "-shadow"
+    return Producer(settings)
+
+
 def create_consumer(
     config: ServiceConfig, on_statistics: Callable[[str], None], errors: ClientErrors
 ) -> Consumer:

@@ -470,6 +470,17 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             "topic of the challenger's shadow decisions (default: <output_topic>.shadow)",
         ),
     ] = None
+    shadow_timeout_ms: Annotated[
+        float,
+        meta(
+            "FRAUD_SHADOW_TIMEOUT_MS",
+            "the challenger scores each batch on its own thread once the batch's decisions are "
+            "sent, never delaying one; a batch it has not scored within this many milliseconds "
+            'gets no shadow records (fraud_shadow_records_dropped_total{reason="late"})',
+            gt=0,
+            le=600_000,
+        ),
+    ] = 5_000.0
     device: Annotated[
         Device,
         meta(

@@ -43,10 +43,10 @@ from stream.observed_precision import ObservedPrecision
 from stream.redelivery import Redelivery
 from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
-from stream.shadow import Shadow
+from stream.shadow import Shadow, ShadowOutput
 from stream.sink import KafkaSink, OutputSink
 from stream.startup.config import ServiceConfig
-from stream.startup.kafka_clients import ClientErrors
+from stream.startup.kafka_clients import ClientErrors, create_shadow_producer
 from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink
 from stream.worker_tables import CardFraudsTable, TerminalRiskTable
@@ -252,7 +252,7 @@ def build_collaborators(
             if config.model_poll_s > 0
             else None
         ),
-        shadow=shadow_scoring(config, metrics),
+        shadow=shadow_scoring(config, metrics, client_errors),
         observed_precision=(
             ObservedPrecision(
                 metrics,
@@ -275,9 +275,11 @@ def build_collaborators(
     )
 
 
-def shadow_scoring(config: ServiceConfig, metrics: ServiceMetrics) -> Shadow | None:
-    """The challenger of FRAUD_SHADOW_MODEL, loaded, warmed up and sanity-scored (None
-    without one); ConfigurationError when it cannot serve."""
+def shadow_scoring(
+    config: ServiceConfig, metrics: ServiceMetrics, errors: ClientErrors
+) -> Shadow | None:
+    """The challenger of FRAUD_SHADOW_MODEL, loaded, warmed up and sanity-scored, with its own
+    producer (None without one); ConfigurationError when it cannot serve."""
     if config.shadow_model is None:
         return None
     source = open_model_source(config.shadow_model)
@@ -289,4 +291,7 @@ def shadow_scoring(config: ServiceConfig, metrics: ServiceMetrics) -> Shadow | N
         if config.model_poll_s > 0
         else None
     )
-    return Shadow(model, config.shadow_output_topic, metrics, reloader)
+    output = ShadowOutput(
+        create_shadow_producer(config, errors), config.shadow_output_topic, metrics
+    )
+    return Shadow(model, output, metrics, reloader, timeout_s=config.shadow_timeout_ms / 1000.0)

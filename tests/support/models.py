@@ -96,3 +96,50 @@ def amount_poison_model() -> bytes:
         helper.make_node("Add", ["p_flat", "zero_or_crash"], ["score"]),
     ]
     return onnx_model(nodes, initializers, ["batch"])
+
+
+#: The side of the matrix `slow_model` multiplies: one multiplication is about 0.27 GFLOP.
+SLOW_SIDE = 512
+
+
+def slow_model(iterations: int, model_version: str = "slow") -> bytes:
+    """Scores 0.5 for every row, after `iterations` multiplications of a SLOW_SIDE-square
+    matrix, whatever the batch's size: a model that is slow on every call. The matrix is made
+    from the input, so ONNX Runtime cannot fold the loop away when it loads the model."""
+    rng = np.random.default_rng(5)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["m_in", "w"], ["product"]),
+            helper.make_node("Tanh", ["product"], ["m_out"]),
+        ],
+        "multiply",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_in", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_out", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+        ],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["features"], ["total"], keepdims=0),
+        helper.make_node("Mul", ["w", "total"], ["m0"]),
+        helper.make_node("Loop", ["trips", "go", "m0"], ["m_last"], body=body),
+        helper.make_node("ReduceMean", ["m_last"], ["mean"], keepdims=0),
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+        helper.make_node("Mul", ["features", "zero"], ["zeros"]),
+        helper.make_node("ReduceMax", ["zeros"], ["row_zeros"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["row_zeros", "nothing"], ["shifted"]),
+        helper.make_node("Add", ["shifted", "half"], ["score"]),
+    ]
+    initializers: dict[str, np.ndarray] = {
+        "w": (rng.standard_normal((SLOW_SIDE, SLOW_SIDE)) / SLOW_SIDE).astype(np.float32),
+        "trips": np.array(iterations, np.int64),
+        "go": np.array(True),
+        "zero": np.array(0.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    return onnx_model(nodes, initializers, ["batch"], model_version=model_version)

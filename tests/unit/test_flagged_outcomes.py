@@ -92,3 +92,39 @@ def test_the_maturity_is_history_time_shrunk_by_the_time_scale():
     assert registry.get_sample_value("fraud_flagged_outcomes_pending") == 1
     observed.label("b", True, T0 + 7 * DAY // 1_000)
     assert registry.get_sample_value("fraud_flagged_outcomes_total", {"outcome": "fraud"}) == 1
+
+
+def test_a_far_future_flagged_transaction_does_not_stop_later_ones_from_maturing():
+    wall = [T0 + 30 * DAY]
+    registry = CollectorRegistry()
+    observed = ObservedPrecision(
+        ServiceMetrics(registry),
+        maturity_days=7,
+        time_scale=1.0,
+        max_pending=10,
+        clock=EventClock(300_000, 1.0, wall_ms=lambda: wall[0]),
+    )
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    # Flagged first, dated 9999-12-31: it counts as of the host's clock plus the skew.
+    observed.note_flagged(["future"], np.array([253402300799000]))
+    observed.note_flagged(["a", "b"], np.array([T0, T0 + DAY]))
+    observed.label("a", True, T0 + 8 * DAY + 1)
+    assert outcomes(sample) == {"fraud": 1, "legit": 0, "unreported": 1}
+    assert sample("fraud_flagged_outcomes_pending") == 1
+    # Once the host's clock and the labels have moved on by the maturity, it matures too.
+    wall[0] += 7 * DAY
+    observed.label("future", False, wall[0] + 300_000)
+    assert outcomes(sample) == {"fraud": 1, "legit": 1, "unreported": 1}
+    assert sample("fraud_flagged_outcomes_pending") == 0
+
+
+def test_flagged_transactions_mature_by_event_time_whatever_order_they_were_flagged_in():
+    observed, sample = tracker()
+    observed.note_flagged(["late"], np.array([T0 + 5 * DAY]))
+    observed.note_flagged(["early"], np.array([T0]))
+    observed.label("early", True, T0 + 7 * DAY)
+    assert outcomes(sample) == {"fraud": 1, "legit": 0, "unreported": 0}
+    assert sample("fraud_flagged_outcomes_pending") == 1

@@ -4,6 +4,8 @@ cost no import of OpenTelemetry at all."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +22,14 @@ from scorer.decisions import Thresholds
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
 from stream.scoring import BatchScorer, PendingRecord
-from stream.tracing import BatchTracer, batch_tracer, linked_contexts, spans_requested
+from stream.tracing import (
+    BatchOutcome,
+    BatchTracer,
+    batch_tracer,
+    linked_contexts,
+    spans_requested,
+)
+from tests.support.budget import MIB, Budget, within
 from tests.support.records import offset_of
 from tests.unit.fakes import FakeScorer, MemorySink
 from tests.unit.test_batch_scorer import make_batch, poison_amount, traceparent
@@ -158,3 +167,68 @@ def test_an_endpoint_with_the_extra_makes_an_otlp_tracer():
     from stream.tracing import OtelBatchTracer
 
     assert isinstance(batch_tracer(**TRACER, environ=ENDPOINT), OtelBatchTracer)
+
+
+@pytest.fixture
+def silent_collector():
+    """An OTLP endpoint that takes connections and never answers (a collector that hangs)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+def test_spans_held_for_a_collector_that_does_not_answer_stay_within_their_memory_bound(
+    silent_collector, monkeypatch
+):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from stream.tracing import OtelBatchTracer
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", silent_collector)
+    monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "1000000")  # asks for more than is kept
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # so that closing is quick
+    tracer = batch_tracer(**{**TRACER, "max_batch_size": 4_096}, environ=os.environ)
+    assert isinstance(tracer, OtelBatchTracer)
+    # Every record of every batch carries a distinct valid traceparent of the longest kind a
+    # later version may send: each would be a link.
+    contexts: list[list[tuple[str, bytes]] | None] = [
+        [("traceparent", b"cc-%032x-%016x-01-" % (i + 1, i + 1) + b"x" * 900)] for i in range(4_096)
+    ]
+    outcome = BatchOutcome(4_096, 4_096, 0, "m")
+    try:
+        # What the spans may hold while they wait (SPAN_MEMORY_BYTES, 16 MiB), with room for
+        # the export's encoding of its batch. Without the bounds: 305 MB after 120 batches.
+        with within(Budget(24 * MIB, 60.0), "spans for a silent collector"):
+            for _ in range(160):  # more spans than the queue and the export batch hold
+                tracer.batch_scored(contexts, 0.001, outcome)
+    finally:
+        tracer.close()
+
+
+def test_a_span_links_at_most_its_limit_of_records_and_the_queue_fits_the_memory_bound():
+    from stream.tracing import (
+        LINK_BYTES,
+        MAX_LINKS_PER_SPAN,
+        SPAN_BYTES,
+        SPAN_MEMORY_BYTES,
+        span_bounds,
+    )
+
+    contexts = [[("traceparent", traceparent(i % 256))] for i in range(1_000)]
+    assert len(linked_contexts(contexts, 10)) == 10
+    assert linked_contexts(contexts, 10) == linked_contexts(contexts[:10])
+    for batch_cap, environ in [
+        (65_536, {}),
+        (65_536, {"OTEL_SPAN_LINK_COUNT_LIMIT": "1000000"}),
+        (256, {}),
+        (16, {}),
+        (4_096, {"OTEL_SPAN_LINK_COUNT_LIMIT": "8"}),
+    ]:
+        bounds = span_bounds(batch_cap, environ)
+        assert bounds.max_links <= min(batch_cap, MAX_LINKS_PER_SPAN)
+        held = bounds.max_queue_size + bounds.max_export_batch_size
+        assert held * (SPAN_BYTES + bounds.max_links * LINK_BYTES) <= SPAN_MEMORY_BYTES
+        assert 1 <= bounds.max_export_batch_size <= bounds.max_queue_size
+    assert span_bounds(4_096, {"OTEL_SPAN_LINK_COUNT_LIMIT": "8"}).max_links == 8
+    assert span_bounds(256, {}).max_links == 256  # a default batch: every record linked
