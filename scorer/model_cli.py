@@ -22,6 +22,7 @@ from typing import Any, NoReturn, get_args
 import onnxruntime as ort
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError
+from contracts.kafka_settings import redact_urls
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
 from scorer.model_package import (
@@ -266,10 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _publish(args)
         return _inspect(args.package, args.json)
     except ConfigurationError as exc:
-        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        print(f"{PROG} {args.command}: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except ModelSourceUnavailableError as exc:
-        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        print(f"{PROG} {args.command}: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError
+from contracts.kafka_settings import redact_urls
 from scorer.model_package import MANIFEST_FILE, ONNX_FILE, load_model_package
 
 MLFLOW_PREFIX = "models:/"
@@ -240,8 +241,12 @@ def move_mlflow_alias(uri: str, alias: str) -> str | None:
 
 
 def _unavailable(uri: str, exc: Exception) -> ModelSourceUnavailableError:
-    detail = " ".join(str(exc).split())[:300]
-    tracking = os.environ.get("MLFLOW_TRACKING_URI", "(MLFLOW_TRACKING_URI is not set)")
+    """The error of a registry that cannot be read: it names the tracking server, never the
+    credentials its URI may hold (MLflow quotes the whole URI in its own errors too)."""
+    detail = redact_urls(" ".join(str(exc).split()))[:300]
+    tracking = redact_urls(
+        os.environ.get("MLFLOW_TRACKING_URI", "(MLFLOW_TRACKING_URI is not set)")
+    )
     return ModelSourceUnavailableError(
         f"MLflow model {uri} could not be read from {tracking}: {type(exc).__name__}: {detail}"
     )
