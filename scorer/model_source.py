@@ -17,6 +17,7 @@ and where that package lies on this machine (`package_dir`, which downloads it i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ MLFLOW_PREFIX = "models:/"
 _MLFLOW_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))")
 #: Where in its run's artifacts a published package lies.
 PACKAGE_ARTIFACT = "package"
+#: Hex digits of the digest that names where a downloaded version came from.
+_ORIGIN_DIGITS = 16
 #: The install that brings the MLflow client (mlflow-skinny, without the server).
 MLFLOW_EXTRA = "pip install 'fraud-scorer[mlflow]'"
 
@@ -119,7 +122,13 @@ def parse_mlflow_uri(uri: str) -> tuple[str, str | None, str | None]:
 class MlflowSource:
     """A registered model of an MLflow model registry, followed by alias (or pinned to one
     version). Each version a replica serves is downloaded once into a folder of its own; the one
-    before stays, the older ones are removed."""
+    before stays, the older ones are removed.
+
+    A version is known by where it came from, not by its number alone: its folder is named by
+    the tracking server, the name, the number, the version's `source` and its run, so a version
+    registered again from another run (a registry restored or migrated, a model deleted and
+    published anew) or the same name and number on another tracking server is downloaded
+    again, never served from the cache."""
 
     def __init__(self, uri: str, cache: Path | None = None) -> None:
         try:
@@ -127,12 +136,17 @@ class MlflowSource:
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
         self.uri = uri
-        self._client = _mlflow_client_module().MlflowClient()
+        mlflow = _mlflow_client_module()
+        #: Resolved once (MLFLOW_TRACKING_URI): the client, the downloads and the cache agree.
+        self._tracking_uri = str(mlflow.get_tracking_uri())
+        self._client = mlflow.MlflowClient(tracking_uri=self._tracking_uri)
         self._cache = cache or Path(tempfile.mkdtemp(prefix="fraud-models-"))
+        self._cache.mkdir(parents=True, exist_ok=True)
         self._kept: list[Path] = []
 
-    def identity(self) -> tuple[str, str, str]:
-        """(name, version, where its files are): a version re-registered elsewhere is new."""
+    def identity(self) -> tuple[str, str, str, str]:
+        """(name, version, where its files are, its run): a version re-registered elsewhere
+        is new."""
         try:
             if self.alias is not None:
                 found = self._client.get_model_version_by_alias(self.name, self.alias)
@@ -145,14 +159,17 @@ class MlflowSource:
                     "point the alias at it (--alias, or fraud-model promote)"
                 ) from None
             raise _unavailable(self.uri, exc) from exc
-        return (self.name, str(found.version), str(found.source))
+        return (self.name, str(found.version), str(found.source), str(found.run_id or ""))
 
     def package_dir(self, identity: Hashable) -> Path:
         assert isinstance(identity, tuple)
-        name, version, _ = identity
-        target = self._cache / f"{name}-v{version}"
+        name, version = identity[0], identity[1]
+        origin = hashlib.sha256(
+            "\n".join([self._tracking_uri, *map(str, identity)]).encode()
+        ).hexdigest()[:_ORIGIN_DIGITS]
+        target = self._cache / f"{name}-v{version}-{origin}"
         if not (target / MANIFEST_FILE).is_file():
-            target = self._download(name, version, target)
+            target = self._download(identity, target)
         if target not in self._kept:
             self._kept.append(target)
             for old in self._kept[:-2]:  # the one in service and the one replacing it stay
@@ -160,22 +177,32 @@ class MlflowSource:
             del self._kept[:-2]
         return target
 
-    def _download(self, name: str, version: str, target: Path) -> Path:
+    def _download(self, identity: tuple[Any, ...], target: Path) -> Path:
+        name, version = identity[0], identity[1]
+        where = f"{MLFLOW_PREFIX}{name}/{version}"
         artifacts = _mlflow_client_module().artifacts
         staging = Path(tempfile.mkdtemp(prefix=".download-", dir=self._cache))
         try:
             found = Path(
                 artifacts.download_artifacts(
-                    artifact_uri=f"{MLFLOW_PREFIX}{name}/{version}", dst_path=str(staging)
+                    artifact_uri=where, dst_path=str(staging), tracking_uri=self._tracking_uri
                 )
             )
+            # Registered anew while it downloaded: these files may be the other version's.
+            now = self._client.get_model_version(name, version)
         except Exception as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            raise _unavailable(f"{MLFLOW_PREFIX}{name}/{version}", exc) from exc
+            raise _unavailable(where, exc) from exc
+        if (str(now.source), str(now.run_id or "")) != tuple(identity[2:]):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ModelSourceUnavailableError(
+                f"MLflow model {where} was registered again while it downloaded: asked again "
+                "at the next poll"
+            )
         if not (found / MANIFEST_FILE).is_file():
             shutil.rmtree(staging, ignore_errors=True)
             raise ConfigurationError(
-                f"MLflow model {MLFLOW_PREFIX}{name}/{version} holds no {MANIFEST_FILE}: "
+                f"MLflow model {where} holds no {MANIFEST_FILE}: "
                 "register a model package (fraud-model publish DIR --registered-model NAME)"
             )
         os.replace(found, target)  # whole or not at all: a half download is never served
