@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ import onnxruntime as ort
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError
 from contracts.kafka_settings import redact_urls
+from contracts.logs import configure_logging
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
 from scorer.model_package import (
@@ -258,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if not logging.getLogger().handlers:  # run as a command, not called by a host program
+        configure_logging("WARNING", "text")  # MLflow's warnings, masked like the service's
     try:
         if args.command == "import":
             return _import(args)

@@ -17,10 +17,13 @@ and where that package lies on this machine (`package_dir`, which downloads it i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Hashable
 from pathlib import Path
@@ -230,7 +233,11 @@ def publish_to_mlflow(package: Path, name: str, *, alias: str | None, experiment
             tags={"fraud.package": loaded.manifest.model.name, "fraud.version": loaded.version},
         )
         client.log_artifacts(run.info.run_id, str(package), artifact_path=PACKAGE_ARTIFACT)
-        client.set_terminated(run.info.run_id)
+        # MLflow prints the run's link on stdout, the tracking URI's credentials with it.
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            client.set_terminated(run.info.run_id)
+        sys.stdout.write(redact_urls(printed.getvalue()))
         if not client.search_registered_models(filter_string=f"name = '{name}'"):
             client.create_registered_model(name)
         version = client.create_model_version(
@@ -281,6 +288,9 @@ def _unavailable(uri: str, exc: Exception) -> ModelSourceUnavailableError:
 
 def _mlflow_client_module() -> Any:
     """The `mlflow` module (its client), or ConfigurationError saying how to install it."""
+    # MLflow's loggers then log through the command's handler, which masks URL credentials,
+    # instead of a stderr handler of their own.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     try:
         import mlflow  # the mlflow extra; imported only where a models:/ source is used
     except ImportError:

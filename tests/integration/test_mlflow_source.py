@@ -6,6 +6,7 @@ promote models:/<name>/2 --alias champion` swaps its model under load with nothi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -154,3 +155,44 @@ def test_the_same_version_on_another_tracking_server_is_downloaded_again(
     second = there.package_dir(there.identity())
     assert second != first
     assert load_model_package(second).version == "two-servers"
+
+
+def test_publish_and_a_replica_never_show_the_tracking_uris_password(
+    tracking: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """A tracking URI with credentials in it (MLflow sends them as basic auth; the test server
+    takes any): nothing `fraud-model` prints, nor MLflow's own lines, nor a replica's reload
+    log, carries the password."""
+    from prometheus_client import CollectorRegistry
+
+    from contracts.logs import configure_logging
+    from scorer.model_source import DirectorySource, MlflowSource
+    from stream.metrics import ServiceMetrics
+    from stream.model_reload import ModelReloader, load_serving_model
+    from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+
+    secret = "s3cret"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", TRACKING_URI.replace("://", f"://alice:{secret}@"))
+    name = tracking
+    package = package_copy(tmp_path / "v1", "creds-v1")
+    assert (
+        fraud_model(["publish", str(package), "--registered-model", name, "--alias", "champion"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert f"as models:/{name}/1" in out and secret not in out + err
+
+    config = ServiceConfig(model_poll_s=60.0)
+    serving = load_serving_model(config, DirectorySource(SHIPPED_MODEL_PATH))
+    source = MlflowSource(f"models:/{name}@champion", cache=tmp_path / "cache")
+    reloader = ModelReloader(config, ServiceMetrics(CollectorRegistry()), serving, source=source)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("DEBUG", "text")  # MLflow's and urllib3's own lines too
+        assert reloader.check_now()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    assert "loaded from models:/" in err and secret not in out + err
