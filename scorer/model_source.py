@@ -87,14 +87,24 @@ def check_model_location(location: str, setting: str) -> None:
 
 class DirectorySource:
     """A package directory, or a link to one: its identity is where the link points and the
-    two files' modification times and sizes, so a rewritten file is a new package too."""
+    two files' modification times and sizes, so a rewritten file is a new package too. A
+    directory that is gone, or whose two files cannot be read (a volume not mounted, a link to
+    nothing, a package half copied), cannot be read now: ModelSourceUnavailableError, and it is
+    read again at the next poll."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def identity(self) -> tuple[str, tuple[int, int] | None, tuple[int, int] | None]:
+    def identity(self) -> tuple[str, tuple[int, int], tuple[int, int]]:
         directory = Path(os.path.realpath(self.path))
-        return (str(directory), _stamp(directory / MANIFEST_FILE), _stamp(directory / ONNX_FILE))
+        manifest, onnx = _stamp(directory / MANIFEST_FILE), _stamp(directory / ONNX_FILE)
+        if manifest is None or onnx is None:
+            raise ModelSourceUnavailableError(
+                f"model source {str(self.path)!r}: {str(directory)!r} holds no readable "
+                f"{MANIFEST_FILE} and {ONNX_FILE} (a directory gone or unreadable, a package "
+                "not copied whole yet)"
+            )
+        return (str(directory), manifest, onnx)
 
     def package_dir(self, identity: Hashable) -> Path:
         assert isinstance(identity, tuple)
@@ -105,9 +115,12 @@ class DirectorySource:
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
+    """(modification time, size) of a readable file; None when it cannot be read."""
     try:
         status = path.stat()
     except OSError:
+        return None
+    if not os.access(path, os.R_OK):
         return None
     return (status.st_mtime_ns, status.st_size)
 
