@@ -82,6 +82,7 @@ def load_serving_model(
         device_id=config.device_id,
         cpu_threads=config.cpu_threads,
         max_batch_size=config.max_batch_size,
+        max_memory_bytes=config.model_max_memory_mb * 1024 * 1024,
     )
     return ServingModel(scorer, policy, _explainer(config, scorer), identity)
 
