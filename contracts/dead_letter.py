@@ -32,6 +32,7 @@ from typing import NamedTuple, cast
 
 from confluent_kafka import Message
 
+from contracts.kafka_settings import redact_urls
 from contracts.transaction import MAX_EVENT_TIME_MS
 
 HEADER_PREFIX = "dlq."
@@ -101,7 +102,7 @@ def dead_letter_headers(
     added: dict[str, str] = {
         REASON: reason,
         ERROR: type(error).__name__,
-        MESSAGE: _bounded(str(error) or type(error).__name__, MAX_MESSAGE_CHARS),
+        MESSAGE: _bounded(redact_urls(str(error)) or type(error).__name__, MAX_MESSAGE_CHARS),
         ORIGINAL_TOPIC: source.topic,
         ORIGINAL_PARTITION: str(source.partition),
         ORIGINAL_OFFSET: str(source.offset),
@@ -113,7 +114,7 @@ def dead_letter_headers(
     if model_version is not None:
         added[MODEL_VERSION] = model_version
     if with_stacktrace and error.__traceback__ is not None:
-        trace = "".join(traceback.format_exception(error))
+        trace = redact_urls("".join(traceback.format_exception(error)))
         added[STACKTRACE] = _bounded(trace, MAX_STACKTRACE_CHARS)
     if source.headers is None:
         added[HEADERS_DROPPED] = UNREADABLE_HEADERS

@@ -4,6 +4,10 @@ properties file (`FRAUD_KAFKA_CONFIG_FILE`), the place for secrets.
 Every command reads them the same way (`KafkaSettings` in `contracts/settings.py`), and logs
 them only through `redact`: a value is shown only for keys known to hold no secret, so a new or
 misspelt secret setting is hidden rather than leaked. No error message here repeats a value.
+
+`redact_urls` masks the credentials a URL may carry (`scheme://user:password@host`, a bare
+`user:password@host`, a `?token=` in its query): every command's log lines pass through it
+(`contracts/logs.py`), and so does each error and dead letter that may quote a URL.
 """
 
 from __future__ import annotations
@@ -126,8 +130,41 @@ def read_kafka_config_file(path: Path) -> dict[str, str]:
 
 
 def redact(settings: Mapping[str, object]) -> dict[str, object]:
-    """Settings as they may be logged: values of keys not known to be safe are masked."""
-    return {k: (v if k in SAFE_KEYS else MASK) for k, v in settings.items()}
+    """Settings as they may be logged: values of keys not known to be safe are masked, and the
+    credentials of any URL in the others (an endpoint URL is safe to show, its password not)."""
+    return {
+        k: ((redact_urls(v) if isinstance(v, str) else v) if k in SAFE_KEYS else MASK)
+        for k, v in settings.items()
+    }
+
+
+#: Characters that end a URL's authority, or the text around it: the userinfo lies before the
+#: authority's last `@` (an unencoded `@` in a password is common enough to allow).
+_NOT_AUTHORITY = r"""\s/?#"'<>"""
+#: `scheme://userinfo@`: a user name alone is userinfo too (a token is often sent as one).
+_SCHEME_USERINFO = re.compile(rf"([A-Za-z][A-Za-z0-9+.-]*://)[^{_NOT_AUTHORITY}]+@")
+#: `user:password@host` without a scheme (a bootstrap server list), where a token starts: a
+#: colon is required, so an e-mail address is left alone; `models:/name@alias` has a slash.
+_BARE_USERINFO = re.compile(
+    rf"(?<![^\s,;=(\['\"])[^{_NOT_AUTHORITY}:,;=()\[\]]+:[^{_NOT_AUTHORITY}]*@(?=[\w\[])"
+)
+#: Query parameters that carry a secret in the URL itself.
+_SECRET_QUERY = re.compile(
+    r"([?&](?:access_token|api_key|apikey|password|secret|sig|signature|token)=)[^&#\s\"'<>]+",
+    re.IGNORECASE,
+)
+
+
+def redact_urls(text: str) -> str:
+    """`text` with the credentials of every URL in it masked: the userinfo (`user:password@`,
+    or `user@`, with a scheme; `user:password@` without one) becomes `***@`, and the value of a
+    `token`, `access_token`, `password`, `secret`, `api_key` or `sig` query parameter `***`.
+    Hosts, ports, IPv6 literals and paths stay, so the line still says where."""
+    if "@" not in text and "=" not in text:
+        return text  # the common case, at the cost of two scans in C
+    text = _SCHEME_USERINFO.sub(rf"\1{MASK}@", text)
+    text = _BARE_USERINFO.sub(f"{MASK}@", text)
+    return _SECRET_QUERY.sub(rf"\1{MASK}", text)
 
 
 #: Environment variables every command reads its extra librdkafka settings from.

@@ -1,4 +1,10 @@
-"""How every command of the project logs: plain text for people, JSON lines for log pipelines."""
+"""How every command of the project logs: plain text for people, JSON lines for log pipelines.
+
+Every line, whoever logs it (the project, httpx, MLflow, the OTLP exporter) and its exception's
+text included, leaves with the credentials of any URL in it masked (`redact_urls`): a tracking
+URI, a registry URL or an endpoint given as `https://user:password@host` is logged as
+`https://***@host`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import json
 import logging
 import sys
 import time
+
+from contracts.kafka_settings import redact_urls
 
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
 #: Libraries that log every HTTP request at INFO: the registry client's HTTP library logs a line
@@ -27,16 +35,23 @@ class JsonLinesFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return redact_urls(json.dumps(entry, default=str))
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger: message` (or `fmt`), then the exception's traceback, if any."""
+
+    def __init__(self, fmt: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
+        super().__init__(fmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
 
 
 def configure_logging(level: str, log_format: str) -> None:
     """Configure the root logger once, for a command-line entry point."""
     handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonLinesFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLinesFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for name in CHATTY_LOGGERS:
         chatty = logging.getLogger(name)

@@ -39,6 +39,7 @@ from contracts.kafka_settings import (
     parse_kafka_options,
     read_kafka_config_file,
     redact,
+    redact_urls,
     split_kafka_options,
 )
 
@@ -294,7 +295,7 @@ def _of_type(value: Any, kind: Any) -> bool:
 
 def _refusal(name: str, kind: Any, value: Any) -> str:
     """The refusal of a value: "max_batch_size must be an integer in 1..65536, got '0'"."""
-    shown = "(not shown)" if _is_options(kind) else repr(value)
+    shown = "(not shown)" if _is_options(kind) else redact_urls(repr(value))
     return f"{name} must be {_rule_of(msgspec.inspect.type_info(kind))}, got {shown}"
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError, FraudScorerError
+from contracts.logs import TextFormatter
 from contracts.settings import KafkaSettings, Topic, meta
 from deadletter.inspect import inspect, render_text
 from deadletter.reader import DeadLetterFilter, DeadLetterReader, parse_time
@@ -56,7 +57,9 @@ class _OncePerMessage(logging.Filter):
 
 def _configure_logging() -> logging.Logger:
     """Warnings on stderr; librdkafka's own lines among them, each once. Returns its logger."""
-    logging.basicConfig(level=logging.WARNING, format="fraud-dlq: %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TextFormatter("fraud-dlq: %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     librdkafka = logging.getLogger("librdkafka")
     librdkafka.addFilter(_OncePerMessage())
     return librdkafka

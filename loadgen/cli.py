@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
+from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
@@ -336,9 +337,9 @@ def _scorer_scale(metrics_url: str) -> tuple[float | None, str]:
     try:
         return history_time_scale(metrics_url), ""
     except OSError as exc:
-        return None, f"cannot read {metrics_url}: {exc}"
+        return None, redact_urls(f"cannot read {metrics_url}: {exc}")
     except LookupError as exc:
-        return None, str(exc)
+        return None, redact_urls(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -415,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scraper.stop()
         scraper.scrape_now()
         snapshots = scraper.snapshots
-        summary["metrics_url"] = args.metrics_url
+        summary["metrics_url"] = redact_urls(args.metrics_url)
         summary["batch_sizes"] = batch_size_distribution(
             snapshots[0].batch_buckets if snapshots else None,
             snapshots[-1].batch_buckets if len(snapshots) > 1 else None,

@@ -39,9 +39,10 @@ from scorer.features import (
     TransactionFields,
     build_features,
 )
-from scorer.isolation import bisect_failures, check_canary
+from scorer.isolation import Canary, bisect_failures
 from scorer.model import Scorer
 from scorer.reasons import Explainer
+from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def decide_batch(
     columns: TransactionColumns | None = None,
     rules: Rules = Rules.EMPTY,
     explainer: Explainer | None = None,
+    known_good: RecentRows | None = None,
 ) -> Verdicts:
     """Decide every transaction of a batch: a label, or a failure to dead-letter.
 
@@ -161,11 +163,14 @@ def decide_batch(
     [B, NUM_CARD_FRAUD_FEATURES] (from `card-frauds`) are row-aligned with `transactions`;
     None: unknown, neutral values (`build_features`). `columns`: the transactions' columns,
     when the caller has read them already. `rules` overrule the model; `explainer` gives the
-    model's flagged rows their reasons (None: no reasons).
+    model's flagged rows their reasons (None: no reasons). `known_good`: recent rows a model
+    decided; a model that fails most of them is broken, not the batch's records.
     """
     state = _State(history, terminal, card_frauds, columns)
     try:
-        verdicts = _decide_isolating(transactions, state, scorer, policy, now_ms, rules, explainer)
+        verdicts = _decide_isolating(
+            transactions, state, scorer, policy, now_ms, rules, explainer, known_good
+        )
     except ModelUnavailableError as exc:
         log.error("model unavailable, deciding %s records by rules: %s", len(transactions), exc)
         verdicts = _decide_isolating(
@@ -182,10 +187,12 @@ def _decide_isolating(
     now_ms: int,
     rules: Rules,
     explainer: Explainer | None,
+    known_good: RecentRows | None = None,
     *,
     model_down: bool = False,
 ) -> Verdicts:
     n = len(transactions)
+    canary = Canary(scorer, known_good)
     parts, failed = bisect_failures(
         range(n),
         lambda part: _decide(
@@ -196,8 +203,9 @@ def _decide_isolating(
             now_ms,
             rules,
             explainer,
+            canary,
         ),
-        lambda: check_canary(scorer),
+        canary.check,
     )
     scores = np.full(n, np.nan, np.float32)
     labels = [""] * n
@@ -257,6 +265,7 @@ def _decide(
     now_ms: int,
     rules: Rules,
     explainer: Explainer | None,
+    canary: Canary,
 ) -> _Part:
     """Scores and labels of one batch or part of it; raises whatever a record provokes."""
     columns = state.columns
@@ -284,7 +293,7 @@ def _decide(
     bad = np.flatnonzero(~valid_scores(scores))
     if len(bad):
         error = ScoreError(f"model returned score {float(scores[bad[0]])!r}")
-        check_canary(scorer, error)
+        canary.check(error)
         invalid = {int(i): ScoreError(f"model returned score {float(scores[i])!r}") for i in bad}
     ruled = rules.decide(columns, features, np.nan_to_num(scores), policy.thresholds)
     rule_hits = {i: hits for i, hits in enumerate(ruled.hits) if hits and i not in invalid}

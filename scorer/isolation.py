@@ -2,10 +2,13 @@
 
 A batch whose work raises (building its columns or features, the model call, anything on the
 way to a decision) is split in halves, recursively, until the failing records stand alone;
-their batch-mates are decided as usual. Before a lone record is blamed, a known-good canary row
-is scored: if the canary fails too, the model is broken for every input and no record is at
-fault (`ModelUnavailableError`). Cost: about 2·k·log2(B) extra attempts for k poison records
-in a batch of B, and nothing at all while every record behaves.
+their batch-mates are decided as usual. Before a lone record is blamed, a known-good canary is
+scored: the all-zeros row, and the recent real rows some model decided (`scorer/recent_rows.py`)
+where the caller keeps them. If the model fails the zeros row, or most of the recent rows, it
+is broken for every input and no record is at fault (`ModelUnavailableError`): a model that
+returns NaN for real transactions has its records decided by the fallback rules, not
+dead-lettered. The canary is scored once per batch (`Canary`). Cost: about 2·k·log2(B) extra
+attempts for k poison records in a batch of B, and nothing at all while every record behaves.
 
 The scoring thread never dies because of what a record contains: every `Exception` a record
 can provoke ends here as that record's `ScoreError`, with the original exception as its cause.
@@ -17,11 +20,13 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from contracts.errors import ModelUnavailableError, ScoreError
 from scorer.decisions import valid_scores
 from scorer.features import NUM_FEATURES
 from scorer.model import Scorer
+from scorer.recent_rows import RecentRows
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -74,8 +79,11 @@ def as_score_error(exc: Exception) -> ScoreError:
     return error
 
 
-def check_canary(scorer: Scorer, error: BaseException | None = None) -> None:
-    """Raise ModelUnavailableError unless the model scores the canary row properly."""
+def check_canary(
+    scorer: Scorer, error: BaseException | None = None, known_good: RecentRows | None = None
+) -> None:
+    """Raise ModelUnavailableError unless the model scores the canary row properly and most of
+    the `known_good` rows (recent real rows, where there are any) as probabilities."""
     try:
         canary = scorer.score(CANARY)
     except Exception as canary_error:
@@ -84,3 +92,52 @@ def check_canary(scorer: Scorer, error: BaseException | None = None) -> None:
         )
     if len(canary) != 1 or not valid_scores(canary).all():
         raise ModelUnavailableError(f"the model scores a known-good row {canary!r}") from error
+    rows = known_good.sample() if known_good is not None else None
+    if rows is None or not len(rows):
+        return
+    failed = _failed_rows(scorer, rows)
+    if failed > len(rows) * MOST:
+        raise ModelUnavailableError(
+            f"the model fails {failed} of the {len(rows)} recent rows other models scored"
+        ) from error
+
+
+#: The share of the known-good rows a model may fail and still be judged sound (the rows it
+#: fails are then some records' fault, as a poison record is).
+MOST = 0.5
+
+
+def _failed_rows(scorer: Scorer, rows: npt.NDArray[np.float32]) -> int:
+    """How many `rows` the model does not score as a probability. One call; when that raises
+    (ONNX Runtime fails a whole call for one row), one call per row, to count them."""
+    try:
+        scores = scorer.score(rows)
+    except Exception:
+        if len(rows) == 1:
+            return 1
+        return sum(_failed_rows(scorer, rows[i : i + 1]) for i in range(len(rows)))
+    if len(scores) != len(rows):
+        return len(rows)
+    return int((~valid_scores(scores)).sum())
+
+
+class Canary:
+    """`check_canary` of one model and one batch, asked at most once: a batch's isolation may
+    ask before each lone record it blames."""
+
+    def __init__(self, scorer: Scorer, known_good: RecentRows | None = None) -> None:
+        self._scorer = scorer
+        self._known_good = known_good
+        self._broken: ModelUnavailableError | None = None
+        self._asked = False
+
+    def check(self, error: BaseException | None = None) -> None:
+        """Raise ModelUnavailableError (with `error` as its cause) when the model is broken."""
+        if not self._asked:
+            self._asked = True
+            try:
+                check_canary(self._scorer, None, self._known_good)
+            except ModelUnavailableError as broken:
+                self._broken = broken
+        if self._broken is not None:
+            raise ModelUnavailableError(str(self._broken)) from (error or self._broken.__cause__)

@@ -26,6 +26,7 @@ from scorer.features import NUM_FEATURES
 from scorer.model_package import ModelPackage
 from scorer.runtime import (
     CUDA,
+    DEFAULT_MAX_MEMORY_BYTES,
     GPU_PROVIDERS,
     ORT_ERRORS,
     Device,
@@ -74,11 +75,19 @@ class OnnxScorer:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         io_binding: bool | None = None,
         cuda_graphs: bool = True,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         """`io_binding=None` binds on a GPU and runs plainly on the CPU; `cuda_graphs` applies
-        to a bound CUDA session whose every node runs on CUDA."""
+        to a bound CUDA session whose every node runs on CUDA; `max_memory_bytes`: the most
+        its working tensors may take (scorer/runtime.py)."""
         model = package.onnx
-        opened = open_session(model, device, device_id=device_id, cpu_threads=cpu_threads)
+        opened = open_session(
+            model,
+            device,
+            device_id=device_id,
+            cpu_threads=cpu_threads,
+            max_memory_bytes=max_memory_bytes,
+        )
         self.placement = opened.placement
         self.provider: str = self.placement.provider
         self.package = package
@@ -99,7 +108,7 @@ class OnnxScorer:
             cuda_graphs and self.io_binding and self.provider == CUDA and self.placement.complete
         )
         self._session: ort.InferenceSession = (
-            cuda_graph_session(model, device_id, cpu_threads)
+            cuda_graph_session(model, device_id, cpu_threads, max_memory_bytes)
             if self.cuda_graphs
             else opened.session
         )

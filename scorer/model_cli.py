@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ import onnxruntime as ort
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError
+from contracts.kafka_settings import redact_urls
+from contracts.logs import configure_logging
 from scorer import model_import as mi
 from scorer.catalogue import BY_NAME
 from scorer.model_package import (
@@ -258,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if not logging.getLogger().handlers:  # run as a command, not called by a host program
+        configure_logging("WARNING", "text")  # MLflow's warnings, masked like the service's
     try:
         for warning in check_environment(PROG):
             print(f"{PROG} {args.command}: {warning}", file=sys.stderr)
@@ -269,10 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _publish(args)
         return _inspect(args.package, args.json)
     except ConfigurationError as exc:
-        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        print(f"{PROG} {args.command}: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except ModelSourceUnavailableError as exc:
-        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        print(f"{PROG} {args.command}: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
 

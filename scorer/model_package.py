@@ -41,6 +41,13 @@ ONNX_FILE = "model.onnx"
 CARD_FILE = "MODEL_CARD.md"
 #: The manifest layout this build reads; a later layout bumps it.
 FORMAT = 1
+#: The largest model.toml read. A manifest is a few kilobytes (the shipped one 5 KB, with its
+#: drift reference); tomllib parses some shapes (long dotted table names) in quadratic time,
+#: so the bound also bounds the parse: about half a second at this size.
+MAX_MANIFEST_BYTES = 32 * 1024
+#: The largest model.onnx read (it is held in memory whole, and ONNX Runtime copies it): far
+#: past any model that scores within a decision deadline.
+MAX_ONNX_BYTES = 1024 * 1024 * 1024
 
 Calibration = Literal["none", "platt", "isotonic"]
 
@@ -145,12 +152,17 @@ def load_model_package(path: Path) -> ModelPackage:
     if not directory.is_dir():
         raise ConfigurationError(f"model package {where!r} is not a directory")
     try:
-        raw = tomllib.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
-        onnx = (directory / ONNX_FILE).read_bytes()
+        text = _read_bounded(directory / MANIFEST_FILE, MAX_MANIFEST_BYTES, where)
+        onnx = _read_bounded(directory / ONNX_FILE, MAX_ONNX_BYTES, where)
+        raw = tomllib.loads(text.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"model package {where!r}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigurationError(f"model package {where!r}: {MANIFEST_FILE}: {exc}") from exc
+    except RecursionError:  # tomllib descends one Python frame per level of nesting
+        raise ConfigurationError(
+            f"model package {where!r}: {MANIFEST_FILE} nests arrays or tables too deep"
+        ) from None
     manifest = parse_manifest(raw, where)
     digest = sha256_hex(onnx)
     if digest != manifest.onnx_sha256.lower():
@@ -159,6 +171,26 @@ def load_model_package(path: Path) -> ModelPackage:
             f"{manifest.onnx_sha256}: the file changed after it was packaged; package it again"
         )
     return ModelPackage(directory, manifest, onnx)
+
+
+def _read_bounded(path: Path, limit: int, where: str) -> bytes:
+    """The bytes of `path`, refused (ConfigurationError) past `limit` from its size, before it
+    is read; a file that grows while it is read is refused too (a package still being
+    written)."""
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > limit:
+            raise ConfigurationError(
+                f"model package {where!r}: {path.name} is larger than {limit:,} bytes "
+                f"({size:,}): not a package this service reads"
+            )
+        data = file.read(size + 1)  # one more: a file that grew since shows it
+    if len(data) > size:
+        raise ConfigurationError(
+            f"model package {where!r}: {path.name} grew while it was read: read it again once "
+            "it is written whole"
+        )
+    return data
 
 
 def promote(package: Path, source: Path) -> Path | None:

@@ -7,6 +7,12 @@ missing CUDA/cuDNN/TensorRT libraries): one warning when a GPU was asked for, an
 `auto`. Every opened session is run once on a zero batch with ONNX Runtime's profiler on, whose
 per-node records say which provider ran each node: the `Placement`, from which the caller sees
 any node that silently fell back to the CPU in a GPU session.
+
+Every session's working tensors come from memory capped at `max_memory_bytes`
+(FRAUD_MODEL_MAX_MEMORY_MB): on the CPU one arena for every session of the process (the served
+model, the challenger, and a package being checked), on a GPU each session's CUDA arena. A
+graph that declares a tensor past the cap (a `ConstantOfShape` of 16 GiB) fails with ONNX
+Runtime's error, which refuses the package, instead of taking the host's memory.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -47,6 +54,11 @@ _ORT_WARNING, _ORT_FATAL = 2, 4
 _KERNEL_TIME_SUFFIX = "_kernel_time"
 #: Cut-off for an ONNX Runtime error quoted in the fallback warning (they run to many lines).
 _MAX_REASON_CHARS = 400
+#: The default cap on the models' working memory (FRAUD_MODEL_MAX_MEMORY_MB's default).
+DEFAULT_MAX_MEMORY_BYTES = 1024 * 1024 * 1024
+#: The cap of the CPU arena registered for the process (None: none registered yet).
+_cpu_arena_bytes: int | None = None
+_cpu_arena_lock = threading.Lock()
 #: Every exception type ONNX Runtime's bindings raise, plus what numpy input checks raise.
 ORT_ERRORS: tuple[type[BaseException], ...] = (
     *(
@@ -93,10 +105,16 @@ class OpenedSession(NamedTuple):
 
 
 def open_session(
-    model: bytes, device: Device, *, device_id: int = 0, cpu_threads: int = 1
+    model: bytes,
+    device: Device,
+    *,
+    device_id: int = 0,
+    cpu_threads: int = 1,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
 ) -> OpenedSession:
     """Open `model` on `device` (auto, cuda, tensorrt or cpu), falling back to the CPU when no
-    GPU can run it; ConfigurationError when ONNX Runtime cannot load or run the model at all."""
+    GPU can run it; ConfigurationError when ONNX Runtime cannot load or run the model at all
+    (within `max_memory_bytes` of working memory)."""
     reasons: list[str] = []
     available = ort.get_available_providers()
     for primary in _GPU_PREFERENCE[device]:
@@ -104,7 +122,9 @@ def open_session(
             reasons.append(f"this ONNX Runtime build has no {primary}")
             continue
         try:
-            session = _create(model, primary, device_id, cpu_threads, profile=True)
+            session = _create(
+                model, primary, device_id, cpu_threads, max_memory_bytes, profile=True
+            )
         except ORT_ERRORS as exc:
             reasons.append(f"{primary} failed: {_first_line(exc)}")
             continue
@@ -117,7 +137,7 @@ def open_session(
             return OpenedSession(session, _profile_once(session))
         _end_profiling(session)
     try:
-        session = _create(model, CPU, device_id, cpu_threads, profile=True)
+        session = _create(model, CPU, device_id, cpu_threads, max_memory_bytes, profile=True)
     except ORT_ERRORS as exc:
         raise ConfigurationError(f"ONNX Runtime cannot load the model: {exc}") from exc
     if reasons:
@@ -132,11 +152,16 @@ def node_placement(
     return open_session(model, device, device_id=device_id, cpu_threads=cpu_threads).placement
 
 
-def cuda_graph_session(model: bytes, device_id: int, cpu_threads: int) -> ort.InferenceSession:
+def cuda_graph_session(
+    model: bytes,
+    device_id: int,
+    cpu_threads: int,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+) -> ort.InferenceSession:
     """A CUDA session that captures and replays CUDA graphs (one per `gpu_graph_id` run option);
     for a model whose every node is known to run on CUDA (see `Placement.complete`)."""
     try:
-        session = _create(model, CUDA, device_id, cpu_threads, cuda_graph=True)
+        session = _create(model, CUDA, device_id, cpu_threads, max_memory_bytes, cuda_graph=True)
     except ORT_ERRORS as exc:
         raise ConfigurationError(f"ONNX Runtime cannot capture CUDA graphs: {exc}") from exc
     if session.get_providers()[0] != CUDA:
@@ -151,11 +176,13 @@ def _create(
     primary: str,
     device_id: int,
     cpu_threads: int,
+    max_memory_bytes: int,
     *,
     profile: bool = False,
     cuda_graph: bool = False,
 ) -> ort.InferenceSession:
     options = ort.SessionOptions()
+    _cap_cpu_memory(options, max_memory_bytes)
     options.intra_op_num_threads = cpu_threads
     # The model is one chain of nodes: an inter-op pool would have nothing to run in parallel.
     options.inter_op_num_threads = 1
@@ -173,7 +200,7 @@ def _create(
         return ort.InferenceSession(
             model,
             options,
-            providers=_provider_chain(primary, device_id, cuda_graph),
+            providers=_provider_chain(primary, device_id, cuda_graph, max_memory_bytes),
             enable_fallback=0,
         )
     except ORT_ERRORS:
@@ -184,10 +211,28 @@ def _create(
         ort.set_default_logger_severity(_ORT_WARNING)
 
 
+def _cap_cpu_memory(options: ort.SessionOptions, max_memory_bytes: int) -> None:
+    """Make the session take its CPU tensors from the process's arena capped at
+    `max_memory_bytes` (registered anew when a session asks for another cap; the sessions
+    opened before keep theirs)."""
+    global _cpu_arena_bytes
+    with _cpu_arena_lock:
+        if _cpu_arena_bytes != max_memory_bytes:
+            ort.create_and_register_allocator(
+                ort.OrtMemoryInfo(
+                    "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+                ),
+                # max_mem, then ONNX Runtime's defaults: extend strategy, first chunk, dead bytes.
+                ort.OrtArenaCfg(max_memory_bytes, -1, -1, -1),
+            )
+            _cpu_arena_bytes = max_memory_bytes
+    options.add_session_config_entry("session.use_env_allocators", "1")
+
+
 def _provider_chain(
-    primary: str, device_id: int, cuda_graph: bool
+    primary: str, device_id: int, cuda_graph: bool, max_memory_bytes: int
 ) -> list[tuple[str, dict[str, str]]]:
-    cuda_options = {"device_id": str(device_id)}
+    cuda_options = {"device_id": str(device_id), "gpu_mem_limit": str(max_memory_bytes)}
     if cuda_graph:
         cuda_options["enable_cuda_graph"] = "1"
     chain = {

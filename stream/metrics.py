@@ -429,6 +429,13 @@ class ServiceMetrics:
         )
         for result in ("loaded", "refused", "unavailable"):
             self._model_reloads.labels("served", result)
+        self._model_rollbacks = Counter(
+            "fraud_model_rollbacks_total",
+            "Models the scoring stage went back from: a newly loaded model failed most records "
+            "of a batch (dead letters, or the fallback rules) that the model before it decided; "
+            "that batch was decided by the model before, which serves on",
+            registry=r,
+        )
 
     def record_consumed(self, count: int) -> None:
         self._consumed.inc(count)
@@ -470,6 +477,9 @@ class ServiceMetrics:
 
     def count_model_reload(self, role: str, result: str) -> None:
         self._model_reloads.labels(role, result).inc()
+
+    def count_model_rollback(self) -> None:
+        self._model_rollbacks.inc()
 
     def set_drift(self, psi: Mapping[str, float]) -> None:
         """The latest window's PSI: key "score", and one per drift feature."""

@@ -11,14 +11,20 @@ it over as a `ServingModel`:
 - the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
   configuration, and the reasons' reference row, exactly as at start-up;
 - a warm-up of every batch shape, so the first batch it scores pays no set-up;
-- a sanity score of the reference row (zeros where the package has none): a probability.
+- a sanity score (`sanity_check`): its reference row (zeros where the package has none), a few
+  typical transactions, and the recent real rows the scoring stage decided
+  (`scorer/recent_rows.py`) must each score as a probability, so a graph that scores zeros and
+  returns NaN for real transactions never serves.
 
 The scoring stage takes the new model at the start of its next batch (`BatchScorer`): a batch is
 scored by one model from start to end, its decisions carry that model's version, and the swap
 costs the batch one attribute read. A package that fails a check is refused: logged, counted in
 `fraud_model_reloads_total{result="refused"}`, and the model in service keeps serving. The same
-files are not tried again until they change. A source that cannot be asked (MLflow down) is
-counted as `result="unavailable"` and asked again at the next poll.
+files are not tried again until they change. A source that cannot be read (MLflow down, the
+package directory gone or unreadable) is counted as `result="unavailable"` and read again at the
+next poll. A model that passes and then fails most records of a batch the model before it
+decides is rolled back by the scoring stage (`rolled_back`), and stays refused until its source
+changes.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ import numpy as np
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
+from scorer.decisions import valid_scores
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
+from scorer.recent_rows import RecentRows, typical_rows
 from stream.metrics import ServiceMetrics
 from stream.startup.config import ServiceConfig
 
@@ -74,6 +82,7 @@ def load_serving_model(
         device_id=config.device_id,
         cpu_threads=config.cpu_threads,
         max_batch_size=config.max_batch_size,
+        max_memory_bytes=config.model_max_memory_mb * 1024 * 1024,
     )
     return ServingModel(scorer, policy, _explainer(config, scorer), identity)
 
@@ -105,24 +114,41 @@ def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
     return Explainer(scorer, scorer.package.feature_index, reference)
 
 
-def sanity_check(model: ServingModel) -> None:
-    """Score the package's reference row (zeros without one); ConfigurationError unless the
-    score is a probability."""
+def sanity_check(model: ServingModel, recent: RecentRows | None = None) -> None:
+    """Score the package's reference row (zeros without one), a few typical transactions and
+    the `recent` real rows a model decided; ConfigurationError unless every score is a
+    probability (one line: what failed, how many, the first bad score)."""
     package = model.scorer.package
     row = np.zeros((1, NUM_FEATURES), np.float32)
     if package.reference is not None:
         row[0, package.feature_index] = package.reference
-    try:
-        score = float(model.scorer.score(row)[0])
-    except ScoreError as exc:
-        raise ConfigurationError(
-            f"model package {str(package.path)!r} fails on its reference row: {exc}"
-        ) from exc
-    if not 0.0 <= score <= 1.0:
-        raise ConfigurationError(
-            f"model package {str(package.path)!r} scores its reference row {score}, not a "
-            "probability in [0, 1]: check the graph's output (docs/models.md)"
-        )
+    checks = [
+        ("its reference row" if package.reference is not None else "the all-zeros row", row),
+        ("typical transactions", typical_rows()),
+    ]
+    if recent is not None:
+        checks.append(("recent transactions", recent.sample()))
+    for what, rows in checks:
+        if not len(rows):
+            continue
+        try:
+            scores = model.scorer.score(rows)
+        except ScoreError as exc:
+            raise ConfigurationError(
+                f"model package {str(package.path)!r} fails on {what}: {exc}"
+            ) from exc
+        if len(scores) != len(rows):
+            raise ConfigurationError(
+                f"model package {str(package.path)!r} returns {len(scores)} scores for the "
+                f"{len(rows)} rows of {what}: one score per row is needed (docs/models.md)"
+            )
+        bad = np.flatnonzero(~valid_scores(scores))
+        if len(bad):
+            raise ConfigurationError(
+                f"model package {str(package.path)!r} scores {len(bad)} of {len(rows)} rows of "
+                f"{what} {float(scores[bad[0]])}, not a probability in [0, 1]: it would "
+                "dead-letter such records; check the graph's output (docs/models.md)"
+            )
 
 
 class ModelReloader:
@@ -137,13 +163,16 @@ class ModelReloader:
         *,
         source: ModelSource,
         role: str = "served",
+        recent: RecentRows | None = None,
     ) -> None:
         """`serving`: the model loaded from `source` at start-up; `role`: which model this is,
-        in logs and metrics (served, or shadow)."""
+        in logs and metrics (served, or shadow); `recent`: the real rows the scoring stage
+        decided lately, which a new model must score too."""
         self._config = config
         self._metrics = metrics
         self._source = source
         self._role = role
+        self._recent = recent
         self._seen = serving.source
         self._version = serving.scorer.model_version
         self._pending: ServingModel | None = None
@@ -174,7 +203,7 @@ class ModelReloader:
         try:
             model = load_serving_model(self._config, self._source, identity)
             model.scorer.warm_up()
-            sanity_check(model)
+            sanity_check(model, self._recent)
         except ModelSourceUnavailableError as exc:  # its download failed
             return self._unavailable(exc)
         except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
@@ -196,6 +225,12 @@ class ModelReloader:
         with self._lock:
             self._pending = model  # a newer model replaces one not taken yet
         return True
+
+    def rolled_back(self, version: str) -> None:
+        """The scoring stage went back to the model `version`: the package it left is not
+        offered again until its source changes."""
+        with self._lock:
+            self._version = version
 
     def _unavailable(self, exc: Exception) -> bool:
         """Counted and logged; the source is asked again at the next poll."""

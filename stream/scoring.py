@@ -33,6 +33,7 @@ from scorer.features import FEATURE_NAMES
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from scorer.reasons import Explainer
+from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from stream.batcher import Batch
 from stream.card_state import CardState, ChangelogBatch
@@ -120,6 +121,28 @@ class _Encoded(NamedTuple):
     values: list[bytes]
 
 
+#: Records a newly loaded model decides on probation: while it does, a batch it fails for the
+#: most part (dead letters, or the fallback rules) is decided again by the model before it, and
+#: if that one does better, the new model is rolled back. A model that fails on real traffic
+#: shows it in its first batch; the model before is kept (its session's memory) until then.
+PROBATION_RECORDS = 10_000
+
+
+class _Model(NamedTuple):
+    """What a batch is decided with."""
+
+    scorer: Scorer
+    policy: DecisionPolicy
+    explainer: Explainer | None
+
+
+class _Probation(NamedTuple):
+    """A new model on probation: the model it replaced, and how many records it has left."""
+
+    previous: _Model
+    records_left: int
+
+
 class BatchScorer:
     """Decides every record of a batch: a decision, or a dead letter for a record that failed."""
 
@@ -145,6 +168,7 @@ class BatchScorer:
         log_features: bool = False,
         drift_window: int = DEFAULT_DRIFT_WINDOW,
         tracer: BatchTracer | None = None,
+        recent: RecentRows | None = None,
     ) -> None:
         """`encode`: how a decision becomes the output's value (FRAUD_OUTPUT_FORMAT); `rules`:
         the rules in force (FRAUD_RULES and its topic); `explainer`: reasons for flagged
@@ -154,8 +178,12 @@ class BatchScorer:
         are sent (FRAUD_SHADOW_MODEL); `observed_precision`:
         follows the flagged transactions until their labels arrive (FRAUD_OBSERVED_PRECISION);
         `log_features`: each decision carries its feature row (FRAUD_DECISION_FEATURES);
-        `tracer`: one span per batch (stream/tracing.py; None: no spans)."""
+        `tracer`: one span per batch (stream/tracing.py; None: no spans); `recent`: where a few
+        rows of each batch the model decided are kept, the known-good rows that tell a broken
+        model from poison records and that a new model must score (scorer/recent_rows.py)."""
         self._tracer = tracer
+        self._recent = recent
+        self._probation: _Probation | None = None
         self._log_features = log_features
         self._encode_decision = encode
         self._drift_window = drift_window
@@ -204,18 +232,26 @@ class BatchScorer:
         )
         stages.done("terminal")
         now_ms = time.time_ns() // 1_000_000
-        verdicts = decide_batch(
-            transactions,
-            self._scorer,
-            self._policy,
-            now_ms,
-            history=history,
-            terminal=terminal,
-            card_frauds=card_frauds,
-            columns=columns,
-            rules=Rules.EMPTY if self._rules is None else self._rules.current,
-            explainer=self._explainer,
-        )
+        rules = Rules.EMPTY if self._rules is None else self._rules.current
+
+        def decide(scorer: Scorer, policy: DecisionPolicy, explainer: Explainer | None) -> Verdicts:
+            return decide_batch(
+                transactions,
+                scorer,
+                policy,
+                now_ms,
+                history=history,
+                terminal=terminal,
+                card_frauds=card_frauds,
+                columns=columns,
+                rules=rules,
+                explainer=explainer,
+                known_good=self._recent,
+            )
+
+        verdicts = decide(self._scorer, self._policy, self._explainer)
+        if self._probation is not None:
+            verdicts = self._on_probation(verdicts, decide)
         decided_at = time.time_ns() // 1_000_000
         stages.done("decide")
         encoded = self._encode(records, verdicts, decided_at)
@@ -270,12 +306,64 @@ class BatchScorer:
         return BatchReport(len(records), latency_s, batch.closed_full)
 
     def _swap_model(self, model: ServingModel | None) -> None:
-        """Score from now on with `model`, when there is a new one."""
+        """Score from now on with `model`, when there is a new one, on probation: the model
+        before it (the last one that passed its probation) is kept to roll back to."""
         if model is None:
             return
-        self._scorer, self._policy, self._explainer = model.scorer, model.policy, model.explainer
+        previous = (
+            self._probation.previous
+            if self._probation is not None
+            else _Model(self._scorer, self._policy, self._explainer)
+        )
+        self._install(_Model(model.scorer, model.policy, model.explainer))
+        self._probation = _Probation(previous, PROBATION_RECORDS)
+
+    def _on_probation(
+        self,
+        verdicts: Verdicts,
+        decide: Callable[[Scorer, DecisionPolicy, Explainer | None], Verdicts],
+    ) -> Verdicts:
+        """The batch's verdicts under a model on probation: when it failed most records and
+        the model before it does better on the same batch, that model's, and it serves again."""
+        probation = self._probation
+        assert probation is not None
+        size = len(verdicts.labels)
+        if _failing(verdicts) > size / 2:
+            before = decide(
+                probation.previous.scorer, probation.previous.policy, probation.previous.explainer
+            )
+            if _failing(before) < _failing(verdicts):
+                self._roll_back(probation.previous, _failing(verdicts), size)
+                return before
+        left = probation.records_left - size
+        self._probation = probation._replace(records_left=left) if left > 0 else None
+        return verdicts
+
+    def _roll_back(self, previous: _Model, failing: int, size: int) -> None:
+        """Serve `previous` again, for good: counted, logged, and the reloader told."""
+        failed = self._scorer.model_version
+        self._probation = None
+        self._install(previous)
+        self._metrics.count_model_rollback()
+        log.error(
+            "model %s failed %s of the %s records of a batch that model %s decided: rolled back "
+            "to %s, which decided the batch; %s is not loaded again until its source changes",
+            failed,
+            failing,
+            size,
+            previous.scorer.model_version,
+            previous.scorer.model_version,
+            failed,
+        )
+        if self._reloader is not None:
+            self._reloader.rolled_back(previous.scorer.model_version)
+
+    def _install(self, model: _Model) -> None:
+        """Score from now on with `model`."""
+        self._scorer, self._policy, self._explainer = model
         self._drift = _drift_of(model.scorer, self._drift_window)
-        self._metrics.set_model(model.scorer.model_version, model.scorer.provider)
+        provider = str(getattr(model.scorer, "provider", "unknown"))
+        self._metrics.set_model(model.scorer.model_version, provider)
         self._metrics.clear_drift()
         log.info("model %s serves from this batch on", model.scorer.model_version)
 
@@ -376,6 +464,8 @@ class BatchScorer:
             metrics.record_poison(len(verdicts.failed))
         by_model = decided & ~verdicts.degraded
         if by_model.any():
+            if self._recent is not None:
+                self._recent.note(verdicts.features, by_model)
             metrics.observe_scores(verdicts.scores[by_model])
             if self._drift is not None:
                 psi = self._drift.observe(verdicts.scores[by_model], verdicts.features[by_model])
@@ -435,6 +525,13 @@ class BatchScorer:
         self._sink.send_batch(
             topic, encoded.keys, encoded.values, group, output_of, headers=headers
         )
+
+
+def _failing(verdicts: Verdicts) -> int:
+    """Records of a batch its model did not decide: dead-lettered, or decided by the fallback
+    rules because the model was found broken (late records decided by the rules are not its
+    failure)."""
+    return len(verdicts.failed) + verdicts.by_rules_model_unavailable
 
 
 def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:

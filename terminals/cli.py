@@ -19,6 +19,7 @@ from confluent_kafka import KafkaException
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
 from contracts.health import serve
+from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
 from terminals.config import WorkerConfig
 from terminals.health import WorkerHealth
@@ -111,7 +112,7 @@ def run_worker(config: WorkerConfig) -> int:
         "starting app_id=%s instance=%s bootstrap=%s partitions=%s day_ms=%s kafka=%s",
         config.app_id,
         config.instance_id,
-        config.bootstrap_servers,
+        redact_urls(config.bootstrap_servers),
         config.table_partitions,
         config.day_ms,
         config.redacted_kafka_settings(),
@@ -159,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings = check_environment("fraud-features")
         config = WorkerConfig.from_args(args)
     except ConfigurationError as exc:
-        print(f"fraud-features: configuration error: {exc}", file=sys.stderr)
+        print(f"fraud-features: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
     for warning in warnings:

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaException
 from contracts.environment import check_environment
 from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
 from contracts.health import HealthState, serve
+from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
 from scorer.model_source import open_model_source
 from stream.lag import LagMonitor
@@ -80,7 +81,7 @@ def run_service(config: ServiceConfig) -> int:
     log.info(
         "starting instance=%s bootstrap=%s kafka_options=%s",
         config.instance_id,
-        config.bootstrap_servers,
+        redact_urls(config.bootstrap_servers),
         config.redacted_kafka_settings(),
     )
     source = open_model_source(config.model_path)
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings = check_environment("fraud-scorer")
         config = _load_config(args)
     except ConfigurationError as exc:
-        print(f"fraud-scorer: configuration error: {exc}", file=sys.stderr)
+        print(f"fraud-scorer: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
     for warning in warnings:

@@ -453,6 +453,18 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             le=86_400,
         ),
     ] = 5.0
+    model_max_memory_mb: Annotated[
+        int,
+        meta(
+            "FRAUD_MODEL_MAX_MEMORY_MB",
+            "most memory, in MiB, ONNX Runtime may allocate for the working tensors of the "
+            "replica's models together (served, shadow, and a package being checked; weights "
+            "apart): a package whose graph needs more is refused at start-up or reload "
+            "(docs/models.md, Limits of a package)",
+            ge=16,
+            le=1_048_576,
+        ),
+    ] = 1024
     shadow_model: Annotated[
         str | None,
         meta(

@@ -27,6 +27,7 @@ from scorer.decide import DecisionPolicy
 from scorer.model import Scorer
 from scorer.model_source import ModelSource, open_model_source
 from scorer.reasons import Explainer
+from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
 from stream.card_state import CardState, KafkaChangelog
@@ -94,6 +95,9 @@ class Collaborators:
     observed_precision: ObservedPrecision | None = None
     #: One span per scored batch (an OTLP endpoint set and the otel extra installed).
     tracer: BatchTracer | None = None
+    #: A few rows of each batch the model decided: the known-good rows a new model must score,
+    #: and that tell a broken model from poison records (scorer/recent_rows.py).
+    recent_rows: RecentRows | None = None
 
 
 def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
@@ -118,6 +122,7 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
         log_features=config.decision_features == "on",
         drift_window=config.drift_window,
         tracer=parts.tracer,
+        recent=parts.recent_rows,
     )
 
 
@@ -207,6 +212,7 @@ def build_collaborators(
         client_errors.on_cluster_lost(transactions.cluster_lost)
     # The worker's tables count days as the worker does, and trust dates as far as the card state.
     clock, day_ms = event_clock(config), day_length_ms(config.history_time_scale)
+    recent = RecentRows()
     return Collaborators(
         consumer=consumer,
         sink=transactions or KafkaSink(new_producer(), redelivery.failed),
@@ -248,11 +254,11 @@ def build_collaborators(
         ),
         explainer=model.explainer,
         reloader=(
-            ModelReloader(config, metrics, model, source=model_source)
+            ModelReloader(config, metrics, model, source=model_source, recent=recent)
             if config.model_poll_s > 0
             else None
         ),
-        shadow=shadow_scoring(config, metrics, client_errors),
+        shadow=shadow_scoring(config, metrics, client_errors, recent),
         observed_precision=(
             ObservedPrecision(
                 metrics,
@@ -272,14 +278,19 @@ def build_collaborators(
             instance_id=config.instance_id,
             max_batch_size=config.max_batch_size,
         ),
+        recent_rows=recent,
     )
 
 
 def shadow_scoring(
-    config: ServiceConfig, metrics: ServiceMetrics, errors: ClientErrors
+    config: ServiceConfig,
+    metrics: ServiceMetrics,
+    errors: ClientErrors,
+    recent: RecentRows | None = None,
 ) -> Shadow | None:
     """The challenger of FRAUD_SHADOW_MODEL, loaded, warmed up and sanity-scored, with its own
-    producer (None without one); ConfigurationError when it cannot serve."""
+    producer (None without one); ConfigurationError when it cannot serve. Reloaded, it must
+    score the `recent` rows the served model decided too."""
     if config.shadow_model is None:
         return None
     source = open_model_source(config.shadow_model)
@@ -287,7 +298,9 @@ def shadow_scoring(
     model.scorer.warm_up()
     sanity_check(model)
     reloader = (
-        ModelReloader(shadow_config(config), metrics, model, source=source, role="shadow")
+        ModelReloader(
+            shadow_config(config), metrics, model, source=source, role="shadow", recent=recent
+        )
         if config.model_poll_s > 0
         else None
     )

@@ -6,6 +6,7 @@ promote models:/<name>/2 --alias champion` swaps its model under load with nothi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -106,3 +107,92 @@ def test_a_registry_that_cannot_be_reached_is_unavailable_not_a_refusal(
     assert fraud_model(["promote", "models:/fraud/1", "--alias", "champion"]) == 3
     err = capsys.readouterr().err
     assert "could not be read from http://127.0.0.1:9" in err and len(err.splitlines()) == 1
+
+
+def test_a_version_registered_again_from_another_source_is_downloaded_again(
+    tracking: str, tmp_path: Path
+):
+    """The same name and version number, registered anew (the model deleted and published
+    again, as a restored or migrated registry does) from another run: a replica that served
+    the first must download the second, never serve the first from its cache."""
+    import mlflow
+
+    from scorer.model_package import load_model_package
+    from scorer.model_source import MlflowSource, publish_to_mlflow
+
+    name = tracking
+    first = package_copy(tmp_path / "first", "cache-first")
+    assert publish_to_mlflow(first, name, alias="champion", experiment="fraud-tests") == "1"
+    (tmp_path / "cache").mkdir()
+    source = MlflowSource(f"models:/{name}@champion", cache=tmp_path / "cache")
+    before = source.identity()
+    assert load_model_package(source.package_dir(before)).version == "cache-first"
+
+    mlflow.MlflowClient().delete_registered_model(name)
+    second = package_copy(tmp_path / "second", "cache-second")
+    assert publish_to_mlflow(second, name, alias="champion", experiment="fraud-tests") == "1"
+    after = source.identity()
+    assert after != before  # version 1 again, from another run
+    assert load_model_package(source.package_dir(after)).version == "cache-second"
+
+
+def test_the_same_version_on_another_tracking_server_is_downloaded_again(
+    tracking: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two sources sharing a download cache, on two tracking servers (here the one server
+    under two names): a name and version read from one is never served to the other."""
+    from scorer.model_package import load_model_package
+    from scorer.model_source import MlflowSource, publish_to_mlflow
+
+    name, cache = tracking, tmp_path / "cache"
+    cache.mkdir()
+    publish_to_mlflow(package_copy(tmp_path / "p", "two-servers"), name, alias=None,
+                      experiment="fraud-tests")  # fmt: skip
+    here = MlflowSource(f"models:/{name}/1", cache=cache)
+    first = here.package_dir(here.identity())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", TRACKING_URI.replace("127.0.0.1", "localhost"))
+    there = MlflowSource(f"models:/{name}/1", cache=cache)
+    second = there.package_dir(there.identity())
+    assert second != first
+    assert load_model_package(second).version == "two-servers"
+
+
+def test_publish_and_a_replica_never_show_the_tracking_uris_password(
+    tracking: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """A tracking URI with credentials in it (MLflow sends them as basic auth; the test server
+    takes any): nothing `fraud-model` prints, nor MLflow's own lines, nor a replica's reload
+    log, carries the password."""
+    from prometheus_client import CollectorRegistry
+
+    from contracts.logs import configure_logging
+    from scorer.model_source import DirectorySource, MlflowSource
+    from stream.metrics import ServiceMetrics
+    from stream.model_reload import ModelReloader, load_serving_model
+    from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+
+    secret = "s3cret"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", TRACKING_URI.replace("://", f"://alice:{secret}@"))
+    name = tracking
+    package = package_copy(tmp_path / "v1", "creds-v1")
+    assert (
+        fraud_model(["publish", str(package), "--registered-model", name, "--alias", "champion"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert f"as models:/{name}/1" in out and secret not in out + err
+
+    config = ServiceConfig(model_poll_s=60.0)
+    serving = load_serving_model(config, DirectorySource(SHIPPED_MODEL_PATH))
+    source = MlflowSource(f"models:/{name}@champion", cache=tmp_path / "cache")
+    reloader = ModelReloader(config, ServiceMetrics(CollectorRegistry()), serving, source=source)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("DEBUG", "text")  # MLflow's and urllib3's own lines too
+        assert reloader.check_now()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    assert "loaded from models:/" in err and secret not in out + err

@@ -11,7 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from scorer.model_cli import main as fraud_model
-from tests.integration.conftest import Topics, fed_by_loadgen, read_topic, run_loadgen
+from simulator.transactions import TransactionSimulator
+from tests.integration.conftest import Topics, fed_by_loadgen, produce, read_topic, run_loadgen
+from tests.support.models import nan_on_history_model, package
 from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
 
@@ -100,3 +102,72 @@ def loadgen_summary(
     assert result.returncode == 0, result.stderr[-2000:]
     summary: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
     return summary
+
+
+#: Cards of the NaN-model runs: each batch holds cards seen before, which the model fails.
+NAN_CARDS = 20
+
+
+def card_transactions(count: int, start: int = 0) -> list[tuple[bytes | None, bytes | None]]:
+    """Valid transactions of NAN_CARDS cards taking turns (after each card's first, every one
+    has history), keyed by card, event times now."""
+    records = TransactionSimulator(11).generate(count).records
+    now_ms = time.time_ns() // 1_000_000
+    values: list[tuple[bytes | None, bytes | None]] = []
+    for i, record in enumerate(records, start=start):
+        card = f"card-{i % NAN_CARDS}"
+        value = {**record, "card_id": card, "transaction_id": f"nan-{i}", "event_time": now_ms}
+        values.append((card.encode(), json.dumps(value).encode()))
+    return values
+
+
+def served_versions(topics: Topics, count: int) -> list[str]:
+    return [json.loads(value_of(m))["model_version"] for m in read_topic(topics.output, count)]
+
+
+def test_a_model_that_fails_recent_real_rows_is_refused_before_it_serves(
+    topics_factory, service_factory, tmp_path: Path
+):
+    """Traffic first, then a model that scores zeros and a card's first transaction but NaN
+    for every card seen before: the recent real rows refuse it; nothing is dead-lettered."""
+    link = tmp_path / "champion"
+    assert fraud_model(["promote", str(package_copy(tmp_path / "good", "good")), "--source",
+                        str(link)]) == 0  # fmt: skip
+    topics = topics_factory(partitions=1)
+    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    produce(topics.input, card_transactions(200))
+    service.wait_for_metric("fraud_records_consumed_total", 200)
+    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    assert fraud_model(["promote", str(bad), "--source", str(link)]) == 0
+    service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
+    produce(topics.input, card_transactions(200, start=200))
+    assert set(served_versions(topics, 400)) == {"good"}
+    assert service.metric('fraud_model_reloads_total{result="loaded",role="served"}') == 0
+    assert service.metric_total("fraud_poison_records_total") == 0
+    assert "recent transactions" in service.log()
+
+
+def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(
+    topics_factory, service_factory, tmp_path: Path
+):
+    """The same model promoted before any traffic passes every check, serves, and fails the
+    records of cards seen before: its batch is decided again by the model before it, which
+    serves on; the rollback is counted, and nothing is dead-lettered."""
+    link = tmp_path / "champion"
+    assert fraud_model(["promote", str(package_copy(tmp_path / "good", "good")), "--source",
+                        str(link)]) == 0  # fmt: skip
+    topics = topics_factory(partitions=1)
+    service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
+    service.wait_for_metric("fraud_records_consumed_total", 0)
+    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    assert fraud_model(["promote", str(bad), "--source", str(link)]) == 0
+    service.wait_for_metric('fraud_model_reloads_total{result="loaded",role="served"}', 1)
+    produce(topics.input, card_transactions(400))
+    versions = served_versions(topics, 400)
+    assert len(versions) == 400
+    service.wait_for_metric("fraud_model_rollbacks_total", 1)
+    # The records the bad model did decide are a card's first ones, before the rollback.
+    assert versions.count("history-nan") <= NAN_CARDS
+    assert versions[-1] == "good"
+    assert service.metric_total("fraud_poison_records_total") == 0
+    assert "rolled back" in service.log()

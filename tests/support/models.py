@@ -143,3 +143,58 @@ def slow_model(iterations: int, model_version: str = "slow") -> bytes:
         "half": np.array(0.5, np.float32),
     }
     return onnx_model(nodes, initializers, ["batch"], model_version=model_version)
+
+
+def _logistic_plus(extra: list[NodeProto], initializers: dict[str, np.ndarray]) -> bytes:
+    """A tiny logistic regression over every feature, plus `nan_or_zero` (what the `extra`
+    nodes compute from `features`): the score, or NaN where that is NaN."""
+    rng = np.random.default_rng(2)
+    base: dict[str, np.ndarray] = {
+        "w": rng.normal(0, 0.3, (NUM_FEATURES, 1)).astype(np.float32),
+        "b": np.array([-2.0], np.float32),
+        "flat": np.array([-1], np.int64),
+        "nan": np.array(np.nan, np.float32),
+        "zero": np.array(0.0, np.float32),
+    }
+    nodes = [
+        helper.make_node("Gemm", ["features", "w", "b"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Reshape", ["p", "flat"], ["p_flat"]),
+        *extra,
+        helper.make_node("Add", ["p_flat", "nan_or_zero"], ["score"]),
+    ]
+    return onnx_model(nodes, {**base, **initializers}, ["batch"])
+
+
+def nan_above_model(feature: str, limit: float) -> bytes:
+    """Scores like a tiny logistic regression, but NaN for every row whose `feature` is above
+    `limit`: a model that loads, warms up and scores the all-zeros row, and fails real rows."""
+    extra = [
+        helper.make_node("Gather", ["features", "column"], ["value"], axis=1),
+        helper.make_node("Greater", ["value", "limit"], ["above"]),
+        helper.make_node("Where", ["above", "nan", "zero"], ["nan_or_zero"]),
+    ]
+    return _logistic_plus(
+        extra,
+        {
+            "column": np.array(FEATURE_NAMES.index(feature), np.int64),
+            "limit": np.array(limit, np.float32),
+        },
+    )
+
+
+def nan_on_real_rows_model() -> bytes:
+    """NaN for every row with an amount (every real transaction); a probability for zeros."""
+    return nan_above_model("log_amount", 0.0)
+
+
+#: `card_tx_30d` of a card's second transaction or later (log(1 + count); a card's first is
+#: log(2)): where `nan_on_history_model` fails.
+SEEN_BEFORE = float(np.log1p(1.5))
+
+
+def nan_on_history_model() -> bytes:
+    """NaN for the rows of a card seen before (its history counts more than this one); a
+    probability for zeros and for a card's first transaction (neutral history): a model that
+    passes every check without real traffic and fails most of it."""
+    return nan_above_model("card_tx_30d", SEEN_BEFORE)

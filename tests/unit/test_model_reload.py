@@ -139,11 +139,25 @@ def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path:
         sanity_check(model._replace(scorer=Doubling()))  # type: ignore[arg-type]
 
 
-def test_a_source_that_is_gone_is_refused(source: Path, tmp_path: Path):
+def test_a_source_that_is_gone_is_unavailable_and_read_again_at_each_poll(
+    source: Path, tmp_path: Path
+):
+    """A package directory gone (a volume unmounted, a link to nothing) or half copied cannot
+    be read: the model in service stays, each poll counts it, and the package is loaded once
+    it is back whole."""
     reloader, registry = reloader_on(source)
-    shutil.rmtree(source.resolve())
-    assert not reloader.check_now()
-    assert reloads(registry, "refused") == 1
+    target = source.resolve()
+    shutil.rmtree(target)
+    assert not reloader.check_now() and not reloader.check_now()
+    assert reloads(registry, "unavailable") == 2 and reloads(registry, "refused") == 0
+    target.mkdir()
+    (target / MANIFEST_FILE).write_text("format = 1\n")  # copied so far: no model.onnx yet
+    assert not reloader.check_now() and reloads(registry, "unavailable") == 3
+    package_copy(target, "back")
+    assert reloader.check_now()
+    taken = reloader.take()
+    assert taken is not None and taken.scorer.model_version == "back"
+    assert reloads(registry, "refused") == 0
 
 
 def test_promote_refuses_a_source_that_is_not_a_link_and_a_package_that_does_not_load(
@@ -190,7 +204,7 @@ class Flaky(DirectorySource):
 
     down = False
 
-    def identity(self) -> tuple[str, tuple[int, int] | None, tuple[int, int] | None]:
+    def identity(self) -> tuple[str, tuple[int, int], tuple[int, int]]:
         if self.down:
             raise ModelSourceUnavailableError("the registry is down")
         return super().identity()

@@ -1,0 +1,272 @@
+"""A model that scores the all-zeros row and returns NaN for real transactions: refused before
+it serves (typical rows, and a ring of recent real rows the scoring stage keeps), treated as
+broken rather than its records as poison, and, should it serve anyway and fail most records of
+a batch the model before it decides, rolled back to that model with nothing dead-lettered."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.errors import ModelUnavailableError
+from contracts.offsets import OffsetTracker
+from contracts.transaction import decode_transaction
+from deadletter.router import DeadLetterRouter
+from scorer.columns import TransactionColumns
+from scorer.decide import DecisionPolicy, decide_batch
+from scorer.decisions import Thresholds
+from scorer.features import NUM_FEATURES, build_features
+from scorer.history import CardHistory
+from scorer.isolation import check_canary
+from scorer.model_package import load_model_package, promote
+from scorer.model_source import DirectorySource
+from scorer.recent_rows import ROWS_PER_BATCH, RecentRows, typical_rows
+from simulator.transactions import TransactionSimulator
+from stream.batcher import Batch
+from stream.card_state import CardState
+from stream.metrics import ServiceMetrics
+from stream.model_reload import ModelReloader, ServingModel, load_serving_model, sanity_check
+from stream.scoring import BatchScorer, PendingRecord
+from stream.startup.config import ServiceConfig
+from tests.support.models import (
+    SEEN_BEFORE,
+    nan_on_history_model,
+    nan_on_real_rows_model,
+    package,
+)
+from tests.unit.fakes import FakeScorer, MemoryChangelog, MemorySink, message
+from tests.unit.test_model_reload import package_copy, reloads
+
+CARDS = 5
+
+
+def transactions(n: int, cards: int = CARDS, start: int = 0) -> list[bytes]:
+    """`n` transactions of `cards` cards taking turns (all but each card's first have
+    history), event times now."""
+    records = TransactionSimulator(5).generate(n).records
+    now_ms = time.time_ns() // 1_000_000
+    return [
+        msgspec.json.encode(
+            {**r, "card_id": f"card-{i % cards}", "transaction_id": f"t-{start + i}",
+             "event_time": now_ms}
+        )
+        for i, r in enumerate(records, start=start)
+    ]  # fmt: skip
+
+
+def batch_of(values: list[bytes], first_offset: int = 0) -> Batch[PendingRecord]:
+    items = [
+        PendingRecord(
+            message(first_offset + i, v), decode_transaction(v), (("tx", 0), first_offset + i)
+        )
+        for i, v in enumerate(values)
+    ]
+    return Batch(items, 0.0, 0.005, closed_full=True)
+
+
+def rows_with_history(n: int = 40) -> np.ndarray:
+    """Feature rows of real transactions of cards seen before (their history counted)."""
+    decoded = [decode_transaction(v) for v in transactions(n)]
+    columns = TransactionColumns.from_transactions(decoded)
+    history = CardHistory().update_and_features(
+        columns.card_id, columns, columns.merchant_id, np.arange(n, dtype=np.int64)
+    )
+    return build_features(columns, history)
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Path:
+    champion = tmp_path / "champion"
+    champion.symlink_to(package_copy(tmp_path / "good", "good"))
+    return champion
+
+
+def reloader_on(
+    link: Path, registry: CollectorRegistry, recent: RecentRows | None = None
+) -> tuple[ModelReloader, ServingModel, ServiceMetrics]:
+    config = ServiceConfig(model_path=str(link), model_poll_s=60.0)
+    source = DirectorySource(link)
+    serving = load_serving_model(config, source)
+    metrics = ServiceMetrics(registry)
+    reloader = ModelReloader(config, metrics, serving, source=source, recent=recent)
+    return reloader, serving, metrics
+
+
+# --- before the swap ----------------------------------------------------------------------------
+
+
+def test_a_model_that_returns_nan_for_real_transactions_is_refused_before_it_serves(
+    link: Path, tmp_path: Path
+):
+    """No traffic seen yet: the typical rows (real transactions' features, a card's first)
+    are enough to refuse a model that fails every row with an amount."""
+    registry = CollectorRegistry()
+    reloader, _, _ = reloader_on(link, registry)
+    promote(package(tmp_path / "nan", nan_on_real_rows_model(), version="nan"), link)
+    assert not reloader.check_now() and reloader.take() is None
+    assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
+
+
+def test_a_model_that_fails_the_recent_real_rows_is_refused_before_it_serves(
+    link: Path, tmp_path: Path
+):
+    """A model that scores zeros and a card's first transaction, and NaN for any card seen
+    before: only the recent real rows show it."""
+    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    no_traffic, registry = CollectorRegistry(), CollectorRegistry()
+    unseen, _, _ = reloader_on(link, no_traffic)
+    recent = RecentRows()
+    rows = rows_with_history()
+    assert (rows[:, list(load_model_package(bad).manifest.features).index("card_tx_30d")] >
+            SEEN_BEFORE).mean() > 0.5  # fmt: skip
+    recent.note(rows, np.ones(len(rows), bool))
+    seen, _, _ = reloader_on(link, registry, recent)
+    promote(bad, link)
+    assert unseen.check_now()  # without traffic it passes: the rollback's case, below
+    assert not seen.check_now() and seen.take() is None
+    assert reloads(registry, "refused") == 1
+
+
+def test_the_sanity_score_names_the_rows_it_failed(link: Path, tmp_path: Path):
+    config = ServiceConfig()
+    model = load_serving_model(
+        config, DirectorySource(package(tmp_path / "nan", nan_on_real_rows_model()))
+    )
+    with pytest.raises(Exception, match=r"typical transactions.*not a probability"):
+        sanity_check(model)
+
+
+# --- the ring of recent rows --------------------------------------------------------------------
+
+
+def test_the_recent_rows_are_bounded_and_only_rows_a_model_scored():
+    recent = RecentRows(capacity=16)
+    assert recent.sample().shape == (0, NUM_FEATURES)
+    rows = np.arange(100 * NUM_FEATURES, dtype=np.float32).reshape(100, NUM_FEATURES)
+    usable = np.zeros(100, bool)
+    usable[50:] = True
+    recent.note(rows, usable)
+    taken = recent.sample()
+    assert len(taken) == ROWS_PER_BATCH
+    assert set(taken[:, 0] // NUM_FEATURES) <= set(range(50, 100)), "only usable rows"
+    for _ in range(20):
+        recent.note(rows, usable)
+    assert len(recent.sample()) == 16
+    sample = recent.sample()
+    sample[:] = -1
+    assert (recent.sample() >= 0).all(), "a sample is a copy"
+
+
+def test_the_typical_rows_are_real_transactions_features():
+    rows = typical_rows()
+    assert rows.shape[1] == NUM_FEATURES and len(rows) >= 4
+    assert np.isfinite(rows).all() and (rows[:, 0] > 0).all()  # every one has an amount
+
+
+# --- while it serves: broken, not poison --------------------------------------------------------
+
+
+def nan_unless_zero(features: np.ndarray) -> np.ndarray:
+    return np.where(features.any(axis=1), np.nan, 0.1).astype(np.float32)
+
+
+def test_a_model_that_fails_most_known_good_rows_is_broken_not_the_records():
+    recent = RecentRows()
+    rows = rows_with_history()
+    recent.note(rows, np.ones(len(rows), bool))
+    check_canary(FakeScorer(rule=nan_unless_zero))  # the zeros row alone says nothing
+    with pytest.raises(ModelUnavailableError, match="recent"):
+        check_canary(FakeScorer(rule=nan_unless_zero), known_good=recent)
+    check_canary(FakeScorer(), known_good=recent)
+
+    values = [decode_transaction(v) for v in transactions(12)]
+    policy = DecisionPolicy(Thresholds(0.5, 0.8))
+    now_ms = time.time_ns() // 1_000_000
+    verdicts = decide_batch(values, FakeScorer(rule=nan_unless_zero), policy, now_ms)
+    assert len(verdicts.failed) == 12  # today's canary: every record dead-lettered
+    verdicts = decide_batch(
+        values, FakeScorer(rule=nan_unless_zero), policy, now_ms, known_good=recent
+    )
+    assert not verdicts.failed and verdicts.degraded.all()  # decided by the rules instead
+
+
+# --- after the swap: rolled back ----------------------------------------------------------------
+
+
+def scoring_stage(
+    serving: ServingModel, reloader: ModelReloader, metrics: ServiceMetrics, sink: MemorySink
+) -> BatchScorer:
+    state = CardState(MemoryChangelog(), time_scale=1.0, metrics=metrics)
+    state.restore([0])
+    return BatchScorer(
+        serving.scorer,
+        sink,
+        OffsetTracker(),
+        DeadLetterRouter("tx.dlq", "g/i"),
+        output_topic="decisions",
+        policy=serving.policy,
+        metrics=metrics,
+        card_state=state,
+        explainer=serving.explainer,
+        reloader=reloader,
+        recent=RecentRows(),
+    )
+
+
+def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(link: Path, tmp_path: Path):
+    """Loaded before any traffic (nothing shows it yet), the model scores NaN for every card
+    seen before: its first batch is decided again by the model before it, which serves on;
+    nothing is dead-lettered, the rollback is counted, and the package is not offered again."""
+    registry, sink = CollectorRegistry(), MemorySink()
+    reloader, serving, metrics = reloader_on(link, registry)
+    stage = scoring_stage(serving, reloader, metrics, sink)
+    promote(package(tmp_path / "history-nan", nan_on_history_model(), version="bad"), link)
+    assert reloader.check_now()
+
+    stage.process(batch_of(transactions(40)))
+    stage.process(batch_of(transactions(40, start=40), first_offset=40))
+    kinds = [output.kind for output in sink.sent]
+    assert kinds.count("dead_letter") == 0 and kinds.count("decision") == 80
+    versions = {
+        msgspec.json.decode(o.value or b"")["model_version"]
+        for o in sink.sent
+        if o.kind == "decision"
+    }
+    assert versions == {serving.scorer.model_version}
+    assert registry.get_sample_value("fraud_model_rollbacks_total") == 1
+    assert registry.get_sample_value("fraud_poison_records_total") == 0
+    assert not reloader.check_now() and reloader.take() is None
+
+
+def test_records_that_fail_both_models_are_dead_lettered_and_the_new_model_stays(
+    link: Path,
+):
+    """A batch of poison after a swap is the records' fault, not the new model's."""
+    registry, sink = CollectorRegistry(), MemorySink()
+    old_scorer = FakeScorer(raises_on=lambda f: f[:, 0] > 0)
+    new_scorer = FakeScorer(raises_on=lambda f: f[:, 0] > 0)
+    policy = DecisionPolicy(Thresholds(0.5, 0.8))
+    old = ServingModel(old_scorer, policy, None, "old")  # type: ignore[arg-type]
+    new = ServingModel(new_scorer, policy, None, "new")  # type: ignore[arg-type]
+
+    class Handing:
+        def __init__(self) -> None:
+            self.model: ServingModel | None = new
+
+        def take(self) -> ServingModel | None:
+            model, self.model = self.model, None
+            return model
+
+        def rolled_back(self, version: str) -> None:
+            raise AssertionError("no rollback")
+
+    stage = scoring_stage(old, Handing(), ServiceMetrics(registry), sink)  # type: ignore[arg-type]
+    stage.process(batch_of(transactions(8)))
+    assert [o.kind for o in sink.sent].count("dead_letter") == 8
+    assert registry.get_sample_value("fraud_model_rollbacks_total") == 0
+    assert new_scorer.calls and old_scorer.calls  # both were asked
