@@ -68,6 +68,9 @@ class CompactedTopicReader:
         self._start_at = start_at
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = threading.Event()
+        #: The end of each partition found before `loaded`, when it was first assigned: the
+        #: records before it are the catch-up at start.
+        self._catch_up_ends: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -77,6 +80,12 @@ class CompactedTopicReader:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def in_catch_up(self, message: Message) -> bool:
+        """Whether `message` is part of what the topic held when this reader started (read
+        before `loaded`), rather than written since."""
+        end = self._catch_up_ends.get(message.partition() or 0, 0)
+        return (message.offset() or 0) < end
 
     def _run(self) -> None:
         consumer = Consumer(
@@ -106,6 +115,8 @@ class CompactedTopicReader:
                         _, ends[partition] = consumer.get_watermark_offsets(
                             TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
                         )
+                        if not self.loaded.is_set():
+                            self._catch_up_ends[partition] = ends[partition]
                     consumer.incremental_assign(
                         [TopicPartition(self.topic, p, offset) for p in sorted(new)]
                     )

@@ -187,7 +187,9 @@ class ServiceMetrics:
         )
         self._rules_updates = Counter(
             "fraud_rules_updates_total",
-            "Records of the rules topic, by result (applied, rejected: dead-lettered)",
+            "Records of the rules topic, by result (applied, rejected: dead-lettered, "
+            "refused_at_start: refused while the topic was read at start, not dead-lettered "
+            "again)",
             ["result"],
             registry=r,
         )

@@ -7,27 +7,38 @@ builds each new rule set beside the one in force; the scoring thread reads `curr
 batch, so a batch is decided by one rule set. A record that cannot be used is dead-lettered
 (reason `rules_update`, `fraud-dlq replay` puts it back once fixed) and the previous rules stay
 in force. A replica scores only once the topic is read up to its end at start (`loaded`).
+
+Dead letters never hold the reader: each is produced and its delivery report polled for after
+every read, a failure logged from it. The records the topic held at start (the catch-up) are
+not dead-lettered again: each was when a replica first read it live. Those refused are counted
+(`fraud_rules_updates_total{result="refused_at_start"}`) and named in one summary line.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Mapping
 from typing import Any, cast
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.errors import RulesUpdateError
 from deadletter.router import DeadLetterRouter
-from scorer.rules import Rules, RulesError
+from scorer.rules import MAX_KEY_CHARS, Rules, RulesError
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-#: How long a dead letter of a bad update may take to be acknowledged.
-DEAD_LETTER_FLUSH_S = 10.0
+#: How long `close()` waits for the dead letters still in flight.
+CLOSE_FLUSH_S = 10.0
+#: The refused updates of the catch-up at start that its summary line names (the rest counted).
+SUMMARY_NAMED = 5
+#: A key longer than this is refused before it is decoded (UTF-8 takes up to 4 bytes a
+#: character).
+MAX_KEY_BYTES = 4 * MAX_KEY_CHARS
 
 
 class RulesTable:
@@ -50,6 +61,9 @@ class RulesTable:
         self._kafka = dict(kafka or {})
         self._router = router
         self._producer: Producer | None = None
+        #: The catch-up's refused updates: how many, and the first SUMMARY_NAMED of them.
+        self._refused_at_start = 0
+        self._refused_named: list[str] = []
         self._reader = (
             None
             if topic is None
@@ -58,7 +72,8 @@ class RulesTable:
                 topic,
                 self._apply,
                 name="rules",
-                loaded_note=lambda: self.current.summary(),
+                after_read=self._poll_dead_letters,
+                loaded_note=self._loaded_note,
             )
         )
         #: Set once the topic is read up to its end at start (at once without a topic).
@@ -76,28 +91,24 @@ class RulesTable:
         if self._reader is not None:
             self._reader.close()
         if self._producer is not None:
-            self._producer.flush(DEAD_LETTER_FLUSH_S)
+            left = self._producer.flush(CLOSE_FLUSH_S)
+            if left:
+                log.error("%s dead letters of rules updates were never acknowledged", left)
 
     def _apply(self, message: Message) -> None:
         key = message.key()
         try:
             if key is None:
                 raise RulesError("a rules update needs a key, e.g. deny:card:<card id>")
+            if len(key) > MAX_KEY_BYTES:
+                raise RulesError(f"the key holds {len(key):,} bytes, over {MAX_KEY_BYTES}")
             try:
                 name = key.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise RulesError(f"the key is not UTF-8: {exc}") from exc
             self.current = self.current.with_update(name, message.value())
         except Exception as exc:  # RulesError, or whatever else a record provokes
-            log.warning(
-                "rules update refused (dead-lettered; the rules in force stay) "
-                "partition=%s offset=%s: %s",
-                message.partition(),
-                message.offset(),
-                exc,
-            )
-            self._metrics.record_rules_update("rejected")
-            self._dead_letter(message, RulesUpdateError(str(exc)))
+            self._refused(message, exc)
             return
         self._metrics.record_rules_update("applied")
         self._metrics.set_rules_entries(len(self.current))
@@ -105,8 +116,39 @@ class RulesTable:
         level = logging.INFO if self.loaded.is_set() else logging.DEBUG
         log.log(level, "rules update %s applied: %s", name, self.current.summary())
 
-    def _dead_letter(self, message: Message, error: RulesUpdateError) -> None:
-        """Send the update's dead letter; a failure is logged, never stops the reader."""
+    def _refused(self, message: Message, error: Exception) -> None:
+        """Dead-letter an update read live; count one of the catch-up at start."""
+        where = f"partition={message.partition()} offset={message.offset()}"
+        if self._reader is not None and self._reader.in_catch_up(message):
+            self._refused_at_start += 1
+            if len(self._refused_named) < SUMMARY_NAMED:
+                self._refused_named.append(f"{message.key()!r} at {where}: {error}")
+            self._metrics.record_rules_update("refused_at_start")
+            log.debug("rules update refused at start %s: %s", where, error)
+            return
+        log.warning(
+            "rules update refused (dead-lettered; the rules in force stay) %s: %s", where, error
+        )
+        self._metrics.record_rules_update("rejected")
+        self._dead_letter(message, RulesUpdateError(str(error)), where)
+
+    def _loaded_note(self) -> str:
+        """What the catch-up at start left in force, for the reader's "loaded" line; and the
+        summary of the updates it refused."""
+        if self._refused_at_start:
+            more = self._refused_at_start - len(self._refused_named)
+            log.warning(
+                "%s rules updates refused while reading the topic at start (not dead-lettered "
+                "again: each was when a replica first read it): %s%s",
+                self._refused_at_start,
+                "; ".join(self._refused_named),
+                f"; and {more} more" if more else "",
+            )
+        return self.current.summary()
+
+    def _dead_letter(self, message: Message, error: RulesUpdateError, where: str) -> None:
+        """Produce the update's dead letter without waiting for it: its delivery report comes
+        with a later poll (`_poll_dead_letters`); a failure is logged, never stops the reader."""
         if self._router is None:
             return
         try:
@@ -114,13 +156,24 @@ class RulesTable:
             if self._producer is None:
                 self._producer = Producer(self._kafka)
             self._producer.produce(
-                letter.topic, key=letter.key, value=letter.value, headers=cast(Any, letter.headers)
+                letter.topic,
+                key=letter.key,
+                value=letter.value,
+                headers=cast(Any, letter.headers),
+                on_delivery=functools.partial(_delivered, where),
             )
-            if self._producer.flush(DEAD_LETTER_FLUSH_S):
-                raise TimeoutError("not acknowledged in time")
-        except Exception:
-            log.exception(
-                "the dead letter of a rules update (partition=%s offset=%s) was not sent",
-                message.partition(),
-                message.offset(),
-            )
+            self._producer.poll(0)
+        except Exception:  # BufferError (the queue full), KafkaException: logged, never raised
+            log.exception("the dead letter of the rules update at %s was not sent", where)
+
+    def _poll_dead_letters(self, _read_some: bool) -> None:
+        """Serve the delivery reports of the dead letters in flight (after every read)."""
+        if self._producer is not None:
+            self._producer.poll(0)
+
+
+def _delivered(where: str, error: KafkaError | None, _message: Message) -> None:
+    if error is not None:
+        log.error(
+            "the dead letter of the rules update at %s was not delivered: %s", where, error.str()
+        )
