@@ -17,6 +17,10 @@ a fraud reported later than the maturity counts as a false positive here, so set
 past most of your label delays, `fraud_features_label_delay_seconds`). Observed precision over
 a window is fraud / (fraud + legit + unreported); each replica counts what it flagged, so the
 sums over replicas give the service's.
+
+The labels decide nothing, so a replica never waits for them: a labels topic that cannot be read
+leaves it ready, and shows in `fraud_topic_reader_read_age_seconds{reader="labels"}` (the
+reader tries again, and starts a failed consumer again, as every topic reader does).
 """
 
 from __future__ import annotations
@@ -70,7 +74,12 @@ class ObservedPrecision:
             None
             if topic is None
             else CompactedTopicReader(
-                dict(kafka or {}), topic, self.apply, name="labels", start_at=OFFSET_END
+                dict(kafka or {}),
+                topic,
+                self.apply,
+                name="labels",
+                metrics=metrics,
+                start_at=OFFSET_END,
             )
         )
 

@@ -72,6 +72,7 @@ class RulesTable:
                 topic,
                 self._apply,
                 name="rules",
+                metrics=metrics,
                 after_read=self._poll_dead_letters,
                 loaded_note=self._loaded_note,
             )
@@ -81,6 +82,11 @@ class RulesTable:
         if self._reader is None:
             self.loaded.set()
         metrics.set_rules_entries(len(base))
+
+    @property
+    def problem(self) -> str | None:
+        """Why the topic cannot be read now; None while it can (or without a topic)."""
+        return None if self._reader is None else self._reader.problem
 
     def start(self) -> None:
         log.info("rules in force: %s", self.current.summary())

@@ -23,15 +23,17 @@ Responsibilities and decisions (`WorkerTable`, for both):
   can still matter even when the topic keeps old records. `fraud_terminal_risk_bytes`
   (`fraud_card_frauds_bytes`) says how much memory it holds.
 - Loaded: `loaded` is set once the reader (`stream/compacted_topic.py`) has read every
-  partition up to the end it had when it started (or at once when the topic does not exist
-  yet): a replica scores only after that, so a restart does not score with neutral features.
+  partition up to the end it had when it started (or at once when the broker says the topic
+  does not exist): a replica scores only after that, so a restart does not score with neutral
+  features. A topic that cannot be read is not an empty one: the replica waits (`problem`).
 - `fraud_terminal_risk_newest_record_age_seconds` is the age of the newest terminal-risk record
   held (by its Kafka timestamp): when the worker stops publishing, it grows, and an alert fires.
   (Card records come only with frauds, so their age says nothing about the worker.)
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
 - The reader uses no consumer group and commits nothing: it always rebuilds from the topic; a
-  missing topic is waited for (the worker may start later), and so is a broker that went away.
+  missing topic is waited for (the worker may start later), and so is a broker that went away;
+  a reader that fails is started again (`fraud_topic_reader_*` say so).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class WorkerTable(Generic[R]):
             topic,
             self._apply_message,
             name=self.name,
+            metrics=metrics,
             after_read=self._after_read,
             loaded_note=lambda: f"{len(self._records)} {self._entries}",
         )
@@ -112,6 +115,11 @@ class WorkerTable(Generic[R]):
 
     def _watch(self, metrics: ServiceMetrics) -> None:
         """Gauges computed at each scrape (none by default)."""
+
+    @property
+    def problem(self) -> str | None:
+        """Why the topic cannot be read now; None while it can."""
+        return self._reader.problem
 
     def start(self) -> None:
         self._reader.start()

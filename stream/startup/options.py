@@ -402,10 +402,10 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         float,
         meta(
             "FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S",
-            "at start, the replica reads terminal-risk (and card-frauds, and the rules topic) "
-            "up to its end "
-            "before it consumes a transaction (and is not ready meanwhile), for at most this "
-            "long; then it consumes with what it read so far, and says so in its log",
+            "at start, the replica reads its control topics (the rules topic, terminal-risk, "
+            "card-frauds) up to their end before it consumes a transaction, and is not ready "
+            "meanwhile, however long that takes: it never consumes without them. Past this "
+            "long it logs an error naming the topic it waits for and why (docs/state.md)",
             ge=0,
             le=3_600,
         ),
