@@ -189,7 +189,8 @@ class ServiceMetrics:
             "fraud_rules_updates_total",
             "Records of the rules topic, by result (applied, rejected: dead-lettered, "
             "refused_at_start: refused while the topic was read at start, not dead-lettered "
-            "again)",
+            "again, held: it would flag more of the traffic than FRAUD_RULES_GUARD_SHARE, "
+            "not applied until confirmed)",
             ["result"],
             registry=r,
         )

@@ -8,6 +8,12 @@ batch, so a batch is decided by one rule set. A record that cannot be used is de
 (reason `rules_update`, `fraud-dlq replay` puts it back once fixed) and the previous rules stay
 in force. A replica scores only once the topic is read up to its end at start (`loaded`).
 
+With a guard (FRAUD_RULES_GUARD_SHARE, `stream/rules_guard.py`) an update read live that would
+flag more than its share of the last minute's traffic is held, not applied, until it is sent
+again with the header `fraud.rules.confirm: yes` (`fraud_rules_updates_total{result="held"}`).
+The catch-up at start applies the topic as it is: a held update left the latest of its key is
+applied by a replica that starts later (resolve a hold at once: confirm it, or replace it).
+
 Dead letters never hold the reader: each is produced and its delivery report polled for after
 every read, a failure logged from it. The records the topic held at start (the catch-up) are
 not dead-lettered again: each was when a replica first read it live. Those refused are counted
@@ -19,16 +25,21 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import numpy as np
+import numpy.typing as npt
 from confluent_kafka import KafkaError, Message, Producer
 
 from contracts.errors import RulesUpdateError
 from deadletter.router import DeadLetterRouter
+from scorer.columns import TransactionFields
+from scorer.decisions import Thresholds
 from scorer.rules import MAX_KEY_CHARS, Rules, RulesError
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
+from stream.rules_guard import RulesGuard
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,8 @@ SUMMARY_NAMED = 5
 #: A key longer than this is refused before it is decoded (UTF-8 takes up to 4 bytes a
 #: character).
 MAX_KEY_BYTES = 4 * MAX_KEY_CHARS
+#: The header (and its value) that confirms an update the guard held.
+CONFIRM_HEADER, CONFIRMED = "fraud.rules.confirm", b"yes"
 
 
 class RulesTable:
@@ -52,14 +65,17 @@ class RulesTable:
         kafka: Mapping[str, Any] | None = None,
         topic: str | None = None,
         router: DeadLetterRouter | None = None,
+        guard: RulesGuard | None = None,
     ) -> None:
         """`base`: the FRAUD_RULES file's rules; `topic` (with `kafka` and the `router` that
-        dead-letters bad updates): the rules topic, None for the file alone."""
+        dead-letters bad updates): the rules topic, None for the file alone; `guard`: what
+        holds an update that would flag too much of the traffic (None: no guard)."""
         #: Replaced whole on each update; the scoring thread reads it once per batch.
         self.current = base
         self._metrics = metrics
         self._kafka = dict(kafka or {})
         self._router = router
+        self._guard = guard
         self._producer: Producer | None = None
         #: The catch-up's refused updates: how many, and the first SUMMARY_NAMED of them.
         self._refused_at_start = 0
@@ -88,6 +104,17 @@ class RulesTable:
         """Why the topic cannot be read now; None while it can (or without a topic)."""
         return None if self._reader is None else self._reader.problem
 
+    def observe(
+        self,
+        transactions: Sequence[TransactionFields],
+        features: npt.NDArray[np.float32],
+        scores: npt.NDArray[np.float32],
+        thresholds: Thresholds,
+    ) -> None:
+        """A decided batch, for the guard's sample of the traffic (on the scoring thread)."""
+        if self._guard is not None:
+            self._guard.observe(transactions, features, scores, thresholds)
+
     def start(self) -> None:
         log.info("rules in force: %s", self.current.summary())
         if self._reader is not None:
@@ -112,7 +139,10 @@ class RulesTable:
                 name = key.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise RulesError(f"the key is not UTF-8: {exc}") from exc
-            self.current = self.current.with_update(name, message.value())
+            updated = self.current.with_update(name, message.value())
+            if self._held(message, name, updated):
+                return
+            self.current = updated
         except Exception as exc:  # RulesError, or whatever else a record provokes
             self._refused(message, exc)
             return
@@ -121,6 +151,39 @@ class RulesTable:
         # One line per live update; the catch-up at start may hold many (its summary is logged).
         level = logging.INFO if self.loaded.is_set() else logging.DEBUG
         log.log(level, "rules update %s applied: %s", name, self.current.summary())
+
+    def _held(self, message: Message, name: str, updated: Rules) -> bool:
+        """Whether the guard holds this update (read live and not confirmed); counted and
+        logged."""
+        guard, reader = self._guard, self._reader
+        if guard is None or reader is None or reader.in_catch_up(message):
+            return False
+        headers = cast(list[tuple[str, bytes | None]], message.headers() or [])
+        confirmed = (CONFIRM_HEADER, CONFIRMED) in headers
+        if confirmed:
+            log.warning(
+                "rules update %s confirmed (%s): not judged by the guard", name, CONFIRM_HEADER
+            )
+            return False
+        held = guard.check(name, message.value() is not None, self.current, updated)
+        if held is None:
+            return False
+        self._metrics.record_rules_update("held")
+        log.error(
+            "rules update %s held (partition=%s offset=%s): it would flag %.1f%% of the last "
+            "minute's %s transactions sampled (%.1f%% now), over FRAUD_RULES_GUARD_SHARE=%s; "
+            "send it again with the header %s: %s to apply it",
+            name,
+            message.partition(),
+            message.offset(),
+            100 * held.share_new,
+            held.rows,
+            100 * held.share_now,
+            guard.share,
+            CONFIRM_HEADER,
+            CONFIRMED.decode(),
+        )
+        return True
 
     def _refused(self, message: Message, error: Exception) -> None:
         """Dead-letter an update read live; count one of the catch-up at start."""

@@ -216,6 +216,10 @@ class BatchScorer:
             explainer=self._explainer,
         )
         decided_at = time.time_ns() // 1_000_000
+        if self._rules is not None:
+            self._rules.observe(
+                transactions, verdicts.features, verdicts.scores, self._policy.thresholds
+            )
         stages.done("decide")
         encoded = self._encode(records, verdicts, decided_at)
         shadow = (

@@ -332,6 +332,18 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             "force stay",
         ),
     ] = None
+    rules_guard_share: Annotated[
+        float,
+        meta(
+            "FRAUD_RULES_GUARD_SHARE",
+            "a rules-topic update that would flag (review or decline) more of the last "
+            "minute's traffic than this share, and more than the rules in force do, is held: "
+            "not applied until it is sent again with the header fraud.rules.confirm=yes "
+            "(docs/rules.md); 0: no guard",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.5
     reasons: Annotated[
         OnOff,
         meta(

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.integration.conftest import ServiceProcess, Topics, produce, read_topic
+from tests.integration.conftest import (
+    ServiceProcess,
+    Topics,
+    produce,
+    produce_to_partition,
+    read_topic,
+)
 from tests.integration.test_pipeline import decisions_of, simulated
 from tests.support.network import http_status
 from tests.support.records import raw_headers
@@ -160,3 +166,54 @@ def test_a_bad_update_is_dead_lettered_once_when_read_live_and_never_at_a_start(
 
     assert dead_letters(topics.dlq, 1) == [(b"bogus:live", b"rules_update")]
     assert second.metric('fraud_rules_updates_total{result="refused_at_start"}') == 4
+
+
+#: The header that confirms a rules update the guard held (docs/rules.md).
+CONFIRMED = [("fraud.rules.confirm", b"yes")]
+
+
+def decided_waves(
+    service: ServiceProcess, topics: Topics, waves: int, prefix: str, decided: float
+) -> float:
+    """Produce `waves` of 60 transactions a second apart, each decided before the next: the
+    guard keeps rows of each second it saw traffic in. Returns the decisions made so far."""
+    for wave in range(waves):
+        records, _ = simulated(60, seed=50 + wave, prefix=f"{prefix}{wave}")
+        produce(topics.input, records)
+        decided += len(records)
+
+        def all_decided(n: float = decided) -> bool:
+            return service.metric_total("fraud_decisions_produced_total") >= n
+
+        wait_until(all_decided, 30.0, "the wave decided", interval_s=0.1)
+        time.sleep(1.05)
+    return decided
+
+
+def test_a_rule_that_declines_everything_is_held_until_it_is_confirmed(
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+    rules_topic_factory: Callable[[], str],
+) -> None:
+    # Finding 14: an update that declined every transaction was applied like any other.
+    topics, rules_topic = topics_factory(partitions=1), rules_topic_factory()
+    service = service_factory(topics, "--rules-topic", rules_topic)  # the guard's default: 0.5
+    wait_until(lambda: ready(service), 30.0, "/readyz 200", interval_s=0.2)
+    decided = decided_waves(service, topics, 3, "before", 0)
+    everything = (b"rule:everything", b'{"when": "amount > 0", "then": "decline"}')
+
+    produce(rules_topic, [everything])
+    service.wait_for_metric('fraud_rules_updates_total{result="held"}', 1, 10.0)
+    assert "rules update rule:everything held" in service.log()
+    decided = decided_waves(service, topics, 1, "held", decided)
+    produce_to_partition(rules_topic, 0, [(*everything, CONFIRMED)])
+    service.wait_for_metric('fraud_rules_updates_total{result="applied"}', 1, 10.0)
+    decided_waves(service, topics, 1, "confirmed", decided)
+
+    decisions = decisions_of(topics.output, int(decided) + 60)
+    by_wave = {
+        wave: [d for d in decisions if d["transaction_id"].startswith(wave)]
+        for wave in ("held", "confirmed")
+    }
+    assert not any("rule:everything" in d.get("rules", ()) for d in by_wave["held"])
+    assert by_wave["confirmed"] and all(d["decision"] == "decline" for d in by_wave["confirmed"])
