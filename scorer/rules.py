@@ -941,8 +941,10 @@ def _yaml_document(path: Path, text: bytes) -> Mapping[str, Any]:
             f"rules file {path}: reading YAML needs PyYAML: pip install 'fraud-scorer[yaml]', "
             "or write the rules as TOML"
         ) from None
+    # libyaml's loader where PyYAML has it: about 20 times faster on a long file.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"rules file {path}: not valid YAML: {exc}") from exc
     if document is None:  # an empty file: no rules, as an empty TOML file

@@ -15,6 +15,9 @@ Responsibilities and decisions (`WorkerTable`, for both):
 - A terminal (card) with no record yet, or a transaction without one, gets the neutral
   features, never an error; a record that cannot be read is skipped with a warning; a tombstone
   forgets the key (the worker sends one when nothing of it is read any more, or it goes idle).
+- Bounded per record, whoever wrote it: a value over MAX_RECORD_BYTES is skipped before it is
+  parsed, and so is an id longer than the transaction contract's (an entry holds at most a few
+  KB), or JSON nested too deep to parse.
 - A record dated past the wall clock plus the allowed skew (`contracts/event_time.py`) is
   skipped: its windows were counted as of a day that has not come, so its features are neutral
   or wrong, and it would hide the real ones until the worker writes again.
@@ -51,6 +54,7 @@ from confluent_kafka import Message
 from contracts.card_frauds import CardFraudsRecord, decode_card_frauds
 from contracts.event_time import EventClock
 from contracts.terminal_risk import HORIZON_DAYS, TerminalRiskRecord, decode_terminal_risk
+from contracts.transaction import MAX_ID_CHARS
 from scorer.card_frauds import card_features
 from scorer.terminal_risk import terminal_features
 from stream.compacted_topic import CompactedTopicReader
@@ -62,6 +66,9 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL_S = 60.0
 #: Per entry beyond its id, features and buckets: the dict slots and the arrays' headers.
 _ENTRY_OVERHEAD_BYTES = 100
+#: A record's value may hold this many bytes: a terminal-risk record with every bucket takes
+#: about 1.5 KB, a card-frauds one under 1 KB. A larger one is skipped before it is parsed.
+MAX_RECORD_BYTES = 16_384
 
 R = TypeVar("R", TerminalRiskRecord, CardFraudsRecord)
 
@@ -164,9 +171,13 @@ class WorkerTable(Generic[R]):
             self._forget(name)
             return
         try:
+            if len(value) > MAX_RECORD_BYTES:
+                raise ValueError(f"{len(value):,} bytes, over {MAX_RECORD_BYTES:,}")
             record, decoded = self._decode(value)
-        except ValueError as exc:
-            log.warning("skipping a %s record for %r: %s", self.name, name, exc)
+            if len(decoded.key) > MAX_ID_CHARS:
+                raise ValueError(f"an id of {len(decoded.key):,} characters, over {MAX_ID_CHARS}")
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            log.warning("skipping a %s record for %.80r: %s", self.name, name, exc)
             self._skipped("invalid")
             return
         if decoded.as_of_day > self._clock.bound_ms() // self._day_ms:
