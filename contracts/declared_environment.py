@@ -64,6 +64,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_RETRY_BACKOFF_MS": ("fraud-scorer",),
     "FRAUD_REVIEW_THRESHOLD": ("fraud-scorer",),
     "FRAUD_RULES": ("fraud-scorer",),
+    "FRAUD_RULES_GUARD_SHARE": ("fraud-scorer",),
     "FRAUD_RULES_TOPIC": ("fraud-scorer",),
     "FRAUD_SCHEMA_REGISTRY_SUBJECTS": ("fraud-scorer",),
     "FRAUD_SCHEMA_REGISTRY_URL": ("fraud-scorer",),

@@ -22,6 +22,11 @@ Responsibilities and decisions:
   therefore reaches the set the live updates did.
 - An update copies only what it changes, and an id list in O(√n) (`_Ids`), so replaying a
   compacted topic of n list entries does not copy the lists n times.
+- Bounded, so that no record or file costs much more to hold and to apply than its bytes: a
+  topic record's size (refused before it is parsed) and its key, a file's size, the members of
+  an `in [...]` list, an expression's nodes, the number of rules and of overrides, and every
+  text a rule compares (at most what its field can hold: an id is at most the transaction
+  contract's MAX_ID_CHARS, `country` 2 characters). Text members are held as a set.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ import difflib
 import functools
 import math
 import operator
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, BinaryIO, ClassVar, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -45,6 +51,7 @@ import numpy.typing as npt
 from contracts.decision import APPROVE, DECLINE, REVIEW
 from contracts.errors import ConfigurationError
 from contracts.reference_data import MCC_FAMILIES
+from contracts.transaction import MAX_ID_CHARS
 from scorer.catalogue import BY_NAME, LOG1P_FEATURES
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds, classify
@@ -57,6 +64,25 @@ __all__ = ["Rules", "RulesError", "RulesOutcome"]
 MAX_EXPRESSION_DEPTH = 64
 #: A rules file with one of these suffixes is YAML; any other is TOML.
 YAML_SUFFIXES = (".yaml", ".yml")
+#: A rules-topic record's value may hold this many bytes; a larger one is refused before it is
+#: parsed. A rule with MAX_MEMBERS members of 4 digits fits in half of it.
+MAX_UPDATE_BYTES = 16_384
+#: A rules-topic key: `deny:merchant:` and an id of MAX_ID_CHARS characters fit.
+MAX_KEY_CHARS = 128
+#: A rules file may hold this many bytes (16 MiB: about 200,000 list ids); a larger one is
+#: refused before it is read.
+MAX_RULES_FILE_BYTES = 16 * 1024 * 1024
+_READ_CHUNK_BYTES = 1 << 16
+#: Members of one `in [...]` list.
+MAX_MEMBERS = 1_000
+#: Nodes of one expression, not counting its lists' members: each is an array operation on
+#: every batch.
+MAX_EXPRESSION_NODES = 256
+#: Rules in force, and overrides in force (the file's and the topic's together), each: every
+#: batch evaluates them all, and each name is a label value of fraud_rule_hits_total.
+MAX_NAMED_ENTRIES = 100
+#: A rule's or an override's name.
+MAX_NAME_CHARS = 64
 
 _LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 _LEVEL_OF_THEN = {REVIEW: 1, DECLINE: 2}
@@ -73,6 +99,9 @@ _ID_COLUMN = {
 }
 _CHANNELS = ("pos", "ecom", "atm")
 _COUNTRY = re.compile(r"[A-Z]{2}")
+#: The longest value each text field can hold (contracts/transaction.py): a longer text can
+#: never match it. Any other text is at most an id's length.
+_TEXT_WIDTH = {"country": 2, "currency": 3, "channel": 4}
 
 
 class RulesError(ValueError):
@@ -181,17 +210,27 @@ def _not_equal(a: Any, b: Any) -> Any:
     return np.logical_and(np.not_equal(a, b), np.logical_and(a == a, b == b))
 
 
-def _is_in(a: Any, members: npt.NDArray[Any]) -> Any:
+#: The members after `in`: a set of text, or an array of numbers or flags.
+_Members = frozenset[str] | npt.NDArray[Any]
+
+
+def _is_in(a: Any, members: _Members) -> Any:
+    if isinstance(members, frozenset):
+        if isinstance(a, str):  # a constant: 'NG' in [...]
+            return np.bool_(a in members)
+        column = np.asarray(a)
+        found = np.fromiter(map(members.__contains__, column.ravel().tolist()), np.bool_)
+        return found.reshape(column.shape)
     if len(members) > _FEW_MEMBERS:
         return np.isin(a, members)
     return (np.asarray(a)[..., np.newaxis] == members).any(axis=-1)
 
 
-def _is_not_in(a: Any, members: npt.NDArray[Any]) -> Any:
+def _is_not_in(a: Any, members: _Members) -> Any:
     return np.logical_not(_is_in(a, members))
 
 
-def _number_not_in(a: Any, members: npt.NDArray[Any]) -> Any:
+def _number_not_in(a: Any, members: _Members) -> Any:
     return np.logical_and(_is_not_in(a, members), a == a)
 
 
@@ -200,6 +239,7 @@ class _Compiler:
 
     def __init__(self, text: str) -> None:
         self._text = text
+        self._nodes = 0
 
     def condition(self) -> _Eval:
         try:
@@ -228,6 +268,12 @@ class _Compiler:
     def _compile(self, node: ast.expr, depth: int) -> tuple[str, _Eval]:
         if depth > MAX_EXPRESSION_DEPTH:
             raise self._refuse(node, f"nests deeper than {MAX_EXPRESSION_DEPTH} levels")
+        self._nodes += 1
+        if self._nodes > MAX_EXPRESSION_NODES:
+            raise RulesError(
+                f"the expression has more than {MAX_EXPRESSION_NODES:,} names, constants and "
+                "operations: split it into rules"
+            )
         depth += 1
         if isinstance(node, ast.BoolOp):
             why = f"`{'and' if isinstance(node.op, ast.And) else 'or'}` joins conditions"
@@ -282,6 +328,11 @@ class _Compiler:
                 raise self._refuse(node, "is too large a number") from None
             return _NUMBER, -number if negative else number
         if isinstance(value, str) and not negative:
+            if len(value) > MAX_ID_CHARS:
+                raise RulesError(
+                    f"a text of {len(value):,} characters is longer than any field can be "
+                    f"({MAX_ID_CHARS} at most)"
+                )
             return _TEXT, value
         raise self._refuse(node, "is not a constant: write a number, 'text', True or False")
 
@@ -332,6 +383,9 @@ class _Compiler:
                         f"compares `{self._segment(left_node)}` ({left_kind}) with "
                         f"`{self._segment(right_node)}` ({right_kind})",
                     )
+                if left_kind == _TEXT:
+                    _check_width(left_node, right_node)
+                    _check_width(right_node, left_node)
                 if isinstance(op, ast.Eq):
                     tests.append(operator.eq)
                 else:
@@ -354,19 +408,41 @@ class _Compiler:
 
         return chain
 
-    def _members(self, node: ast.expr, left: ast.expr, kind: str) -> npt.NDArray[Any]:
+    def _members(self, node: ast.expr, left: ast.expr, kind: str) -> _Members:
+        """The members after `in`: text as a set (a fixed-width text array would hold every
+        member at the longest one's width), numbers and flags as an array."""
         if not isinstance(node, ast.List | ast.Tuple):
             raise self._refuse(node, "must be a list of constants after `in`, e.g. [1, 2]")
-        values: list[object] = []
+        if len(node.elts) > MAX_MEMBERS:
+            raise RulesError(
+                f"`{self._segment(left)} in [...]` lists {len(node.elts):,} members: no more "
+                f"than {MAX_MEMBERS:,} members in a list"
+            )
+        values: list[Any] = []
         for element in node.elts:
             element_kind, value = self._literal(element)
             if element_kind != kind:
                 raise self._refuse(
                     element, f"is {element_kind}, but `{self._segment(left)}` is {kind}"
                 )
+            if kind == _TEXT:
+                _check_width(left, element)
             values.append(value)
-        dtype = {_NUMBER: np.float64, _TEXT: np.str_, _FLAG: np.bool_}[kind]
-        return np.array(values, dtype=dtype)
+        if kind == _TEXT:
+            return frozenset(values)
+        return np.unique(np.array(values, dtype=np.float64 if kind == _NUMBER else np.bool_))
+
+
+def _check_width(field: ast.expr, text: ast.expr) -> None:
+    """Refuse a text constant longer than the text field it is compared with can be."""
+    if not (isinstance(field, ast.Name) and isinstance(text, ast.Constant)):
+        return
+    width = _TEXT_WIDTH.get(field.id)
+    if width is not None and isinstance(text.value, str) and len(text.value) > width:
+        shown = text.value if len(text.value) <= 12 else f"{text.value[:12]}…"
+        raise RulesError(
+            f"{shown!r} is longer than `{field.id}` can be ({width} characters): it never matches"
+        )
 
 
 # --- entries ------------------------------------------------------------------------------------
@@ -534,7 +610,16 @@ def _file_entries(spec: _FileSpec) -> _Entries:
         for kind, ids in kinds:
             if "" in ids:
                 raise RulesError(f"[{action}] {kind}s: an id is empty")
+            longest = max(ids, key=len, default="")
+            if len(longest) > MAX_ID_CHARS:
+                raise RulesError(f"[{action}] {kind}s: {_too_long_id(longest)}")
             lists[(action, kind)] = _Ids(frozenset(ids))
+    for named, count in (("override", len(spec.override)), ("rule", len(spec.rule))):
+        if count > MAX_NAMED_ENTRIES:
+            raise RulesError(
+                f"[[{named}]]: {count:,} of them, more than the "
+                f"{MAX_NAMED_ENTRIES} {named}s a rule set may hold"
+            )
     overrides: dict[str, _Override] = {}
     for override in spec.override:
         _check_new_name("override", override.name, overrides)
@@ -546,9 +631,22 @@ def _file_entries(spec: _FileSpec) -> _Entries:
     return _Entries(lists, overrides, rules)
 
 
+def _too_long_id(entry_id: str) -> str:
+    return (
+        f"an id of {len(entry_id):,} characters: ids are at most {MAX_ID_CHARS} characters "
+        "(the transaction contract's)"
+    )
+
+
+def _too_long_name(name: str) -> str:
+    return f"a name of {len(name):,} characters: names are at most {MAX_NAME_CHARS} characters"
+
+
 def _check_new_name(table: str, name: str, seen: Mapping[str, object]) -> None:
     if not name:
         raise RulesError(f"[[{table}]]: name is empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise RulesError(f"[[{table}]]: {_too_long_name(name)}")
     if name in seen:
         raise RulesError(f"[[{table}]] {name!r} is defined twice")
 
@@ -582,7 +680,14 @@ def _decode(value: bytes, spec: type[_Spec]) -> _Spec:
 
 
 def _change(key: str, value: bytes | None) -> _Change:
-    """A topic record → the change it makes, checked."""
+    """A topic record → the change it makes, checked; an oversized one before it is parsed."""
+    if len(key) > MAX_KEY_CHARS:
+        raise RulesError(f"the key holds {len(key):,} characters, over {MAX_KEY_CHARS}")
+    if value is not None and len(value) > MAX_UPDATE_BYTES:
+        raise RulesError(
+            f"the value holds {len(value):,} bytes, over the {MAX_UPDATE_BYTES:,} bytes a rules "
+            "update may hold"
+        )
     kind, _, rest = key.partition(":")
     if kind in ("deny", "allow"):
         list_kind, colon, entry_id = rest.partition(":")
@@ -592,11 +697,15 @@ def _change(key: str, value: bytes | None) -> _Change:
             )
         if not entry_id:
             raise RulesError("the id is empty")
+        if len(entry_id) > MAX_ID_CHARS:
+            raise RulesError(_too_long_id(entry_id))
         if value is not None:  # free-form (a reason, who listed it): checked, not read
             _decode(value, dict[str, Any])
         return _ListChange((kind, list_kind), entry_id, value is not None)
     if kind in ("override", "rule") and not rest:
         raise RulesError(f"the {kind} name is empty")
+    if len(rest) > MAX_NAME_CHARS:
+        raise RulesError(_too_long_name(rest))
     if kind == "override":
         override = None if value is None else _override(rest, _decode(value, _OverrideSpec))
         return _OverrideChange(rest, override)
@@ -639,16 +748,26 @@ class Rules:
     def load(cls, path: Path) -> Rules:
         """The rules of a TOML file, or of a YAML one (`.yaml`, `.yml`: the same tables as
         mappings and lists); ConfigurationError naming the file and the problem."""
+        too_big = ConfigurationError(
+            f"rules file {path}: over {MAX_RULES_FILE_BYTES:,} bytes, the most a rules file may "
+            "hold: keep long lists on the rules topic"
+        )
         try:
             with path.open("rb") as file:
-                if path.suffix in YAML_SUFFIXES:
-                    document = _yaml_document(path, file.read())
-                else:
-                    document = tomllib.load(file)
+                if os.fstat(file.fileno()).st_size > MAX_RULES_FILE_BYTES:
+                    raise too_big
+                text = _read_at_most(file, MAX_RULES_FILE_BYTES, too_big)
         except OSError as exc:
             raise ConfigurationError(f"rules file {path}: cannot read it: {exc.strerror}") from exc
+        try:
+            if path.suffix in YAML_SUFFIXES:
+                document = _yaml_document(path, text)
+            else:
+                document = tomllib.loads(text.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"rules file {path}: not valid TOML: {exc}") from exc
+        except RecursionError:
+            raise ConfigurationError(f"rules file {path}: nested too deep") from None
         try:
             return cls.parse(document, f"rules file {path}")
         except RulesError as exc:
@@ -675,9 +794,11 @@ class Rules:
             raise RulesError(f"rules topic key {key!r}: {exc}") from None
         topic = self._topic
         if isinstance(change, _OverrideChange):
+            self._check_room(key, "override", change.name, change.override, self._file.overrides)
             topic = topic._replace(overrides=_put(topic.overrides, change.name, change.override))
             return Rules(self._file, topic, self._lists)
         if isinstance(change, _RuleChange):
+            self._check_room(key, "rule", change.name, change.rule, self._file.rules)
             topic = topic._replace(rules=_put(topic.rules, change.name, change.rule))
             return Rules(self._file, topic, self._lists)
         list_key, entry, present = change
@@ -691,6 +812,18 @@ class Rules:
         elif present or entry not in file_ids:
             lists[list_key] = lists[list_key].changed(entry, present)
         return Rules(self._file, topic._replace(lists=topic_lists), lists)
+
+    def _check_room(
+        self, key: str, table: str, name: str, entry: object, file: Mapping[str, object]
+    ) -> None:
+        """Refuse a new name past MAX_NAMED_ENTRIES (replacing or removing one is fine)."""
+        in_force = self._overrides if table == "override" else self._rules
+        known = name in file or name in getattr(self._topic, f"{table}s")
+        if entry is not None and not known and len(in_force) >= MAX_NAMED_ENTRIES:
+            raise RulesError(
+                f"rules topic key {key!r}: {len(in_force)} {table}s are in force already, the "
+                f"most a rule set may hold is {MAX_NAMED_ENTRIES} {table}s"
+            )
 
     def __len__(self) -> int:
         return sum(map(len, self._lists.values())) + len(self._overrides) + len(self._rules)
@@ -785,6 +918,19 @@ def _hits(
 Rules.EMPTY = Rules(_NO_ENTRIES, _NO_ENTRIES, _NO_ENTRIES.lists)
 
 
+def _read_at_most(file: BinaryIO, limit: int, too_big: Exception) -> bytes:
+    """The file's bytes, read in chunks (it may be growing, or a device with no size), or
+    `too_big` once past `limit`."""
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := file.read(_READ_CHUNK_BYTES):
+        total += len(chunk)
+        if total > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _yaml_document(path: Path, text: bytes) -> Mapping[str, Any]:
     """A YAML rules file as the mapping a TOML one parses to. PyYAML is the `yaml` extra: the
     service needs it only for such a file."""
@@ -795,8 +941,10 @@ def _yaml_document(path: Path, text: bytes) -> Mapping[str, Any]:
             f"rules file {path}: reading YAML needs PyYAML: pip install 'fraud-scorer[yaml]', "
             "or write the rules as TOML"
         ) from None
+    # libyaml's loader where PyYAML has it: about 20 times faster on a long file.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"rules file {path}: not valid YAML: {exc}") from exc
     if document is None:  # an empty file: no rules, as an empty TOML file

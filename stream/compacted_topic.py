@@ -4,18 +4,29 @@
 grows, on a daemon thread of its own, and hands each record to its owner (the terminal-risk
 table, the rules table); or, started at the end, follows a topic's new records (the labels of
 the observed precision). Responsibilities and decisions:
-- `loaded` is set once every partition is read up to the end it had when it was first assigned
-  (or at once when the topic does not exist yet): a replica scores only after that, so a
-  restart does not score with an empty table.
+- `loaded` is set once every partition is read up to the end it had when it was first assigned,
+  or at once when the broker says the topic does not exist (its writer may start later): a
+  replica scores only after that, so a restart does not score with an empty table.
+- Fails closed: only a topic the broker does not know (UNKNOWN_TOPIC_OR_PART) is an empty one.
+  A topic that cannot be read (no metadata: the broker away or not answering; the topic not
+  authorized, or refused with any other error; its end offsets unknown) is not: `loaded` waits,
+  `problem` says why, and the reader tries again with a backoff.
+- Never silent: every pass over the topic (its metadata, then reads without error) is counted as
+  read; `fraud_topic_reader_read_age_seconds{reader}` is the time since the last, so it grows
+  whenever the topic cannot be read, before or after `loaded` (an alert watches it).
+  `fraud_topic_reader_errors_total{reader,cause}` counts what went wrong: `unreadable` (a pass
+  that failed), `record` (a record its owner could not take: skipped), `restart` (below).
+- Never dead: a consumer that fails (librdkafka raises) is closed and a new one started after a
+  backoff, from where the old one stopped, so no record is applied twice or skipped; the table
+  keeps what it has meanwhile.
 - No consumer group, nothing committed: a reader always rebuilds its table from the topic.
-- A missing topic is waited for (its writer may start later), and so is a broker that went
-  away; the table keeps what it has meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +40,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from stream.metrics import ServiceMetrics
+
 log = logging.getLogger(__name__)
 
 #: How long the reader waits for records before looking for new partitions or stopping.
@@ -37,8 +50,19 @@ POLL_S = 0.5
 MISSING_TOPIC_RETRY_S = 10.0
 METADATA_TIMEOUT_S = 10.0
 READ_BATCH = 5_000
-#: Reads between two metadata checks (new partitions): about a minute at POLL_S.
-READS_PER_ROUND = 120
+#: Reads between two metadata checks (new partitions; whether the topic can still be read):
+#: about 10 s at POLL_S, so the read age of an idle topic stays around that.
+READS_PER_ROUND = 20
+#: A topic that cannot be read (or a consumer that failed) is tried again after this, doubling
+#: up to RETRY_MAX_S.
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
+#: The one metadata error that means there is no such topic, so nothing to read: an empty one.
+_MISSING = KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+class _Unreadable(Exception):
+    """The topic cannot be read now (the message says why): tried again after a backoff."""
 
 
 class CompactedTopicReader:
@@ -51,25 +75,45 @@ class CompactedTopicReader:
         apply: Callable[[Message], None],
         *,
         name: str,
+        metrics: ServiceMetrics | None = None,
         after_read: Callable[[bool], None] = lambda _read_some: None,
         loaded_note: Callable[[], str] = lambda: "",
         start_at: int = OFFSET_BEGINNING,
     ) -> None:
-        """`apply` gets every record, tombstones included, on the reader's thread; `after_read`
-        runs after each read (True when it returned records); `loaded_note` says what was
-        loaded, for the log line; `start_at`: where each partition is read from (OFFSET_END:
-        only what is written from now on)."""
+        """`apply` gets every record, tombstones included, on the reader's thread; `name`
+        names the reader in logs and metrics (`reader` label); `after_read` runs after each
+        read (True when it returned records); `loaded_note` says what was loaded, for the log
+        line; `start_at`: where each partition is read from (OFFSET_END: only what is written
+        from now on)."""
         self._kafka = dict(kafka)
         self.topic = topic
         self._apply = apply
         self._name = name
+        self._metrics = metrics
         self._after_read = after_read
         self._loaded_note = loaded_note
         self._start_at = start_at
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = threading.Event()
+        #: Why the topic cannot be read now; None while it can.
+        self.problem: str | None = None
         self._stop = threading.Event()
+        self._read_at = time.monotonic()
+        self._retry_s = RETRY_MIN_S
+        #: The next offset to read in each partition assigned so far: where a new consumer
+        #: starts after one failed.
+        self._next: dict[int, int] = {}
+        #: The end of each partition when it was first assigned: `loaded` waits for it.
+        self._ends: dict[int, int] = {}
+        #: The same, for the partitions found before `loaded`: the records before it are the
+        #: catch-up at start.
+        self._catch_up_ends: dict[int, int] = {}
+        #: Only what is there at the first look starts at `start_at`: a partition found later
+        #: (the topic made, or grown, since) holds nothing written before the start.
+        self._first_look = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        if metrics is not None:
+            metrics.watch_topic_reader(name, self.read_age_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -78,7 +122,44 @@ class CompactedTopicReader:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def alive(self) -> bool:
+        """Whether the reader's thread runs (it ends only at `close()`)."""
+        return self._thread.is_alive()
+
+    def read_age_s(self) -> float:
+        """Seconds since the topic was last read without error (or since the reader was made)."""
+        return max(0.0, time.monotonic() - self._read_at)
+
+    def in_catch_up(self, message: Message) -> bool:
+        """Whether `message` is part of what the topic held when this reader started (read
+        before `loaded`), rather than written since."""
+        end = self._catch_up_ends.get(message.partition() or 0, 0)
+        return (message.offset() or 0) < end
+
+    # -- the reader's thread ---------------------------------------------------------------
+
     def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._read_with_a_consumer()
+                except Exception as exc:  # librdkafka failed (or a bug): a new consumer, later
+                    self._count("restart")
+                    log.error(
+                        "%s reader failed (%s: %s): starting it again in %.1fs; the table keeps "
+                        "what it has",
+                        self.topic,
+                        type(exc).__name__,
+                        exc,
+                        self._retry_s,
+                    )
+                    self._back_off()
+        finally:
+            if not self._stop.is_set():  # only a BaseException gets here: say so, loudly
+                log.critical("%s reader stopped: nothing more of it is read", self.topic)
+
+    def _read_with_a_consumer(self) -> None:
+        """Read until `close()` with one consumer; whatever it raises ends it."""
         consumer = Consumer(
             {
                 **self._kafka,
@@ -88,62 +169,86 @@ class CompactedTopicReader:
         )
         try:
             assigned: set[int] = set()
-            #: The end of each partition when it was first assigned: `loaded` waits for it.
-            ends: dict[int, int] = {}
-            #: Only what is there at the first look starts at `start_at`: a partition found
-            #: later (the topic made, or grown, since) holds nothing written before the start.
-            start_at = self._start_at
             while not self._stop.is_set():
-                partitions = self._partitions(consumer)
-                offset, start_at = start_at, OFFSET_BEGINNING
-                if partitions is None:
-                    self._set_loaded("the topic is not there yet")
-                    self._stop.wait(MISSING_TOPIC_RETRY_S)
-                    continue
-                new = partitions - assigned
-                if new:
-                    for partition in new:
-                        _, ends[partition] = consumer.get_watermark_offsets(
-                            TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
-                        )
-                    consumer.incremental_assign(
-                        [TopicPartition(self.topic, p, offset) for p in sorted(new)]
-                    )
-                    assigned |= new
-                self._read(consumer, ends)
-        except KafkaException as exc:
-            log.error("%s reader stopped: %s (the table keeps what it has)", self.topic, exc)
-            self._set_loaded("the reader stopped")
+                try:
+                    partitions = self._partitions(consumer)
+                    if partitions is None:
+                        self._first_look = False
+                        self._read_fine()
+                        self._set_loaded("the topic does not exist (yet): read as empty")
+                        self._stop.wait(MISSING_TOPIC_RETRY_S)
+                        continue
+                    new = partitions - assigned
+                    if new:
+                        self._assign(consumer, new)
+                        assigned |= new
+                    self._first_look = False
+                    self._read(consumer)
+                    self._read_fine()
+                except _Unreadable as exc:
+                    self._unreadable(str(exc))
         finally:
             consumer.close()
 
     def _partitions(self, consumer: Consumer) -> set[int] | None:
+        """The topic's partitions; None when the broker says there is no such topic."""
         try:
             metadata = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:  # the broker away: keep the table, ask again later
-            log.warning("%s metadata unavailable (%s): trying again", self.topic, exc)
-            return None
+        except KafkaException as exc:  # the broker away or not answering
+            raise _Unreadable(f"no metadata: {_described(exc)}") from None
         topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            log.warning("topic %s not there yet", self.topic)
-            return None
+        if topic is None:
+            raise _Unreadable("the broker did not describe it")
+        if topic.error is not None:
+            if topic.error.code() == _MISSING:
+                return None
+            raise _Unreadable(f"{topic.error.name()}: {topic.error.str()}")
+        if not topic.partitions:
+            raise _Unreadable("it has no partitions")
         return set(topic.partitions)
 
-    def _read(self, consumer: Consumer, ends: dict[int, int]) -> None:
-        """Read what is there now, for up to about a minute, then let metadata be checked."""
+    def _assign(self, consumer: Consumer, new: set[int]) -> None:
+        """Start reading `new` partitions: where a failed consumer stopped, or where the reader
+        starts; each one's end is asked first (all or none are assigned)."""
+        ends: dict[int, int] = {}
+        for partition in sorted(new):
+            try:
+                _, ends[partition] = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise _Unreadable(
+                    f"partition {partition}'s end unknown: {_described(exc)}"
+                ) from None
+        start = self._start_at if self._first_look else OFFSET_BEGINNING
+        for partition, end in ends.items():
+            if partition not in self._ends:
+                self._ends[partition] = end
+                if not self.loaded.is_set():
+                    self._catch_up_ends[partition] = end
+        consumer.incremental_assign(
+            [TopicPartition(self.topic, p, self._next.get(p, start)) for p in sorted(new)]
+        )
+
+    def _read(self, consumer: Consumer) -> None:
+        """Read what is there now, for up to READS_PER_ROUND reads, then let metadata be
+        checked; _Unreadable on a read error (after handing over what the read returned)."""
         for _ in range(READS_PER_ROUND):
             if self._stop.is_set():
                 return
             messages = consumer.consume(READ_BATCH, POLL_S)
+            failed: str | None = None
             for message in messages:
                 error = message.error()
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reading %s: %s", self.topic, error.str())
+                        failed = f"{error.name()}: {error.str()}"
                     continue
+                self._next[message.partition() or 0] = (message.offset() or 0) + 1
                 try:
                     self._apply(message)
                 except Exception:  # one record must not end the table's reader
+                    self._count("record")
                     log.exception(
                         "%s: skipping the record at partition %s offset %s",
                         self.topic,
@@ -151,13 +256,50 @@ class CompactedTopicReader:
                         message.offset(),
                     )
             self._after_read(bool(messages))
-            if not self.loaded.is_set() and _caught_up(consumer, self.topic, ends):
+            if failed is not None:
+                raise _Unreadable(f"reading it: {failed}")
+            if not self.loaded.is_set() and _caught_up(consumer, self.topic, self._ends):
+                self._read_fine()  # read to its end: whatever failed before is over
                 self._set_loaded(self._loaded_note())
+
+    def _read_fine(self) -> None:
+        """A pass over the topic went without error."""
+        self._read_at = time.monotonic()
+        self._retry_s = RETRY_MIN_S
+        if self.problem is not None:
+            log.info("%s can be read again", self.topic)
+            self.problem = None
+
+    def _unreadable(self, why: str) -> None:
+        self._count("unreadable")
+        if why != self.problem:  # once per new problem, not once per try
+            waits = "" if self.loaded.is_set() else "; the replica waits for it"
+            log.error(
+                "%s cannot be read (%s): trying again, the table keeps what it has%s",
+                self.topic,
+                why,
+                waits,
+            )
+        self.problem = why
+        self._back_off()
+
+    def _back_off(self) -> None:
+        self._stop.wait(self._retry_s)
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+
+    def _count(self, cause: str) -> None:
+        if self._metrics is not None:
+            self._metrics.record_topic_reader_error(self._name, cause)
 
     def _set_loaded(self, why: str) -> None:
         if not self.loaded.is_set():
             log.info("%s loaded: %s", self.topic, why)
             self.loaded.set()
+
+
+def _described(exc: KafkaException) -> str:
+    error = exc.args[0] if exc.args else None
+    return f"{error.name()}: {error.str()}" if isinstance(error, KafkaError) else str(exc)
 
 
 def _caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:

@@ -187,7 +187,10 @@ class ServiceMetrics:
         )
         self._rules_updates = Counter(
             "fraud_rules_updates_total",
-            "Records of the rules topic, by result (applied, rejected: dead-lettered)",
+            "Records of the rules topic, by result (applied, rejected: dead-lettered, "
+            "refused_at_start: refused while the topic was read at start, not dead-lettered "
+            "again, held: it would flag more of the traffic than FRAUD_RULES_GUARD_SHARE, "
+            "not applied until confirmed)",
             ["result"],
             registry=r,
         )
@@ -332,6 +335,22 @@ class ServiceMetrics:
         for reason in ("invalid", "future"):
             self._terminal_skipped.labels(reason)
             self._card_frauds_skipped.labels(reason)
+        self._topic_reader_age = Gauge(
+            "fraud_topic_reader_read_age_seconds",
+            "Seconds since a topic reader (reader: rules, terminal-risk, card-frauds, the "
+            "control topics; labels) last read its topic without error: it grows while the "
+            "topic cannot be read (not authorized, refused, the broker away)",
+            ["reader"],
+            registry=r,
+        )
+        self._topic_reader_errors = Counter(
+            "fraud_topic_reader_errors_total",
+            "What went wrong in a topic reader, by cause: unreadable (a pass over the topic "
+            "failed: no metadata, not authorized, a read error), record (a record its table "
+            "could not take: skipped), restart (its consumer failed and was started again)",
+            ["reader", "cause"],
+            registry=r,
+        )
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
@@ -609,6 +628,15 @@ class ServiceMetrics:
 
     def record_card_frauds_skipped(self, reason: str) -> None:
         self._card_frauds_skipped.labels(reason).inc()
+
+    def watch_topic_reader(self, reader: str, age_s: Callable[[], float]) -> None:
+        """A topic reader's read age is `age_s()` at every scrape; its errors start at 0."""
+        self._topic_reader_age.labels(reader).set_function(age_s)
+        for cause in ("unreadable", "record", "restart"):
+            self._topic_reader_errors.labels(reader, cause)
+
+    def record_topic_reader_error(self, reader: str, cause: str) -> None:
+        self._topic_reader_errors.labels(reader, cause).inc()
 
     def watch_terminal_risk_age(self, age_s: Callable[[], float]) -> None:
         """The newest terminal-risk record's age is `age_s()` at every scrape."""

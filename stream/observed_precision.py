@@ -22,6 +22,10 @@ Matured transactions are taken from a heap ordered by event time, not from the o
 flagged in: one flagged transaction dated far ahead (a valid one may say 9999-12-31) would
 otherwise hold back every one flagged after it. Its event time also counts only up to the host's
 clock plus the allowed skew (`EventClock`, the rule of the state's clocks), so it matures too.
+
+The labels decide nothing, so a replica never waits for them: a labels topic that cannot be read
+leaves it ready, and shows in `fraud_topic_reader_read_age_seconds{reader="labels"}` (the
+reader tries again, and starts a failed consumer again, as every topic reader does).
 """
 
 from __future__ import annotations
@@ -77,7 +81,12 @@ class ObservedPrecision:
             None
             if topic is None
             else CompactedTopicReader(
-                dict(kafka or {}), topic, self.apply, name="labels", start_at=OFFSET_END
+                dict(kafka or {}),
+                topic,
+                self.apply,
+                name="labels",
+                metrics=metrics,
+                start_at=OFFSET_END,
             )
         )
 

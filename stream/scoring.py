@@ -253,6 +253,10 @@ class BatchScorer:
         if self._probation is not None:
             verdicts = self._on_probation(verdicts, decide)
         decided_at = time.time_ns() // 1_000_000
+        if self._rules is not None:
+            self._rules.observe(
+                transactions, verdicts.features, verdicts.scores, self._policy.thresholds
+            )
         stages.done("decide")
         encoded = self._encode(records, verdicts, decided_at)
         self._count(verdicts, len(records), batch.wait_s, now_ms)

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -51,6 +52,17 @@ HANDOFF_WAIT_MAX_S = 1.0
 
 class _Stopped(Exception):
     """Raised inside the card state's warm-up when the replica is told to stop."""
+
+
+class _ControlTable(Protocol):
+    """A table a replica reads whole from a control topic before it consumes."""
+
+    loaded: threading.Event
+
+    @property
+    def problem(self) -> str | None: ...
+
+    def start(self) -> None: ...
 
 
 class ScoringService:
@@ -164,26 +176,7 @@ class ScoringService:
             self._shadow.start()
         if self._observed_precision is not None:
             self._observed_precision.start()
-        if self._rules is not None:
-            self._rules.start()
-            self._wait_for_table("the rules topic", self._rules.loaded, "the rules read so far")
-        if self._card_frauds is not None:
-            self._card_frauds.start()  # read while terminal-risk is waited for
-        if self._terminals is not None:
-            self._terminals.start()
-            terminals = self._terminals
-            self._wait_for_table(
-                "terminal-risk",
-                terminals.loaded,
-                f"{len(terminals)} terminals so far; terminals not read yet get neutral risk",
-            )
-        if self._card_frauds is not None:
-            cards = self._card_frauds
-            self._wait_for_table(
-                "card-frauds",
-                cards.loaded,
-                f"{len(cards)} cards so far; cards not read yet count no fraud",
-            )
+        self._wait_for_control_topics()
         self._warm_up_card_state()
         self._consumer.subscribe(
             [self._config.input_topic],
@@ -224,22 +217,40 @@ class ScoringService:
             return
         log.info("card state warmed up in %.3fs: joining the group", time.monotonic() - started)
 
-    def _wait_for_table(self, name: str, loaded: threading.Event, meanwhile: str) -> None:
-        """Read a table's topic up to its end before consuming, so that a restarted replica
-        does not score without it; not ready until then (or the load timeout)."""
-        deadline = time.monotonic() + self._config.terminal_risk_load_timeout_s
-        while not loaded.is_set() and not self._stopping.is_set():
-            if time.monotonic() >= deadline:
-                log.error(
-                    "%s not read to its end within %ss: consuming anyway with %s",
-                    name,
-                    self._config.terminal_risk_load_timeout_s,
-                    meanwhile,
-                )
+    def _wait_for_control_topics(self) -> None:
+        """Read the control topics (the rules topic, terminal-risk, card-frauds) up to their
+        end before consuming, so that no replica scores without them: not ready, and nothing
+        consumed, until then, however long it takes (a stop ends the wait). Past
+        FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S an error says which one is waited for, and why."""
+        candidates: list[tuple[str, _ControlTable | None]] = [
+            ("the rules topic", self._rules),
+            ("terminal-risk", self._terminals),
+            ("card-frauds", self._card_frauds),
+        ]
+        tables = [(name, table) for name, table in candidates if table is not None]
+        for _, table in tables:
+            table.start()
+        timeout_s = self._config.terminal_risk_load_timeout_s
+        deadline = time.monotonic() + timeout_s
+        overdue_told = False
+        while not self._stopping.is_set():
+            waiting = [(name, table) for name, table in tables if not table.loaded.is_set()]
+            if not waiting:
                 return
+            name, table = waiting[0]
+            problem = table.problem
             self._health.beat()
-            self._health.set_ready(False, f"loading {name}")
-            loaded.wait(IDLE_POLL_S)
+            self._health.set_ready(False, f"loading {name}" + (f": {problem}" if problem else ""))
+            if not overdue_told and time.monotonic() >= deadline:
+                overdue_told = True
+                log.error(
+                    "%s not read to its end within %ss (%s): the replica consumes nothing, "
+                    "and is not ready, until it is",
+                    name,
+                    timeout_s,
+                    problem or "still reading",
+                )
+            table.loaded.wait(IDLE_POLL_S)
 
     # -- the consuming thread -------------------------------------------------------------
 

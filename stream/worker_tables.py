@@ -15,6 +15,9 @@ Responsibilities and decisions (`WorkerTable`, for both):
 - A terminal (card) with no record yet, or a transaction without one, gets the neutral
   features, never an error; a record that cannot be read is skipped with a warning; a tombstone
   forgets the key (the worker sends one when nothing of it is read any more, or it goes idle).
+- Bounded per record, whoever wrote it: a value over MAX_RECORD_BYTES is skipped before it is
+  parsed, and so is an id longer than the transaction contract's (an entry holds at most a few
+  KB), or JSON nested too deep to parse.
 - A record dated past the wall clock plus the allowed skew (`contracts/event_time.py`) is
   skipped: its windows were counted as of a day that has not come, so its features are neutral
   or wrong, and it would hide the real ones until the worker writes again.
@@ -23,15 +26,17 @@ Responsibilities and decisions (`WorkerTable`, for both):
   can still matter even when the topic keeps old records. `fraud_terminal_risk_bytes`
   (`fraud_card_frauds_bytes`) says how much memory it holds.
 - Loaded: `loaded` is set once the reader (`stream/compacted_topic.py`) has read every
-  partition up to the end it had when it started (or at once when the topic does not exist
-  yet): a replica scores only after that, so a restart does not score with neutral features.
+  partition up to the end it had when it started (or at once when the broker says the topic
+  does not exist): a replica scores only after that, so a restart does not score with neutral
+  features. A topic that cannot be read is not an empty one: the replica waits (`problem`).
 - `fraud_terminal_risk_newest_record_age_seconds` is the age of the newest terminal-risk record
   held (by its Kafka timestamp): when the worker stops publishing, it grows, and an alert fires.
   (Card records come only with frauds, so their age says nothing about the worker.)
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
 - The reader uses no consumer group and commits nothing: it always rebuilds from the topic; a
-  missing topic is waited for (the worker may start later), and so is a broker that went away.
+  missing topic is waited for (the worker may start later), and so is a broker that went away;
+  a reader that fails is started again (`fraud_topic_reader_*` say so).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from confluent_kafka import Message
 from contracts.card_frauds import CardFraudsRecord, decode_card_frauds
 from contracts.event_time import EventClock
 from contracts.terminal_risk import HORIZON_DAYS, TerminalRiskRecord, decode_terminal_risk
+from contracts.transaction import MAX_ID_CHARS
 from scorer.card_frauds import card_features
 from scorer.terminal_risk import terminal_features
 from stream.compacted_topic import CompactedTopicReader
@@ -60,6 +66,9 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL_S = 60.0
 #: Per entry beyond its id, features and buckets: the dict slots and the arrays' headers.
 _ENTRY_OVERHEAD_BYTES = 100
+#: A record's value may hold this many bytes: a terminal-risk record with every bucket takes
+#: about 1.5 KB, a card-frauds one under 1 KB. A larger one is skipped before it is parsed.
+MAX_RECORD_BYTES = 16_384
 
 R = TypeVar("R", TerminalRiskRecord, CardFraudsRecord)
 
@@ -101,6 +110,7 @@ class WorkerTable(Generic[R]):
             topic,
             self._apply_message,
             name=self.name,
+            metrics=metrics,
             after_read=self._after_read,
             loaded_note=lambda: f"{len(self._records)} {self._entries}",
         )
@@ -112,6 +122,11 @@ class WorkerTable(Generic[R]):
 
     def _watch(self, metrics: ServiceMetrics) -> None:
         """Gauges computed at each scrape (none by default)."""
+
+    @property
+    def problem(self) -> str | None:
+        """Why the topic cannot be read now; None while it can."""
+        return self._reader.problem
 
     def start(self) -> None:
         self._reader.start()
@@ -156,9 +171,13 @@ class WorkerTable(Generic[R]):
             self._forget(name)
             return
         try:
+            if len(value) > MAX_RECORD_BYTES:
+                raise ValueError(f"{len(value):,} bytes, over {MAX_RECORD_BYTES:,}")
             record, decoded = self._decode(value)
-        except ValueError as exc:
-            log.warning("skipping a %s record for %r: %s", self.name, name, exc)
+            if len(decoded.key) > MAX_ID_CHARS:
+                raise ValueError(f"an id of {len(decoded.key):,} characters, over {MAX_ID_CHARS}")
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            log.warning("skipping a %s record for %.80r: %s", self.name, name, exc)
             self._skipped("invalid")
             return
         if decoded.as_of_day > self._clock.bound_ms() // self._day_ms:

@@ -353,6 +353,18 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
             "force stay",
         ),
     ] = None
+    rules_guard_share: Annotated[
+        float,
+        meta(
+            "FRAUD_RULES_GUARD_SHARE",
+            "a rules-topic update that would flag (review or decline) more of the last "
+            "minute's traffic than this share, and more than the rules in force do, is held: "
+            "not applied until it is sent again with the header fraud.rules.confirm=yes "
+            "(docs/rules.md); 0: no guard",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.5
     reasons: Annotated[
         OnOff,
         meta(
@@ -423,10 +435,10 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         float,
         meta(
             "FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S",
-            "at start, the replica reads terminal-risk (and card-frauds, and the rules topic) "
-            "up to its end "
-            "before it consumes a transaction (and is not ready meanwhile), for at most this "
-            "long; then it consumes with what it read so far, and says so in its log",
+            "at start, the replica reads its control topics (the rules topic, terminal-risk, "
+            "card-frauds) up to their end before it consumes a transaction, and is not ready "
+            "meanwhile, however long that takes: it never consumes without them. Past this "
+            "long it logs an error naming the topic it waits for and why (docs/state.md)",
             ge=0,
             le=3_600,
         ),

@@ -42,6 +42,7 @@ from stream.model_reload import (
 )
 from stream.observed_precision import ObservedPrecision
 from stream.redelivery import Redelivery
+from stream.rules_guard import RulesGuard
 from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
 from stream.shadow import Shadow, ShadowOutput
@@ -251,6 +252,11 @@ def build_collaborators(
             kafka=kafka,
             topic=config.rules_topic,
             router=router,
+            guard=(
+                RulesGuard(config.rules_guard_share)
+                if config.rules_topic is not None and config.rules_guard_share > 0
+                else None
+            ),
         ),
         explainer=model.explainer,
         reloader=(

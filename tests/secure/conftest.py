@@ -115,6 +115,12 @@ class SecureTopics:
     def names(self) -> tuple[str, ...]:
         return (self.input, self.labels, self.output, self.dlq)
 
+    @property
+    def control(self) -> tuple[str, ...]:
+        """The test's own terminal-risk and card-frauds topics (never created: read as empty
+        where the principal may describe them)."""
+        return (f"{self.input}-terminal-risk", f"{self.input}-card-frauds")
+
 
 def _admin_credentials() -> Credentials:
     path = SECURE_STATE_DIR / "clients" / "admin.properties"
@@ -230,12 +236,12 @@ def group_id() -> str:
 
 
 def service_acls(user: Credentials, topics: SecureTopics, group: str) -> ServiceAcls:
-    """The service principal's ACL set for a test's topics: read the transactions and labels,
-    write the decisions and dead letters, changelogs `<group>-`, group `group`, transactional
-    ids `group`."""
+    """The service principal's ACL set for a test's topics: read the transactions, labels,
+    terminal-risk and card-frauds, write the decisions and dead letters, changelogs
+    `<group>-`, group `group`, transactional ids `group`."""
     return ServiceAcls(
         principal=user.username,
-        input_topics=(topics.input, topics.labels),
+        input_topics=(topics.input, topics.labels, *topics.control),
         output_topics=(topics.output, topics.dlq),
         group=group,
         transactional_id_prefix=group,
@@ -362,6 +368,10 @@ def start_service(
             "127.0.0.1",
             "--metrics-port",
             str(port),
+            # The test's own control topics: a control topic the principal may not read keeps
+            # the replica not ready (issue 43).
+            *("--terminal-risk-topic", topics.control[0]),
+            *("--card-frauds-topic", topics.control[1]),
             *flags,
         ]
         service = ServiceProcess(args, tmp_path / f"service-{len(started)}.log", port).start()

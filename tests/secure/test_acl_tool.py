@@ -63,6 +63,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         topics.input,
         "--input-topic",
         topics.labels,
+        *(arg for name in topics.control for arg in ("--input-topic", name)),
         "--output-topic",
         topics.output,
         "--output-topic",
@@ -78,7 +79,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         )
         assert granted.returncode == 0, granted.stderr
         assert set(acls.of(user)) == set(service_acls(user, topics, group).bindings())
-        assert f"granted 15 ACLs to User:{user.username}" in granted.stdout
+        assert f"granted 19 ACLs to User:{user.username}" in granted.stdout
         metadata = secure_admin.list_topics(timeout=30)
         assert {t: len(metadata.topics[t].partitions) for t in topics.names} == dict.fromkeys(
             topics.names, 2
@@ -86,14 +87,16 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
 
         shown = acl_tool(secure_broker, admin_config, *resources, "show")
         assert shown.returncode == 0, shown.stderr
-        assert len(shown.stdout.splitlines()) == 15
+        assert len(shown.stdout.splitlines()) == 19
 
         revoked = acl_tool(secure_broker, admin_config, *resources, "revoke")
         assert revoked.returncode == 0, revoked.stderr
         assert acls.of(user) == []
         assert f"no ACLs for User:{user.username}" in revoked.stdout
     finally:
-        for future in secure_admin.delete_topics(list(topics.names)).values():
+        created = set(secure_admin.list_topics(timeout=30).topics)
+        names = [t for t in (*topics.names, *topics.control) if t in created]
+        for future in secure_admin.delete_topics(names).values():
             future.result(timeout=30)
 
 

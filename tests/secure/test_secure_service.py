@@ -239,3 +239,40 @@ def test_a_missing_read_acl_is_a_clear_error_and_unready_never_a_silent_stall(
     if service.process.poll() is not None:
         assert service.process.returncode != 0, log
     assert committed(secure_broker, group_id, topics.input) < 0
+
+
+def test_a_control_topic_it_may_not_read_keeps_it_not_ready_until_granted(
+    secure_broker: SecureBroker,
+    user_factory: Callable[..., Credentials],
+    secure_topics_factory: Callable[..., SecureTopics],
+    grant_service_acls: Callable[..., ServiceAcls],
+    acls: Acls,
+    group_id: str,
+    start_service: Callable[..., ServiceProcess],
+) -> None:
+    # Issue 43, finding 2: TOPIC_AUTHORIZATION_FAILED on terminal-risk was logged as "not there
+    # yet" and the topic read as empty: the replica scored with neutral terminal risk.
+    topics, user = secure_topics_factory(partitions=1), user_factory()
+    spec = service_acls(user, topics, group_id)
+    terminal_risk = only(spec.bindings(), topics.control[0])
+    grant_service_acls(user, topics, without=terminal_risk)
+    produce_as(secure_broker, secure_broker.admin, topics.input, transactions(5, "noctl"))
+
+    service = start_service(user, topics, group_id, "file")
+
+    def refused_and_unready() -> bool:
+        refused = f"{topics.control[0]} cannot be read (TOPIC_AUTHORIZATION_FAILED" in service.log()
+        return refused and http_status(service.metrics_port, "/readyz") == 503
+
+    wait_until(refused_and_unready, 60, "the refusal and /readyz 503")
+    time.sleep(3.0)
+    assert http_status(service.metrics_port, "/readyz") == 503
+    assert committed(secure_broker, group_id, topics.input) < 0, "nothing consumed"
+    assert "fraud_records_consumed_total 0.0" in service.metrics()
+
+    acls.grant(terminal_risk)
+    wait_until(
+        lambda: http_status(service.metrics_port, "/readyz") == 200, 90, "ready once granted"
+    )
+    decided = read_as(secure_broker, secure_broker.admin, topics.output, 5)
+    assert len({json.loads(value_of(m))["transaction_id"] for m in decided}) == 5

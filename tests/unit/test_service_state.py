@@ -344,6 +344,8 @@ class Terminals:
 
     def __init__(self) -> None:
         self.loaded = threading.Event()
+        #: Why its topic cannot be read (None: it can).
+        self.problem: str | None = None
 
     def start(self) -> None:
         pass
@@ -374,11 +376,30 @@ def test_a_replica_consumes_only_once_terminal_risk_is_loaded() -> None:
         wait_until(lambda: replica.health.ready()[0])
 
 
-def test_a_replica_consumes_anyway_once_terminal_risk_is_overdue() -> None:
-    with Replica(terminals=Terminals(), terminal_risk_load_timeout_s=0.2) as replica:
+def test_a_replica_never_consumes_without_terminal_risk_however_long_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 43, finding 2: this test once asserted the opposite (past the load timeout the
+    # replica consumed anyway, scoring with neutral terminal risk). A control topic fails
+    # closed: not ready and nothing consumed until it is read; the timeout only logs an error.
+    terminals = Terminals()
+    terminals.problem = "TOPIC_AUTHORIZATION_FAILED: Topic authorization failed"
+    with Replica(terminals=terminals, terminal_risk_load_timeout_s=0.2) as replica:
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(20)))
+        wait_until(lambda: "not read to its end within 0.2s" in caplog.text)
+        time.sleep(0.3)
+        assert replica.consumer.polls == 0, "nothing consumed"
+        assert replica.health.ready() == (
+            False,
+            "loading terminal-risk: TOPIC_AUTHORIZATION_FAILED: Topic authorization failed",
+        )
+        assert replica.health.alive()[0]
+        assert caplog.text.count("not read to its end") == 1, "said once"
+        terminals.problem = None
+        terminals.loaded.set()
         wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+        wait_until(lambda: replica.health.ready()[0])
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])

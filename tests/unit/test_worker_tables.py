@@ -38,6 +38,14 @@ WALL_MS = DAY * MS_PER_DAY + 3_600_000
 class Message:
     def __init__(self, key: bytes, value: bytes | None, timestamp_ms: int = WALL_MS) -> None:
         self._key, self._value, self._timestamp_ms = key, value, timestamp_ms
+        #: Its place in the one partition (set by `reading`).
+        self.at = 0
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self.at
 
     def error(self) -> None:
         return None
@@ -63,6 +71,8 @@ class ScriptedConsumer:
     records: ClassVar[list[Message]] = []
     away = 0
     per_read = 1_000
+    #: The error the broker answers metadata with (None: the topic is there).
+    topic_error: int | None = None
 
     def __init__(self, _settings: dict[str, Any]) -> None:
         self.metadata_calls = 0
@@ -73,6 +83,9 @@ class ScriptedConsumer:
         self.metadata_calls += 1
         if self.metadata_calls <= self.away:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+        if self.topic_error is not None:
+            error = KafkaError(self.topic_error)
+            return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={})})
         partition = SimpleNamespace(id=0)
         return SimpleNamespace(
             topics={topic: SimpleNamespace(error=None, partitions={0: partition})}
@@ -105,6 +118,8 @@ def reading(
     kind: type[WorkerTable[Any]] = TerminalRiskTable,
     **script: int,
 ) -> tuple[Any, CollectorRegistry]:
+    for offset, record in enumerate(records):
+        record.at = offset
     consumer = type("Consumer", (ScriptedConsumer,), {"records": records, **script})
     monkeypatch.setattr(compacted_topic, "Consumer", consumer)
     monkeypatch.setattr(compacted_topic, "MISSING_TOPIC_RETRY_S", 0.01)
@@ -192,10 +207,28 @@ def test_loaded_waits_for_the_end_the_topic_had_at_the_start(
 
 
 def test_a_missing_topic_is_loaded_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    table, _ = reading(monkeypatch, [], away=10**9)  # metadata never answers
+    table, _ = reading(monkeypatch, [], topic_error=KafkaError.UNKNOWN_TOPIC_OR_PART)
     try:
         eventually(table.loaded.is_set)
         assert len(table) == 0
+    finally:
+        table.close()
+
+
+def test_a_broker_that_never_answers_is_not_a_missing_topic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 43, finding 2: metadata that never answered counted as a missing topic, so the
+    # replica scored with neutral terminal risk (this test once asserted that).
+    monkeypatch.setattr(compacted_topic, "RETRY_MAX_S", 0.01)
+    table, registry = reading(monkeypatch, [], away=10**9)
+    try:
+        sample = {"reader": "terminal-risk", "cause": "unreadable"}
+        eventually(
+            lambda: (registry.get_sample_value("fraud_topic_reader_errors_total", sample) or 0) >= 3
+        )
+        assert not table.loaded.is_set()
+        assert table.problem is not None and "_TRANSPORT" in table.problem
     finally:
         table.close()
 

@@ -1,0 +1,264 @@
+"""The reader of a compacted topic (stream/compacted_topic.py) with a scripted consumer: only a
+topic the broker does not know is read as empty; one that cannot be read (no metadata, not
+authorized, its ends unknown, read errors) keeps the reader not loaded and says why; a
+consumer that fails is replaced and reads on from where it stopped; nothing is silent
+(issue 43, finding 2). The same against the real broker: tests/integration/
+test_control_topics.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from stream import compacted_topic
+from stream.compacted_topic import CompactedTopicReader
+from stream.metrics import ServiceMetrics
+from tests.support.waiting import wait_until
+
+TOPIC = "control"
+
+
+class Record:
+    def __init__(self, offset: int, error: KafkaError | None = None) -> None:
+        self._offset, self._error = offset, error
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def key(self) -> bytes:
+        return b"k%d" % self._offset
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 0
+
+
+class Script:
+    """What the broker does, shared by every consumer a reader makes (it makes a new one after
+    a failure): `records` in one partition, handed out `per_read` at a time."""
+
+    records = 10
+    per_read = 3
+    #: Metadata: raise (`away`), or the topic's error code, or its one partition.
+    away = False
+    topic_error: int | None = None
+    #: End offsets that fail this many times first.
+    ends_fail = 0
+    #: Reads that raise (the consumer failed), by how many reads were made before.
+    consume_raises_at: ClassVar[set[int]] = set()
+    #: Reads that return a read error instead of records while this is set.
+    read_error: KafkaError | None = None
+
+
+class ScriptedConsumer:
+    script: ClassVar[type[Script]] = Script
+    made: ClassVar[list[ScriptedConsumer]] = []
+    reads = 0
+
+    def __init__(self, _settings: dict[str, Any]) -> None:
+        self.assigned: list[TopicPartition] = []
+        self._position = -1001
+        ScriptedConsumer.made.append(self)
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        script = self.script
+        if script.away:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+        if script.topic_error is not None:
+            error = KafkaError(script.topic_error)
+            return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={})})
+        partitions = {0: SimpleNamespace(id=0)}
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=partitions)})
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+        if self.script.ends_fail > 0:
+            self.script.ends_fail -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get watermarks"))
+        return 0, self.script.records
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned.extend(partitions)
+        start = partitions[0].offset
+        self._position = 0 if start < 0 else start
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, 0, self._position)]
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        script = self.script
+        ScriptedConsumer.reads += 1
+        if ScriptedConsumer.reads in script.consume_raises_at:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "the consumer failed"))
+        if script.read_error is not None:
+            time.sleep(0.001)
+            return [Record(-1, script.read_error)]
+        if not self.assigned or self._position >= script.records:
+            time.sleep(0.001)
+            return []
+        stop = min(script.records, self._position + script.per_read)
+        records = [Record(offset) for offset in range(self._position, stop)]
+        self._position = stop
+        return records
+
+    def close(self) -> None:
+        pass
+
+
+Reading = tuple[CompactedTopicReader, list[int], CollectorRegistry]
+
+
+@pytest.fixture
+def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]:
+    """`reading(apply=None, **script)`: a started reader over a scripted broker, the offsets
+    it applied, and its metrics."""
+    readers: list[CompactedTopicReader] = []
+    monkeypatch.setattr(compacted_topic, "RETRY_MIN_S", 0.01)
+    monkeypatch.setattr(compacted_topic, "RETRY_MAX_S", 0.05)
+    monkeypatch.setattr(compacted_topic, "MISSING_TOPIC_RETRY_S", 0.01)
+    monkeypatch.setattr(compacted_topic, "READS_PER_ROUND", 5)
+    ScriptedConsumer.made = []
+    ScriptedConsumer.reads = 0
+
+    def start(apply: Callable[[Any], None] | None = None, **script: Any) -> Reading:
+        scripted = type("Scripted", (Script,), {"consume_raises_at": set(), **script})
+        consumer = type("Consumer", (ScriptedConsumer,), {"script": scripted})
+        monkeypatch.setattr(compacted_topic, "Consumer", consumer)
+        applied: list[int] = []
+        registry = CollectorRegistry()
+        reader = CompactedTopicReader(
+            {},
+            TOPIC,
+            apply or (lambda message: applied.append(message.offset())),
+            name="rules",
+            metrics=ServiceMetrics(registry),
+        )
+        reader.script = scripted  # type: ignore[attr-defined]
+        readers.append(reader)
+        reader.start()
+        return reader, applied, registry
+
+    yield start
+    for reader in readers:
+        reader.close()
+
+
+def errors(registry: CollectorRegistry, cause: str) -> float:
+    value = registry.get_sample_value(
+        "fraud_topic_reader_errors_total", {"reader": "rules", "cause": cause}
+    )
+    return value or 0.0
+
+
+def age_s(registry: CollectorRegistry) -> float:
+    value = registry.get_sample_value("fraud_topic_reader_read_age_seconds", {"reader": "rules"})
+    assert value is not None
+    return value
+
+
+def test_only_a_topic_the_broker_does_not_know_is_read_as_empty(
+    reading: Callable[..., Reading],
+) -> None:
+    reader, applied, registry = reading(topic_error=KafkaError.UNKNOWN_TOPIC_OR_PART)
+    wait_until(reader.loaded.is_set, what="loaded")
+    assert applied == [] and reader.problem is None
+    assert age_s(registry) < 1.0
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        {"away": True},
+        {"topic_error": KafkaError.TOPIC_AUTHORIZATION_FAILED},
+        {"topic_error": KafkaError.LEADER_NOT_AVAILABLE},
+    ],
+    ids=["no metadata", "not authorized", "no leader"],
+)
+def test_a_topic_that_cannot_be_read_is_never_loaded_and_says_why(
+    reading: Callable[..., Reading], broker: dict[str, Any]
+) -> None:
+    # Finding 2: each of these marked the topic loaded (logged as "not there yet"): a replica
+    # then scored without the rules of its topic.
+    reader, applied, registry = reading(**broker)
+    wait_until(lambda: errors(registry, "unreadable") >= 3, what="three tries counted")
+    time.sleep(0.3)
+    assert not reader.loaded.is_set()
+    assert reader.problem, "says why"
+    assert age_s(registry) >= 0.3
+    assert reader.alive()
+    reader.script.away, reader.script.topic_error = False, None  # type: ignore[attr-defined]
+    wait_until(reader.loaded.is_set, what="loaded once the topic can be read")
+    assert applied == list(range(10)) and reader.problem is None
+    assert age_s(registry) < 1.0
+
+
+def test_end_offsets_that_cannot_be_had_are_asked_again(reading: Callable[..., Reading]) -> None:
+    # Finding 2: a watermark timeout ended the reader's thread for good, and marked the topic
+    # loaded with nothing read.
+    reader, applied, registry = reading(ends_fail=3)
+    wait_until(reader.loaded.is_set, what="loaded")
+    assert applied == list(range(10))
+    assert errors(registry, "unreadable") == 3
+    assert reader.alive()
+
+
+def test_a_consumer_that_fails_is_replaced_and_reads_on_from_where_it_stopped(
+    reading: Callable[..., Reading],
+) -> None:
+    # Finding 2: the reader's thread died for good ("reader stopped") and the topic counted as
+    # loaded with what it had.
+    reader, applied, registry = reading(consume_raises_at={2})
+    wait_until(lambda: errors(registry, "restart") >= 1, what="restarted")
+    wait_until(reader.loaded.is_set, what="loaded")
+    assert applied == list(range(10)), "each record once, none lost"
+    assert errors(registry, "restart") == 1
+    assert len(ScriptedConsumer.made) == 2
+    assert ScriptedConsumer.made[1].assigned[0].offset == 3, "from where the first one stopped"
+    assert reader.alive()
+
+
+def test_a_record_its_owner_cannot_take_is_skipped_and_counted(
+    reading: Callable[..., Reading],
+) -> None:
+    applied: list[int] = []
+
+    def apply(message: Any) -> None:
+        if message.offset() == 4:
+            raise RuntimeError("a bug in the table")
+        applied.append(message.offset())
+
+    reader, _, registry = reading(apply)
+    wait_until(reader.loaded.is_set, what="loaded")
+    assert applied == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert errors(registry, "record") == 1
+
+
+def test_read_errors_after_loading_are_counted_and_the_age_grows(
+    reading: Callable[..., Reading],
+) -> None:
+    # Authorization revoked after the start: the table keeps what it has, and says so.
+    reader, applied, registry = reading()
+    wait_until(reader.loaded.is_set, what="loaded")
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed")
+    reader.script.read_error = denied  # type: ignore[attr-defined]
+    wait_until(lambda: errors(registry, "unreadable") >= 3, what="read errors counted")
+    time.sleep(0.3)
+    assert reader.problem is not None and "TOPIC_AUTHORIZATION_FAILED" in reader.problem
+    assert age_s(registry) >= 0.3
+    assert reader.loaded.is_set() and applied == list(range(10))
+    reader.script.read_error = None  # type: ignore[attr-defined]
+    wait_until(lambda: reader.problem is None, what="readable again")
+    assert age_s(registry) < 1.0
