@@ -40,6 +40,8 @@ TERMINAL_FEATURE_NAMES: tuple[str, ...] = (
     *(f"terminal_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS),
 )
 NUM_TERMINAL_FEATURES = len(TERMINAL_FEATURE_NAMES)
+#: The largest finite float32: a feature past it is refused, not read as infinite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The day a bucket that holds no day yet is tagged with.
 EMPTY_DAY = -1
 
@@ -92,9 +94,11 @@ def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
     values = [raw.get(name) for name in TERMINAL_FEATURE_NAMES]
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise ValueError(f"terminal-risk record needs numbers {list(TERMINAL_FEATURE_NAMES)}")
-    features = np.array(values, np.float32)
-    if not np.isfinite(features).all():
-        raise ValueError("terminal-risk record has a non-finite feature")
+    # Checked before the cast: a number past float32's range would become infinite in it.
+    exact = np.array(values, np.float64)
+    if not (np.abs(exact) <= _FLOAT32_MAX).all():
+        raise ValueError("terminal-risk record has a feature that is not a finite float32")
+    features = exact.astype(np.float32)
     return TerminalRiskRecord(terminal_id, as_of_day, features, _buckets(raw))
 
 

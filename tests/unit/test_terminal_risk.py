@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -132,6 +134,15 @@ def test_a_record_with_malformed_buckets_is_refused() -> None:
     for bad in ((days[:-1], counts), (days, -counts - 1), (days, counts[:, :1])):
         with pytest.raises(ValueError, match="terminal-risk record"):
             decode_terminal_risk(encode_terminal_risk("t", 3, risk.features(3), bad))
+
+
+@pytest.mark.parametrize("value", [3.4028235677973366e38, -1e39, 1e308])
+def test_a_feature_past_float32s_range_is_refused_not_read_as_infinite(value: float) -> None:
+    # Found by the worker tables' property test (issue 43): the cast overflowed to inf.
+    record = {"terminal_id": "t", "as_of_day": 1, **dict.fromkeys(TERMINAL_FEATURE_NAMES, 0.5)}
+    record[TERMINAL_FEATURE_NAMES[0]] = value
+    with pytest.raises(ValueError, match="not a finite float32"):
+        decode_terminal_risk(json.dumps(record).encode())
 
 
 def test_days_of_event_times() -> None:
