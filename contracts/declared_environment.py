@@ -20,6 +20,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_FEATURES_AUTO_OFFSET_RESET": ("fraud-features",),
     "FRAUD_FEATURES_DATA_DIR": ("fraud-features",),
     "FRAUD_FEATURES_EVICT_INTERVAL_S": ("fraud-features",),
+    "FRAUD_FEATURES_INPUT_WAIT_MS": ("fraud-features",),
     "FRAUD_FEATURES_METRICS_HOST": ("fraud-features",),
     "FRAUD_FEATURES_METRICS_PORT": ("fraud-features",),
     "FRAUD_FEATURES_REPLICATION_FACTOR": ("fraud-features",),

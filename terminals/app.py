@@ -22,13 +22,18 @@ the router sends each record's `TerminalEvent` to its terminal's partition of on
 topic, as faust's `Stream.group_by` would, one internal record per partition and routed batch
 (faust's cost is per record). This module owns the table side:
 - one agent applies each terminal's events to its `TerminalState` (once per input position,
-  each label once per transaction, event time bounded by `TerminalClock`), writes the entry to
+  each label once per transaction, event time bounded by the table partition's `TerminalClock`,
+  which then follows the marks the record carries: the minimum over the inputs of how far the
+  router has read them), writes the entry to
   the table (its changelog) and publishes the terminal's features and daily buckets when its
   day advances or a label is counted (the scorer reads the buckets as of each transaction's
   own day), the rest of a day's counts once the clock has passed the day (`_close_days`): a
   tombstone when no window will read any count of it again, nothing for a terminal that never
   had any;
-- idle terminals (no window reads any of their days again, as of the worker's newest day) are
+- each table partition has a clock of its own, moved only by the marks of its records: faust
+  reads the internal partitions at their own speeds, so one partition's progress must not make
+  another's events stale;
+- idle terminals (no window reads any of their days again, as of the partition's clock) are
   forgotten every FRAUD_FEATURES_EVICT_INTERVAL_S per table partition, while that partition's
   events are applied: deleted from the table (a changelog tombstone) and tombstoned in
   `terminal-risk`, so neither the table nor the scorers' copies grow without bound;
@@ -84,7 +89,6 @@ def build_app(
     auth: FaustKafkaAuth,
     metrics: WorkerMetrics,
     health: WorkerHealth,
-    clock: TerminalClock,
 ) -> faust.App:
     """The faust app with its topics, tables and agent, not started."""
     app = faust.App(
@@ -120,12 +124,13 @@ def build_app(
             name, partitions=config.table_partitions, key_type=str, value_type=bytes, help=help_
         )
 
+    clocks = _Clocks(config)
     terminals = _EntityTable(
         app,
         table(TABLE_NAME, "Per-terminal TerminalState (daily buckets, day, positions, labels)"),
         config,
         metrics,
-        clock,
+        clocks,
         card=False,
     )
     cards = _EntityTable(
@@ -133,7 +138,7 @@ def build_app(
         table(CARD_TABLE_NAME, "Per-card TerminalState fed with labels only (frauds by day)"),
         config,
         metrics,
-        clock,
+        clocks,
         card=True,
     )
     #: Per table partition: the next internal offset to apply.
@@ -154,14 +159,20 @@ def build_app(
             else:
                 await terminals.apply(partition, batch.events)
                 await cards.apply(partition, batch.cards)
+                if batch.marks is not None:
+                    clocks.of(partition).follow(batch.marks)
+                await terminals.close(partition)
+                await cards.close(partition)
             applied[partition] = offset + 1
             progressed = True
 
     @app.on_partitions_assigned.connect
     def _assigned(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
-        # What another replica changed meanwhile is read again from the tables.
+        # What another replica changed meanwhile is read again from the tables; the clocks
+        # follow the marks of the records read from the committed offsets on.
         terminals.reset()
         cards.reset()
+        clocks.reset()
         applied.clear()
 
     async def count_entries() -> None:
@@ -188,6 +199,24 @@ def build_app(
     return app
 
 
+class _Clocks:
+    """The clock of each table partition (terminals/state.py), shared by its two tables."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self._config = config
+        self._clocks: dict[int, TerminalClock] = {}
+
+    def of(self, partition: int) -> TerminalClock:
+        clock = self._clocks.get(partition)
+        if clock is None:
+            clock = self._clocks[partition] = self._config.clock
+        return clock
+
+    def reset(self) -> None:
+        """After an assignment: each clock starts again from the marks it reads."""
+        self._clocks.clear()
+
+
 class _EntityTable:
     """One table of `TerminalState` entries (terminals, or cards) and the topic its records
     are published to: applies events, publishes, closes days and forgets idle entries."""
@@ -198,7 +227,7 @@ class _EntityTable:
         table: Any,
         config: WorkerConfig,
         metrics: WorkerMetrics,
-        clock: TerminalClock,
+        clocks: _Clocks,
         *,
         card: bool,
     ) -> None:
@@ -206,7 +235,7 @@ class _EntityTable:
         self._app = app
         self._config = config
         self._metrics = metrics
-        self._clock = clock
+        self._clocks = clocks
         self._card = card
         self._topic = config.card_frauds_topic if card else config.terminal_risk_topic
         self._what = "card" if card else "terminal"
@@ -225,12 +254,18 @@ class _EntityTable:
         self._unpublished.clear()
 
     async def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
-        """Apply one internal record's events of this table's entries, in their order."""
+        """Apply one internal record's events of this table's entries, in their order, against
+        the partition's clock as it was before the record (its marks come after them)."""
         by_key: dict[str, list[TerminalEvent]] = {}
         for key, event in pairs:
             by_key.setdefault(key, []).append(event)
+        clock = self._clocks.of(partition)
         for key, events in by_key.items():
-            await self._update(partition, key, events)
+            await self._update(partition, key, events, clock)
+
+    async def close(self, partition: int) -> None:
+        """Once the partition's clock followed a record's marks: publish the days it passed,
+        forget the idle entries when due."""
         await self._close_days(partition)
         await self._evict_if_due(partition)
 
@@ -246,14 +281,16 @@ class _EntityTable:
             log.error("skipping %s=%s: %s", self._what, key, exc)
             raise
 
-    async def _update(self, partition: int, key: str, events: list[TerminalEvent]) -> None:
+    async def _update(
+        self, partition: int, key: str, events: list[TerminalEvent], clock: TerminalClock
+    ) -> None:
         try:
             state = self._load(key) or TerminalState()
         except ValueError:
             return
         changed = publish = False
         for event in events:
-            applied = state.apply(event, self._clock)
+            applied = state.apply(event, clock)
             self._metrics.event(event.source, applied.result, card=self._card)
             if applied.clamped:
                 self._metrics.future_event()
@@ -281,7 +318,8 @@ class _EntityTable:
     async def _close_days(self, partition: int) -> None:
         """Publish the entries whose day the clock has passed with counts not published."""
         waiting = self._waiting(partition)
-        closed = [key for key, day in waiting.items() if day < self._clock.watermark_day]
+        today = self._clocks.of(partition).watermark_day
+        closed = [key for key, day in waiting.items() if day < today]
         for key in closed:
             del waiting[key]
             try:
@@ -324,7 +362,8 @@ class _EntityTable:
         known = self._newest_days.get(partition)
         if known is None:
             known = self._newest_days[partition] = self._scan(partition, _newest_day)
-        idle = [key for key, day in known.items() if self._clock.idle_since(day)]
+        clock = self._clocks.of(partition)
+        idle = [key for key, day in known.items() if clock.idle_since(day)]
         for key in idle:
             del known[key]
             if key in self.table:

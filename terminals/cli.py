@@ -117,7 +117,7 @@ def run_worker(config: WorkerConfig) -> int:
         config.day_ms,
         config.redacted_kafka_settings(),
     )
-    app = build_app(config, auth, metrics, health, config.clock)
+    app = build_app(config, auth, metrics, health)
     router = Router(config, metrics, RouterProgress(health.router_beat, health.router_delivering))
     stop = threading.Event()
     routing = threading.Thread(

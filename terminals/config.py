@@ -118,6 +118,20 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             le=86_400,
         ),
     ] = 60.0
+    input_wait_ms: Annotated[
+        int,
+        meta(
+            "FRAUD_FEATURES_INPUT_WAIT_MS",
+            "how long the router waits for an input partition that has nothing read and has "
+            "not reached its end (a fetch under way, a leader moving) before it routes the "
+            "other inputs' later records past it, as Kafka Streams' max.task.idle.ms; a "
+            "partition read to its end is never waited for. Records are routed in event-time "
+            "order across the transactions and labels, so that the worker's clock moves only "
+            "with what every input has reached",
+            ge=0,
+            le=600_000,
+        ),
+    ] = 5_000
     auto_offset_reset: Annotated[
         Literal["earliest", "latest"],
         meta(
@@ -176,8 +190,8 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
 
     @property
     def clock(self) -> TerminalClock:
-        """The worker's event-time clock: days of `day_ms`, bounded by the wall clock plus
-        the allowed skew (history time, like the days)."""
+        """A new event-time clock (one per table partition): days of `day_ms`, bounded by the
+        wall clock plus the allowed skew (history time, like the days)."""
         return TerminalClock(
             self.day_ms, EventClock(self.max_clock_skew_ms, self.history_time_scale)
         )

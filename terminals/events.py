@@ -14,9 +14,11 @@ became known. Decoding happens once, here.
 
 The events of one routed batch of input records that go to one partition travel as one record
 (`TerminalBatch`, a JSON array of [terminal_id, event] pairs, then of [card_id, event] pairs),
-in input order: one internal
+in the router's event-time order: one internal
 record per partition and batch instead of one per input record, which is what keeps faust's
-per-record cost off the table's side.
+per-record cost off the table's side. The record also carries how far the router has read each
+of its inputs (`InputMarks`, terminals/order.py): the table partition's clock moves only with the
+minimum over the inputs (terminals/state.py), never with whichever input was read first.
 
 Pure functions: no faust, no Kafka.
 """
@@ -62,12 +64,29 @@ class Routed(NamedTuple):
     card: bool = False
 
 
+class InputMarks(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """How far one router has read the inputs it owns, sent with its internal records: the
+    table partition's clock is the minimum over every input partition (terminals/state.py)."""
+
+    #: Partitions of the transactions and of the labels topic: every one of them must have
+    #: been heard of before the clock moves (another replica's router may own some).
+    partitions: tuple[int, int]
+    #: Per input partition the router owns ("t3": transactions partition 3, "l0": labels
+    #: partition 0): the time (epoch ms; a label's report time) that every record it will still
+    #: route from there has reached, -1 while it has read none; and whether the partition is
+    #: idle (read to its end, or silent for FRAUD_FEATURES_INPUT_WAIT_MS): then it holds no
+    #: clock back.
+    reached: dict[str, tuple[int, bool]]
+
+
 class TerminalBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """The events of one internal record, of one partition: [terminal_id, event] pairs, and
-    [card_id, event] pairs (labels only; none in a record of an older worker)."""
+    [card_id, event] pairs (labels only; none in a record of an older worker), and the router's
+    marks (none in a record of an older worker: it moves no clock)."""
 
     events: list[tuple[str, TerminalEvent]]
     cards: list[tuple[str, TerminalEvent]] = []
+    marks: InputMarks | None = None
 
 
 _encode = msgspec.json.Encoder().encode
@@ -80,15 +99,25 @@ def partition_of(terminal_id: str, partitions: int) -> int:
     return zlib.crc32(terminal_id.encode()) % partitions
 
 
-def batch_by_partition(routed: Iterable[Routed], partitions: int) -> dict[int, bytes]:
-    """The internal records of routed events: one per partition, events in their order."""
+def batch_by_partition(
+    routed: Iterable[Routed],
+    partitions: int,
+    marks: InputMarks | None = None,
+    also: Iterable[int] = (),
+) -> dict[int, bytes]:
+    """The internal records of routed events: one per partition, events in their order, each
+    with `marks`; and a record of the marks alone for each partition of `also` that has no
+    events."""
     by_partition: dict[int, TerminalBatch] = {}
     for key, event, card in routed:
         partition = partition_of(key, partitions)
         batch = by_partition.get(partition)
         if batch is None:
-            batch = by_partition[partition] = TerminalBatch([], [])
+            batch = by_partition[partition] = TerminalBatch([], [], marks)
         (batch.cards if card else batch.events).append((key, event))
+    for partition in also:
+        if partition not in by_partition:
+            by_partition[partition] = TerminalBatch([], [], marks)
     return {p: _encode(batch) for p, batch in by_partition.items()}
 
 
@@ -105,11 +134,19 @@ def route_transaction(value: bytes | None, partition: int, offset: int) -> Route
 
     Raises DecodeError or ValidationError (contracts/transaction.py) for an invalid record.
     """
+    return read_transaction(value, partition, offset)[1]
+
+
+def read_transaction(value: bytes | None, partition: int, offset: int) -> tuple[int, Routed | None]:
+    """A transaction record's event time, and its terminal event (None: it names no terminal).
+
+    Raises DecodeError or ValidationError (contracts/transaction.py) for an invalid record.
+    """
     transaction = decode_transaction(value)
     if not transaction.terminal_id:
-        return None
+        return transaction.event_time, None
     event = TerminalEvent(TRANSACTION, partition, offset, transaction.event_time)
-    return Routed(transaction.terminal_id, event)
+    return transaction.event_time, Routed(transaction.terminal_id, event)
 
 
 def route_label(value: bytes | None, partition: int, offset: int) -> list[Routed]:

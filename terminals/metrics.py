@@ -130,8 +130,8 @@ class WorkerMetrics:
         for kind in ("frauds", "tombstone"):
             self._card_published.labels(kind)
 
-    def transaction(self, outcome: str) -> None:
-        self._transactions.labels(outcome).inc()
+    def transaction(self, outcome: str, count: int = 1) -> None:
+        self._transactions.labels(outcome).inc(count)
 
     def label(self, outcome: str) -> None:
         self._labels.labels(outcome).inc()

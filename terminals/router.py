@@ -1,12 +1,28 @@
 """The worker's front: the transactions and labels topics read with librdkafka, each record's
-terminal event sent to its terminal's partition of the internal topic, invalid labels
-dead-lettered, and the input offsets committed once all of that is acknowledged.
+terminal event sent to its terminal's partition of the internal topic in event-time order,
+invalid labels dead-lettered, and the input offsets committed once all of that is acknowledged.
 
 ```
 transactions, labels (key card_id) ─► Router (consumer group <app id>-router)
         decode + validate (terminals/events.py) ── invalid label ─► dead-letter topic
-        one record per internal partition and batch ─► <app id>-terminal-events ─► faust's table
+        queued per input partition; routed in event-time order (terminals/order.py),
+        an input read ahead of the others paused
+        one record per internal partition and batch, with the inputs' marks
+                                           ─► <app id>-terminal-events ─► faust's table
 ```
+
+Why in event-time order, and why here: the table's clock says what is stale and which
+terminals are idle, and the inputs are read at their own speeds (the small labels topic to its
+end, weeks of report time ahead, while a backlog of transactions is still at its first days). So
+the router routes a record only once every input partition has been read up to its time, as
+Kafka Streams picks the partition whose head is oldest, and it sends with each internal record
+how far it has read each input (`InputMarks`); each table partition's clock moves with the
+minimum over every input partition, as Flink's watermarks do, whichever replica's router owns it
+and however faust interleaves the internal partitions (terminals/state.py). Holding the ahead
+input back costs nothing in a live run: its partitions are read to their end, and a partition
+read to its end is never waited for. One that has nothing and has not reached its end is waited
+for up to FRAUD_FEATURES_INPUT_WAIT_MS (Kafka Streams' `max.task.idle.ms`). The table side alone
+could not restore the order: it sees a label long before the transactions it must count after.
 
 Why librdkafka here and faust (aiokafka) only behind it: the input topics are written by other
 systems, and aiokafka decodes every header key as UTF-8 while it parses a fetched batch. One
@@ -23,8 +39,11 @@ Responsibilities and decisions:
   beating meanwhile, and the worker reports itself not ready. A dead letter the broker refuses
   as too large (a label of a megabyte) is sent in a smaller form (`deadletter.router.shrink`):
   without its value, its size in `dlq.value.dropped`.
-- A rebalance needs nothing extra: the loop commits each batch before it asks for the next, so
-  nothing routed is left uncommitted when partitions move.
+- A rebalance needs little: the loop commits each batch before it asks for the next, so
+  nothing routed is left uncommitted when partitions move; what a revoked partition had queued
+  is dropped (it was not committed: the next owner reads it again).
+- Records read ahead are held decoded, at most `MAX_QUEUED` per input partition before it is
+  paused, and their offsets are committed only once they are routed.
 - Transactions that are invalid are skipped and counted (the scorer dead-letters them);
   records without a terminal are skipped and counted.
 """
@@ -40,11 +59,13 @@ from typing import Any, NamedTuple, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from contracts.errors import RecordError, RecordRejectedError
+from contracts.event_time import EventClock
 from contracts.kafka_errors import translate_kafka_error
 from deadletter.router import DeadLetterRecord, DeadLetterRouter, shrink
 from terminals.config import WorkerConfig
-from terminals.events import Routed, batch_by_partition, route_label, route_transaction
+from terminals.events import InputMarks, Routed, batch_by_partition, read_transaction, route_label
 from terminals.metrics import WorkerMetrics
+from terminals.order import NO_TIME, EventTimeOrder
 from terminals.topics import events_topic_name
 
 log = logging.getLogger(__name__)
@@ -63,6 +84,19 @@ RETRY_BACKOFF_S = (0.5, 10.0)
 #: The largest record the producer sends (librdkafka's message.max.bytes default): a dead
 #: letter refused as too large shrinks under it.
 MAX_MESSAGE_BYTES = 1_000_000
+#: Records of one input partition held, read ahead of the other inputs, before the partition is
+#: paused (resumed below half). Pausing drops what librdkafka prefetched for it (up to
+#: max.partition.fetch.bytes, 1 MiB: thousands of records), fetched again on resume, so the
+#: bound leaves room for two such fetches: the partitions of a backlog, read a fetch at a time,
+#: are not paused in turn. Each is held decoded (a few hundred bytes).
+MAX_QUEUED = 8 * ROUTE_BATCH
+#: And before what its queued records hold reaches this: a dead letter holds its record's key,
+#: value and headers, and an invalid label may be as large as the topic allows (a megabyte).
+MAX_QUEUED_BYTES = 16 * 1024 * 1024
+#: How long a lookup of the input topics' partition counts may take (the marks name them).
+METADATA_TIMEOUT_S = 5.0
+#: The input each record comes from, as the marks and the table's positions name it.
+TRANSACTIONS, LABELS = "t", "l"
 
 
 class _Output(NamedTuple):
@@ -74,6 +108,12 @@ class _Output(NamedTuple):
     value: bytes | None
     headers: list[tuple[str, bytes]] | None
     letter: DeadLetterRecord | None = None
+
+
+#: An input record read and decoded, waiting for its turn (terminals/order.py): its offset, and
+#: its terminal event (a transaction), its terminal's and card's events (a label), its dead
+#: letter (an invalid label), or nothing to route. A plain tuple: one is made per record.
+_Read = tuple[int, "Routed | list[Routed] | _Output | None"]
 
 
 class RouterProgress(NamedTuple):
@@ -109,9 +149,22 @@ class Router:
                 "enable.auto.commit": False,
                 "auto.offset.reset": config.auto_offset_reset,
                 "session.timeout.ms": int(config.session_timeout_s * 1000),
+                # The order needs to know when a partition has nothing more to read.
+                "enable.partition.eof": True,
             }
         )
         self._producer = Producer({**settings, "enable.idempotence": True, "linger.ms": LINGER_MS})
+        self._order: EventTimeOrder[_Read] = EventTimeOrder(
+            MAX_QUEUED, MAX_QUEUED_BYTES, config.input_wait_ms / 1000
+        )
+        #: An event or report time past this clock's bound moves no mark.
+        self._event_clock = EventClock(config.max_clock_skew_ms, config.history_time_scale)
+        #: Assigned input partition → its name in the order and the marks ("t3", "l0").
+        self._keys: dict[tuple[str, int], str] = {}
+        #: Partitions of the transactions and labels topics (looked up after an assignment).
+        self._input_partitions: tuple[int, int] | None = None
+        #: Per table partition, what the marks last sent there said (`_summary`).
+        self._sent: dict[int, tuple[object, ...]] = {}
         self.error: BaseException | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -119,15 +172,16 @@ class Router:
         consumer = self._consumer
         consumer.subscribe(
             [self._config.input_topic, self._config.labels_topic],
-            on_assign=lambda _consumer, partitions: _log_partitions("routing", partitions),
-            on_revoke=lambda _consumer, partitions: _log_partitions("revoked", partitions),
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._revoked,
         )
         try:
             while not stop.is_set():
                 self._progress.beat()
-                messages = consumer.consume(ROUTE_BATCH, ROUTE_WITHIN_S)
-                if messages:
-                    self._route(messages, stop)
+                self._read(consumer.consume(ROUTE_BATCH, ROUTE_WITHIN_S))
+                self._route_in_order(stop)
+                self._pause()
         except BaseException as exc:
             self.error = exc
             log.critical("the router stopped: %s", exc)
@@ -136,33 +190,207 @@ class Router:
             self._producer.flush(FLUSH_SLICE_S)
             consumer.close()
 
-    def _route(self, messages: list[Message], stop: threading.Event) -> None:
-        """Route one batch: outputs acknowledged, then its offsets committed."""
-        routed: list[Routed] = []
-        outputs: list[_Output] = []
-        ends: dict[tuple[str, int], int] = {}
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        _log_partitions("routing", partitions)
+        for tp in partitions:
+            source = TRANSACTIONS if tp.topic == self._config.input_topic else LABELS
+            self._keys[tp.topic, tp.partition] = f"{source}{tp.partition}"
+        self._order.assign(self._keys[tp.topic, tp.partition] for tp in partitions)
+        self._input_partitions = None
+
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        _log_partitions("revoked", partitions)
+        keys = [self._keys.pop((tp.topic, tp.partition), "") for tp in partitions]
+        self._order.revoke(keys)
+
+    def _read(self, messages: list[Message]) -> None:
+        """Decode what was read and queue it for its turn, a run of one partition's records at
+        a time (dead letters too: a label's offset is committed only after the records before
+        it)."""
+        bound_ms = self._event_clock.bound_ms()
+        order, transactions = self._order, self._config.input_topic
+        outcomes: dict[str, int] = {}
+        key: str | None = None
+        times: list[int] = []
+        reads: list[_Read] = []
+        sizes: list[int] = []
+        last: tuple[str | None, int | None] = (None, None)
         for message in messages:
             error = message.error()
+            topic, partition = message.topic(), message.partition()
+            if (topic, partition) != last:
+                if key is not None:
+                    order.extend(key, times, reads, sizes)
+                times, reads, sizes, last = [], [], [], (topic, partition)
+                key = self._keys.get((topic or "", partition or 0))
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.error("consume error: %s", error.str())
-                    if error.fatal():
-                        raise KafkaException(error)
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if key is not None:
+                        # The records before it first: a record is not an end.
+                        order.extend(key, times, reads, sizes)
+                        times, reads, sizes = [], [], []
+                        order.at_end(key)
+                    continue
+                log.error("consume error: %s", error.str())
+                if error.fatal():
+                    raise KafkaException(error)
                 continue
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if key is None:  # revoked meanwhile: its next owner reads it
+                continue
+            offset = message.offset()
             assert topic is not None and partition is not None and offset is not None
-            ends[topic, partition] = offset + 1
-            if topic == self._config.input_topic:
-                self._route_transaction(message, routed)
+            value = message.value()
+            routed: Routed | list[Routed] | _Output | None
+            if topic == transactions:
+                time_ms, routed = self._read_transaction(value, partition, offset, outcomes)
             else:
-                self._route_label(message, routed, outputs)
-        for partition, value in batch_by_partition(routed, self._config.table_partitions).items():
+                time_ms, routed = self._read_label(message, value, partition, offset)
+            # A time past the bound, or none, moves nothing: NO_TIME takes the one before.
+            times.append(time_ms if time_ms is not None and time_ms <= bound_ms else NO_TIME)
+            reads.append((offset, routed))
+            sizes.append(_held(routed) if isinstance(routed, _Output) else len(value or b""))
+        if key is not None:
+            order.extend(key, times, reads, sizes)
+        for outcome, count in outcomes.items():
+            self._metrics.transaction(outcome, count)
+
+    def _read_transaction(
+        self, value: bytes | None, partition: int, offset: int, outcomes: dict[str, int]
+    ) -> tuple[int | None, Routed | None]:
+        try:
+            time_ms, found = read_transaction(value, partition, offset)
+        except RecordError:
+            outcomes["invalid"] = outcomes.get("invalid", 0) + 1  # the scorer dead-letters it
+            return None, None
+        outcome = "no_terminal" if found is None else "routed"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        return time_ms, found
+
+    def _read_label(
+        self, message: Message, value: bytes | None, partition: int, offset: int
+    ) -> tuple[int | None, list[Routed] | _Output]:
+        try:
+            found = route_label(value, partition, offset)
+        except RecordError as exc:
+            letter = self._dead_letters.dead_letter(message, exc)
+            self._metrics.label("dead_lettered")
+            log.warning(
+                "label dead-lettered reason=%s topic=%s partition=%s offset=%s: %s",
+                exc.reason,
+                message.topic(),
+                partition,
+                offset,
+                exc,
+            )
+            return None, _letter_output(letter)
+        event = found[0].event
+        if len(found) == 1:  # its card's event only
+            self._metrics.label("no_terminal")
+        else:
+            self._metrics.label("fraud" if event.fraud else "legit")
+        self._metrics.label_delay(event.reported_at - event.event_time)
+        # A label takes its turn when it was reported: the counts it changes are those the
+        # transactions up to then made.
+        return event.reported_at, found
+
+    def _find_ends(self) -> None:
+        """Mark at its end each partition read up to the high watermark its last fetch
+        reported: the partition EOF event comes only with the next fetch (up to
+        fetch.wait.max.ms later), and the other inputs would wait for it meanwhile."""
+        reading = self._order.reading()
+        if not reading:
+            return
+        for tp in self._consumer.position(self._partitions(reading)):
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0 and tp.offset >= high:
+                self._order.at_end(self._keys[tp.topic, tp.partition])
+
+    def _pause(self) -> None:
+        """Pause the input partitions whose queue is full (read ahead of the others)."""
+        full = self._order.to_pause()
+        if full:
+            self._consumer.pause(self._partitions(full))
+
+    def _resume(self) -> None:
+        low = self._order.to_resume()
+        if low:
+            self._consumer.resume(self._partitions(low))
+
+    def _partitions(self, keys: list[str]) -> list[TopicPartition]:
+        named = {key: tp for tp, key in self._keys.items()}
+        return [TopicPartition(*named[key]) for key in keys if key in named]
+
+    def _route_in_order(self, stop: threading.Event) -> None:
+        """Route, batch by batch, the queued records whose turn it is; and the marks alone to
+        the table partitions that did not hear of a new day or idle input."""
+        while not stop.is_set():
+            self._find_ends()
+            taken, last = self._order.take(ROUTE_BATCH)
+            marks = self._marks()
+            summary = None if marks is None else _summary(marks, self._config.day_ms)
+            behind = [
+                p
+                for p in range(self._config.table_partitions)
+                if summary is not None and self._sent.get(p) != summary
+            ]
+            if not taken and not behind:
+                return
+            ends = {key: offset + 1 for key, (offset, _) in last.items()}
+            self._route(taken, ends, marks, behind, stop)
+            self._resume()
+            if len(taken) < ROUTE_BATCH:
+                return
+
+    def _marks(self) -> InputMarks | None:
+        """How far the router has read its inputs; None until their partition counts are
+        known."""
+        if self._input_partitions is None:
+            counts = []
+            for topic in (self._config.input_topic, self._config.labels_topic):
+                try:
+                    found = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+                except KafkaException as exc:
+                    log.debug("no partition count of %s yet: %s", topic, exc)
+                    return None
+                metadata = found.topics.get(topic)
+                if metadata is None or metadata.error is not None or not metadata.partitions:
+                    return None
+                counts.append(len(metadata.partitions))
+            self._input_partitions = (counts[0], counts[1])
+        return self._order.marks(self._input_partitions)
+
+    def _route(
+        self,
+        taken: list[_Read],
+        ends: dict[str, int],
+        marks: InputMarks | None,
+        behind: list[int],
+        stop: threading.Event,
+    ) -> None:
+        """Route one batch: outputs acknowledged, then its offsets committed (`ends`: per input
+        partition, the offset after its last record in the batch)."""
+        routed: list[Routed] = []
+        outputs: list[_Output] = []
+        for _offset, found in taken:
+            if isinstance(found, Routed):
+                routed.append(found)
+            elif isinstance(found, list):
+                routed.extend(found)
+            elif found is not None:
+                outputs.append(found)  # a dead letter
+        records = batch_by_partition(routed, self._config.table_partitions, marks, behind)
+        for partition, value in records.items():
             outputs.append(_Output(self._events_topic, partition, None, value, None))
         self._deliver(outputs, stop)
         if stop.is_set() and outputs:
             return  # not all acknowledged: read again by the next owner
+        if marks is not None:
+            summary = _summary(marks, self._config.day_ms)
+            for partition in records:
+                self._sent[partition] = summary
         if ends:
-            offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
+            named = {key: tp for tp, key in self._keys.items()}
+            offsets = [TopicPartition(*named[k], o) for k, o in ends.items() if k in named]
             try:
                 self._consumer.commit(offsets=offsets, asynchronous=False)
             except KafkaException as exc:
@@ -171,42 +399,6 @@ class Router:
                 # A rebalance under way: the next owner routes these records again, and the
                 # table counts each once.
                 log.warning("routed records not committed (%s): they are routed again", exc)
-
-    def _route_transaction(self, message: Message, routed: list[Routed]) -> None:
-        try:
-            found = route_transaction(message.value(), _partition(message), _offset(message))
-        except RecordError:
-            self._metrics.transaction("invalid")  # the scorer dead-letters it
-            return
-        if found is None:
-            self._metrics.transaction("no_terminal")
-            return
-        routed.append(found)
-        self._metrics.transaction("routed")
-
-    def _route_label(self, message: Message, routed: list[Routed], outputs: list[_Output]) -> None:
-        try:
-            found = route_label(message.value(), _partition(message), _offset(message))
-        except RecordError as exc:
-            letter = self._dead_letters.dead_letter(message, exc)
-            outputs.append(_letter_output(letter))
-            self._metrics.label("dead_lettered")
-            log.warning(
-                "label dead-lettered reason=%s topic=%s partition=%s offset=%s: %s",
-                exc.reason,
-                message.topic(),
-                message.partition(),
-                message.offset(),
-                exc,
-            )
-            return
-        routed.extend(found)
-        event = found[0].event
-        if len(found) == 1:  # its card's event only
-            self._metrics.label("no_terminal")
-        else:
-            self._metrics.label("fraud" if event.fraud else "legit")
-        self._metrics.label_delay(event.reported_at - event.event_time)
 
     def _deliver(self, outputs: list[_Output], stop: threading.Event) -> None:
         """Send `outputs` until every one is acknowledged (or `stop`); `outputs` is left with
@@ -285,25 +477,30 @@ class Router:
             stop.wait(min(FLUSH_SLICE_S, deadline - time.monotonic()))
 
 
+def _summary(marks: InputMarks, day_ms: int) -> tuple[object, ...]:
+    """What of the marks can move a table partition's clock (it counts in days): the oldest
+    day over the inputs that are not idle (None: every one idle) and the newest day over all.
+    The marks alone go to a table partition when this changed since it last heard."""
+    reached = marks.reached.values()
+    active = [time_ms for time_ms, idle in reached if not idle]
+    newest = max((time_ms for time_ms, _ in reached), default=-1)
+    oldest = min(active) // day_ms if active else None
+    return marks.partitions, oldest, newest // day_ms
+
+
 def router_group(app_id: str) -> str:
     """The router's consumer group (faust's own group, `app_id`, reads the internal topic)."""
     return f"{app_id}-router"
 
 
+def _held(output: _Output) -> int:
+    """The bytes a queued dead letter holds: its record's key, value and headers."""
+    headers = sum(len(name) + len(value or b"") for name, value in output.headers or ())
+    return len(output.key or b"") + len(output.value or b"") + headers
+
+
 def _letter_output(letter: DeadLetterRecord) -> _Output:
     return _Output(letter.topic, None, letter.key, letter.value, list(letter.headers), letter)
-
-
-def _partition(message: Message) -> int:
-    partition = message.partition()
-    assert partition is not None
-    return partition
-
-
-def _offset(message: Message) -> int:
-    offset = message.offset()
-    assert offset is not None
-    return offset
 
 
 def _log_partitions(what: str, partitions: list[TopicPartition]) -> None:

@@ -36,11 +36,22 @@ Around the buckets the entry keeps:
   keyed by card, so those of one transaction keep their order. Only frauds are remembered: a
   legitimate label of a transaction never reported as fraud changes no count.
 
-Event time is bounded (`TerminalClock`, `contracts/event_time.py`): a time past the wall clock
-plus the allowed skew counts as the worker's newest trusted day and never moves it, so one
+The clock (`TerminalClock`, one per table partition) says what is stale and which terminals are
+idle. It moves only with what every input has reached: the minimum, over every partition of the
+transactions and labels topics, of the time the router has read it up to (a label's report
+time), as the routers' marks say (`InputMarks`, terminals/order.py); an idle input (read to its
+end) holds it back no longer, and once every input is idle it is the newest of them. The router
+routes in that order, so an event is judged against the time every input had reached when it
+was routed, as in a live run: a label counts by its report time against the transactions it
+refers to, and is never stale because another input was read ahead. Never with an event's own
+time: a clock moved by whichever input is read first (the small labels topic, read to its end
+while a backlog of transactions is at its first days) made every older transaction stale.
+
+Event time is bounded (`contracts/event_time.py`): a time past the wall clock plus the allowed
+skew counts as the clock's day and never moves it (the router gives it no mark either), so one
 record dated in the future cannot move a terminal's day (which would empty every window of it)
 nor take a bucket for a day that will not come for years; a day older than every window as of
-the worker's newest day changes nothing.
+the clock's day changes nothing.
 
 Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "published", "risk",
 "labels"}` with `risk` the `TerminalRisk.to_bytes()` document.
@@ -57,10 +68,12 @@ import numpy.typing as npt
 from contracts.event_time import EventClock
 from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS
 from scorer.terminal_risk import TerminalRisk
-from terminals.events import TRANSACTION, TerminalEvent
+from terminals.events import TRANSACTION, InputMarks, TerminalEvent
 
 #: `as_of_day` of a terminal that has seen nothing yet.
 NO_DAY = -1
+#: An input's time before it has shown one (as terminals/order.py says it).
+NO_TIME = -1
 _LONGEST_WINDOW_DAYS = max(RISK_WINDOWS_DAYS)
 
 #: What applying an event did (`Applied.result`, the worker's metric label).
@@ -87,9 +100,10 @@ class Applied(NamedTuple):
 
 
 class TerminalClock:
-    """The worker's event-time clock in days: its newest trusted day (the watermark) says what
-    is stale and which terminals are idle. It is the newest day of any event time or report
-    time this process applied that was not past the wall clock plus the allowed skew."""
+    """One table partition's event-time clock in days: its day (the watermark) says what is
+    stale and which terminals are idle. It moves only with the routers' marks (`follow`): the
+    minimum over every input partition of the time it has been read up to (see the module
+    docstring), and never back."""
 
     def __init__(self, day_ms: int, clock: EventClock | None = None) -> None:
         if day_ms < 1:
@@ -97,26 +111,62 @@ class TerminalClock:
         self.day_ms = day_ms
         self._clock = clock or EventClock()
         self.watermark_day = NO_DAY
+        #: Per input partition ("t3", "l0"): the newest time the marks said, and whether idle.
+        self._reached: dict[str, tuple[int, bool]] = {}
+        #: The input partitions every mark must be known of ("t0"…, "l0"…).
+        self._inputs: list[str] = []
+        self._partitions = (0, 0)
 
     def day(self, event_time_ms: int, known_day: int = NO_DAY) -> tuple[int, bool]:
         """The day an event time counts on, and whether it was past the bound: then the
-        watermark's day, and the watermark stays; else its own day, which the watermark
-        reaches. While the watermark knows no day (a worker just started), a time past the
-        bound counts on `known_day` (its terminal's day), and only when that is unknown too
-        on the bound's day: one future record read first after a restart must not move a
-        terminal to today while the stream replays last year."""
+        watermark's day; else its own day. While the watermark knows no day (a worker just
+        started), a time past the bound counts on `known_day` (its terminal's day), and only
+        when that is unknown too on the bound's day: one future record read first after a
+        restart must not move a terminal to today while the stream replays last year."""
         bound = self._clock.bound_ms()
         if event_time_ms > bound:
             watermark = self.watermark_day
             if watermark != NO_DAY:
                 return watermark, True
             return (bound // self.day_ms if known_day == NO_DAY else known_day), True
-        day = event_time_ms // self.day_ms
-        self.advance(day)
-        return day, False
+        return event_time_ms // self.day_ms, False
+
+    def follow(self, marks: InputMarks) -> None:
+        """Take a router's marks (sent with an internal record, after its events): the
+        watermark moves to the oldest time over the inputs that are not idle (every one idle:
+        the newest), once every input partition has been heard of; never back, and never past
+        the bound."""
+        if marks.partitions != self._partitions:
+            self._partitions = transactions, labels = marks.partitions
+            self._inputs = [f"t{p}" for p in range(transactions)]
+            self._inputs += [f"l{p}" for p in range(labels)]
+        reached, bound = self._reached, self._clock.bound_ms()
+        for key, (time_ms, idle) in marks.reached.items():
+            known = reached.get(key)
+            time_ms = NO_TIME if time_ms > bound else time_ms  # another host's clock ahead
+            reached[key] = (time_ms if known is None else max(time_ms, known[0]), idle)
+        oldest: int | None = None
+        newest = NO_TIME
+        for key in self._inputs:
+            mark = reached.get(key)
+            if mark is None:
+                return  # an input no router has spoken of yet
+            time_ms, idle = mark
+            if not idle and (oldest is None or time_ms < oldest):
+                oldest = time_ms
+            newest = max(newest, time_ms)
+        watermark_ms = newest if oldest is None else oldest
+        if watermark_ms >= 0:
+            self.advance(watermark_ms // self.day_ms)
 
     def advance(self, day: int) -> None:
         self.watermark_day = max(self.watermark_day, day)
+
+    def advance_to(self, time_ms: int) -> None:
+        """Move the watermark to the day of `time_ms` (a stream's own time, in order), unless it
+        is past the bound."""
+        if time_ms <= self._clock.bound_ms():
+            self.advance(time_ms // self.day_ms)
 
     def stale(self, day: int) -> bool:
         """Whether `day` is older than every window as of the watermark."""

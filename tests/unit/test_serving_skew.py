@@ -150,6 +150,11 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
             state = self.states.setdefault(key, TerminalState())
             if state.apply(event, worker_clock).publish:
                 self.publish(key, state)
+            # The router's marks after it: the stream, in order, has reached its time (a
+            # label's: its report time).
+            worker_clock.advance_to(
+                event.event_time if event.source == TRANSACTION else event.reported_at
+            )
             if state.unpublished():
                 self.unpublished[key] = state.as_of_day
             else:

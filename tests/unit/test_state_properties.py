@@ -361,6 +361,8 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
         )
         state = held.setdefault(terminal, TerminalState())
         applied = state.apply(event, clock)  # what the table agent does (terminals/app.py)
+        # The marks after it: the inputs have reached its times (the router's order).
+        clock.advance_to(event_time if source == TRANSACTION else reported)
         if applied.publish:
             publish, features = state.to_publish()
             if publish:

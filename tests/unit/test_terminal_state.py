@@ -341,6 +341,7 @@ def test_records_older_than_every_window_change_nothing() -> None:
     clock = clock_at(DAY0 + 100)
     state = TerminalState()
     state.apply(tx(0, DAY0 + 99), clock)
+    clock.advance(DAY0 + 99)  # every input has reached it (the routers' marks)
     before = state.to_bytes()
     stale = state.apply(tx(1, DAY0), clock)
     assert stale.result == STALE and not stale.publish

@@ -1,0 +1,364 @@
+"""`fraud-features` catching up on a backlog counts every event as an unbroken live run does
+(issue 44, item 0).
+
+A payment team starts the service on its history: weeks of transactions, then the confirmed
+frauds reported so far, then the worker. The small labels topic can be read to its end long
+before the transactions; a worker whose clock moved with whatever it read first took every
+older transaction for stale and forgot its terminals. Here the same simulated records go to two
+workers on topics of their own. One reads them live: produced two days at a time, transactions
+and labels interleaved in event-time order, each step routed before the next is produced. The
+other catches up: half the history, then its labels, then the worker starts; it stops, and the
+rest comes the same way while it is down (an outage), then it starts again. Their counts and
+their published terminal risk and card frauds must be the same, record for record, and neither
+may drop anything as stale.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from contracts.card_frauds import decode_card_frauds
+from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY, decode_terminal_risk
+from simulator.transactions import TransactionSimulator
+from terminals.events import partition_of
+from terminals.router import router_group
+from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
+from tests.integration.conftest import BOOTSTRAP, committed_offsets, end_offsets
+from tests.integration.features_worker import DAY0, PARTITIONS, WorkerProcess, WorkerTopics
+
+#: Enough history that the labels topic ends more than every window (HORIZON_DAYS) after the
+#: first transactions, and enough transactions that they take several fetches to read; few
+#: cards and terminals, so both workers count it in well under a minute.
+DAYS = 100
+CARDS, TERMINALS = 150, 300
+SEED = 44
+#: The catch-up run's worker is down from this many days into the history on.
+OUTAGE_AFTER_DAYS = 47
+#: The live run's producer waits for the router after every this many days.
+LIVE_STEP_DAYS = 2
+DONE_TIMEOUT_S = 240.0
+
+#: (key, value, partition or None, event-time order key).
+_Record = tuple[bytes, bytes, int | None, int]
+
+
+class History:
+    """The simulated records, in the order each run produces them."""
+
+    def __init__(self) -> None:
+        simulator = TransactionSimulator(
+            SEED,
+            num_cards=CARDS,
+            num_terminals=TERMINALS,
+            start_time_ms=DAY0 * MS_PER_DAY,
+            fraud_scale=0.3,
+        )
+        batch = simulator.generate(int(simulator.natural_rate_per_s * 86_400 * DAYS))
+        self.transactions: list[_Record] = [
+            (str(r["card_id"]).encode(), msgspec.json.encode(r), None, int(str(r["event_time"])))
+            for r in batch.records
+        ]
+        # The outcomes known by the last transaction: reported days after their transactions.
+        self.labels: list[_Record] = [
+            (str(r["card_id"]).encode(), msgspec.json.encode(r), None, int(str(r["reported_at"])))
+            for r in batch.labels
+        ]
+        self.last_day = int(batch.columns.event_time[-1]) // MS_PER_DAY
+        # The next day begins on every transactions partition, at a terminal of every table
+        # partition: each run's clock then passes the last day everywhere, so every terminal's
+        # counts of that day are published (the day close) and the records compare whole.
+        closing: list[_Record] = []
+        for table_partition in range(PARTITIONS):
+            terminal = next(
+                f"close-{i}"
+                for i in range(1_000)
+                if partition_of(f"close-{i}", PARTITIONS) == table_partition
+            )
+            for partition in range(PARTITIONS):
+                record = {
+                    "transaction_id": f"close-{table_partition}-{partition}",
+                    "card_id": "close",
+                    "merchant_id": "m-close",
+                    "terminal_id": terminal,
+                    "amount": 1.0,
+                    "currency": "EUR",
+                    "mcc": 5411,
+                    "country": "DE",
+                    "channel": "pos",
+                    "card_present": True,
+                    "event_time": (self.last_day + 1) * MS_PER_DAY + 3_600_000,
+                }
+                closing.append((b"close", msgspec.json.encode(record), partition, 0))
+        self.closing: list[_Record] = closing
+
+    @property
+    def first_day(self) -> int:
+        return self.transactions[0][3] // MS_PER_DAY
+
+    def between(self, since_day: int, until_day: int) -> tuple[list[_Record], list[_Record]]:
+        """The transactions of the days from `since_day` until `until_day` (excluded), and the
+        labels reported on them."""
+        since, until = since_day * MS_PER_DAY, until_day * MS_PER_DAY
+        return (
+            [r for r in self.transactions if since <= r[3] < until],
+            [r for r in self.labels if since <= r[3] < until],
+        )
+
+
+@pytest.fixture(scope="module")
+def history() -> History:
+    return History()
+
+
+@pytest.fixture
+def worker_topics_factory(admin: AdminClient) -> Iterator[Callable[[], WorkerTopics]]:
+    made: list[WorkerTopics] = []
+
+    def make() -> WorkerTopics:
+        suffix = uuid.uuid4().hex[:10]
+        topics = WorkerTopics(
+            f"tx-{suffix}",
+            f"labels-{suffix}",
+            f"risk-{suffix}",
+            f"tx-{suffix}.dlq",
+            f"ff-{suffix}",
+            f"cards-{suffix}",
+        )
+        compact = {"cleanup.policy": "compact"}
+        new = [NewTopic(n, PARTITIONS, 1) for n in (topics.transactions, topics.dlq, topics.labels)]
+        new += [NewTopic(n, 1, 1, config=compact) for n in (topics.risk, topics.card_frauds)]
+        for future in admin.create_topics(new).values():
+            future.result(timeout=30)
+        made.append(topics)
+        return topics
+
+    yield make
+    existing = set(admin.list_topics(timeout=30).topics)
+    for topics in made:
+        names = [topics.transactions, topics.dlq, topics.labels, topics.risk, topics.card_frauds]
+        names += [events_topic_name(topics.app_id), changelog_topic_name(topics.app_id)]
+        names.append(changelog_topic_name(topics.app_id, CARD_TABLE_NAME))
+        gone = [n for n in names if n in existing]
+        for future in admin.delete_topics(gone).values():
+            future.result(timeout=30)
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[[WorkerTopics], WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(topics: WorkerTopics) -> WorkerProcess:
+        log = tmp_path / f"{topics.app_id}.log"
+        # Idle entries looked for every second, in both runs alike.
+        worker = WorkerProcess(
+            topics, log, tmp_path / topics.app_id, extra=("--evict-interval-s", "1")
+        ).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.process.poll() is None:
+            worker.process.terminate()
+            try:
+                worker.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+
+def _produce(topics: WorkerTopics, transactions: list[_Record], labels: list[_Record]) -> None:
+    """Produce in the order given by event time (a label's: when it was reported), and wait
+    until all are acknowledged."""
+    producer = Producer(
+        {"bootstrap.servers": BOOTSTRAP, "linger.ms": 5, "enable.idempotence": True}
+    )
+    merged = sorted(
+        [(r[3], 0, topics.transactions, r) for r in transactions]
+        + [(r[3], 1, topics.labels, r) for r in labels],
+        key=lambda item: (item[0], item[1]),
+    )
+    for _at, _kind, topic, (key, value, partition, _time) in merged:
+        while True:
+            try:
+                if partition is None:
+                    producer.produce(topic, value, key)
+                else:
+                    producer.produce(topic, value, key, partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(30) == 0
+
+
+def _wait_routed(topics: WorkerTopics, worker: WorkerProcess, timeout_s: float) -> None:
+    """Until the router has committed every input record produced so far."""
+    group = router_group(topics.app_id)
+    deadline = time.monotonic() + timeout_s
+    for topic in (topics.transactions, topics.labels):
+        ends = end_offsets(topic, PARTITIONS)
+        while True:
+            committed = committed_offsets(group, topic, PARTITIONS)
+            if all(end == 0 or committed[p] >= end for p, end in ends.items()):
+                break
+            assert worker.process.poll() is None, worker.log()[-4000:]
+            assert time.monotonic() < deadline, f"{topic}: routed {committed} of {ends}"
+            time.sleep(0.1)
+
+
+def _wait_counted(topics: WorkerTopics, worker: WorkerProcess) -> None:
+    """Until every input record is routed and every re-keyed event applied and committed by the
+    table agent (faust flushes what it published before it commits)."""
+    _wait_routed(topics, worker, DONE_TIMEOUT_S)
+    internal = events_topic_name(topics.app_id)
+    deadline = time.monotonic() + DONE_TIMEOUT_S
+    ends = end_offsets(internal, PARTITIONS)
+    while True:
+        committed = committed_offsets(topics.app_id, internal, PARTITIONS)
+        if all(end == 0 or committed[p] >= end for p, end in ends.items()):
+            return
+        assert worker.process.poll() is None, worker.log()[-4000:]
+        assert time.monotonic() < deadline, f"table agent committed {committed} of {ends}"
+        time.sleep(0.5)
+
+
+#: A published record, comparable: (as_of_day, (day, counts…) per bucket with a count).
+_Published = tuple[int, tuple[tuple[float, ...], ...]]
+
+
+def _published(topic: str, *, cards: bool) -> dict[str, _Published | None]:
+    """The latest record of each key of a compacted output topic (None: a tombstone)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    ends = end_offsets(topic, 1)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    latest: dict[str, _Published | None] = {}
+    read = 0
+    deadline = time.monotonic() + 60
+    try:
+        while read < ends[0]:
+            assert time.monotonic() < deadline, f"{topic}: read {read} of {ends[0]}"
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                read = (message.offset() or 0) + 1
+                key, value = (message.key() or b"").decode(), message.value()
+                if value is None:
+                    latest[key] = None
+                elif cards:
+                    card = decode_card_frauds(value)
+                    rows = zip(card.days.tolist(), card.frauds.tolist(), strict=True)
+                    latest[key] = (card.as_of_day, tuple((d, c) for d, c in rows if c))
+                else:
+                    record = decode_terminal_risk(value)
+                    assert record.buckets is not None
+                    days, counts = record.buckets
+                    rows = zip(days.tolist(), counts.tolist(), strict=True)
+                    latest[key] = (record.as_of_day, tuple((d, *c) for d, c in rows if any(c)))
+    finally:
+        consumer.close()
+    return latest
+
+
+def _read(latest: dict[str, _Published | None], final_day: int) -> dict[str, _Published]:
+    """What a scorer reads from the records as of `final_day` on. An idle entry (no window
+    reads any of its days again) is forgotten when the worker next looks for idle entries, once
+    a second of wall-clock time: so whether a run left its record, its tombstone or, for an
+    entry that came back, a record without its old counts, depends on when it looked. Neither
+    an idle record nor counts older than every window as of a record's own day are read."""
+    read = {}
+    for key, record in latest.items():
+        if record is None:
+            continue
+        as_of_day, rows = record
+        kept = tuple(sorted(row for row in rows if row[0] >= as_of_day - HORIZON_DAYS))
+        if kept and max(as_of_day, int(kept[-1][0])) >= final_day - HORIZON_DAYS:
+            read[key] = (as_of_day, kept)
+    return read
+
+
+def _metric(worker: WorkerProcess, sample: str) -> float:
+    """A counter's value; 0 while it has no sample (a labelled counter never incremented)."""
+    for line in worker.samples(sample.split("{")[0]):
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+STALE = (
+    'fraud_features_terminal_events_total{result="stale",source="transaction"}',
+    'fraud_features_terminal_events_total{result="stale",source="label"}',
+    'fraud_features_card_events_total{result="stale"}',
+)
+COUNTED = (
+    'fraud_features_terminal_events_total{result="counted",source="transaction"}',
+    'fraud_features_terminal_events_total{result="counted",source="label"}',
+    'fraud_features_card_events_total{result="counted"}',
+)
+
+
+def test_a_worker_catching_up_on_history_then_labels_counts_as_a_live_run(
+    history: History,
+    worker_topics_factory: Callable[[], WorkerTopics],
+    start_worker: Callable[[WorkerTopics], WorkerProcess],
+) -> None:
+    first, last = history.first_day, history.last_day
+    outage = first + OUTAGE_AFTER_DAYS
+    # Each catch-up reads labels reported more than every window ahead of its first days.
+    assert last - outage > HORIZON_DAYS + 5 and outage - first > HORIZON_DAYS + 5
+
+    # Live: the worker runs while the days are produced, each routed before the next.
+    live_topics = worker_topics_factory()
+    live = start_worker(live_topics)
+    live.wait_ready()
+    for day in range(first, last + 1, LIVE_STEP_DAYS):
+        _produce(live_topics, *history.between(day, day + LIVE_STEP_DAYS))
+        _wait_routed(live_topics, live, 60.0)
+    _produce(live_topics, history.closing, [])
+    _wait_counted(live_topics, live)
+    expected = {name: _metric(live, name) for name in STALE + COUNTED}
+
+    # Catch-up: the history up to the outage, then its labels, then the worker starts and
+    # catches up; it stops, and while it is down the rest comes the same way.
+    backlog_topics = worker_topics_factory()
+    counted = dict.fromkeys(STALE + COUNTED, 0.0)
+    for since, until in ((first, outage), (outage, last + 1)):
+        transactions, labels = history.between(since, until)
+        _produce(backlog_topics, transactions, [])
+        if until > last:
+            _produce(backlog_topics, history.closing, [])
+        _produce(backlog_topics, [], labels)
+        backlog = start_worker(backlog_topics)
+        _wait_counted(backlog_topics, backlog)
+        for name in counted:
+            counted[name] += _metric(backlog, name)
+        backlog.process.terminate()
+        assert backlog.process.wait(timeout=30) == 0, backlog.log()[-4000:]
+
+    counts = {name: (counted[name], expected[name]) for name in STALE + COUNTED}
+    final_day = last + 1
+    differences = {}
+    for name, cards in (("risk", False), ("card_frauds", True)):
+        caught_up = _read(_published(getattr(backlog_topics, name), cards=cards), final_day)
+        wanted = _read(_published(getattr(live_topics, name), cards=cards), final_day)
+        assert wanted, f"the live run published no {name}"
+        wrong = sorted(k for k in set(caught_up) | set(wanted) if caught_up.get(k) != wanted.get(k))
+        differences[name] = f"{len(wrong)} of {len(wanted)}, e.g. {wrong[:3]}"
+    summary = f"(catch-up, live) {counts}; keys whose records differ: {differences}"
+    for name in STALE:
+        assert counts[name] == (0, 0), summary
+    for name in COUNTED:
+        assert counts[name][0] == counts[name][1], summary
+    assert all(d.startswith("0 of") for d in differences.values()), summary
