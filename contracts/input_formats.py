@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
 import msgspec
@@ -239,7 +239,7 @@ def _check_registered_schema(
 
 def _deserialized(
     deserialize: Callable[[bytes, Any], Any], value: bytes, context: Any
-) -> MutableMapping[str, Any]:
+) -> dict[str, Any]:
     """The record as the registry's deserializer reads it, its failures sorted by cause."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
@@ -253,7 +253,7 @@ def _deserialized(
         ) from exc
     except Exception as exc:  # whatever the payload provokes in the decoder
         raise SchemaDecodeError(f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(record, MutableMapping):
+    if not isinstance(record, dict):  # what every deserializer returns; cheaper than the ABC
         raise SchemaDecodeError(f"the schema decodes to {type(record).__name__}, not a record")
     return record
 
