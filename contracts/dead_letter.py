@@ -32,7 +32,7 @@ from typing import NamedTuple, cast
 
 from confluent_kafka import Message
 
-from contracts.kafka_settings import redact_urls
+from contracts.kafka_settings import redacted_prefix
 from contracts.transaction import MAX_EVENT_TIME_MS
 
 HEADER_PREFIX = "dlq."
@@ -78,6 +78,12 @@ class SourceRecord(NamedTuple):
     headers: Headers | None
 
 
+def _redacted(text: str) -> str:
+    """`text` redacted (contracts.kafka_settings.redact_urls), read only as far as a bounded
+    header keeps, plus a character to tell that it was cut."""
+    return redacted_prefix(text, MAX_STACKTRACE_CHARS + 1)
+
+
 def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 15] + "… [truncated]"
 
@@ -102,7 +108,7 @@ def dead_letter_headers(
     added: dict[str, str] = {
         REASON: reason,
         ERROR: type(error).__name__,
-        MESSAGE: _bounded(redact_urls(str(error)) or type(error).__name__, MAX_MESSAGE_CHARS),
+        MESSAGE: _bounded(_redacted(str(error)) or type(error).__name__, MAX_MESSAGE_CHARS),
         ORIGINAL_TOPIC: source.topic,
         ORIGINAL_PARTITION: str(source.partition),
         ORIGINAL_OFFSET: str(source.offset),
@@ -114,7 +120,7 @@ def dead_letter_headers(
     if model_version is not None:
         added[MODEL_VERSION] = model_version
     if with_stacktrace and error.__traceback__ is not None:
-        trace = redact_urls("".join(traceback.format_exception(error)))
+        trace = _redacted("".join(traceback.format_exception(error)))
         added[STACKTRACE] = _bounded(trace, MAX_STACKTRACE_CHARS)
     if source.headers is None:
         added[HEADERS_DROPPED] = UNREADABLE_HEADERS

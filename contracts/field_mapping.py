@@ -53,6 +53,7 @@ from typing import Any
 
 import msgspec
 
+from contracts.bounded_read import read_bounded
 from contracts.errors import ConfigurationError, ValidationError
 from contracts.event_time import EpochMs
 from contracts.transaction import Transaction
@@ -93,15 +94,10 @@ class FieldMapping:
     def load(cls, path: Path) -> FieldMapping:
         """Read and check a mapping file; ConfigurationError naming what is wrong."""
         try:
-            with path.open("rb") as file:
-                content = file.read(MAX_MAPPING_BYTES + 1)
+            content = read_bounded(path, MAX_MAPPING_BYTES, f"input mapping {str(path)!r}")
             text = content.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"cannot read input mapping {str(path)!r}: {exc}") from exc
-        if len(content) > MAX_MAPPING_BYTES:
-            raise ConfigurationError(
-                f"input mapping {str(path)!r} is larger than {MAX_MAPPING_BYTES:,} bytes"
-            )
         try:
             document = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
 import msgspec
@@ -92,13 +92,15 @@ def transaction_decoder(
     *,
     subjects: Collection[str] = (),
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    client: Any = None,
 ) -> TransactionDecoder:
     """The decoder of `input_format` for records of `topic`; `registry` is the Schema Registry
     client's configuration (`url` and any credentials), needed by the registry formats;
     `mapping` maps the team's fields onto the contract's (`contracts/field_mapping.py`);
     `protobuf_message` (module:Class) is the protobuf format's generated message class;
     `subjects`: those a writer schema must be registered under (default `<topic>-value`);
-    `max_record_bytes`: the longest record a registry format or a mapping decodes.
+    `max_record_bytes`: the longest record a registry format or a mapping decodes; `client`:
+    a registry client to use (its owner closes it) instead of one made from `registry`.
 
     Raises ConfigurationError for an unknown format, a registry format without a registry URL,
     registry settings the client does not take, or a mapping the topic's registered schema
@@ -112,14 +114,14 @@ def transaction_decoder(
         # The contract's own JSON needs no length bound: its typed decoder allocates only the
         # contract's fields, and skips the rest without building it.
         return decode_transaction if mapping is None else _mapped_json(mapping, max_record_bytes)
-    if not registry or not registry.get("url"):
+    if client is None and (not registry or not registry.get("url")):
         raise ConfigurationError(
             f"input format {input_format} needs a Schema Registry: set FRAUD_SCHEMA_REGISTRY_URL"
         )
     from confluent_kafka.schema_registry import prefix_schema_id_deserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    client = registry_client(registry)
+    client = client or registry_client(registry or {})
     context = SerializationContext(topic, MessageField.VALUE)
     writer_schemas = WriterSchemas(
         client, subjects or (f"{topic}-value",), _SCHEMA_TYPES[input_format], _http_errors
@@ -239,7 +241,7 @@ def _check_registered_schema(
 
 def _deserialized(
     deserialize: Callable[[bytes, Any], Any], value: bytes, context: Any
-) -> MutableMapping[str, Any]:
+) -> dict[str, Any]:
     """The record as the registry's deserializer reads it, its failures sorted by cause."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
@@ -253,7 +255,7 @@ def _deserialized(
         ) from exc
     except Exception as exc:  # whatever the payload provokes in the decoder
         raise SchemaDecodeError(f"{type(exc).__name__}: {exc}") from exc
-    if not isinstance(record, MutableMapping):
+    if not isinstance(record, dict):  # what every deserializer returns; cheaper than the ABC
         raise SchemaDecodeError(f"the schema decodes to {type(record).__name__}, not a record")
     return record
 

@@ -52,10 +52,13 @@ MAX_SCHEMA_DEPTH = 32
 MAX_REFERENCES = 64
 #: Schema ids whose verdict is kept; past it the oldest is forgotten (and asked for again).
 MAX_CACHED_IDS = 1_024
-#: The registry's own codes for "no such schema" (Confluent's API: schema, subject, version).
-#: Any other 404 (a wrong URL path, a misrouted ingress) is the registry's fault, not the
-#: record's: it holds the partition like any other registry fault.
-NOT_FOUND_CODES = frozenset({40403, 40401, 40402})
+#: The registry's own code for "no such schema id" (Confluent's API). Any other 404 (a wrong URL
+#: path, a misrouted ingress) is the registry's fault, not the record's: it holds the partition
+#: like any other registry fault.
+SCHEMA_NOT_FOUND = 40403
+#: Its codes for "no such subject" and "no such version": a schema that refers to one is broken
+#: for good, not the registry.
+REFERENCE_NOT_FOUND = frozenset({40401, 40402})
 #: HTTP answers from the registry that may pass (its error codes in Confluent's API).
 TRANSIENT_STATUS = frozenset({401, 403, 404, 408, 429})
 
@@ -88,7 +91,7 @@ def registry_failure(exc: Any, what: str) -> Exception:
     fault (SchemaUnknownError); what may pass (down, overloaded, credentials refused, any other
     404) holds the partition (RegistryUnavailableError); anything else is SchemaDecodeError."""
     status = exc.http_status_code
-    if status == 404 and exc.error_code in NOT_FOUND_CODES:
+    if status == 404 and exc.error_code == SCHEMA_NOT_FOUND:
         return SchemaUnknownError(f"{what}: {exc}")
     if status in TRANSIENT_STATUS or status >= 500 or status < 0:
         return RegistryUnavailableError(f"schema registry ({what}): {exc}")
@@ -172,16 +175,25 @@ class WriterSchemas:
                 raise SchemaDecodeError(
                     f"schema id {schema_id} refers to more than {MAX_REFERENCES} schemas"
                 )
-            try:
-                registered = self._ask(
-                    partial(self._client.get_version, reference.subject, reference.version),
-                    schema_id,
-                )
-            except SchemaUnknownError as exc:  # the registry lost a version it still refers to
-                raise SchemaDecodeError(f"schema id {schema_id}: a reference: {exc}") from exc
+            registered = self._reference(reference, schema_id)
             documents.insert(0, _document(registered.schema, schema_id))
             pending.extend(registered.schema.references or [])
         return documents
+
+    def _reference(self, reference: Any, schema_id: int) -> Any:
+        """The registered schema a reference names; SchemaDecodeError when the registry says it
+        has no such subject or version (the writer's schema is broken for good)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return self._ask(
+                partial(self._client.get_version, reference.subject, reference.version), schema_id
+            )
+        except (SchemaUnknownError, RegistryUnavailableError) as exc:
+            cause = exc.__cause__
+            if isinstance(cause, SchemaRegistryError) and cause.error_code in REFERENCE_NOT_FOUND:
+                raise SchemaDecodeError(f"schema id {schema_id}: a reference: {cause}") from exc
+            raise
 
     def _ask(self, lookup: Callable[[], Any], schema_id: int) -> Any:
         from confluent_kafka.schema_registry.error import SchemaRegistryError

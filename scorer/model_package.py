@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from contracts.bounded_read import read_bounded
 from contracts.errors import ConfigurationError
 from scorer.decisions import DEFAULT_THRESHOLDS, Thresholds
 from scorer.drift import DriftReference
@@ -152,8 +153,14 @@ def load_model_package(path: Path) -> ModelPackage:
     if not directory.is_dir():
         raise ConfigurationError(f"model package {where!r} is not a directory")
     try:
-        text = _read_bounded(directory / MANIFEST_FILE, MAX_MANIFEST_BYTES, where)
-        onnx = _read_bounded(directory / ONNX_FILE, MAX_ONNX_BYTES, where)
+        text = read_bounded(
+            directory / MANIFEST_FILE,
+            MAX_MANIFEST_BYTES,
+            f"model package {where!r}: {MANIFEST_FILE}",
+        )
+        onnx = read_bounded(
+            directory / ONNX_FILE, MAX_ONNX_BYTES, f"model package {where!r}: {ONNX_FILE}"
+        )
         raw = tomllib.loads(text.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"model package {where!r}: {exc}") from exc
@@ -171,26 +178,6 @@ def load_model_package(path: Path) -> ModelPackage:
             f"{manifest.onnx_sha256}: the file changed after it was packaged; package it again"
         )
     return ModelPackage(directory, manifest, onnx)
-
-
-def _read_bounded(path: Path, limit: int, where: str) -> bytes:
-    """The bytes of `path`, refused (ConfigurationError) past `limit` from its size, before it
-    is read; a file that grows while it is read is refused too (a package still being
-    written)."""
-    with path.open("rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size > limit:
-            raise ConfigurationError(
-                f"model package {where!r}: {path.name} is larger than {limit:,} bytes "
-                f"({size:,}): not a package this service reads"
-            )
-        data = file.read(size + 1)  # one more: a file that grew since shows it
-    if len(data) > size:
-        raise ConfigurationError(
-            f"model package {where!r}: {path.name} grew while it was read: read it again once "
-            "it is written whole"
-        )
-    return data
 
 
 def promote(package: Path, source: Path) -> Path | None:

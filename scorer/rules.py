@@ -36,18 +36,18 @@ import difflib
 import functools
 import math
 import operator
-import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from contracts.bounded_read import read_bounded
 from contracts.decision import APPROVE, DECLINE, REVIEW
 from contracts.errors import ConfigurationError
 from contracts.reference_data import MCC_FAMILIES
@@ -72,7 +72,6 @@ MAX_KEY_CHARS = 128
 #: A rules file may hold this many bytes (16 MiB: about 200,000 list ids); a larger one is
 #: refused before it is read.
 MAX_RULES_FILE_BYTES = 16 * 1024 * 1024
-_READ_CHUNK_BYTES = 1 << 16
 #: Members of one `in [...]` list.
 MAX_MEMBERS = 1_000
 #: Nodes of one expression, not counting its lists' members: each is an array operation on
@@ -748,15 +747,13 @@ class Rules:
     def load(cls, path: Path) -> Rules:
         """The rules of a TOML file, or of a YAML one (`.yaml`, `.yml`: the same tables as
         mappings and lists); ConfigurationError naming the file and the problem."""
-        too_big = ConfigurationError(
-            f"rules file {path}: over {MAX_RULES_FILE_BYTES:,} bytes, the most a rules file may "
-            "hold: keep long lists on the rules topic"
-        )
         try:
-            with path.open("rb") as file:
-                if os.fstat(file.fileno()).st_size > MAX_RULES_FILE_BYTES:
-                    raise too_big
-                text = _read_at_most(file, MAX_RULES_FILE_BYTES, too_big)
+            text = read_bounded(
+                path,
+                MAX_RULES_FILE_BYTES,
+                f"rules file {path}",
+                "the most a rules file may hold; keep long lists on the rules topic",
+            )
         except OSError as exc:
             raise ConfigurationError(f"rules file {path}: cannot read it: {exc.strerror}") from exc
         try:
@@ -916,19 +913,6 @@ def _hits(
 
 
 Rules.EMPTY = Rules(_NO_ENTRIES, _NO_ENTRIES, _NO_ENTRIES.lists)
-
-
-def _read_at_most(file: BinaryIO, limit: int, too_big: Exception) -> bytes:
-    """The file's bytes, read in chunks (it may be growing, or a device with no size), or
-    `too_big` once past `limit`."""
-    chunks: list[bytes] = []
-    total = 0
-    while chunk := file.read(_READ_CHUNK_BYTES):
-        total += len(chunk)
-        if total > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _yaml_document(path: Path, text: bytes) -> Mapping[str, Any]:

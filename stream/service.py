@@ -90,6 +90,7 @@ class ScoringService:
         self._reloader = parts.reloader
         self._shadow = parts.shadow
         self._observed_precision = parts.observed_precision
+        self._tracer = parts.tracer
         self._client_errors = parts.client_errors
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
@@ -488,6 +489,8 @@ class ScoringService:
             self._rules.close()
         if self._observed_precision is not None:
             self._observed_precision.close()
+        if self._tracer is not None:
+            self._tracer.close()  # the last batches' spans, which the exporter still holds
         log.info(
             "stopped; records left uncommitted: %s",
             self._rebalance.abandoned + self._tracker.in_flight,

@@ -86,6 +86,9 @@ class BatchTracer(Protocol):
         """The batch whose records carried `contexts` was scored in the `elapsed_s` seconds
         that just ended."""
 
+    def close(self) -> None:
+        """Send what is still held (within the exporter's own timeout); at the replica's stop."""
+
 
 def linked_contexts(contexts: Contexts, limit: int = MAX_LINKS_PER_SPAN) -> list[TraceParent]:
     """The trace contexts a batch's span links to: one per record whose `traceparent` parses,

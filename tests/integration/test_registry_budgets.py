@@ -27,7 +27,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, assume, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import RecordError
@@ -98,12 +98,14 @@ avro_schemas = st.builds(
 _decoders: dict[tuple[str, str], TransactionDecoder] = {}
 
 
-def _decoder(input_format: str, topic: str, **options: Any) -> TransactionDecoder:
+def _decoder(
+    client: SchemaRegistryClient, input_format: str, topic: str, **options: Any
+) -> TransactionDecoder:
     """One decoder per format and topic for the whole run, as a replica has one: its writer
-    schemas checked once, its registry client (and connection) kept."""
+    schemas checked once, on the module's registry client (closed with it)."""
     if (input_format, topic) not in _decoders:
         _decoders[input_format, topic] = transaction_decoder(
-            input_format, topic, {"url": REGISTRY_URL}, **options
+            input_format, topic, client=client, **options
         )
     return _decoders[input_format, topic]
 
@@ -113,10 +115,12 @@ def _outcome(decode: TransactionDecoder, value: bytes) -> str:
         try:
             result = decode(value)
         except RecordError as refused:
-            event(refused.reason)  # `pytest --hypothesis-show-statistics` shows the mix
+            if currently_in_test_context():  # `--hypothesis-show-statistics` shows the mix
+                event(refused.reason)
             return refused.reason
     assert isinstance(result, Transaction)
-    event("decoded")
+    if currently_in_test_context():
+        event("decoded")
     return "decoded"
 
 
@@ -168,7 +172,7 @@ def test_an_avro_record_is_decided_or_refused_within_budget(
         payload = data.draw(st.binary(max_size=256))
     else:
         payload = zigzag(2 ** data.draw(st.integers(1, 62))) + data.draw(st.binary(max_size=16))
-    _outcome(_decoder("avro", topic), _header(schema_id) + payload)
+    _outcome(_decoder(client, "avro", topic), _header(schema_id) + payload)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,7 +193,7 @@ def test_a_json_schema_record_is_decided_or_refused_within_budget(
 ) -> None:
     topic = "tx-budget-json"
     schema_id = client.register_schema(f"{topic}-value", Schema(json.dumps(JSON_SCHEMA), "JSON"))
-    decode = _decoder("json-schema", topic)
+    decode = _decoder(client, "json-schema", topic)
     outcome = _outcome(decode, _header(schema_id) + payload)
     if len(payload) > DEFAULT_MAX_RECORD_BYTES:
         assert outcome == "schema_decode"
@@ -239,7 +243,7 @@ def test_a_protobuf_record_is_decided_or_refused_within_budget(
         payment_class.Payment(**{k: v for k, v in VALID[0].items() if v is not None}), context
     )
     assert valid is not None
-    decode = _decoder("protobuf", topic, protobuf_message="budget_payment_pb2:Payment")
+    decode = _decoder(client, "protobuf", topic, protobuf_message="budget_payment_pb2:Payment")
     assert _outcome(decode, valid) == "decoded"
     # The header and message index of the valid record, then hostile message bytes.
     _outcome(decode, valid[:6] + payload)
@@ -252,7 +256,7 @@ def test_the_worst_avro_shape_found_stays_within_budget_at_the_length_bound(
     bits = {"name": "bits", "type": {"type": "array", "items": one_bit}}
     schema = {**AVRO_V1, "name": "Worst", "fields": [bits, *AVRO_V1["fields"]]}
     schema_id = client.register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
-    decode = _decoder("avro", topic)
+    decode = _decoder(client, "avro", topic)
     items = DEFAULT_MAX_RECORD_BYTES - 16
     value = _header(schema_id) + zigzag(items) + b"\x00" * items + b"\x00"
     assert len(value) <= DEFAULT_MAX_RECORD_BYTES

@@ -74,12 +74,14 @@ class Replica:
         card_state: bool = False,
         terminals: Any = None,
         decode: TransactionDecoder = decode_transaction,
+        tracer: Any = None,
         **settings: object,
     ) -> None:
         """`card_state`: keep card history, its changelog in `self.changelog` (a list in
         memory that receives every card state output once the sink delivers it).
         `terminals`: a stand-in for the copy of terminal-risk (start, close, loaded,
-        features). `decode`: how a record's value becomes a transaction."""
+        features). `decode`: how a record's value becomes a transaction. `tracer`: the batch
+        tracer (stream/tracing.py), none by default."""
         defaults: dict[str, object] = {
             "scoring": self.scoring,
             "input_topic": TOPIC,
@@ -157,6 +159,7 @@ class Replica:
             card_state=self.card_state,
             terminals=terminals,
             decode=decode,
+            tracer=tracer,
         )
         self.service = ScoringService(self.config, self.parts)
         self.thread = threading.Thread(target=self.service.run, daemon=True)

@@ -25,6 +25,7 @@ from stream.scoring import BatchScorer, PendingRecord
 from stream.tracing import (
     BatchOutcome,
     BatchTracer,
+    Contexts,
     batch_tracer,
     linked_contexts,
     spans_requested,
@@ -232,3 +233,31 @@ def test_a_span_links_at_most_its_limit_of_records_and_the_queue_fits_the_memory
         assert 1 <= bounds.max_export_batch_size <= bounds.max_queue_size
     assert span_bounds(4_096, {"OTEL_SPAN_LINK_COUNT_LIMIT": "8"}).max_links == 8
     assert span_bounds(256, {}).max_links == 256  # a default batch: every record linked
+
+
+class RecordingTracer:
+    """A BatchTracer that notes what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def batch_scored(self, contexts: Contexts, elapsed_s: float, outcome: BatchOutcome) -> None:
+        self.calls.append("batch")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_a_stopping_replica_closes_its_tracer_after_its_last_batch() -> None:
+    # Issue 43 review: OtelBatchTracer.close() was never called, so the spans the exporter
+    # still held at a stop were lost.
+    from tests.support.waiting import wait_until
+    from tests.unit.replica import TOPIC, Replica, messages, tp
+
+    tracer = RecordingTracer()
+    with Replica(tracer=tracer) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(10)))
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 10})
+    assert tracer.calls[-1] == "close" and tracer.calls.count("close") == 1
+    assert "batch" in tracer.calls

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ModelSourceUnavailableError, SchemaDecodeError
+from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
+from tests.support.budget import MIB, Budget, within
 
 SECRET = "s3cret"
 #: A tracking server address with credentials, where nothing listens (port 9: discard).
@@ -202,6 +204,45 @@ def test_a_dead_letter_never_carries_a_password_from_its_error():
     )
     assert SECRET.encode() not in headers[MESSAGE] + headers[STACKTRACE]
     assert b"http://***@127.0.0.1:9/x" in headers[MESSAGE]
+
+
+#: Texts a hostile writer can put in an error or a log line (a rules expression quoted in its
+#: refusal): each place a credential may start is tried, so an unbounded pattern was quadratic.
+HOSTILE_TEXTS = {
+    "equals-colon": "=a:" * 21_000 + "@",
+    "schemes": "http://" * 9_000 + "@",
+    "one-user": "a" * 64_000 + ":@",
+    "many-at": "u:p@" * 16_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
+def test_redaction_is_linear_in_a_hostile_text(name: str) -> None:
+    # Issue 43 review: "=a:" * 16,000 (48 KB) took 2.8-4.4 s; a refused rules update went
+    # through three such passes on the rules reader's thread.
+    text = HOSTILE_TEXTS[name]
+    with within(Budget(peak_bytes=4 * MIB, seconds=1.0), f"{name}, {len(text):,} characters"):
+        redact_urls(text)
+
+
+def test_a_dead_letter_reads_only_what_it_keeps_of_a_huge_error() -> None:
+    from contracts.dead_letter import MESSAGE, SourceRecord, dead_letter_headers
+
+    error = SchemaDecodeError(f"{UNREACHABLE} " + "=a:" * 300_000)
+    record = SourceRecord("t", 0, 1, 0, b"k", b"v", [])
+    with within(Budget(peak_bytes=8 * MIB, seconds=1.0), "a dead letter of a 900 KB error"):
+        headers = dict(
+            dead_letter_headers(record, error, reason="x", attempts=1, service="s", failed_at_ms=0)
+        )
+    assert headers[MESSAGE].startswith(b"http://***@127.0.0.1:9 =a:")
+    assert headers[MESSAGE].endswith("… [truncated]".encode())
+
+
+def test_a_credential_cut_by_the_bound_of_a_header_is_still_masked() -> None:
+    from contracts.kafka_settings import redacted_prefix
+
+    text = "x" * 995 + f" {UNREACHABLE}/path"
+    assert SECRET not in redacted_prefix(text, 1_000)
 
 
 def test_loadgen_names_an_unreadable_metrics_url_without_the_password():

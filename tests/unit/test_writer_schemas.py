@@ -182,3 +182,35 @@ def test_a_missing_or_null_logical_value_is_left_alone() -> None:
 )
 def test_registry_answers_are_sorted_by_cause(raised: SchemaRegistryError, expected: type) -> None:
     assert type(registry_failure(raised, "schema id 7")) is expected
+
+
+class _Registry:
+    """The two lookups WriterSchemas makes of a registry, answered from memory, and a
+    reference whose version the registry no longer has."""
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+
+    def get_subjects_by_schema_id(self, schema_id: int) -> list[str]:
+        return ["tx-value"]
+
+    def get_schema(self, schema_id: int) -> Any:
+        return self.schema
+
+    def get_version(self, subject: str, version: int) -> Any:
+        raise SchemaRegistryError(404, 40402, f"Version {version} not found")
+
+
+def test_a_reference_the_registry_lost_refuses_the_schema_instead_of_holding() -> None:
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+
+    from contracts.writer_schemas import WriterSchemas
+
+    referring = Schema(
+        '{"type": "record", "name": "T", "fields": [{"name": "m", "type": "Money"}]}',
+        "AVRO",
+        [SchemaReference("Money", "money-value", 3)],
+    )
+    schemas = WriterSchemas(_Registry(referring), ["tx-value"], "AVRO", lambda: OSError)
+    with pytest.raises(SchemaDecodeError, match="a reference"):
+        schemas.check(7)
