@@ -6,7 +6,9 @@ table, the rules table); or, started at the end, follows a topic's new records (
 the observed precision). Responsibilities and decisions:
 - `loaded` is set once every partition is read up to the end it had when it was first assigned,
   or at once when the broker says the topic does not exist (its writer may start later): a
-  replica scores only after that, so a restart does not score with an empty table.
+  replica scores only after that, so a restart does not score with an empty table. A partition
+  that held no record then (its records all deleted, compacted or expired: its first offset is
+  its end) counts as read at once: librdkafka has no position in it until it returns a record.
 - Fails closed: only a topic the broker does not know (UNKNOWN_TOPIC_OR_PART) is an empty one.
   A topic that cannot be read (no metadata: the broker away or not answering; the topic not
   authorized, or refused with any other error; its end offsets unknown) is not: `loaded` waits,
@@ -105,6 +107,8 @@ class CompactedTopicReader:
         self._next: dict[int, int] = {}
         #: The end of each partition when it was first assigned: `loaded` waits for it.
         self._ends: dict[int, int] = {}
+        #: The first offset each partition held then: none is left to read when it is its end.
+        self._firsts: dict[int, int] = {}
         #: The same, for the partitions found before `loaded`: the records before it are the
         #: catch-up at start.
         self._catch_up_ends: dict[int, int] = {}
@@ -210,10 +214,10 @@ class CompactedTopicReader:
     def _assign(self, consumer: Consumer, new: set[int]) -> None:
         """Start reading `new` partitions: where a failed consumer stopped, or where the reader
         starts; each one's end is asked first (all or none are assigned)."""
-        ends: dict[int, int] = {}
+        watermarks: dict[int, tuple[int, int]] = {}
         for partition in sorted(new):
             try:
-                _, ends[partition] = consumer.get_watermark_offsets(
+                watermarks[partition] = consumer.get_watermark_offsets(
                     TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
                 )
             except KafkaException as exc:
@@ -221,9 +225,10 @@ class CompactedTopicReader:
                     f"partition {partition}'s end unknown: {_described(exc)}"
                 ) from None
         start = self._start_at if self._first_look else OFFSET_BEGINNING
-        for partition, end in ends.items():
+        for partition, (first, end) in watermarks.items():
             if partition not in self._ends:
                 self._ends[partition] = end
+                self._firsts[partition] = first
                 if not self.loaded.is_set():
                     self._catch_up_ends[partition] = end
         consumer.incremental_assign(
@@ -258,9 +263,18 @@ class CompactedTopicReader:
             self._after_read(bool(messages))
             if failed is not None:
                 raise _Unreadable(f"reading it: {failed}")
-            if not self.loaded.is_set() and _caught_up(consumer, self.topic, self._ends):
+            if not self.loaded.is_set() and self._caught_up(consumer):
                 self._read_fine()  # read to its end: whatever failed before is over
                 self._set_loaded(self._loaded_note())
+
+    def _caught_up(self, consumer: Consumer) -> bool:
+        """Whether every partition's position has reached its end at the start (one that held
+        no record then has no position to ask for)."""
+        left = [p for p, end in self._ends.items() if end > self._firsts[p]]
+        if not left:
+            return True
+        positions = consumer.position([TopicPartition(self.topic, p) for p in left])
+        return all(tp.offset >= self._ends[tp.partition] for tp in positions)
 
     def _read_fine(self) -> None:
         """A pass over the topic went without error."""
@@ -300,9 +314,3 @@ class CompactedTopicReader:
 def _described(exc: KafkaException) -> str:
     error = exc.args[0] if exc.args else None
     return f"{error.name()}: {error.str()}" if isinstance(error, KafkaError) else str(exc)
-
-
-def _caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
-    """Whether every partition's position has reached its end at the start."""
-    positions = consumer.position([TopicPartition(topic, p) for p in ends])
-    return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)
