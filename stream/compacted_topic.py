@@ -103,11 +103,13 @@ class CompactedTopicReader:
         self._read_at = time.monotonic()
         self._retry_s = RETRY_MIN_S
         #: The next offset to read in each partition assigned so far: where a new consumer
-        #: starts after one failed.
+        #: starts after one failed (for a reader that starts at the end, that end until a
+        #: record is read).
         self._next: dict[int, int] = {}
         #: The end of each partition when it was first assigned: `loaded` waits for it.
         self._ends: dict[int, int] = {}
-        #: The first offset each partition held then: none is left to read when it is its end.
+        #: The first offset of each partition read then (its end, for a reader that starts
+        #: there): none is left to read when it is its end.
         self._firsts: dict[int, int] = {}
         #: The same, for the partitions found before `loaded`: the records before it are the
         #: catch-up at start.
@@ -228,7 +230,12 @@ class CompactedTopicReader:
         for partition, (first, end) in watermarks.items():
             if partition not in self._ends:
                 self._ends[partition] = end
-                self._firsts[partition] = first
+                if start == OFFSET_BEGINNING:
+                    self._firsts[partition] = first
+                else:
+                    # Started at the end: nothing before it is read, even by a new consumer
+                    # after this one failed (no record read yet must not mean "the beginning").
+                    self._firsts[partition] = self._next[partition] = end
                 if not self.loaded.is_set():
                     self._catch_up_ends[partition] = end
         consumer.incremental_assign(

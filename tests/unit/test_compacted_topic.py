@@ -142,8 +142,8 @@ Reading = tuple[CompactedTopicReader, list[int], CollectorRegistry]
 
 @pytest.fixture
 def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]:
-    """`reading(apply=None, **script)`: a started reader over a scripted broker, the offsets
-    it applied, and its metrics."""
+    """`reading(apply=None, start_at=OFFSET_BEGINNING, **script)`: a started reader over a
+    scripted broker, the offsets it applied, and its metrics."""
     readers: list[CompactedTopicReader] = []
     monkeypatch.setattr(compacted_topic, "RETRY_MIN_S", 0.01)
     monkeypatch.setattr(compacted_topic, "RETRY_MAX_S", 0.05)
@@ -152,7 +152,9 @@ def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]
     ScriptedConsumer.made = []
     ScriptedConsumer.reads = 0
 
-    def start(apply: Callable[[Any], None] | None = None, **script: Any) -> Reading:
+    def start(
+        apply: Callable[[Any], None] | None = None, start_at: int = OFFSET_BEGINNING, **script: Any
+    ) -> Reading:
         scripted = type("Scripted", (Script,), {"consume_raises_at": set(), **script})
         consumer = type("Consumer", (ScriptedConsumer,), {"script": scripted})
         monkeypatch.setattr(compacted_topic, "Consumer", consumer)
@@ -164,6 +166,7 @@ def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]
             apply or (lambda message: applied.append(message.offset())),
             name="rules",
             metrics=ServiceMetrics(registry),
+            start_at=start_at,
         )
         reader.script = scripted  # type: ignore[attr-defined]
         readers.append(reader)
@@ -303,3 +306,19 @@ def test_a_topic_whose_first_records_were_deleted_is_loaded_once_the_rest_is_rea
     reader, applied, _ = reading(low=4, records=10)
     wait_until(reader.loaded.is_set, 5.0, what="loaded")
     assert applied == list(range(4, 10))
+
+
+def test_a_reader_that_starts_at_the_end_goes_on_from_there_after_its_consumer_failed(
+    reading: Callable[..., Reading],
+) -> None:
+    # The review of issue 43: a partition of which nothing was read yet restarted from
+    # OFFSET_BEGINNING in the new consumer, so the labels reader (which starts at the end)
+    # applied the whole topic's history after a restart.
+    reader, applied, registry = reading(start_at=OFFSET_END, consume_raises_at={3})
+    wait_until(lambda: len(ScriptedConsumer.made) == 2, 5.0, what="a new consumer")
+    wait_until(lambda: ScriptedConsumer.reads > 6, 5.0, what="reads by the new consumer")
+    assert applied == [], "nothing written before the start"
+    assert errors(registry, "restart") == 1
+    assert ScriptedConsumer.made[1].assigned[0].offset == 10, "from the end it started at"
+    reader.script.records = 12  # type: ignore[attr-defined]
+    wait_until(lambda: applied == [10, 11], 5.0, what="the records written since")
