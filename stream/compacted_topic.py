@@ -21,6 +21,9 @@ the observed precision). Responsibilities and decisions:
 - Never dead: a consumer that fails (librdkafka raises) is closed and a new one started after a
   backoff, from where the old one stopped, so no record is applied twice or skipped; the table
   keeps what it has meanwhile.
+- Never dead in silence: a thread that ends anyway (a BaseException other than an Exception) is
+  logged at CRITICAL, counted (`cause="stopped"`) and named by `stopped()`, which the service's
+  liveness asks for the control topics (`/healthz` fails, so the replica is restarted).
 - No consumer group, nothing committed: a reader always rebuilds its table from the topic.
 """
 
@@ -100,6 +103,8 @@ class CompactedTopicReader:
         #: Why the topic cannot be read now; None while it can.
         self.problem: str | None = None
         self._stop = threading.Event()
+        #: What ended the reader's thread before `close()`, if anything did.
+        self._stopped_by: str | None = None
         self._read_at = time.monotonic()
         self._retry_s = RETRY_MIN_S
         #: The next offset to read in each partition assigned so far: where a new consumer
@@ -132,6 +137,13 @@ class CompactedTopicReader:
         """Whether the reader's thread runs (it ends only at `close()`)."""
         return self._thread.is_alive()
 
+    def stopped(self) -> str | None:
+        """Why the reader's thread ended before `close()` (nothing more of the topic is read
+        from then on); None while it runs, before `start()` and after `close()`."""
+        if self._stop.is_set() or self._thread.ident is None or self.alive():
+            return None
+        return self._stopped_by or "its thread ended"
+
     def read_age_s(self) -> float:
         """Seconds since the topic was last read without error (or since the reader was made)."""
         return max(0.0, time.monotonic() - self._read_at)
@@ -160,9 +172,15 @@ class CompactedTopicReader:
                         self._retry_s,
                     )
                     self._back_off()
-        finally:
-            if not self._stop.is_set():  # only a BaseException gets here: say so, loudly
-                log.critical("%s reader stopped: nothing more of it is read", self.topic)
+        except BaseException as exc:  # the thread ends with it: say so, loudly, and count it
+            self._stopped_by = f"{type(exc).__name__}: {exc}"
+            self._count("stopped")
+            log.critical(
+                "%s reader stopped (%s): nothing more of it is read",
+                self.topic,
+                self._stopped_by,
+                exc_info=True,
+            )
 
     def _read_with_a_consumer(self) -> None:
         """Read until `close()` with one consumer; whatever it raises ends it."""

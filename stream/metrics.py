@@ -347,7 +347,9 @@ class ServiceMetrics:
             "fraud_topic_reader_errors_total",
             "What went wrong in a topic reader, by cause: unreadable (a pass over the topic "
             "failed: no metadata, not authorized, a read error), record (a record its table "
-            "could not take: skipped), restart (its consumer failed and was started again)",
+            "could not take: skipped), restart (its consumer failed and was started again), "
+            "stopped (its thread ended: nothing more is read; a control topic's makes the "
+            "replica not alive)",
             ["reader", "cause"],
             registry=r,
         )
@@ -632,7 +634,7 @@ class ServiceMetrics:
     def watch_topic_reader(self, reader: str, age_s: Callable[[], float]) -> None:
         """A topic reader's read age is `age_s()` at every scrape; its errors start at 0."""
         self._topic_reader_age.labels(reader).set_function(age_s)
-        for cause in ("unreadable", "record", "restart"):
+        for cause in ("unreadable", "record", "restart", "stopped"):
             self._topic_reader_errors.labels(reader, cause)
 
     def record_topic_reader_error(self, reader: str, cause: str) -> None:

@@ -104,6 +104,11 @@ class RulesTable:
         """Why the topic cannot be read now; None while it can (or without a topic)."""
         return None if self._reader is None else self._reader.problem
 
+    def stopped(self) -> str | None:
+        """Why the topic's reader ended before `close()`; None while it runs (or without a
+        topic)."""
+        return None if self._reader is None else self._reader.stopped()
+
     def observe(
         self,
         transactions: Sequence[TransactionFields],

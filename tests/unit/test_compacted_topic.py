@@ -322,3 +322,27 @@ def test_a_reader_that_starts_at_the_end_goes_on_from_there_after_its_consumer_f
     assert ScriptedConsumer.made[1].assigned[0].offset == 10, "from the end it started at"
     reader.script.records = 12  # type: ignore[attr-defined]
     wait_until(lambda: applied == [10, 11], 5.0, what="the records written since")
+
+
+class _Fatal(BaseException):
+    """Not an Exception: nothing in the reader may take it for a failure to retry."""
+
+
+def test_a_reader_whose_thread_ends_says_so_and_counts_it(
+    reading: Callable[..., Reading], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The review of issue 43: a reader's thread that ended was silent to health (`alive()` was
+    # asked by nobody). `stopped()` names why, for the service's liveness, and it is counted.
+    def apply(message: Any) -> None:
+        if message.offset() == 4:
+            raise _Fatal("the end of it")
+
+    reader, _, registry = reading(apply)
+    assert reader.stopped() is None
+    wait_until(lambda: not reader.alive(), 5.0, what="the thread ended")
+    assert reader.stopped() == "_Fatal: the end of it"
+    assert errors(registry, "stopped") == 1
+    assert "control reader stopped (_Fatal: the end of it)" in caplog.text
+    assert not reader.loaded.is_set()
+    reader.close()
+    assert reader.stopped() is None, "closed: stopped on purpose"
