@@ -190,7 +190,9 @@ class ServiceMetrics:
             "Records of the rules topic, by result (applied, rejected: dead-lettered, "
             "refused_at_start: refused while the topic was read at start, not dead-lettered "
             "again, held: it would flag more of the traffic than FRAUD_RULES_GUARD_SHARE, "
-            "not applied until confirmed)",
+            "not applied until confirmed, or taken out of force if read at start; waiting: a "
+            "rule or override read before the guard's sample could judge it, applied or held "
+            "once it can; dropped: one that waited, dropped past the most that may wait)",
             ["result"],
             registry=r,
         )

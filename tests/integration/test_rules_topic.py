@@ -209,3 +209,36 @@ def test_a_rule_that_declines_everything_is_held_until_it_is_confirmed(
     }
     assert not any("rule:everything" in d.get("rules", ()) for d in by_wave["held"])
     assert by_wave["confirmed"] and all(d["decision"] == "decline" for d in by_wave["confirmed"])
+
+
+def test_a_held_update_is_judged_by_a_replica_that_starts_after_it(
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+    rules_topic_factory: Callable[[], str],
+) -> None:
+    # The review of issue 43: the held record stays the latest of its key, so a replica that
+    # started later applied it at its catch-up, unjudged, and declined everything for good.
+    # Now it is applied there (no traffic to judge by yet), then judged once the sample fills.
+    topics, rules_topic = topics_factory(partitions=1), rules_topic_factory()
+    first = service_factory(topics, "--rules-topic", rules_topic, instance="a")
+    wait_until(lambda: ready(first), 30.0, "/readyz 200", interval_s=0.2)
+    decided_waves(first, topics, 3, "a", 0)
+    produce(rules_topic, [(b"rule:everything", b'{"when": "amount > 0", "then": "decline"}')])
+    first.wait_for_metric('fraud_rules_updates_total{result="held"}', 1, 10.0)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0
+
+    second = service_factory(topics, "--rules-topic", rules_topic, instance="b")
+    wait_until(lambda: ready(second), 30.0, "/readyz 200", interval_s=0.2)
+    decided = decided_waves(second, topics, 3, "b", 0)
+    second.wait_for_metric('fraud_rules_updates_total{result="held"}', 1, 10.0)
+    decided_waves(second, topics, 1, "later", decided)
+
+    later = [
+        d
+        for d in decisions_of(topics.output, 3 * 60 + int(decided) + 60)
+        if d["transaction_id"].startswith("later")
+    ]
+    assert len(later) == 60
+    assert not any("rule:everything" in d.get("rules", ()) for d in later)
+    assert "rule:everything held" in second.log() and "read at start" in second.log()
