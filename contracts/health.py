@@ -47,6 +47,13 @@ class HealthState:
         self._reason = "starting"
         self._clock = clock
         self._last_beat = clock()
+        #: Asked at every probe; a reason makes the replica not alive.
+        self._checks: list[Callable[[], str | None]] = []
+
+    def watch(self, check: Callable[[], str | None]) -> None:
+        """Ask `check()` at every probe from now on: a reason (not None) makes the replica not
+        alive, e.g. a thread it cannot do without has ended."""
+        self._checks.append(check)
 
     def beat(self) -> None:
         """Called by the stream loop on every pass."""
@@ -59,6 +66,10 @@ class HealthState:
         stalled_s = self._clock() - self._last_beat
         if stalled_s > STALL_AFTER_S:
             return False, f"stream loop silent for {stalled_s:.0f}s"
+        for check in self._checks:
+            why = check()
+            if why is not None:
+                return False, why
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:

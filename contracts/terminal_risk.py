@@ -94,8 +94,12 @@ def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
     values = [raw.get(name) for name in TERMINAL_FEATURE_NAMES]
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise ValueError(f"terminal-risk record needs numbers {list(TERMINAL_FEATURE_NAMES)}")
-    # Checked before the cast: a number past float32's range would become infinite in it.
-    exact = np.array(values, np.float64)
+    # Checked before the cast: a number past float32's range would become infinite in it. An
+    # integer past float64's range cannot even be read as one (OverflowError).
+    try:
+        exact = np.array(values, np.float64)
+    except OverflowError as exc:
+        raise ValueError(f"terminal-risk record has a feature past float64's range: {exc}") from exc
     if not (np.abs(exact) <= _FLOAT32_MAX).all():
         raise ValueError("terminal-risk record has a feature that is not a finite float32")
     features = exact.astype(np.float32)

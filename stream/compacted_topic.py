@@ -6,7 +6,9 @@ table, the rules table); or, started at the end, follows a topic's new records (
 the observed precision). Responsibilities and decisions:
 - `loaded` is set once every partition is read up to the end it had when it was first assigned,
   or at once when the broker says the topic does not exist (its writer may start later): a
-  replica scores only after that, so a restart does not score with an empty table.
+  replica scores only after that, so a restart does not score with an empty table. A partition
+  that held no record then (its records all deleted, compacted or expired: its first offset is
+  its end) counts as read at once: librdkafka has no position in it until it returns a record.
 - Fails closed: only a topic the broker does not know (UNKNOWN_TOPIC_OR_PART) is an empty one.
   A topic that cannot be read (no metadata: the broker away or not answering; the topic not
   authorized, or refused with any other error; its end offsets unknown) is not: `loaded` waits,
@@ -19,6 +21,9 @@ the observed precision). Responsibilities and decisions:
 - Never dead: a consumer that fails (librdkafka raises) is closed and a new one started after a
   backoff, from where the old one stopped, so no record is applied twice or skipped; the table
   keeps what it has meanwhile.
+- Never dead in silence: a thread that ends anyway (a BaseException other than an Exception) is
+  logged at CRITICAL, counted (`cause="stopped"`) and named by `stopped()`, which the service's
+  liveness asks for the control topics (`/healthz` fails, so the replica is restarted).
 - No consumer group, nothing committed: a reader always rebuilds its table from the topic.
 """
 
@@ -98,13 +103,19 @@ class CompactedTopicReader:
         #: Why the topic cannot be read now; None while it can.
         self.problem: str | None = None
         self._stop = threading.Event()
+        #: What ended the reader's thread before `close()`, if anything did.
+        self._stopped_by: str | None = None
         self._read_at = time.monotonic()
         self._retry_s = RETRY_MIN_S
         #: The next offset to read in each partition assigned so far: where a new consumer
-        #: starts after one failed.
+        #: starts after one failed (for a reader that starts at the end, that end until a
+        #: record is read).
         self._next: dict[int, int] = {}
         #: The end of each partition when it was first assigned: `loaded` waits for it.
         self._ends: dict[int, int] = {}
+        #: The first offset of each partition read then (its end, for a reader that starts
+        #: there): none is left to read when it is its end.
+        self._firsts: dict[int, int] = {}
         #: The same, for the partitions found before `loaded`: the records before it are the
         #: catch-up at start.
         self._catch_up_ends: dict[int, int] = {}
@@ -125,6 +136,13 @@ class CompactedTopicReader:
     def alive(self) -> bool:
         """Whether the reader's thread runs (it ends only at `close()`)."""
         return self._thread.is_alive()
+
+    def stopped(self) -> str | None:
+        """Why the reader's thread ended before `close()` (nothing more of the topic is read
+        from then on); None while it runs, before `start()` and after `close()`."""
+        if self._stop.is_set() or self._thread.ident is None or self.alive():
+            return None
+        return self._stopped_by or "its thread ended"
 
     def read_age_s(self) -> float:
         """Seconds since the topic was last read without error (or since the reader was made)."""
@@ -154,9 +172,15 @@ class CompactedTopicReader:
                         self._retry_s,
                     )
                     self._back_off()
-        finally:
-            if not self._stop.is_set():  # only a BaseException gets here: say so, loudly
-                log.critical("%s reader stopped: nothing more of it is read", self.topic)
+        except BaseException as exc:  # the thread ends with it: say so, loudly, and count it
+            self._stopped_by = f"{type(exc).__name__}: {exc}"
+            self._count("stopped")
+            log.critical(
+                "%s reader stopped (%s): nothing more of it is read",
+                self.topic,
+                self._stopped_by,
+                exc_info=True,
+            )
 
     def _read_with_a_consumer(self) -> None:
         """Read until `close()` with one consumer; whatever it raises ends it."""
@@ -210,10 +234,10 @@ class CompactedTopicReader:
     def _assign(self, consumer: Consumer, new: set[int]) -> None:
         """Start reading `new` partitions: where a failed consumer stopped, or where the reader
         starts; each one's end is asked first (all or none are assigned)."""
-        ends: dict[int, int] = {}
+        watermarks: dict[int, tuple[int, int]] = {}
         for partition in sorted(new):
             try:
-                _, ends[partition] = consumer.get_watermark_offsets(
+                watermarks[partition] = consumer.get_watermark_offsets(
                     TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
                 )
             except KafkaException as exc:
@@ -221,9 +245,15 @@ class CompactedTopicReader:
                     f"partition {partition}'s end unknown: {_described(exc)}"
                 ) from None
         start = self._start_at if self._first_look else OFFSET_BEGINNING
-        for partition, end in ends.items():
+        for partition, (first, end) in watermarks.items():
             if partition not in self._ends:
                 self._ends[partition] = end
+                if start == OFFSET_BEGINNING:
+                    self._firsts[partition] = first
+                else:
+                    # Started at the end: nothing before it is read, even by a new consumer
+                    # after this one failed (no record read yet must not mean "the beginning").
+                    self._firsts[partition] = self._next[partition] = end
                 if not self.loaded.is_set():
                     self._catch_up_ends[partition] = end
         consumer.incremental_assign(
@@ -258,9 +288,18 @@ class CompactedTopicReader:
             self._after_read(bool(messages))
             if failed is not None:
                 raise _Unreadable(f"reading it: {failed}")
-            if not self.loaded.is_set() and _caught_up(consumer, self.topic, self._ends):
+            if not self.loaded.is_set() and self._caught_up(consumer):
                 self._read_fine()  # read to its end: whatever failed before is over
                 self._set_loaded(self._loaded_note())
+
+    def _caught_up(self, consumer: Consumer) -> bool:
+        """Whether every partition's position has reached its end at the start (one that held
+        no record then has no position to ask for)."""
+        left = [p for p, end in self._ends.items() if end > self._firsts[p]]
+        if not left:
+            return True
+        positions = consumer.position([TopicPartition(self.topic, p) for p in left])
+        return all(tp.offset >= self._ends[tp.partition] for tp in positions)
 
     def _read_fine(self) -> None:
         """A pass over the topic went without error."""
@@ -300,9 +339,3 @@ class CompactedTopicReader:
 def _described(exc: KafkaException) -> str:
     error = exc.args[0] if exc.args else None
     return f"{error.name()}: {error.str()}" if isinstance(error, KafkaError) else str(exc)
-
-
-def _caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
-    """Whether every partition's position has reached its end at the start."""
-    positions = consumer.position([TopicPartition(topic, p) for p in ends])
-    return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)

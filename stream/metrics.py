@@ -190,7 +190,9 @@ class ServiceMetrics:
             "Records of the rules topic, by result (applied, rejected: dead-lettered, "
             "refused_at_start: refused while the topic was read at start, not dead-lettered "
             "again, held: it would flag more of the traffic than FRAUD_RULES_GUARD_SHARE, "
-            "not applied until confirmed)",
+            "not applied until confirmed, or taken out of force if read at start; waiting: a "
+            "rule or override read before the guard's sample could judge it, applied or held "
+            "once it can; dropped: one that waited, dropped past the most that may wait)",
             ["result"],
             registry=r,
         )
@@ -347,7 +349,9 @@ class ServiceMetrics:
             "fraud_topic_reader_errors_total",
             "What went wrong in a topic reader, by cause: unreadable (a pass over the topic "
             "failed: no metadata, not authorized, a read error), record (a record its table "
-            "could not take: skipped), restart (its consumer failed and was started again)",
+            "could not take: skipped), restart (its consumer failed and was started again), "
+            "stopped (its thread ended: nothing more is read; a control topic's makes the "
+            "replica not alive)",
             ["reader", "cause"],
             registry=r,
         )
@@ -632,7 +636,7 @@ class ServiceMetrics:
     def watch_topic_reader(self, reader: str, age_s: Callable[[], float]) -> None:
         """A topic reader's read age is `age_s()` at every scrape; its errors start at 0."""
         self._topic_reader_age.labels(reader).set_function(age_s)
-        for cause in ("unreadable", "record", "restart"):
+        for cause in ("unreadable", "record", "restart", "stopped"):
             self._topic_reader_errors.labels(reader, cause)
 
     def record_topic_reader_error(self, reader: str, cause: str) -> None:

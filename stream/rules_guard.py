@@ -14,8 +14,9 @@ Responsibilities and decisions:
   thread decides (`Rules.decide`, with the thresholds of the newest batch). An update is held
   when the updated rules flag more than the guard's share of the sample and more than the rules
   in force do: an update that flags no more than before (removing a rule, an allow entry) is
-  never held, and neither is one while the sample holds fewer than MIN_SAMPLE_ROWS rows (too
-  little traffic to judge by; the update is applied, and the log says it was not judged).
+  never held. While the sample holds fewer than MIN_SAMPLE_ROWS rows there is too little
+  traffic to judge by (`can_judge`): `check` holds nothing, so the rules table makes a rule or
+  override update wait until it can (a list entry is applied).
 - Cheap for list entries: a deny or allow entry (or its tombstone) changes only the rows of its
   id, so an id the sample does not hold is applied without deciding anything; and the sample is
   put in columns at most once per SAMPLE_REUSE_S, so a burst of updates shares one.
@@ -149,6 +150,11 @@ class RulesGuard:
             return None
         share_now = _flagged_share(current, sample)
         return Held(share_now, share_new, rows) if share_new > share_now else None
+
+    def can_judge(self) -> bool:
+        """Whether the sample holds enough rows to judge an update by (on the reader's
+        thread)."""
+        return self._sample() is not None
 
     def rows(self) -> int:
         """Rows in the sample of the last minute."""

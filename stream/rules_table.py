@@ -11,8 +11,18 @@ in force. A replica scores only once the topic is read up to its end at start (`
 With a guard (FRAUD_RULES_GUARD_SHARE, `stream/rules_guard.py`) an update read live that would
 flag more than its share of the last minute's traffic is held, not applied, until it is sent
 again with the header `fraud.rules.confirm: yes` (`fraud_rules_updates_total{result="held"}`).
-The catch-up at start applies the topic as it is: a held update left the latest of its key is
-applied by a replica that starts later (resolve a hold at once: confirm it, or replace it).
+An expression rule or segment override (`rule:`, `override:`) that is not confirmed is never
+left in force unjudged (list entries name ids, and are judged by the sample or applied at once):
+- Read live while the sample is too small to judge by (a replica's first minute, or too little
+  traffic), it waits, not applied, until the sample allows (`result="waiting"`), then is judged
+  as if read then, in the order read. At most MAX_WAITING wait: past it the oldest is dropped
+  (`result="dropped"`, logged: send it again). A confirmed update of its key overtakes it.
+- Read at the catch-up at start (where there is no traffic yet) it is applied, so a replica
+  starts with the rules the others have, and remembered with the values its key took since its
+  last confirmed record (its base: that value, or none; at most MAX_UNJUDGED_VALUES). Once the
+  sample allows, they are judged as if read live, in the order read, from the rules with each
+  such key at its base: each that would be held is not taken (counted and logged as held), and
+  the key ends at the last value taken (its base if none is).
 
 Dead letters never hold the reader: each is produced and its delivery report polled for after
 every read, a failure logged from it. The records the topic held at start (the catch-up) are
@@ -25,8 +35,9 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +50,7 @@ from scorer.decisions import Thresholds
 from scorer.rules import MAX_KEY_CHARS, Rules, RulesError
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
-from stream.rules_guard import RulesGuard
+from stream.rules_guard import MIN_SAMPLE_ROWS, Held, RulesGuard
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,24 @@ SUMMARY_NAMED = 5
 MAX_KEY_BYTES = 4 * MAX_KEY_CHARS
 #: The header (and its value) that confirms an update the guard held.
 CONFIRM_HEADER, CONFIRMED = "fraud.rules.confirm", b"yes"
+#: The kinds of update that are judged once the sample allows, never applied unjudged: they can
+#: flag any share of the traffic (a list entry names ids, and is judged or applied at once).
+JUDGED_KINDS = ("rule", "override")
+#: Live updates that wait for the guard's sample at most (each at most MAX_UPDATE_BYTES): past
+#: it the oldest is dropped.
+MAX_WAITING = 100
+#: Values a key took at the catch-up since its last confirmed one, kept to be judged (the base
+#: and the newest ones; older ones are dropped, so the key may go back further).
+MAX_UNJUDGED_VALUES = 4
+
+
+class _Read(NamedTuple):
+    """A value of a key read at the catch-up at start: where ("" for the base), and the how
+    many-th record of the catch-up it was."""
+
+    value: bytes | None
+    where: str = ""
+    order: int = -1
 
 
 class RulesTable:
@@ -80,6 +109,14 @@ class RulesTable:
         #: The catch-up's refused updates: how many, and the first SUMMARY_NAMED of them.
         self._refused_at_start = 0
         self._refused_named: list[str] = []
+        #: With a guard, the rule and override keys whose latest record read at the catch-up
+        #: is not confirmed: their base, then the values read since (judged once the sample
+        #: allows); and the last confirmed value of each (a base), until the catch-up ends.
+        self._unjudged: dict[str, list[_Read]] = {}
+        self._confirmed_at_start: dict[str, bytes] = {}
+        self._reads_at_start = 0
+        #: Rule and override updates read live before the sample allowed judging them.
+        self._waiting: deque[Message] = deque()
         self._reader = (
             None
             if topic is None
@@ -89,7 +126,7 @@ class RulesTable:
                 self._apply,
                 name="rules",
                 metrics=metrics,
-                after_read=self._poll_dead_letters,
+                after_read=self._after_read,
                 loaded_note=self._loaded_note,
             )
         )
@@ -103,6 +140,11 @@ class RulesTable:
     def problem(self) -> str | None:
         """Why the topic cannot be read now; None while it can (or without a topic)."""
         return None if self._reader is None else self._reader.problem
+
+    def stopped(self) -> str | None:
+        """Why the topic's reader ended before `close()`; None while it runs (or without a
+        topic)."""
+        return None if self._reader is None else self._reader.stopped()
 
     def observe(
         self,
@@ -129,23 +171,32 @@ class RulesTable:
                 log.error("%s dead letters of rules updates were never acknowledged", left)
 
     def _apply(self, message: Message) -> None:
-        key = message.key()
+        """A record as the reader hands it over: applied, held, waiting, or refused."""
         try:
-            if key is None:
-                raise RulesError("a rules update needs a key, e.g. deny:card:<card id>")
-            if len(key) > MAX_KEY_BYTES:
-                raise RulesError(f"the key holds {len(key):,} bytes, over {MAX_KEY_BYTES}")
-            try:
-                name = key.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RulesError(f"the key is not UTF-8: {exc}") from exc
+            name = _name(message.key())
             updated = self.current.with_update(name, message.value())
-            if self._held(message, name, updated):
-                return
-            self.current = updated
         except Exception as exc:  # RulesError, or whatever else a record provokes
             self._refused(message, exc)
             return
+        if self._reader is not None and self._reader.in_catch_up(message):
+            self._take(name, updated)
+            self._remember_unjudged(message, name)
+        elif not self._waits(message, name):
+            self._judge_and_take(message, name, updated)
+
+    def _judge_and_take(self, message: Message, name: str, updated: Rules) -> None:
+        """A live update: applied unless the guard holds it."""
+        try:
+            if self._held(message, name, updated):
+                return
+        except Exception as exc:  # what deciding raises: the update cannot be used
+            self._refused(message, exc)
+            return
+        self._take(name, updated)
+        self._unjudged.pop(name, None)  # what its key took at start is superseded
+
+    def _take(self, name: str, updated: Rules) -> None:
+        self.current = updated
         self._metrics.record_rules_update("applied")
         self._metrics.set_rules_entries(len(self.current))
         # One line per live update; the catch-up at start may hold many (its summary is logged).
@@ -158,9 +209,7 @@ class RulesTable:
         guard, reader = self._guard, self._reader
         if guard is None or reader is None or reader.in_catch_up(message):
             return False
-        headers = cast(list[tuple[str, bytes | None]], message.headers() or [])
-        confirmed = (CONFIRM_HEADER, CONFIRMED) in headers
-        if confirmed:
+        if _confirmed(message):
             log.warning(
                 "rules update %s confirmed (%s): not judged by the guard", name, CONFIRM_HEADER
             )
@@ -168,22 +217,151 @@ class RulesTable:
         held = guard.check(name, message.value() is not None, self.current, updated)
         if held is None:
             return False
+        self._count_held(name, _where(message), held, "")
+        return True
+
+    def _count_held(self, name: str, where: str, held: Held, then: str) -> None:
+        guard = self._guard
+        assert guard is not None
         self._metrics.record_rules_update("held")
         log.error(
-            "rules update %s held (partition=%s offset=%s): it would flag %.1f%% of the last "
-            "minute's %s transactions sampled (%.1f%% now), over FRAUD_RULES_GUARD_SHARE=%s; "
-            "send it again with the header %s: %s to apply it",
+            "rules update %s held (%s): it would flag %.1f%% of the last minute's %s "
+            "transactions sampled (%.1f%% without it), over FRAUD_RULES_GUARD_SHARE=%s%s; send "
+            "it again with the header %s: %s to apply it",
             name,
-            message.partition(),
-            message.offset(),
+            where,
             100 * held.share_new,
             held.rows,
             100 * held.share_now,
             guard.share,
+            then,
+            CONFIRM_HEADER,
+            CONFIRMED.decode(),
+        )
+
+    # -- updates not judged yet: read at start, or live before the sample allowed -----------
+
+    def _remember_unjudged(self, message: Message, name: str) -> None:
+        """A rule or override update applied at the catch-up: remembered to be judged later,
+        unless it is confirmed (then it is the base of its key's later ones)."""
+        if self._guard is None or name.partition(":")[0] not in JUDGED_KINDS:
+            return
+        value = message.value()
+        if _confirmed(message):
+            self._unjudged.pop(name, None)
+            if value is None:
+                self._confirmed_at_start.pop(name, None)
+            else:
+                self._confirmed_at_start[name] = value
+            return
+        reads = self._unjudged.setdefault(name, [_Read(self._confirmed_at_start.get(name))])
+        self._reads_at_start += 1
+        reads.append(_Read(value, _where(message), self._reads_at_start))
+        if value == reads[0].value:
+            del self._unjudged[name]  # back to its base: nothing in force is unjudged
+        elif len(reads) > MAX_UNJUDGED_VALUES:
+            del reads[1]
+
+    def _waits(self, message: Message, name: str) -> bool:
+        """Whether a live rule or override update must wait: the sample is too small to judge
+        it by (what waits already is judged first, once it is not)."""
+        guard = self._guard
+        if guard is None or name.partition(":")[0] not in JUDGED_KINDS:
+            return False
+        if _confirmed(message):  # applied at once: what of its key waits is superseded
+            if any(_name(waiting.key()) == name for waiting in self._waiting):
+                self._waiting = deque(m for m in self._waiting if _name(m.key()) != name)
+            return False
+        if self._judge_waiting():
+            return False
+        if len(self._waiting) >= MAX_WAITING:
+            dropped = self._waiting.popleft()
+            self._metrics.record_rules_update("dropped")
+            log.error(
+                "rules update %s dropped (%s): more than %s updates wait for the guard's sample; "
+                "send it again",
+                _name(dropped.key()),
+                _where(dropped),
+                MAX_WAITING,
+            )
+        self._waiting.append(message)
+        self._metrics.record_rules_update("waiting")
+        log.warning(
+            "rules update %s waits (%s): the guard's sample holds %s of the %s rows of the last "
+            "minute's traffic it needs to judge it; applied or held then (sent again with the "
+            "header %s: %s, at once)",
+            name,
+            _where(message),
+            guard.rows(),
+            MIN_SAMPLE_ROWS,
             CONFIRM_HEADER,
             CONFIRMED.decode(),
         )
         return True
+
+    def _judge_waiting(self) -> bool:
+        """Judge what was read at start unjudged, then what waits, once the topic is loaded and
+        the sample allows; return whether it does."""
+        guard = self._guard
+        if guard is None or not self.loaded.is_set() or not guard.can_judge():
+            return False
+        if self._unjudged:
+            self._judge_read_at_start()
+        while self._waiting:
+            message = self._waiting.popleft()
+            try:
+                name = _name(message.key())
+                updated = self.current.with_update(name, message.value())
+            except Exception as exc:
+                self._refused(message, exc)
+                continue
+            self._judge_and_take(message, name, updated)
+        return True
+
+    def _judge_read_at_start(self) -> None:
+        """Judge the rule and override updates the catch-up applied unjudged as if read live:
+        from the rules in force with each such key at its base, each value in the order read;
+        the rules in force become those of the values taken."""
+        guard = self._guard
+        assert guard is not None
+        unjudged, self._unjudged = self._unjudged, {}
+        reads = sorted(
+            ((name, read) for name, values in unjudged.items() for read in values[1:]),
+            key=lambda item: item[1].order,
+        )
+        held_any = False
+        try:
+            rules = self.current
+            for name, values in unjudged.items():
+                rules = rules.with_update(name, values[0].value)
+            for name, read in reads:
+                after = rules.with_update(name, read.value)
+                try:
+                    held = guard.check(name, read.value is not None, rules, after)
+                except Exception as exc:  # deciding with it fails: it cannot stay in force
+                    self._metrics.record_rules_update("held")
+                    log.error(
+                        "rules update %s (%s) read at start cannot be judged (%s): not in force",
+                        name,
+                        read.where,
+                        exc,
+                    )
+                    held_any = True
+                    continue
+                if held is None:
+                    rules = after
+                else:
+                    self._count_held(name, read.where, held, "; read at start, not in force")
+                    held_any = True
+        except Exception:  # a rules error going back to a base: what is in force stays
+            log.exception("the rules updates read at start could not be judged: they stay")
+            return
+        self.current = rules
+        self._metrics.set_rules_entries(len(rules))
+        if held_any:
+            log.warning(
+                "rules in force once the updates read at start were judged: %s", rules.summary()
+            )
 
     def _refused(self, message: Message, error: Exception) -> None:
         """Dead-letter an update read live; count one of the catch-up at start."""
@@ -217,7 +395,7 @@ class RulesTable:
 
     def _dead_letter(self, message: Message, error: RulesUpdateError, where: str) -> None:
         """Produce the update's dead letter without waiting for it: its delivery report comes
-        with a later poll (`_poll_dead_letters`); a failure is logged, never stops the reader."""
+        with a later poll (`_after_read`); a failure is logged, never stops the reader."""
         if self._router is None:
             return
         try:
@@ -235,10 +413,36 @@ class RulesTable:
         except Exception:  # BufferError (the queue full), KafkaException: logged, never raised
             log.exception("the dead letter of the rules update at %s was not sent", where)
 
-    def _poll_dead_letters(self, _read_some: bool) -> None:
-        """Serve the delivery reports of the dead letters in flight (after every read)."""
+    def _after_read(self, _read_some: bool) -> None:
+        """After every read: serve the delivery reports of the dead letters in flight, and judge
+        the updates that wait for the guard's sample, once it allows."""
         if self._producer is not None:
             self._producer.poll(0)
+        if self._confirmed_at_start and self.loaded.is_set():
+            self._confirmed_at_start.clear()  # bases of the catch-up's records only
+        if self._unjudged or self._waiting:
+            self._judge_waiting()
+
+
+def _name(key: bytes | None) -> str:
+    """A record's key as the rules know it; RulesError if it cannot be one."""
+    if key is None:
+        raise RulesError("a rules update needs a key, e.g. deny:card:<card id>")
+    if len(key) > MAX_KEY_BYTES:
+        raise RulesError(f"the key holds {len(key):,} bytes, over {MAX_KEY_BYTES}")
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"the key is not UTF-8: {exc}") from exc
+
+
+def _confirmed(message: Message) -> bool:
+    headers = cast(list[tuple[str, bytes | None]], message.headers() or [])
+    return (CONFIRM_HEADER, CONFIRMED) in headers
+
+
+def _where(message: Message) -> str:
+    return f"partition={message.partition()} offset={message.offset()}"
 
 
 def _delivered(where: str, error: KafkaError | None, _message: Message) -> None:

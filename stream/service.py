@@ -64,6 +64,8 @@ class _ControlTable(Protocol):
 
     def start(self) -> None: ...
 
+    def stopped(self) -> str | None: ...
+
 
 class ScoringService:
     """Runs one replica until `stop()`; then drains, commits and closes the consumer.
@@ -222,7 +224,9 @@ class ScoringService:
         """Read the control topics (the rules topic, terminal-risk, card-frauds) up to their
         end before consuming, so that no replica scores without them: not ready, and nothing
         consumed, until then, however long it takes (a stop ends the wait). Past
-        FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S an error says which one is waited for, and why."""
+        FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S an error says which one is waited for, and why.
+        From their start on, a reader whose thread ended makes the replica not alive (it would
+        score with a table that no longer follows its topic): restarted, it reads them anew."""
         candidates: list[tuple[str, _ControlTable | None]] = [
             ("the rules topic", self._rules),
             ("terminal-risk", self._terminals),
@@ -231,6 +235,7 @@ class ScoringService:
         tables = [(name, table) for name, table in candidates if table is not None]
         for _, table in tables:
             table.start()
+        self._health.watch(lambda: _stopped_reader(tables))
         timeout_s = self._config.terminal_risk_load_timeout_s
         deadline = time.monotonic() + timeout_s
         overdue_told = False
@@ -495,3 +500,12 @@ class ScoringService:
             "stopped; records left uncommitted: %s",
             self._rebalance.abandoned + self._tracker.in_flight,
         )
+
+
+def _stopped_reader(tables: list[tuple[str, _ControlTable]]) -> str | None:
+    """Why the replica is not alive when a control topic's reader has stopped; else None."""
+    for name, table in tables:
+        why = table.stopped()
+        if why is not None:
+            return f"the reader of {name} stopped ({why}): nothing more of it is read"
+    return None

@@ -128,6 +128,10 @@ class WorkerTable(Generic[R]):
         """Why the topic cannot be read now; None while it can."""
         return self._reader.problem
 
+    def stopped(self) -> str | None:
+        """Why the topic's reader ended before `close()`; None while it runs."""
+        return self._reader.stopped()
+
     def start(self) -> None:
         self._reader.start()
 

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 
@@ -229,3 +236,44 @@ def test_a_replica_whose_labels_cannot_be_read_decides_and_says_so(
     errors = 'fraud_topic_reader_errors_total{cause="unreadable",reader="labels"}'
     service.wait_for_metric(errors, 1)
     wait_until(lambda: ready(service)[0] == 200, 30.0, "/readyz 200", interval_s=0.2)
+
+
+def emptied_topic(admin: AdminClient, made: list[str], records: int) -> str:
+    """A compacted topic (with retention, which delete_records needs) that held `records` and
+    whose records were all deleted since: its first offset is its end, past 0."""
+    name = f"control-{uuid.uuid4().hex[:10]}"
+    config = {"cleanup.policy": "compact,delete"}
+    made.extend(create_topics(admin, [NewTopic(name, 1, 1, config=config)]))
+    produce(name, [(f"k{i}".encode(), f"v{i}".encode()) for i in range(records)])
+    for future in admin.delete_records([TopicPartition(name, 0, OFFSET_END)]).values():
+        future.result(timeout=30)
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"w-{uuid.uuid4().hex}"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(name, 0), timeout=30)
+    finally:
+        consumer.close()
+    assert low == high == records, (low, high)
+    return name
+
+
+def test_a_replica_whose_control_topics_were_emptied_becomes_ready(
+    admin: AdminClient,
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+) -> None:
+    # The review of issue 43: a control topic whose records were all deleted (compaction,
+    # retention, delete_records) has offsets but nothing to consume; librdkafka's position in
+    # it stayed OFFSET_INVALID, so its reader was never loaded and the replica never ready
+    # (/readyz "loading the rules topic", with no reason).
+    made: list[str] = []
+    try:
+        rules, risk = emptied_topic(admin, made, 3), emptied_topic(admin, made, 5)
+        topics = topics_factory(partitions=1)
+        first, sent = simulated(20, seed=47, prefix="emptied")
+        produce(topics.input, first)
+        service = service_factory(topics, "--rules-topic", rules, "--terminal-risk-topic", risk)
+        wait_until(lambda: ready(service)[0] == 200, 30.0, "/readyz 200", interval_s=0.2)
+        assert len(read_topic(topics.output, len(sent))) == len(sent)
+        assert f"{rules} loaded" in service.log() and f"{risk} loaded" in service.log()
+    finally:
+        delete_topics(admin, made)

@@ -8,7 +8,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -28,7 +27,7 @@ from tests.support.waiting import wait_until
 from tests.unit.test_rules_bounds import amplification_record
 
 #: The issue's bound on what the amplification record may cost a replica.
-RSS_GROWTH_MAX_BYTES = 100 * 1024 * 1024
+RSS_GROWTH_MAX_MB = 100
 #: A deny entry written after it takes effect within this long (the issue's bound).
 DENY_IN_FORCE_S = 2.0
 
@@ -45,13 +44,6 @@ def rules_topic_factory(admin: AdminClient) -> Iterator[Callable[[], str]]:
 
     yield make
     delete_topics(admin, created)
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def ready(service: ServiceProcess) -> bool:
@@ -75,7 +67,7 @@ def test_the_amplification_record_is_refused_and_a_deny_after_it_applies_at_once
     first, sent = simulated(50, seed=31, prefix="amp")
     produce(topics.input, first)
     decisions_of(topics.output, len(sent))
-    rss_before = rss_bytes(service.process.pid)
+    rss_before_mb = service.rss_mb()
     card = str(sent[0]["card_id"])
 
     produce(rules_topic, [(b"rule:amplified", amplification_record())])
@@ -86,8 +78,8 @@ def test_the_amplification_record_is_refused_and_a_deny_after_it_applies_at_once
 
     assert in_force_s <= DENY_IN_FORCE_S
     assert service.metric('fraud_rules_updates_total{result="rejected"}') == 1
-    growth = rss_bytes(service.process.pid) - rss_before
-    assert growth < RSS_GROWTH_MAX_BYTES, f"RSS grew {growth:,} bytes"
+    growth_mb = service.rss_mb() - rss_before_mb
+    assert growth_mb < RSS_GROWTH_MAX_MB, f"RSS grew {growth_mb:.1f} MiB"
     again = [(key, value) for key, value in first if key == card.encode()]
     produce(topics.input, again)
     decided = decisions_of(topics.output, len(sent) + len(again))[len(sent) :]
@@ -217,3 +209,36 @@ def test_a_rule_that_declines_everything_is_held_until_it_is_confirmed(
     }
     assert not any("rule:everything" in d.get("rules", ()) for d in by_wave["held"])
     assert by_wave["confirmed"] and all(d["decision"] == "decline" for d in by_wave["confirmed"])
+
+
+def test_a_held_update_is_judged_by_a_replica_that_starts_after_it(
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
+    rules_topic_factory: Callable[[], str],
+) -> None:
+    # The review of issue 43: the held record stays the latest of its key, so a replica that
+    # started later applied it at its catch-up, unjudged, and declined everything for good.
+    # Now it is applied there (no traffic to judge by yet), then judged once the sample fills.
+    topics, rules_topic = topics_factory(partitions=1), rules_topic_factory()
+    first = service_factory(topics, "--rules-topic", rules_topic, instance="a")
+    wait_until(lambda: ready(first), 30.0, "/readyz 200", interval_s=0.2)
+    decided_waves(first, topics, 3, "a", 0)
+    produce(rules_topic, [(b"rule:everything", b'{"when": "amount > 0", "then": "decline"}')])
+    first.wait_for_metric('fraud_rules_updates_total{result="held"}', 1, 10.0)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0
+
+    second = service_factory(topics, "--rules-topic", rules_topic, instance="b")
+    wait_until(lambda: ready(second), 30.0, "/readyz 200", interval_s=0.2)
+    decided = decided_waves(second, topics, 3, "b", 0)
+    second.wait_for_metric('fraud_rules_updates_total{result="held"}', 1, 10.0)
+    decided_waves(second, topics, 1, "later", decided)
+
+    later = [
+        d
+        for d in decisions_of(topics.output, 3 * 60 + int(decided) + 60)
+        if d["transaction_id"].startswith("later")
+    ]
+    assert len(later) == 60
+    assert not any("rule:everything" in d.get("rules", ()) for d in later)
+    assert "rule:everything held" in second.log() and "read at start" in second.log()

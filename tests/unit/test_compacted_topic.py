@@ -13,7 +13,14 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from prometheus_client import CollectorRegistry
 
 from stream import compacted_topic
@@ -52,6 +59,9 @@ class Script:
     a failure): `records` in one partition, handed out `per_read` at a time."""
 
     records = 10
+    #: The first offset the partition still holds (deleted, compacted or expired before it):
+    #: `records` too when none is left.
+    low = 0
     per_read = 3
     #: Metadata: raise (`away`), or the topic's error code, or its one partition.
     away = False
@@ -71,7 +81,11 @@ class ScriptedConsumer:
 
     def __init__(self, _settings: dict[str, Any]) -> None:
         self.assigned: list[TopicPartition] = []
-        self._position = -1001
+        #: Where the next read fetches from.
+        self._fetch = 0
+        #: What `position` says: as librdkafka, OFFSET_INVALID (-1001) until a record is
+        #: consumed, then the offset after it.
+        self._position = OFFSET_INVALID
         ScriptedConsumer.made.append(self)
 
     def list_topics(self, topic: str, timeout: float) -> Any:
@@ -88,12 +102,17 @@ class ScriptedConsumer:
         if self.script.ends_fail > 0:
             self.script.ends_fail -= 1
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get watermarks"))
-        return 0, self.script.records
+        return self.script.low, self.script.records
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned.extend(partitions)
         start = partitions[0].offset
-        self._position = 0 if start < 0 else start
+        if start == OFFSET_BEGINNING:
+            self._fetch = self.script.low
+        elif start == OFFSET_END:
+            self._fetch = self.script.records
+        else:
+            self._fetch = start
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(TOPIC, 0, self._position)]
@@ -106,12 +125,12 @@ class ScriptedConsumer:
         if script.read_error is not None:
             time.sleep(0.001)
             return [Record(-1, script.read_error)]
-        if not self.assigned or self._position >= script.records:
+        if not self.assigned or self._fetch >= script.records:
             time.sleep(0.001)
             return []
-        stop = min(script.records, self._position + script.per_read)
-        records = [Record(offset) for offset in range(self._position, stop)]
-        self._position = stop
+        stop = min(script.records, self._fetch + script.per_read)
+        records = [Record(offset) for offset in range(self._fetch, stop)]
+        self._fetch = self._position = stop
         return records
 
     def close(self) -> None:
@@ -123,8 +142,8 @@ Reading = tuple[CompactedTopicReader, list[int], CollectorRegistry]
 
 @pytest.fixture
 def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]:
-    """`reading(apply=None, **script)`: a started reader over a scripted broker, the offsets
-    it applied, and its metrics."""
+    """`reading(apply=None, start_at=OFFSET_BEGINNING, **script)`: a started reader over a
+    scripted broker, the offsets it applied, and its metrics."""
     readers: list[CompactedTopicReader] = []
     monkeypatch.setattr(compacted_topic, "RETRY_MIN_S", 0.01)
     monkeypatch.setattr(compacted_topic, "RETRY_MAX_S", 0.05)
@@ -133,7 +152,9 @@ def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]
     ScriptedConsumer.made = []
     ScriptedConsumer.reads = 0
 
-    def start(apply: Callable[[Any], None] | None = None, **script: Any) -> Reading:
+    def start(
+        apply: Callable[[Any], None] | None = None, start_at: int = OFFSET_BEGINNING, **script: Any
+    ) -> Reading:
         scripted = type("Scripted", (Script,), {"consume_raises_at": set(), **script})
         consumer = type("Consumer", (ScriptedConsumer,), {"script": scripted})
         monkeypatch.setattr(compacted_topic, "Consumer", consumer)
@@ -145,6 +166,7 @@ def reading(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Reading]]
             apply or (lambda message: applied.append(message.offset())),
             name="rules",
             metrics=ServiceMetrics(registry),
+            start_at=start_at,
         )
         reader.script = scripted  # type: ignore[attr-defined]
         readers.append(reader)
@@ -262,3 +284,65 @@ def test_read_errors_after_loading_are_counted_and_the_age_grows(
     reader.script.read_error = None  # type: ignore[attr-defined]
     wait_until(lambda: reader.problem is None, what="readable again")
     assert age_s(registry) < 1.0
+
+
+def test_a_topic_whose_records_were_all_deleted_is_loaded(
+    reading: Callable[..., Reading],
+) -> None:
+    # The review of issue 43: a partition with offsets but no records left (low = high > 0:
+    # after compaction, retention or delete_records) has no record to consume, so librdkafka's
+    # position stayed OFFSET_INVALID, the reader was never caught up and the replica never
+    # ready ("loading ..." with no reason).
+    reader, applied, _ = reading(low=10, records=10)
+    wait_until(reader.loaded.is_set, 5.0, what="loaded")
+    assert applied == [] and reader.problem is None
+    reader.script.records = 12  # type: ignore[attr-defined]
+    wait_until(lambda: applied == [10, 11], 5.0, what="the records written since")
+
+
+def test_a_topic_whose_first_records_were_deleted_is_loaded_once_the_rest_is_read(
+    reading: Callable[..., Reading],
+) -> None:
+    reader, applied, _ = reading(low=4, records=10)
+    wait_until(reader.loaded.is_set, 5.0, what="loaded")
+    assert applied == list(range(4, 10))
+
+
+def test_a_reader_that_starts_at_the_end_goes_on_from_there_after_its_consumer_failed(
+    reading: Callable[..., Reading],
+) -> None:
+    # The review of issue 43: a partition of which nothing was read yet restarted from
+    # OFFSET_BEGINNING in the new consumer, so the labels reader (which starts at the end)
+    # applied the whole topic's history after a restart.
+    reader, applied, registry = reading(start_at=OFFSET_END, consume_raises_at={3})
+    wait_until(lambda: len(ScriptedConsumer.made) == 2, 5.0, what="a new consumer")
+    wait_until(lambda: ScriptedConsumer.reads > 6, 5.0, what="reads by the new consumer")
+    assert applied == [], "nothing written before the start"
+    assert errors(registry, "restart") == 1
+    assert ScriptedConsumer.made[1].assigned[0].offset == 10, "from the end it started at"
+    reader.script.records = 12  # type: ignore[attr-defined]
+    wait_until(lambda: applied == [10, 11], 5.0, what="the records written since")
+
+
+class _Fatal(BaseException):
+    """Not an Exception: nothing in the reader may take it for a failure to retry."""
+
+
+def test_a_reader_whose_thread_ends_says_so_and_counts_it(
+    reading: Callable[..., Reading], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The review of issue 43: a reader's thread that ended was silent to health (`alive()` was
+    # asked by nobody). `stopped()` names why, for the service's liveness, and it is counted.
+    def apply(message: Any) -> None:
+        if message.offset() == 4:
+            raise _Fatal("the end of it")
+
+    reader, _, registry = reading(apply)
+    assert reader.stopped() is None
+    wait_until(lambda: not reader.alive(), 5.0, what="the thread ended")
+    assert reader.stopped() == "_Fatal: the end of it"
+    assert errors(registry, "stopped") == 1
+    assert "control reader stopped (_Fatal: the end of it)" in caplog.text
+    assert not reader.loaded.is_set()
+    reader.close()
+    assert reader.stopped() is None, "closed: stopped on purpose"

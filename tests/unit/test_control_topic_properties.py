@@ -249,7 +249,8 @@ def terminal_risk_values(draw: Any) -> bytes:
             st.one_of(
                 st.none(),
                 st.booleans(),
-                st.integers(-(10**40), 10**40),
+                # Past float64's range (about 1.8e308) as well as float32's.
+                st.integers(-(10**400), 10**400),
                 st.floats(allow_nan=True, allow_infinity=True),
                 st.text(max_size=100),
                 st.lists(st.integers(), max_size=5),
@@ -258,7 +259,7 @@ def terminal_risk_values(draw: Any) -> bytes:
         return json.dumps(record, allow_nan=True).encode()
     if kind == "buckets":
         length = draw(st.sampled_from([0, BUCKET_DAYS, 10_000]))
-        record["days"] = [draw(st.integers(-(10**20), 10**20))] * length
+        record["days"] = [draw(st.integers(-(10**400), 10**400))] * length
         record["counts"] = [[1, 2]] * draw(st.sampled_from([0, BUCKET_DAYS, 10_000]))
         return json.dumps(record).encode()
     if kind == "nesting":
@@ -278,10 +279,12 @@ def card_frauds_values(draw: Any) -> bytes:
     if kind == "valid":
         return encode_card_frauds("c-1", DAY, np.array([DAY - 1]), np.array([2]))
     if kind == "lists":
+        # Past int64's range (and float64's), where a conversion would overflow.
         length = draw(st.sampled_from([0, 1, BUCKET_DAYS + 1, 100_000]))
-        days = [draw(st.integers(-(10**20), 10**20))] * length
-        frauds = [draw(st.integers(-5, 2**50))] * draw(st.sampled_from([0, length]))
-        record = {"card_id": "c-1", "as_of_day": DAY, "days": days, "frauds": frauds}
+        days = [draw(st.integers(-(10**400), 10**400))] * length
+        frauds = [draw(st.integers(-5, 10**400))] * draw(st.sampled_from([0, length]))
+        as_of_day = draw(st.one_of(st.just(DAY), st.integers(-(10**400), 10**400)))
+        record = {"card_id": "c-1", "as_of_day": as_of_day, "days": days, "frauds": frauds}
         return json.dumps(record).encode()
     if kind == "nesting":
         depth = draw(st.integers(1, 50_000))
@@ -305,6 +308,18 @@ _NESTED = b"[" * 50_000 + b"]" * 50_000
 _PADDED = json.dumps({"terminal_id": "t-1", "as_of_day": DAY, "pad": "x" * 900_000}).encode()
 
 
+def _terminal_risk_with(name: str, value: object) -> bytes:
+    record: dict[str, object] = {"terminal_id": "t-1", "as_of_day": DAY}
+    record.update(dict.fromkeys(TERMINAL_FEATURE_NAMES, 0.5))
+    record[name] = value
+    return json.dumps(record).encode()
+
+
+def _card_frauds_with(days: list[int], frauds: list[int], as_of_day: int = DAY) -> bytes:
+    record = {"card_id": "c-1", "as_of_day": as_of_day, "days": days, "frauds": frauds}
+    return json.dumps(record).encode()
+
+
 @PROPERTY
 @given(
     record=st.one_of(
@@ -316,6 +331,12 @@ _PADDED = json.dumps({"terminal_id": "t-1", "as_of_day": DAY, "pad": "x" * 900_0
 @example(record=(TerminalRiskTable, _NESTED), key=b"t-1")
 @example(record=(TerminalRiskTable, _PADDED), key=b"t-1")
 @example(record=(CardFraudsTable, b'{"card_id": ' + _NESTED + b"}"), key=b"c-1")
+# An integer past float64's range: converting it raised OverflowError, not ValueError.
+@example(record=(TerminalRiskTable, _terminal_risk_with("terminal_tx_1d", 10**400)), key=b"t-1")
+@example(record=(TerminalRiskTable, _terminal_risk_with("terminal_risk_7d", -(10**309))), key=b"t")
+@example(record=(CardFraudsTable, _card_frauds_with([DAY], [2**63])), key=b"c-1")
+@example(record=(CardFraudsTable, _card_frauds_with([10**400], [1])), key=b"c-1")
+@example(record=(CardFraudsTable, _card_frauds_with([DAY], [1], -(10**400))), key=b"c-1")
 def test_a_worker_table_record_is_taken_or_skipped_and_counted_within_budget(
     record: tuple[type[TerminalRiskTable | CardFraudsTable], bytes], key: bytes
 ) -> None:

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
+from confluent_kafka import Message
+from prometheus_client import CollectorRegistry
 
+from contracts.errors import RulesUpdateError
 from contracts.transaction import Transaction, decode_transaction
+from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds
 from scorer.features import NUM_FEATURES
 from scorer.rules import Rules
 from simulator.transactions import TransactionSimulator
+from stream import rules_table
+from stream.metrics import ServiceMetrics
 from stream.rules_guard import MIN_SAMPLE_ROWS, ROWS_PER_SECOND, SAMPLE_ROWS, RulesGuard
+from stream.rules_table import RulesTable
 from tests.support.budget import MIB, Budget, within
+from tests.unit.fakes import message
 
 THRESHOLDS = Thresholds(review=0.5, decline=0.8)
 TRANSACTIONS = [
@@ -135,3 +144,131 @@ def test_the_sample_is_bounded_and_a_full_second_costs_next_to_nothing() -> None
 def test_the_share_must_be_a_share() -> None:
     with pytest.raises(ValueError, match="share"):
         RulesGuard(0.0)
+
+
+# --- the rules table with a guard: the catch-up at start, and updates read before the sample
+# --- fills (the review of issue 43: the guard protected nothing past the next restart or a
+# --- replica's first minute) ----------------------------------------------------------------
+
+CONFIRM = [("fraud.rules.confirm", b"yes")]
+EVERYTHING = rule("amount > 0")
+NARROW = rule("amount > 900")
+
+
+class Table(RulesTable):
+    """A rules table whose reader is never started: the test says which records were the
+    catch-up at start (`catch_up` offsets of partition 0), hands it records as the reader would,
+    and keeps its dead letters."""
+
+    def __init__(self, catch_up: int, share: float = 0.5) -> None:
+        self.clock = Clock()
+        self.guard = RulesGuard(share, self.clock)
+        self.registry = CollectorRegistry()
+        super().__init__(
+            Rules.EMPTY, ServiceMetrics(self.registry), kafka={}, topic="rules", guard=self.guard
+        )
+        assert self._reader is not None
+        self.reader = self._reader
+        self.reader._catch_up_ends = {0: catch_up}
+        self.letters: list[str] = []
+        self.offset = 0
+
+    def _dead_letter(self, message: Message, error: RulesUpdateError, where: str) -> None:
+        self.letters.append(str(error))
+
+    def read(self, key: str, value: bytes | None, headers: Any = None) -> None:
+        """The next record of partition 0, then what the reader does after a read."""
+        record = message(self.offset, b"", topic="rules", key=key.encode(), headers=headers)
+        record.set_value(value)  # None: a tombstone
+        self.reader._apply(record)
+        self.offset += 1
+        if self.offset == self.reader._catch_up_ends[0]:
+            self.loaded.set()
+        self.reader._after_read(True)
+
+    def traffic(self, seconds: int) -> None:
+        """`seconds` of decided traffic for the guard's sample; then a read with nothing."""
+        fed(self.guard, self.clock, seconds)
+        self.clock.now += 1.0  # the sample in columns is made again
+        self.reader._after_read(False)
+
+    def flagged(self) -> float:
+        """The share of a batch of ordinary traffic the rules in force flag."""
+        columns = TransactionColumns.from_transactions(TRANSACTIONS[:500])
+        features = np.zeros((500, NUM_FEATURES), np.float32)
+        scores = np.full(500, 0.01, np.float32)
+        labels = self.current.decide(columns, features, scores, THRESHOLDS).labels
+        return sum(label != "approve" for label in labels) / len(labels)
+
+    def counted(self, result: str) -> float:
+        sample = {"result": result}
+        return self.registry.get_sample_value("fraud_rules_updates_total", sample) or 0.0
+
+
+def test_an_update_read_at_start_unconfirmed_is_judged_once_the_sample_fills() -> None:
+    # It stayed the latest of its key after a replica held it: every replica that started
+    # applied it at its catch-up, unjudged, for good.
+    table = Table(catch_up=3)
+    table.read("rule:r", NARROW, CONFIRM)
+    table.read("deny:card:c-1", b"{}")
+    table.read("rule:r", EVERYTHING)
+    assert table.loaded.is_set() and table.flagged() == 1.0, "applied at start, unjudged"
+    table.traffic(10)
+    assert table.flagged() < 0.1, "back to the value before it"
+    assert table.counted("held") == 1
+    table.traffic(10)
+    assert table.counted("held") == 1, "judged once"
+
+
+def test_unconfirmed_updates_read_at_start_are_judged_in_order_from_the_last_confirmed() -> None:
+    table = Table(catch_up=4)
+    table.read("rule:a", NARROW)  # judged fine: stays
+    table.read("rule:a", EVERYTHING)  # held: back to NARROW
+    table.read("rule:b", EVERYTHING)
+    table.read("rule:b", rule("amount >= 0"))  # both held: rule b removed
+    table.traffic(10)
+    assert table.counted("held") == 3
+    assert table.flagged() < 0.1
+    assert table.current.summary().endswith(" 1 rule")
+
+
+def test_a_rule_read_live_before_the_sample_fills_waits_for_it() -> None:
+    # A new replica applied every live update unjudged for about its first minute.
+    table = Table(catch_up=0)
+    table.loaded.set()
+    table.read("rule:everything", EVERYTHING)
+    assert table.flagged() == 0.0, "not applied unjudged"
+    assert table.counted("waiting") == 1 and table.counted("applied") == 0
+    table.read("deny:card:c-1", b"{}")
+    assert table.counted("applied") == 1, "a list entry is applied at once"
+    table.read("rule:narrow", NARROW)
+    table.traffic(10)
+    assert table.counted("held") == 1 and table.counted("applied") == 2
+    assert table.flagged() < 0.1
+    table.read("rule:everything", EVERYTHING, CONFIRM)
+    assert table.flagged() == 1.0, "confirmed: applied at once"
+
+
+def test_updates_that_wait_are_bounded_the_oldest_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(rules_table, "MAX_WAITING", 2)
+    table = Table(catch_up=0)
+    table.loaded.set()
+    for i in range(4):
+        table.read(f"rule:r{i}", rule(f"amount > {900 + i}"))
+    assert table.counted("dropped") == 2
+    assert "rules update rule:r0 dropped" in caplog.text
+    table.traffic(10)
+    assert table.counted("applied") == 2
+    assert table.current.summary().endswith("2 rules")
+
+
+def test_a_confirmed_update_overtakes_what_waits_of_its_key() -> None:
+    table = Table(catch_up=0)
+    table.loaded.set()
+    table.read("rule:r", EVERYTHING)
+    table.read("rule:r", NARROW, CONFIRM)
+    table.traffic(10)
+    assert table.flagged() < 0.1 and table.counted("held") == 0
+    assert table.counted("applied") == 1

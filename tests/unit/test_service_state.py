@@ -346,9 +346,14 @@ class Terminals:
         self.loaded = threading.Event()
         #: Why its topic cannot be read (None: it can).
         self.problem: str | None = None
+        #: Why its reader's thread ended (None: it runs).
+        self.stopped_by: str | None = None
 
     def start(self) -> None:
         pass
+
+    def stopped(self) -> str | None:
+        return self.stopped_by
 
     def close(self) -> None:
         pass
@@ -400,6 +405,25 @@ def test_a_replica_never_consumes_without_terminal_risk_however_long_it_waits(
         terminals.loaded.set()
         wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
         wait_until(lambda: replica.health.ready()[0])
+
+
+def test_a_replica_whose_control_topic_reader_stopped_is_not_alive() -> None:
+    # The review of issue 43: a reader's thread that ended (a BaseException) was silent; the
+    # replica went on deciding with a table that no longer followed its topic, /healthz 200.
+    terminals = Terminals()
+    terminals.loaded.set()
+    with Replica(terminals=terminals) as replica:
+        replica.consumer.assign(tp(0))
+        replica.consumer.feed(messages(0, range(20)))
+        wait_until(lambda: replica.consumer.stored == {(TOPIC, 0): 20})
+        assert replica.health.alive() == (True, "ok")
+        terminals.stopped_by = "MemoryError: out of it"
+        why = (
+            "the reader of terminal-risk stopped (MemoryError: out of it): nothing more of it "
+            "is read"
+        )
+        assert replica.health.alive() == (False, why)
+        assert replica.health.ready() == (False, why)
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
