@@ -27,7 +27,7 @@ from contracts.terminal_risk import (
     TERMINAL_FEATURE_NAMES,
     encode_terminal_risk,
 )
-from scorer.rules import MAX_UPDATE_BYTES, Rules
+from scorer.rules import MAX_NAMED_ENTRIES, MAX_UPDATE_BYTES, Rules
 from stream.metrics import ServiceMetrics
 from stream.rules_table import RulesTable
 from stream.worker_tables import MAX_RECORD_BYTES, CardFraudsTable, TerminalRiskTable
@@ -181,7 +181,10 @@ def rules_files(draw: Any) -> tuple[str, bytes]:
     kind = draw(st.sampled_from(["rules", "lists", "nesting", "bytes", "aliases"]))
     if kind == "rules":
         count = draw(st.sampled_from([1, 5, 101]))
-        when = draw(expressions())
+        # Past the count bound, one small rule is enough; a hostile expression 101 times over
+        # is a file of megabytes, whose TOML alone parses for seconds (still within the file's
+        # bound, MAX_RULES_FILE_BYTES: a deployer's file, read once at start).
+        when = "amount > 1" if count > MAX_NAMED_ENTRIES else draw(expressions())
         rules = [{"name": f"r{i}", "when": when, "then": "review"} for i in range(count)]
         document: dict[str, object] = {"rule": rules}
     elif kind == "lists":
