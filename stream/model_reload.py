@@ -11,8 +11,9 @@ it over as a `ServingModel`:
 - the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
   configuration, and the reasons' reference row, exactly as at start-up;
 - a warm-up of every batch shape, so the first batch it scores pays no set-up;
-- a sanity score (`sanity_check`): its reference row (zeros where the package has none), a few
-  typical transactions, and the recent real rows the scoring stage decided
+- a sanity score (`sanity_check`): its reference row (zeros where the package has none), the
+  typical transactions of a short simulated stream (`stream/typical_rows.py`: cards with
+  history, terminals and cards with frauds), and the recent real rows the scoring stage decided
   (`scorer/recent_rows.py`) must each score as a probability, so a graph that scores zeros and
   returns NaN for real transactions never serves.
 
@@ -45,9 +46,10 @@ from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
-from scorer.recent_rows import RecentRows, typical_rows
+from scorer.recent_rows import RecentRows
 from stream.metrics import ServiceMetrics
 from stream.startup.config import ServiceConfig
+from stream.typical_rows import typical_rows
 
 log = logging.getLogger(__name__)
 

@@ -198,3 +198,32 @@ def nan_on_history_model() -> bytes:
     probability for zeros and for a card's first transaction (neutral history): a model that
     passes every check without real traffic and fails most of it."""
     return nan_above_model("card_tx_30d", SEEN_BEFORE)
+
+
+#: `card_since_previous` (log(1 + seconds)) of a card's transaction within a second of its
+#: previous one: where `nan_on_burst_model` fails.
+BURST = float(np.log1p(1.0))
+
+
+def nan_on_burst_model() -> bytes:
+    """NaN for the rows of a card seen before whose previous transaction was less than a second
+    earlier (the tests' traffic: every transaction of a card at the same instant); a probability
+    for every other row, the zeros and every typical row (a simulated stream holds no such
+    burst): a model that passes every check before it serves, then fails most of that traffic."""
+    extra = [
+        helper.make_node("Gather", ["features", "history_column"], ["count"], axis=1),
+        helper.make_node("Greater", ["count", "seen_before"], ["seen"]),
+        helper.make_node("Gather", ["features", "since_column"], ["since"], axis=1),
+        helper.make_node("Less", ["since", "burst"], ["soon"]),
+        helper.make_node("And", ["seen", "soon"], ["burst_of_seen"]),
+        helper.make_node("Where", ["burst_of_seen", "nan", "zero"], ["nan_or_zero"]),
+    ]
+    return _logistic_plus(
+        extra,
+        {
+            "history_column": np.array(FEATURE_NAMES.index("card_tx_30d"), np.int64),
+            "seen_before": np.array(SEEN_BEFORE, np.float32),
+            "since_column": np.array(FEATURE_NAMES.index("card_since_previous"), np.int64),
+            "burst": np.array(BURST, np.float32),
+        },
+    )

@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ModelUnavailableError
+from contracts.errors import ConfigurationError, ModelUnavailableError
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, decide_batch
 from scorer.decisions import Thresholds
-from scorer.features import NUM_FEATURES, build_features
+from scorer.features import FEATURE_NAMES, NUM_FEATURES, build_features
 from scorer.history import CardHistory
 from scorer.isolation import check_canary
-from scorer.model_package import load_model_package, promote
+from scorer.model_package import promote
 from scorer.model_source import DirectorySource
-from scorer.recent_rows import ROWS_PER_BATCH, RecentRows, typical_rows
+from scorer.recent_rows import ROWS_PER_BATCH, RecentRows
 from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.card_state import CardState
@@ -33,8 +33,12 @@ from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel, load_serving_model, sanity_check
 from stream.scoring import BatchScorer, PendingRecord
 from stream.startup.config import ServiceConfig
+from stream.typical_rows import typical_rows
+from tests.support.budget import MIB, Budget, within
 from tests.support.models import (
+    BURST,
     SEEN_BEFORE,
+    nan_on_burst_model,
     nan_on_history_model,
     nan_on_real_rows_model,
     package,
@@ -112,18 +116,33 @@ def test_a_model_that_returns_nan_for_real_transactions_is_refused_before_it_ser
     assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
 
 
+def test_a_model_that_returns_nan_for_any_card_with_history_is_refused_without_traffic(
+    link: Path, tmp_path: Path
+):
+    """No traffic seen yet, nothing to roll back to at a start: the typical rows hold cards with
+    history, so a model that scores zeros and a card's first transaction, and NaN for any card
+    seen before, is refused before it serves."""
+    registry = CollectorRegistry()
+    reloader, _, _ = reloader_on(link, registry)
+    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    with pytest.raises(ConfigurationError, match=r"typical transactions.*not a probability"):
+        sanity_check(load_serving_model(ServiceConfig(), DirectorySource(bad)))
+    promote(bad, link)
+    assert not reloader.check_now() and reloader.take() is None
+    assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
+
+
 def test_a_model_that_fails_the_recent_real_rows_is_refused_before_it_serves(
     link: Path, tmp_path: Path
 ):
-    """A model that scores zeros and a card's first transaction, and NaN for any card seen
-    before: only the recent real rows show it."""
-    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    """A model that scores every typical row and NaN for a burst of a card's transactions
+    within a second, which only the recent real rows (the traffic here) hold."""
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
     no_traffic, registry = CollectorRegistry(), CollectorRegistry()
     unseen, _, _ = reloader_on(link, no_traffic)
     recent = RecentRows()
     rows = rows_with_history()
-    assert (rows[:, list(load_model_package(bad).manifest.features).index("card_tx_30d")] >
-            SEEN_BEFORE).mean() > 0.5  # fmt: skip
+    assert (rows[:, FEATURE_NAMES.index("card_since_previous")] < BURST).mean() > 0.5
     recent.note(rows, np.ones(len(rows), bool))
     seen, _, _ = reloader_on(link, registry, recent)
     promote(bad, link)
@@ -162,10 +181,29 @@ def test_the_recent_rows_are_bounded_and_only_rows_a_model_scored():
     assert (recent.sample() >= 0).all(), "a sample is a copy"
 
 
-def test_the_typical_rows_are_real_transactions_features():
+def test_the_typical_rows_cover_histories_terminal_risk_and_card_frauds():
+    """Rows of a short simulated stream through the real feature code: a card's first
+    transaction and cards with history, terminals with frauds reported, cards with confirmed
+    frauds, every channel; none holds a burst (the only thing `nan_on_burst_model` fails)."""
     rows = typical_rows()
-    assert rows.shape[1] == NUM_FEATURES and len(rows) >= 4
-    assert np.isfinite(rows).all() and (rows[:, 0] > 0).all()  # every one has an amount
+    column = {name: rows[:, i] for i, name in enumerate(FEATURE_NAMES)}
+    assert rows.shape[1] == NUM_FEATURES and 24 <= len(rows) <= 96
+    assert np.isfinite(rows).all() and (column["log_amount"] > 0).all()
+    assert (column["card_tx_30d"] < SEEN_BEFORE).any()
+    assert (column["card_tx_30d"] > SEEN_BEFORE).mean() > 0.5
+    assert (column["card_tx_1d"] > np.log1p(3)).any() and (column["card_tx_7d"] > 0).all()
+    assert (column["terminal_frauds_7d"] > 0).sum() >= 3
+    assert (column["card_fresh_frauds_7d"] > 0).sum() >= 3
+    for channel in ("pos", "ecom", "atm"):
+        assert column[f"channel_{channel}"].sum() >= 3
+    assert (column["card_since_previous"] > BURST).all()
+    assert not rows.flags.writeable
+
+
+def test_the_typical_rows_are_computed_once_and_cheaply():
+    with within(Budget(peak_bytes=64 * MIB, seconds=10.0), "a short simulated stream"):
+        fresh = typical_rows.__wrapped__()
+    assert np.array_equal(fresh, typical_rows()) and typical_rows() is typical_rows()
 
 
 # --- while it serves: broken, not poison --------------------------------------------------------
@@ -219,13 +257,14 @@ def scoring_stage(
 
 
 def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(link: Path, tmp_path: Path):
-    """Loaded before any traffic (nothing shows it yet), the model scores NaN for every card
-    seen before: its first batch is decided again by the model before it, which serves on;
-    nothing is dead-lettered, the rollback is counted, and the package is not offered again."""
+    """Loaded before any traffic (nothing shows it yet), the model scores NaN for a burst of a
+    card's transactions, which this traffic is: its first batch is decided again by the model
+    before it, which serves on; nothing is dead-lettered, the rollback is counted, and the
+    package is not offered again."""
     registry, sink = CollectorRegistry(), MemorySink()
     reloader, serving, metrics = reloader_on(link, registry)
     stage = scoring_stage(serving, reloader, metrics, sink)
-    promote(package(tmp_path / "history-nan", nan_on_history_model(), version="bad"), link)
+    promote(package(tmp_path / "burst-nan", nan_on_burst_model(), version="bad"), link)
     assert reloader.check_now()
 
     stage.process(batch_of(transactions(40)))

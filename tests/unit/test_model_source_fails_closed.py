@@ -13,7 +13,7 @@ import pytest
 
 from scorer.model_package import ONNX_FILE
 from stream.startup.cli import EXIT_FAILURE, EXIT_USAGE, main
-from tests.support.models import nan_on_real_rows_model, package
+from tests.support.models import nan_on_history_model, nan_on_real_rows_model, package
 from tests.unit.test_model_reload import package_copy
 
 
@@ -63,6 +63,16 @@ def test_a_package_whose_graph_does_not_match_its_manifest_stops_the_start(tmp_p
 
 def test_a_package_that_returns_nan_for_real_transactions_stops_the_start(tmp_path: Path, capsys):
     status, err = start(str(package(tmp_path / "nan", nan_on_real_rows_model())), capsys)
+    assert status == EXIT_USAGE
+    assert "typical transactions" in err and "not a probability" in err
+
+
+def test_a_package_that_returns_nan_for_any_card_with_history_stops_the_start(
+    tmp_path: Path, capsys
+):
+    """It scores zeros and a card's first transaction: the typical rows' cards with history
+    refuse it, before any traffic (a restart after a rollback meets it so)."""
+    status, err = start(str(package(tmp_path / "nan", nan_on_history_model())), capsys)
     assert status == EXIT_USAGE
     assert "typical transactions" in err and "not a probability" in err
 
