@@ -176,3 +176,21 @@ def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(
     assert versions[-1] == "good"
     assert service.metric_total("fraud_poison_records_total") == 0
     assert "rolled back" in service.log()
+
+
+def test_a_model_that_fails_most_records_with_nothing_to_roll_back_to_dead_letters_none(
+    topics_factory, service_factory, tmp_path: Path
+):
+    """A replica started with a model that passes every check and fails a burst of a card's
+    transactions, with no model before it: the traffic is decided by the fallback rules,
+    degraded, not dead-lettered as poison."""
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
+    topics = topics_factory(partitions=1)
+    service = service_factory(topics, "--model-path", str(bad), "--model-poll-s", "0")
+    produce(topics.input, card_transactions(200))
+    decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, 200)]
+    assert len(decisions) == 200
+    assert sum(decision["degraded"] for decision in decisions) >= 150
+    assert service.metric_total("fraud_poison_records_total") == 0
+    assert service.metric('fraud_degraded_decisions_total{cause="model_unavailable"}') >= 150
+    assert "no model before it to go back to" in service.log()

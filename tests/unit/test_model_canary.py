@@ -237,7 +237,10 @@ def test_a_model_that_fails_most_known_good_rows_is_broken_not_the_records():
 
 
 def scoring_stage(
-    serving: ServingModel, reloader: ModelReloader, metrics: ServiceMetrics, sink: MemorySink
+    serving: ServingModel,
+    reloader: ModelReloader | None,
+    metrics: ServiceMetrics,
+    sink: MemorySink,
 ) -> BatchScorer:
     state = CardState(MemoryChangelog(), time_scale=1.0, metrics=metrics)
     state.restore([0])
@@ -309,3 +312,47 @@ def test_records_that_fail_both_models_are_dead_lettered_and_the_new_model_stays
     assert [o.kind for o in sink.sent].count("dead_letter") == 8
     assert registry.get_sample_value("fraud_model_rollbacks_total") == 0
     assert new_scorer.calls and old_scorer.calls  # both were asked
+
+
+# --- with nothing to roll back to: unavailable, not poison -----------------------------------
+
+
+def test_a_model_that_fails_most_records_with_nothing_to_roll_back_to_is_unavailable(
+    tmp_path: Path,
+):
+    """A replica started with a model that passes every check and fails most of the traffic
+    (no reloader, no model before it): its records are decided by the fallback rules, degraded,
+    and none is dead-lettered as poison."""
+    registry, sink = CollectorRegistry(), MemorySink()
+    metrics = ServiceMetrics(registry)
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
+    serving = load_serving_model(ServiceConfig(), DirectorySource(bad))
+    sanity_check(serving)  # it passes the start-up check
+    stage = scoring_stage(serving, None, metrics, sink)
+    stage.process(batch_of(transactions(40)))
+    stage.process(batch_of(transactions(40, start=40), first_offset=40))
+    kinds = [output.kind for output in sink.sent]
+    assert kinds.count("dead_letter") == 0 and kinds.count("decision") == 80
+    degraded = [
+        msgspec.json.decode(o.value or b"")["degraded"] for o in sink.sent if o.kind == "decision"
+    ]
+    assert sum(degraded) >= 70
+    assert registry.get_sample_value("fraud_poison_records_total") == 0
+    assert (
+        registry.get_sample_value("fraud_degraded_decisions_total", {"cause": "model_unavailable"})
+        or 0
+    ) >= 70
+
+
+@pytest.mark.parametrize("poison", [1, 3, 7])
+def test_a_few_poison_records_are_still_dead_lettered_with_nothing_to_roll_back_to(poison: int):
+    """Too few failures to judge the model by (its first batch, of a few records all poison):
+    they are the records' fault, as ever."""
+    registry, sink = CollectorRegistry(), MemorySink()
+    policy = DecisionPolicy(Thresholds(0.5, 0.8))
+    scorer = FakeScorer(raises_on=lambda f: f[:, 0] > 0)
+    model = ServingModel(scorer, policy, None, "fake")  # type: ignore[arg-type]
+    stage = scoring_stage(model, None, ServiceMetrics(registry), sink)
+    stage.process(batch_of(transactions(poison)))
+    assert [o.kind for o in sink.sent].count("dead_letter") == poison
+    assert registry.get_sample_value("fraud_poison_records_total") == poison
