@@ -24,8 +24,8 @@ costs the batch one attribute read. A package that fails a check is refused: log
 files are not tried again until they change. A source that cannot be read (MLflow down, the
 package directory gone or unreadable) is counted as `result="unavailable"` and read again at the
 next poll. A model that passes and then fails most records of a batch the model before it
-decides is rolled back by the scoring stage (`rolled_back`), and stays refused until its source
-changes.
+decides is rolled back by the scoring stage (`stream/scoring.py`); the reloader has seen its
+source already, so it is not loaded again until the source changes.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import numpy as np
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
-from scorer.decisions import valid_scores
 from scorer.features import NUM_FEATURES
+from scorer.isolation import score_rows
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
 from scorer.model_source import ModelSource
@@ -117,9 +117,9 @@ def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
 
 
 def sanity_check(model: ServingModel, recent: RecentRows | None = None) -> None:
-    """Score the package's reference row (zeros without one), a few typical transactions and
+    """Score the package's reference row (zeros without one), the typical transactions and
     the `recent` real rows a model decided; ConfigurationError unless every score is a
-    probability (one line: what failed, how many, the first bad score)."""
+    probability (one line: which rows, how many failed, the first failure)."""
     package = model.scorer.package
     row = np.zeros((1, NUM_FEATURES), np.float32)
     if package.reference is not None:
@@ -133,24 +133,13 @@ def sanity_check(model: ServingModel, recent: RecentRows | None = None) -> None:
     for what, rows in checks:
         if not len(rows):
             continue
-        try:
-            scores = model.scorer.score(rows)
-        except ScoreError as exc:
+        scored = score_rows(model.scorer, rows)
+        if scored.failures:
             raise ConfigurationError(
-                f"model package {str(package.path)!r} fails on {what}: {exc}"
-            ) from exc
-        if len(scores) != len(rows):
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} returns {len(scores)} scores for the "
-                f"{len(rows)} rows of {what}: one score per row is needed (docs/models.md)"
-            )
-        bad = np.flatnonzero(~valid_scores(scores))
-        if len(bad):
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} scores {len(bad)} of {len(rows)} rows of "
-                f"{what} {float(scores[bad[0]])}, not a probability in [0, 1]: it would "
-                "dead-letter such records; check the graph's output (docs/models.md)"
-            )
+                f"model package {str(package.path)!r} fails {scored.failures} of the {len(rows)} "
+                f"rows of {what}: {scored.why}: it would dead-letter such records; check the "
+                "graph's output (docs/models.md)"
+            ) from scored.cause
 
 
 class ModelReloader:
@@ -176,7 +165,6 @@ class ModelReloader:
         self._role = role
         self._recent = recent
         self._seen = serving.source
-        self._version = serving.scorer.model_version
         self._pending: ServingModel | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -211,33 +199,25 @@ class ModelReloader:
         except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
             self._seen = identity  # not tried again until it changes
             self._metrics.count_model_reload(self._role, "refused")
-            log.error("%s model reload refused, %s stays: %s", self._role, self._version, exc)
+            log.error("%s model reload refused, the model in service stays: %s", self._role, exc)
             return False
         log.info(
-            "%s model %s loaded from %s (%s): it scores from the next batch on (was %s)",
+            "%s model %s loaded from %s (%s): it scores from the next batch on",
             self._role,
             model.scorer.model_version,
             self._source,
             model.scorer.package.path,
-            self._version,
         )
         self._seen = model.source
         self._metrics.count_model_reload(self._role, "loaded")
-        self._version = model.scorer.model_version
         with self._lock:
             self._pending = model  # a newer model replaces one not taken yet
         return True
 
-    def rolled_back(self, version: str) -> None:
-        """The scoring stage went back to the model `version`: the package it left is not
-        offered again until its source changes."""
-        with self._lock:
-            self._version = version
-
     def _unavailable(self, exc: Exception) -> bool:
         """Counted and logged; the source is asked again at the next poll."""
         self._metrics.count_model_reload(self._role, "unavailable")
-        log.warning("%s model source unavailable, %s stays: %s", self._role, self._version, exc)
+        log.warning("%s model source unavailable, the model in service stays: %s", self._role, exc)
         return False
 
     def _watch(self) -> None:

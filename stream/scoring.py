@@ -397,7 +397,8 @@ class BatchScorer:
         return verdicts
 
     def _roll_back(self, previous: _Model, failing: int, size: int) -> None:
-        """Serve `previous` again, for good: counted, logged, and the reloader told."""
+        """Serve `previous` again, for good: counted and logged. The reloader does not offer the
+        package it left again: it loads a source once, until the source changes."""
         failed = self._scorer.model_version
         self._probation = None
         self._install(previous)
@@ -412,8 +413,6 @@ class BatchScorer:
             previous.scorer.model_version,
             failed,
         )
-        if self._reloader is not None:
-            self._reloader.rolled_back(previous.scorer.model_version)
 
     def _install(self, model: _Model) -> None:
         """Score from now on with `model`."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.dead_letter import MODEL_VERSION
 from contracts.errors import ConfigurationError, ModelUnavailableError
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
@@ -37,6 +38,7 @@ from stream.typical_rows import typical_rows
 from tests.support.budget import MIB, Budget, within
 from tests.support.models import (
     BURST,
+    POISON_AMOUNT,
     SEEN_BEFORE,
     nan_on_burst_model,
     nan_on_history_model,
@@ -288,10 +290,13 @@ def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(link: Pat
 def test_records_that_fail_both_models_are_dead_lettered_and_the_new_model_stays(
     link: Path,
 ):
-    """A batch of poison after a swap is the records' fault, not the new model's."""
+    """A batch of poison after a swap is the records' fault, not the new model's: dead-lettered
+    under the new model's name, which serves on and decides the next batch alone."""
     registry, sink = CollectorRegistry(), MemorySink()
-    old_scorer = FakeScorer(raises_on=lambda f: f[:, 0] > 0)
-    new_scorer = FakeScorer(raises_on=lambda f: f[:, 0] > 0)
+    poison = float(np.log1p(POISON_AMOUNT))  # the first batch's amounts, no other's
+    old_scorer = FakeScorer(raises_on=lambda f: f[:, 0] >= poison)
+    new_scorer = FakeScorer(raises_on=lambda f: f[:, 0] >= poison)
+    old_scorer.model_version, new_scorer.model_version = "old", "new"
     policy = DecisionPolicy(Thresholds(0.5, 0.8))
     old = ServingModel(old_scorer, policy, None, "old")  # type: ignore[arg-type]
     new = ServingModel(new_scorer, policy, None, "new")  # type: ignore[arg-type]
@@ -304,14 +309,26 @@ def test_records_that_fail_both_models_are_dead_lettered_and_the_new_model_stays
             model, self.model = self.model, None
             return model
 
-        def rolled_back(self, version: str) -> None:
-            raise AssertionError("no rollback")
-
     stage = scoring_stage(old, Handing(), ServiceMetrics(registry), sink)  # type: ignore[arg-type]
-    stage.process(batch_of(transactions(8)))
-    assert [o.kind for o in sink.sent].count("dead_letter") == 8
+    stage.process(
+        batch_of(
+            [
+                msgspec.json.encode({**msgspec.json.decode(value), "amount": POISON_AMOUNT})
+                for value in transactions(8)
+            ]
+        )
+    )
+    letters = [o for o in sink.sent if o.kind == "dead_letter"]
+    assert len(letters) == 8 and new_scorer.calls and old_scorer.calls  # both were asked
+    assert {dict(o.headers or [])[MODEL_VERSION] for o in letters} == {b"new"}
     assert registry.get_sample_value("fraud_model_rollbacks_total") == 0
-    assert new_scorer.calls and old_scorer.calls  # both were asked
+
+    old_calls, sink.sent[:] = len(old_scorer.calls), []
+    stage.process(batch_of(transactions(8, start=8), first_offset=8))
+    decided = [msgspec.json.decode(o.value or b"") for o in sink.sent if o.kind == "decision"]
+    assert len(decided) == 8 and {d["model_version"] for d in decided} == {"new"}
+    assert len(old_scorer.calls) == old_calls, "the model before was not asked again"
+    assert registry.get_sample_value("fraud_model_info", {"model_version": "new"}) == 1
 
 
 # --- with nothing to roll back to: unavailable, not poison -----------------------------------
