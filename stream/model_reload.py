@@ -8,14 +8,16 @@ When what it names changes (another directory behind the link, a rewritten model
 model.onnx, another version behind the alias), it loads the package there, checks it and hands
 it over as a `ServingModel`:
 
-- the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
-  configuration, and the reasons' reference row, exactly as at start-up;
-- a warm-up of every batch shape, so the first batch it scores pays no set-up;
-- a sanity score (`sanity_check`): its reference row (zeros where the package has none), the
-  typical transactions of a short simulated stream (`stream/typical_rows.py`: cards with
-  history, terminals and cards with frauds), and the recent real rows the scoring stage decided
-  (`scorer/recent_rows.py`) must each score as a probability, so a graph that scores zeros and
-  returns NaN for real transactions never serves.
+- the manifest (`load_model_package`) and the thresholds against the configuration;
+- the check in a child process, bounded in memory and time (`stream/package_check.py`): the
+  graph opened, warmed up and sanity-scored there before this process opens it;
+- the graph here (`OnnxScorer`) and the reasons' reference row, exactly as at start-up, and the
+  sanity score again on this replica's device (`sanity_check`): its reference row (zeros where
+  the package has none), the typical transactions of a short simulated stream
+  (`stream/typical_rows.py`: cards with history, terminals and cards with frauds), and the
+  recent real rows the scoring stage decided (`scorer/recent_rows.py`) must each score as a
+  probability, so a graph that scores zeros and returns NaN for real transactions never serves;
+- a warm-up of every batch shape, so the first batch it scores pays no set-up.
 
 The scoring stage takes the new model at the start of its next batch (`BatchScorer`): a batch is
 scored by one model from start to end, its decisions carry that model's version, and the swap
@@ -37,19 +39,18 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
-from scorer.features import NUM_FEATURES
-from scorer.isolation import score_rows
 from scorer.model import OnnxScorer
-from scorer.model_package import load_model_package
+from scorer.model_package import ModelPackage, load_model_package
 from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from stream.metrics import ServiceMetrics
+from stream.package_check import check_package, manifest_digest, sanity_check
 from stream.startup.config import ServiceConfig
-from stream.typical_rows import typical_rows
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +70,53 @@ class ServingModel(NamedTuple):
 def load_serving_model(
     config: ServiceConfig, source: ModelSource, identity: Hashable | None = None
 ) -> ServingModel:
-    """Load, check and warm up the package `source` names now (or `identity` names, as the
-    source gave it), for this configuration.
+    """Load the package `source` names now (or `identity` names, as the source gave it) and
+    open its graph in this process, unchecked (`load_checked_model` checks it first).
 
     Raises ConfigurationError (one line: the package and what to fix) when it cannot serve,
     ModelSourceUnavailableError when the source cannot be asked."""
     # Asked before the files are read: a change while they are read is seen by the next poll.
     identity = source.identity() if identity is None else identity
     package = load_model_package(source.package_dir(identity))
+    return _serving_model(config, package, config.decision_policy(package.thresholds), identity)
+
+
+def load_checked_model(
+    config: ServiceConfig,
+    source: ModelSource,
+    identity: Hashable | None = None,
+    recent: npt.NDArray[np.float32] | None = None,
+) -> ServingModel:
+    """What a replica serves: the package `source` names (or `identity`), loaded, warmed up
+    and sanity-scored with the `recent` rows by a child process first, bounded in memory and
+    time (`stream/package_check.py`), then opened here and sanity-scored again on this
+    replica's device.
+
+    Raises ConfigurationError (one line) when it cannot serve, ModelSourceUnavailableError
+    when the source cannot be asked or the package changed while it was checked."""
+    identity = source.identity() if identity is None else identity
+    package = load_model_package(source.package_dir(identity))
     policy = config.decision_policy(package.thresholds)
+    checked = check_package(
+        package.path,
+        max_batch_size=config.max_batch_size,
+        max_memory_mb=config.model_max_memory_mb,
+        timeout_s=config.model_check_timeout_s,
+        recent=recent,
+    )
+    if checked != manifest_digest(package.manifest):
+        raise ModelSourceUnavailableError(
+            f"model package {str(package.path)!r} changed while it was checked: it is read "
+            "again at the next poll"
+        )
+    model = _serving_model(config, package, policy, identity)
+    sanity_check(model.scorer, recent)
+    return model
+
+
+def _serving_model(
+    config: ServiceConfig, package: ModelPackage, policy: DecisionPolicy, identity: Hashable
+) -> ServingModel:
     scorer = OnnxScorer(
         package,
         config.device,
@@ -93,7 +132,7 @@ def load_shadow_model(config: ServiceConfig, source: ModelSource) -> ServingMode
     """The challenger `source` names (FRAUD_SHADOW_MODEL): checked like the served model, with
     its package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and
     no reasons."""
-    return load_serving_model(shadow_config(config), source)
+    return load_checked_model(shadow_config(config), source)
 
 
 def shadow_config(config: ServiceConfig) -> ServiceConfig:
@@ -114,32 +153,6 @@ def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
         )
         return None
     return Explainer(scorer, scorer.package.feature_index, reference)
-
-
-def sanity_check(model: ServingModel, recent: RecentRows | None = None) -> None:
-    """Score the package's reference row (zeros without one), the typical transactions and
-    the `recent` real rows a model decided; ConfigurationError unless every score is a
-    probability (one line: which rows, how many failed, the first failure)."""
-    package = model.scorer.package
-    row = np.zeros((1, NUM_FEATURES), np.float32)
-    if package.reference is not None:
-        row[0, package.feature_index] = package.reference
-    checks = [
-        ("its reference row" if package.reference is not None else "the all-zeros row", row),
-        ("typical transactions", typical_rows()),
-    ]
-    if recent is not None:
-        checks.append(("recent transactions", recent.sample()))
-    for what, rows in checks:
-        if not len(rows):
-            continue
-        scored = score_rows(model.scorer, rows)
-        if scored.failures:
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} fails {scored.failures} of the {len(rows)} "
-                f"rows of {what}: {scored.why}: it would dead-letter such records; check the "
-                "graph's output (docs/models.md)"
-            ) from scored.cause
 
 
 class ModelReloader:
@@ -190,11 +203,11 @@ class ModelReloader:
             return self._unavailable(exc)
         if identity == self._seen:
             return False
+        recent = None if self._recent is None else self._recent.sample()
         try:
-            model = load_serving_model(self._config, self._source, identity)
+            model = load_checked_model(self._config, self._source, identity, recent)
             model.scorer.warm_up()
-            sanity_check(model, self._recent)
-        except ModelSourceUnavailableError as exc:  # its download failed
+        except ModelSourceUnavailableError as exc:  # its download failed, or it changed
             return self._unavailable(exc)
         except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
             self._seen = identity  # not tried again until it changes

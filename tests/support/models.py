@@ -227,3 +227,55 @@ def nan_on_burst_model() -> bytes:
             "burst": np.array(BURST, np.float32),
         },
     )
+
+
+def holding_model(hold_bytes: int, iterations: int, model_version: str = "holding") -> bytes:
+    """Scores 0.5 for every row, after making a float tensor of `hold_bytes` from the input (no
+    constant ONNX Runtime could fold away) and holding it through `iterations` multiplications
+    of a SLOW_SIDE-square matrix: a model whose every run keeps that much working memory for a
+    while."""
+    rng = np.random.default_rng(6)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["m_in", "w"], ["product"]),
+            helper.make_node("Tanh", ["product"], ["m_out"]),
+            helper.make_node("Identity", ["held_in"], ["held_out"]),
+        ],
+        "hold",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_in", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+            helper.make_tensor_value_info("held_in", TensorProto.FLOAT, ["held"]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_out", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+            helper.make_tensor_value_info("held_out", TensorProto.FLOAT, ["held"]),
+        ],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["features"], ["total"], keepdims=0),
+        helper.make_node("Mul", ["w", "total"], ["m0"]),
+        helper.make_node("Mul", ["total", "zero"], ["zero_at_run"]),
+        helper.make_node("Expand", ["zero_at_run", "hold_shape"], ["held0"]),
+        helper.make_node("Loop", ["trips", "go", "m0", "held0"], ["m_last", "held"], body=body),
+        helper.make_node("ReduceMean", ["m_last"], ["mean"], keepdims=0),
+        helper.make_node("ReduceMax", ["held"], ["held_max"], keepdims=0),
+        helper.make_node("Add", ["mean", "held_max"], ["both"]),
+        helper.make_node("Mul", ["both", "zero"], ["nothing"]),
+        helper.make_node("Mul", ["features", "zero"], ["zeros"]),
+        helper.make_node("ReduceMax", ["zeros"], ["row_zeros"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["row_zeros", "nothing"], ["shifted"]),
+        helper.make_node("Add", ["shifted", "half"], ["score"]),
+    ]
+    initializers: dict[str, np.ndarray] = {
+        "w": (rng.standard_normal((SLOW_SIDE, SLOW_SIDE)) / SLOW_SIDE).astype(np.float32),
+        "trips": np.array(iterations, np.int64),
+        "go": np.array(True),
+        "hold_shape": np.array([hold_bytes // 4], np.int64),
+        "zero": np.array(0.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    return onnx_model(nodes, initializers, ["batch"], model_version=model_version)

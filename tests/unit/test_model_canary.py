@@ -31,7 +31,8 @@ from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
-from stream.model_reload import ModelReloader, ServingModel, load_serving_model, sanity_check
+from stream.model_reload import ModelReloader, ServingModel, load_serving_model
+from stream.package_check import sanity_check
 from stream.scoring import BatchScorer, PendingRecord
 from stream.startup.config import ServiceConfig
 from stream.typical_rows import typical_rows
@@ -128,7 +129,7 @@ def test_a_model_that_returns_nan_for_any_card_with_history_is_refused_without_t
     reloader, _, _ = reloader_on(link, registry)
     bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
     with pytest.raises(ConfigurationError, match=r"typical transactions.*not a probability"):
-        sanity_check(load_serving_model(ServiceConfig(), DirectorySource(bad)))
+        sanity_check(load_serving_model(ServiceConfig(), DirectorySource(bad)).scorer)
     promote(bad, link)
     assert not reloader.check_now() and reloader.take() is None
     assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
@@ -159,7 +160,7 @@ def test_the_sanity_score_names_the_rows_it_failed(link: Path, tmp_path: Path):
         config, DirectorySource(package(tmp_path / "nan", nan_on_real_rows_model()))
     )
     with pytest.raises(Exception, match=r"typical transactions.*not a probability"):
-        sanity_check(model)
+        sanity_check(model.scorer)
 
 
 # --- the ring of recent rows --------------------------------------------------------------------
@@ -344,7 +345,7 @@ def test_a_model_that_fails_most_records_with_nothing_to_roll_back_to_is_unavail
     metrics = ServiceMetrics(registry)
     bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
     serving = load_serving_model(ServiceConfig(), DirectorySource(bad))
-    sanity_check(serving)  # it passes the start-up check
+    sanity_check(serving.scorer)  # it passes the start-up check
     stage = scoring_stage(serving, None, metrics, sink)
     stage.process(batch_of(transactions(40)))
     stage.process(batch_of(transactions(40, start=40), first_offset=40))

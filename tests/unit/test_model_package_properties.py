@@ -1,8 +1,10 @@
 """The model package as an input surface (docs/threat-model.md): hostile `model.toml` and
 `model.onnx` files, driven through the path a replica reads a package on (`load_model_package`,
-then the reload path's `load_serving_model`, warm-up and sanity score), are each loaded or
-refused with ConfigurationError (or the graph's ScoreError, which a reload refuses), never a
-crash, and stay within a stated budget of memory and time.
+then the check a child process runs before the replica opens a graph: `check_here`, the graph
+opened within the cap, warmed up and sanity-scored), are each loaded or refused with
+ConfigurationError (or the graph's ScoreError, which the check refuses), never a crash, and
+stay within a stated budget of memory and time. The check's own process and its bounds are
+tested in tests/unit/test_package_check.py; here it runs in the test's process, for speed.
 
 Memory is Python's peak allocation (tracemalloc, `tests.support.budget`) and, for the graph,
 the process's native peak too (ONNX Runtime allocates outside Python's view): the high-water
@@ -40,9 +42,8 @@ from scorer.model_package import (
     plain_manifest,
     sha256_hex,
 )
-from scorer.model_source import DirectorySource
-from stream.model_reload import load_serving_model, sanity_check
-from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.package_check import CheckRequest, check_here, check_package, manifest_digest
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.support.budget import MIB, Budget, within
 from tests.support.models import onnx_model
 
@@ -327,31 +328,26 @@ def test_a_hostile_graph_is_loaded_or_refused_within_budget(
     hostile: tuple[bytes, str], tmp_path: Path
 ) -> None:
     graph, manifest = hostile
-    config = ServiceConfig(model_max_memory_mb=CAP_MB, device="cpu", max_batch_size=64)
     with package_dir(tmp_path, manifest.encode(), graph) as directory:
         with native_peak(NATIVE_BUDGET_BYTES), within(ONNX_BUDGET, "the graph"):
             try:
-                model = load_serving_model(config, DirectorySource(directory))
-                model.scorer.warm_up()
-                sanity_check(model)
+                digest = check_here(CheckRequest(str(directory), 64, CAP_MB))
             except (ConfigurationError, ScoreError) as exc:
                 assert str(exc)
                 return
-        scores = model.scorer.score(np.zeros((3, NUM_FEATURES), np.float32))
-        assert len(scores) == 3 and ((scores >= 0) & (scores <= 1)).all()
+        assert digest == manifest_digest(load_model_package(directory).manifest)
 
 
 def test_a_graph_past_the_memory_cap_is_refused_and_one_within_it_serves(tmp_path: Path) -> None:
-    config = ServiceConfig(model_max_memory_mb=CAP_MB, device="cpu", max_batch_size=64)
+    """Through the child process a replica checks a package in: the replica's own memory does
+    not grow with the graph's."""
     small, huge = allocating([1_024, 1_024]), allocating([65_536, 65_536])  # 4 MiB, 16 GiB
     with package_dir(tmp_path, plain_manifest_for(small).encode(), small) as directory:
-        model = load_serving_model(config, DirectorySource(directory))
-        model.scorer.warm_up()
-        sanity_check(model)
+        check_package(directory, max_batch_size=64, max_memory_mb=CAP_MB, timeout_s=60.0)
     with (
         package_dir(tmp_path, plain_manifest_for(huge).encode(), huge) as directory,
         native_peak(NATIVE_BUDGET_BYTES),
-        within(Budget(MIB, 5.0), "a graph of 16 GiB a run"),
+        within(Budget(MIB, 30.0), "a graph of 16 GiB a run"),
         pytest.raises(ConfigurationError, match="smaller than requested"),
     ):
-        load_serving_model(config, DirectorySource(directory))
+        check_package(directory, max_batch_size=64, max_memory_mb=CAP_MB, timeout_s=30.0)
