@@ -9,8 +9,9 @@ is broken for every input and no record is at fault (`ModelUnavailableError`): a
 returns NaN for real transactions has its records decided by the fallback rules, not
 dead-lettered. The canary is scored once per batch (`Canary`). `score_rows` says which rows a
 model fails; the canary judges by it (most of the recent rows), and so does the check before a
-model serves (`stream/model_reload.py` `sanity_check`: every row). Cost: about 2·k·log2(B) extra
-attempts for k poison records in a batch of B, and nothing at all while every record behaves.
+model serves (`stream/package_check.py` `sanity_check`: every row). Cost: about 2·k·log2(B)
+extra attempts for k poison records in a batch of B, and nothing at all while every record
+behaves.
 
 The scoring thread never dies because of what a record contains: every `Exception` a record
 can provoke ends here as that record's `ScoreError`, with the original exception as its cause.

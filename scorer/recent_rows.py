@@ -9,7 +9,7 @@ dead-lettered as poison. So a model is also asked about real rows:
   code, what there is before any traffic;
 - `RecentRows`: a small ring of the feature rows the scoring stage decided by the model
   lately, filled as it scores. A candidate model must score every one as a probability
-  (`stream/model_reload.py`), and a model in service that fails most of them is broken
+  (`stream/package_check.py`), and a model in service that fails most of them is broken
   (`scorer/isolation.py`): its records are decided by the fallback rules, not dead-lettered.
 
 The ring is written by the scoring thread and read by the reload thread, under one lock held

@@ -1,7 +1,7 @@
 """Typical feature rows: the real transactions a model must score before it serves.
 
 A model is refused unless it scores each of these rows as a probability (`sanity_check`,
-`stream/model_reload.py`), at start-up and on every reload, before any traffic shows what it
+`stream/package_check.py`), at start-up and on every reload, before any traffic shows what it
 does with real records. Hand-made rows would each be a card's first transaction, with a neutral
 history, terminal and card frauds: a model that returns NaN for any card with history passes
 them and then fails most of the traffic. So the rows come from a short simulated stream
