@@ -235,12 +235,12 @@ def _create(
 
 def _cap_cpu_memory(options: ort.SessionOptions, max_memory_bytes: int) -> None:
     """Make the session take its CPU tensors from the process's arena capped at
-    `max_memory_bytes` (registered anew when a session asks for another cap; the sessions
-    opened before keep theirs). For a process that opens one untrusted package: every session
-    asking for the cap shares the arena."""
+    `max_memory_bytes`. For a process that opens untrusted packages under one cap (a package's
+    check): ONNX Runtime keeps the first arena registered in a process, so the first cap asked
+    for holds for the process, and a later, different one is ignored (logged)."""
     global _cpu_arena_bytes
     with _cpu_arena_lock:
-        if _cpu_arena_bytes != max_memory_bytes:
+        if _cpu_arena_bytes is None:
             ort.create_and_register_allocator(
                 ort.OrtMemoryInfo(
                     "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
@@ -249,6 +249,12 @@ def _cap_cpu_memory(options: ort.SessionOptions, max_memory_bytes: int) -> None:
                 ort.OrtArenaCfg(max_memory_bytes, -1, -1, -1),
             )
             _cpu_arena_bytes = max_memory_bytes
+        elif _cpu_arena_bytes != max_memory_bytes:
+            log.warning(
+                "a CPU arena capped at %s bytes asked for, but this process's is capped at %s",
+                max_memory_bytes,
+                _cpu_arena_bytes,
+            )
     options.add_session_config_entry("session.use_env_allocators", "1")
 
 

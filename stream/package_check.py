@@ -13,7 +13,8 @@ by a child process (`python -m stream.package_check`), on the CPU, under three b
   computed, plus that cap, plus room for the graph's weights (`WEIGHT_COPIES` times the graph's
   file) and for ONNX Runtime's own allocations (`HEADROOM_BYTES`): whatever the arena does not
   see fails to allocate instead of taking the host's memory;
-- `FRAUD_MODEL_CHECK_TIMEOUT_S` of wall-clock time, past which it is killed.
+- `FRAUD_MODEL_CHECK_TIMEOUT_S` of wall-clock time, past which it is killed, and as much CPU
+  time (RLIMIT_CPU), past which the kernel ends it should the replica be gone.
 
 Whatever the child cannot do in those bounds (an error, a crash, a kill) refuses the package
 with one line; its memory goes with the child, so the replica keeps none of it. Only a package
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import resource
 import signal
@@ -78,6 +80,9 @@ class CheckRequest(msgspec.Struct, frozen=True):
     directory: str
     max_batch_size: int
     max_memory_mb: int
+    #: The parent kills the child past this; the child's CPU time is limited to it too, so a
+    #: child whose parent died ends by itself.
+    timeout_s: float = DEFAULT_TIMEOUT_S
     #: Recent real rows the package must score too: float32 [n, NUM_FEATURES], row-major
     #: (none: empty).
     recent: bytes = b""
@@ -142,6 +147,7 @@ def check_package(
         where,
         max_batch_size,
         max_memory_mb,
+        timeout_s,
         b"" if recent is None else np.ascontiguousarray(recent, np.float32).tobytes(),
     )
     started = time.perf_counter()
@@ -252,6 +258,8 @@ def main() -> int:
     """`python -m stream.package_check`: the child. Reads a CheckRequest on stdin, answers a
     CheckResult on stdout."""
     request = msgspec.json.decode(sys.stdin.buffer.read(), type=CheckRequest)
+    cpu_s = math.ceil(request.timeout_s) + 1  # SIGXCPU ends it; SIGKILL a second later
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     typical_rows()  # computed before the limit: they are the replica's, not the package's
     baseline, limit = _address_space_bytes(), None
     if baseline is not None:

@@ -6,6 +6,9 @@ memory they took."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,16 +21,18 @@ from prometheus_client import CollectorRegistry
 
 from contracts.errors import ConfigurationError, ScoreError
 from scorer.features import NUM_FEATURES
-from scorer.model_package import promote
+from scorer.model_package import load_model_package, promote
 from scorer.model_source import DirectorySource
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel, load_serving_model
 from stream.package_check import (
     HEADROOM_BYTES,
+    MODULE,
     CheckRequest,
+    _child_environment,
     address_space_limit,
-    check_here,
     check_package,
+    manifest_digest,
 )
 from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
 from tests.support.models import (
@@ -140,6 +145,25 @@ def test_a_graph_that_makes_16_gib_at_each_run_is_refused_and_the_served_model_k
     assert resident_bytes() - before < 64 * MIB
 
 
+def test_a_graph_that_folds_into_256_mib_when_it_is_opened_is_refused_by_the_address_space(
+    tmp_path: Path,
+):
+    """ONNX Runtime folds a constant `ConstantOfShape` when it opens the graph, outside any
+    arena: no cap saw it, and the replica that opened the package grew by 256 MiB. The child's
+    address-space limit refuses it."""
+    reloader, serving, registry = reloader_on(
+        tmp_path / "champion", SHIPPED_MODEL_PATH, model_max_memory_mb=64
+    )
+    folded = package(tmp_path / "folded", allocating([1_024, 65_536]), version="folded")
+    promote(folded, tmp_path / "champion")
+    before = resident_bytes()
+    with Serving(serving) as served:
+        assert not reloader.check_now()
+    assert reloads(registry, "refused") == 1 and reloader.take() is None
+    assert served.batches > 0 and not served.errors
+    assert resident_bytes() - before < 64 * MIB
+
+
 def test_a_graph_that_loops_for_ever_is_refused_within_the_timeout(tmp_path: Path):
     reloader, serving, registry = reloader_on(
         tmp_path / "champion", SHIPPED_MODEL_PATH, model_check_timeout_s=TIMEOUT_S
@@ -195,11 +219,10 @@ def test_the_address_space_limit_is_the_childs_size_plus_the_cap_and_room_for_we
     )
 
 
-def test_a_sound_package_passes_with_the_same_digest_here_and_in_the_child():
-    request = CheckRequest(str(SHIPPED_MODEL_PATH), 256, 1024)
+def test_a_sound_package_passes_with_the_digest_of_its_manifest():
     assert check_package(
         SHIPPED_MODEL_PATH, max_batch_size=256, max_memory_mb=1024, timeout_s=60.0
-    ) == check_here(request)
+    ) == manifest_digest(load_model_package(SHIPPED_MODEL_PATH).manifest)
 
 
 def test_a_child_that_cannot_answer_refuses_the_package(tmp_path: Path):
@@ -216,6 +239,22 @@ def test_the_recent_rows_reach_the_child_exactly(tmp_path: Path):
     with pytest.raises(ConfigurationError, match=r"of recent transactions: a score of nan"):
         check_package(bad, max_batch_size=8, max_memory_mb=64, timeout_s=60.0, recent=rows)
     odd = np.full((2, NUM_FEATURES), np.nan, np.float32)
-    request = CheckRequest("p", 8, 64, odd.tobytes())
+    request = CheckRequest("p", 8, 64, recent=odd.tobytes())
     sent = msgspec.json.decode(msgspec.json.encode(request), type=CheckRequest)
     assert np.frombuffer(sent.recent, np.float32).tobytes() == odd.tobytes()
+
+
+def test_a_check_whose_replica_is_gone_ends_by_itself(tmp_path: Path):
+    """Nobody kills it: its CPU time is limited to the timeout too."""
+    loop = package(tmp_path / "loop", slow_model(2**62), version="loop")
+    request = CheckRequest(str(loop), 8, 64, timeout_s=2.0)
+    started = time.perf_counter()
+    child = subprocess.run(
+        [sys.executable, "-m", MODULE],
+        input=msgspec.json.encode(request),
+        capture_output=True,
+        timeout=60,
+        env=_child_environment(),
+    )
+    assert child.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+    assert time.perf_counter() - started < 15.0
