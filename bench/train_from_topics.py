@@ -1,7 +1,7 @@
 """`fraud-train --from-topics` on a large backlog: its time and peak memory.
 
 Produces `--decisions` decisions with logged features (rows of a simulated, replayed stream:
-`training.replay.simulate`, repeated with fresh ids and later event times until there are
+`simulator.replay.simulate`, repeated with fresh ids and later event times until there are
 enough) and the fraud labels of their transactions to two fresh topics, runs
 `fraud-train --from-topics` on them in a child process, and prints and writes (`--results`) its
 wall time and peak RSS.
@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 
 from bench.harness import REPO, Broker, connect, tool_parser
 from contracts.decision import Decision, encode_features
-from training.replay import simulate
+from simulator.replay import simulate
 
 RESULTS = REPO / "bench" / "results" / "train-from-topics.json"
 #: Outcome delay of every fraud label (ms of event time).

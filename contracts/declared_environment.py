@@ -50,6 +50,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_METRICS_HOST": ("fraud-scorer",),
     "FRAUD_METRICS_PORT": ("fraud-scorer",),
     "FRAUD_MIN_BATCH_SIZE": ("fraud-scorer",),
+    "FRAUD_MODEL_CHECK_TIMEOUT_S": ("fraud-scorer",),
     "FRAUD_MODEL_MAX_MEMORY_MB": ("fraud-scorer",),
     "FRAUD_MODEL_PATH": ("fraud-scorer",),
     "FRAUD_MODEL_POLL_S": ("fraud-scorer",),

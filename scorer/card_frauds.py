@@ -5,7 +5,7 @@ The record lists the days (of the transactions) that hold a confirmed fraud, cou
 features worker as each label arrives; the columns count them on the fresh-label windows back
 from the scored transaction's own day with the terminal's arithmetic
 (`scorer.terminal_risk.fresh_frauds`), which training also runs on the same daily counts
-(`training/replay.py`). A card with no record, or a transaction with no card, has none.
+(`simulator/replay.py`). A card with no record, or a transaction with no card, has none.
 """
 
 from __future__ import annotations

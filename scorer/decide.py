@@ -15,7 +15,8 @@ where a score becomes a decision. It handles, for one micro-batch:
   isolated by bisection (`scorer/isolation.py`) and returned as failed, to be dead-lettered;
   its batch-mates are decided;
 - a broken model (it fails even on a known-good row): every record is decided by the rules,
-  `degraded`.
+  `degraded` (`decide_by_rules`, which the scoring stage also calls for a model that fails
+  most records with nothing to roll back to).
 """
 
 from __future__ import annotations
@@ -168,15 +169,48 @@ def decide_batch(
     """
     state = _State(history, terminal, card_frauds, columns)
     try:
-        verdicts = _decide_isolating(
+        return _decide_isolating(
             transactions, state, scorer, policy, now_ms, rules, explainer, known_good
         )
     except ModelUnavailableError as exc:
-        log.error("model unavailable, deciding %s records by rules: %s", len(transactions), exc)
-        verdicts = _decide_isolating(
-            transactions, state, _FallbackScorer(), policy, now_ms, rules, None, model_down=True
+        return decide_by_rules(
+            transactions,
+            policy,
+            now_ms,
+            str(exc),
+            history=history,
+            terminal=terminal,
+            card_frauds=card_frauds,
+            columns=columns,
+            rules=rules,
         )
-    return verdicts
+
+
+def decide_by_rules(
+    transactions: Sequence[TransactionFields],
+    policy: DecisionPolicy,
+    now_ms: int,
+    why: str,
+    *,
+    history: npt.NDArray[np.float32] | None = None,
+    terminal: npt.NDArray[np.float32] | None = None,
+    card_frauds: npt.NDArray[np.float32] | None = None,
+    columns: TransactionColumns | None = None,
+    rules: Rules = Rules.EMPTY,
+) -> Verdicts:
+    """Decide every transaction of a batch by the fallback rules, `degraded`: the model is
+    unavailable (`why`, logged). Only a record whose features cannot be built fails."""
+    log.error("model unavailable, deciding %s records by rules: %s", len(transactions), why)
+    return _decide_isolating(
+        transactions,
+        _State(history, terminal, card_frauds, columns),
+        _FallbackScorer(),
+        policy,
+        now_ms,
+        rules,
+        None,
+        model_down=True,
+    )
 
 
 def _decide_isolating(

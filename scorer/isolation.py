@@ -7,8 +7,11 @@ scored: the all-zeros row, and the recent real rows some model decided (`scorer/
 where the caller keeps them. If the model fails the zeros row, or most of the recent rows, it
 is broken for every input and no record is at fault (`ModelUnavailableError`): a model that
 returns NaN for real transactions has its records decided by the fallback rules, not
-dead-lettered. The canary is scored once per batch (`Canary`). Cost: about 2·k·log2(B) extra
-attempts for k poison records in a batch of B, and nothing at all while every record behaves.
+dead-lettered. The canary is scored once per batch (`Canary`). `score_rows` says which rows a
+model fails; the canary judges by it (most of the recent rows), and so does the check before a
+model serves (`stream/package_check.py` `sanity_check`: every row). Cost: about 2·k·log2(B)
+extra attempts for k poison records in a batch of B, and nothing at all while every record
+behaves.
 
 The scoring thread never dies because of what a record contains: every `Exception` a record
 can provoke ends here as that record's `ScoreError`, with the original exception as its cause.
@@ -17,7 +20,7 @@ can provoke ends here as that record's `ScoreError`, with the original exception
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -79,46 +82,71 @@ def as_score_error(exc: Exception) -> ScoreError:
     return error
 
 
+class RowScores(NamedTuple):
+    """Which of some rows a model failed, and why the first one failed."""
+
+    #: [n] True where the row got no probability: a score outside [0, 1] or NaN, a call that
+    #: raised for it, or a call that returned the wrong number of scores.
+    failed: npt.NDArray[np.bool_]
+    #: The first failure in words ("" when none failed), and its exception when one was raised.
+    why: str
+    cause: Exception | None
+
+    @property
+    def failures(self) -> int:
+        return int(self.failed.sum())
+
+
+def score_rows(scorer: Scorer, rows: npt.NDArray[np.float32]) -> RowScores:
+    """Score `rows` in one call and report which the model failed. When the call raises (ONNX
+    Runtime fails a whole call for one row), each row is scored on its own to find them."""
+    try:
+        scores = scorer.score(rows)
+    except Exception as exc:
+        if len(rows) <= 1:
+            return RowScores(np.ones(len(rows), bool), f"{type(exc).__name__}: {exc}", exc)
+        parts = [score_rows(scorer, rows[i : i + 1]) for i in range(len(rows))]
+        first = next((part for part in parts if part.failures), parts[0])
+        return RowScores(np.concatenate([part.failed for part in parts]), first.why, first.cause)
+    if len(scores) != len(rows):
+        return RowScores(
+            np.ones(len(rows), bool),
+            f"{len(scores)} scores returned for {len(rows)} rows: one score per row is needed",
+            None,
+        )
+    failed = ~valid_scores(scores)
+    why = (
+        f"a score of {float(scores[failed][0])}, not a probability in [0, 1]"
+        if failed.any()
+        else ""
+    )
+    return RowScores(failed, why, None)
+
+
 def check_canary(
     scorer: Scorer, error: BaseException | None = None, known_good: RecentRows | None = None
 ) -> None:
     """Raise ModelUnavailableError unless the model scores the canary row properly and most of
     the `known_good` rows (recent real rows, where there are any) as probabilities."""
-    try:
-        canary = scorer.score(CANARY)
-    except Exception as canary_error:
-        raise ModelUnavailableError(f"the model fails on a known-good row: {canary_error}") from (
-            error or canary_error
+    canary = score_rows(scorer, CANARY)
+    if canary.failures:
+        raise ModelUnavailableError(f"the model fails on a known-good row: {canary.why}") from (
+            error or canary.cause
         )
-    if len(canary) != 1 or not valid_scores(canary).all():
-        raise ModelUnavailableError(f"the model scores a known-good row {canary!r}") from error
     rows = known_good.sample() if known_good is not None else None
     if rows is None or not len(rows):
         return
-    failed = _failed_rows(scorer, rows)
-    if failed > len(rows) * MOST:
+    recent = score_rows(scorer, rows)
+    if recent.failures > len(rows) * MOST:
         raise ModelUnavailableError(
-            f"the model fails {failed} of the {len(rows)} recent rows other models scored"
-        ) from error
+            f"the model fails {recent.failures} of the {len(rows)} recent rows other models scored"
+            f" ({recent.why})"
+        ) from (error or recent.cause)
 
 
 #: The share of the known-good rows a model may fail and still be judged sound (the rows it
 #: fails are then some records' fault, as a poison record is).
 MOST = 0.5
-
-
-def _failed_rows(scorer: Scorer, rows: npt.NDArray[np.float32]) -> int:
-    """How many `rows` the model does not score as a probability. One call; when that raises
-    (ONNX Runtime fails a whole call for one row), one call per row, to count them."""
-    try:
-        scores = scorer.score(rows)
-    except Exception:
-        if len(rows) == 1:
-            return 1
-        return sum(_failed_rows(scorer, rows[i : i + 1]) for i in range(len(rows)))
-    if len(scores) != len(rows):
-        return len(rows)
-    return int((~valid_scores(scores)).sum())
 
 
 class Canary:

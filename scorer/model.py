@@ -76,10 +76,12 @@ class OnnxScorer:
         io_binding: bool | None = None,
         cuda_graphs: bool = True,
         max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        cpu_memory_cap: int | None = None,
     ) -> None:
         """`io_binding=None` binds on a GPU and runs plainly on the CPU; `cuda_graphs` applies
         to a bound CUDA session whose every node runs on CUDA; `max_memory_bytes`: the most
-        its working tensors may take (scorer/runtime.py)."""
+        its working tensors may take on a GPU; `cpu_memory_cap`: on the CPU, the process's
+        capped arena (a package's check; None: the session's own; scorer/runtime.py)."""
         model = package.onnx
         opened = open_session(
             model,
@@ -87,6 +89,7 @@ class OnnxScorer:
             device_id=device_id,
             cpu_threads=cpu_threads,
             max_memory_bytes=max_memory_bytes,
+            cpu_memory_cap=cpu_memory_cap,
         )
         self.placement = opened.placement
         self.provider: str = self.placement.provider

@@ -8,11 +8,19 @@ missing CUDA/cuDNN/TensorRT libraries): one warning when a GPU was asked for, an
 per-node records say which provider ran each node: the `Placement`, from which the caller sees
 any node that silently fell back to the CPU in a GPU session.
 
-Every session's working tensors come from memory capped at `max_memory_bytes`
-(FRAUD_MODEL_MAX_MEMORY_MB): on the CPU one arena for every session of the process (the served
-model, the challenger, and a package being checked), on a GPU each session's CUDA arena. A
-graph that declares a tensor past the cap (a `ConstantOfShape` of 16 GiB) fails with ONNX
-Runtime's error, which refuses the package, instead of taking the host's memory.
+Memory. On a GPU each session's CUDA arena is capped at `max_memory_bytes`
+(FRAUD_MODEL_MAX_MEMORY_MB). On the CPU, a session of the replica has its own arena, uncapped
+(ONNX Runtime's default), and a package's check (`stream/package_check.py`, a child process
+that opens one package) asks for `cpu_memory_cap`: every tensor of the process then comes from
+one arena capped at that, and a graph that declares a tensor past it (a `ConstantOfShape` of
+16 GiB) fails with ONNX Runtime's error, which refuses the package. The cap used to apply in
+the replica itself, one arena for the served model, the challenger and a package being checked:
+a candidate holding most of it during its warm-up made the served model's runs fail, and the
+arena never shrinks, so the replica kept that memory after refusing the package. Every package
+is now checked in a child first, bounded in memory and time, and only one that passed is opened
+here, where its sessions cannot take memory from each other. What no cap bounds here any more:
+a graph whose working memory depends on the values of its input (a shape read from a feature),
+beyond the rows it was checked with (docs/models.md).
 """
 
 from __future__ import annotations
@@ -111,10 +119,12 @@ def open_session(
     device_id: int = 0,
     cpu_threads: int = 1,
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+    cpu_memory_cap: int | None = None,
 ) -> OpenedSession:
     """Open `model` on `device` (auto, cuda, tensorrt or cpu), falling back to the CPU when no
     GPU can run it; ConfigurationError when ONNX Runtime cannot load or run the model at all
-    (within `max_memory_bytes` of working memory)."""
+    (within `max_memory_bytes` of CUDA working memory, and `cpu_memory_cap` of the process's
+    CPU arena where one is asked for)."""
     reasons: list[str] = []
     available = ort.get_available_providers()
     for primary in _GPU_PREFERENCE[device]:
@@ -123,7 +133,13 @@ def open_session(
             continue
         try:
             session = _create(
-                model, primary, device_id, cpu_threads, max_memory_bytes, profile=True
+                model,
+                primary,
+                device_id,
+                cpu_threads,
+                max_memory_bytes,
+                cpu_memory_cap,
+                profile=True,
             )
         except ORT_ERRORS as exc:
             reasons.append(f"{primary} failed: {_first_line(exc)}")
@@ -137,7 +153,9 @@ def open_session(
             return OpenedSession(session, _profile_once(session))
         _end_profiling(session)
     try:
-        session = _create(model, CPU, device_id, cpu_threads, max_memory_bytes, profile=True)
+        session = _create(
+            model, CPU, device_id, cpu_threads, max_memory_bytes, cpu_memory_cap, profile=True
+        )
     except ORT_ERRORS as exc:
         raise ConfigurationError(f"ONNX Runtime cannot load the model: {exc}") from exc
     if reasons:
@@ -161,7 +179,9 @@ def cuda_graph_session(
     """A CUDA session that captures and replays CUDA graphs (one per `gpu_graph_id` run option);
     for a model whose every node is known to run on CUDA (see `Placement.complete`)."""
     try:
-        session = _create(model, CUDA, device_id, cpu_threads, max_memory_bytes, cuda_graph=True)
+        session = _create(
+            model, CUDA, device_id, cpu_threads, max_memory_bytes, None, cuda_graph=True
+        )
     except ORT_ERRORS as exc:
         raise ConfigurationError(f"ONNX Runtime cannot capture CUDA graphs: {exc}") from exc
     if session.get_providers()[0] != CUDA:
@@ -177,12 +197,14 @@ def _create(
     device_id: int,
     cpu_threads: int,
     max_memory_bytes: int,
+    cpu_memory_cap: int | None,
     *,
     profile: bool = False,
     cuda_graph: bool = False,
 ) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    _cap_cpu_memory(options, max_memory_bytes)
+    if cpu_memory_cap is not None:
+        _cap_cpu_memory(options, cpu_memory_cap)
     options.intra_op_num_threads = cpu_threads
     # The model is one chain of nodes: an inter-op pool would have nothing to run in parallel.
     options.inter_op_num_threads = 1
@@ -213,11 +235,12 @@ def _create(
 
 def _cap_cpu_memory(options: ort.SessionOptions, max_memory_bytes: int) -> None:
     """Make the session take its CPU tensors from the process's arena capped at
-    `max_memory_bytes` (registered anew when a session asks for another cap; the sessions
-    opened before keep theirs)."""
+    `max_memory_bytes`. For a process that opens untrusted packages under one cap (a package's
+    check): ONNX Runtime keeps the first arena registered in a process, so the first cap asked
+    for holds for the process, and a later, different one is ignored (logged)."""
     global _cpu_arena_bytes
     with _cpu_arena_lock:
-        if _cpu_arena_bytes != max_memory_bytes:
+        if _cpu_arena_bytes is None:
             ort.create_and_register_allocator(
                 ort.OrtMemoryInfo(
                     "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
@@ -226,6 +249,12 @@ def _cap_cpu_memory(options: ort.SessionOptions, max_memory_bytes: int) -> None:
                 ort.OrtArenaCfg(max_memory_bytes, -1, -1, -1),
             )
             _cpu_arena_bytes = max_memory_bytes
+        elif _cpu_arena_bytes != max_memory_bytes:
+            log.warning(
+                "a CPU arena capped at %s bytes asked for, but this process's is capped at %s",
+                max_memory_bytes,
+                _cpu_arena_bytes,
+            )
     options.add_session_config_entry("session.use_env_allocators", "1")
 
 

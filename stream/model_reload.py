@@ -8,13 +8,16 @@ When what it names changes (another directory behind the link, a rewritten model
 model.onnx, another version behind the alias), it loads the package there, checks it and hands
 it over as a `ServingModel`:
 
-- the manifest and the graph (`load_model_package`, `OnnxScorer`), the thresholds against the
-  configuration, and the reasons' reference row, exactly as at start-up;
-- a warm-up of every batch shape, so the first batch it scores pays no set-up;
-- a sanity score (`sanity_check`): its reference row (zeros where the package has none), a few
-  typical transactions, and the recent real rows the scoring stage decided
-  (`scorer/recent_rows.py`) must each score as a probability, so a graph that scores zeros and
-  returns NaN for real transactions never serves.
+- the manifest (`load_model_package`) and the thresholds against the configuration;
+- the check in a child process, bounded in memory and time (`stream/package_check.py`): the
+  graph opened, warmed up and sanity-scored there before this process opens it;
+- the graph here (`OnnxScorer`) and the reasons' reference row, exactly as at start-up, and the
+  sanity score again on this replica's device (`sanity_check`): its reference row (zeros where
+  the package has none), the typical transactions of a short simulated stream
+  (`stream/typical_rows.py`: cards with history, terminals and cards with frauds), and the
+  recent real rows the scoring stage decided (`scorer/recent_rows.py`) must each score as a
+  probability, so a graph that scores zeros and returns NaN for real transactions never serves;
+- a warm-up of every batch shape, so the first batch it scores pays no set-up.
 
 The scoring stage takes the new model at the start of its next batch (`BatchScorer`): a batch is
 scored by one model from start to end, its decisions carry that model's version, and the swap
@@ -23,8 +26,8 @@ costs the batch one attribute read. A package that fails a check is refused: log
 files are not tried again until they change. A source that cannot be read (MLflow down, the
 package directory gone or unreadable) is counted as `result="unavailable"` and read again at the
 next poll. A model that passes and then fails most records of a batch the model before it
-decides is rolled back by the scoring stage (`rolled_back`), and stays refused until its source
-changes.
+decides is rolled back by the scoring stage (`stream/scoring.py`); the reloader has seen its
+source already, so it is not loaded again until the source changes.
 """
 
 from __future__ import annotations
@@ -36,17 +39,17 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
-from scorer.decisions import valid_scores
-from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
-from scorer.model_package import load_model_package
+from scorer.model_package import ModelPackage, load_model_package
 from scorer.model_source import ModelSource
 from scorer.reasons import Explainer
-from scorer.recent_rows import RecentRows, typical_rows
+from scorer.recent_rows import RecentRows
 from stream.metrics import ServiceMetrics
+from stream.package_check import check_package, manifest_digest, sanity_check
 from stream.startup.config import ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -67,15 +70,53 @@ class ServingModel(NamedTuple):
 def load_serving_model(
     config: ServiceConfig, source: ModelSource, identity: Hashable | None = None
 ) -> ServingModel:
-    """Load, check and warm up the package `source` names now (or `identity` names, as the
-    source gave it), for this configuration.
+    """Load the package `source` names now (or `identity` names, as the source gave it) and
+    open its graph in this process, unchecked (`load_checked_model` checks it first).
 
     Raises ConfigurationError (one line: the package and what to fix) when it cannot serve,
     ModelSourceUnavailableError when the source cannot be asked."""
     # Asked before the files are read: a change while they are read is seen by the next poll.
     identity = source.identity() if identity is None else identity
     package = load_model_package(source.package_dir(identity))
+    return _serving_model(config, package, config.decision_policy(package.thresholds), identity)
+
+
+def load_checked_model(
+    config: ServiceConfig,
+    source: ModelSource,
+    identity: Hashable | None = None,
+    recent: npt.NDArray[np.float32] | None = None,
+) -> ServingModel:
+    """What a replica serves: the package `source` names (or `identity`), loaded, warmed up
+    and sanity-scored with the `recent` rows by a child process first, bounded in memory and
+    time (`stream/package_check.py`), then opened here and sanity-scored again on this
+    replica's device.
+
+    Raises ConfigurationError (one line) when it cannot serve, ModelSourceUnavailableError
+    when the source cannot be asked or the package changed while it was checked."""
+    identity = source.identity() if identity is None else identity
+    package = load_model_package(source.package_dir(identity))
     policy = config.decision_policy(package.thresholds)
+    checked = check_package(
+        package.path,
+        max_batch_size=config.max_batch_size,
+        max_memory_mb=config.model_max_memory_mb,
+        timeout_s=config.model_check_timeout_s,
+        recent=recent,
+    )
+    if checked != manifest_digest(package.manifest):
+        raise ModelSourceUnavailableError(
+            f"model package {str(package.path)!r} changed while it was checked: it is read "
+            "again at the next poll"
+        )
+    model = _serving_model(config, package, policy, identity)
+    sanity_check(model.scorer, recent)
+    return model
+
+
+def _serving_model(
+    config: ServiceConfig, package: ModelPackage, policy: DecisionPolicy, identity: Hashable
+) -> ServingModel:
     scorer = OnnxScorer(
         package,
         config.device,
@@ -91,7 +132,7 @@ def load_shadow_model(config: ServiceConfig, source: ModelSource) -> ServingMode
     """The challenger `source` names (FRAUD_SHADOW_MODEL): checked like the served model, with
     its package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and
     no reasons."""
-    return load_serving_model(shadow_config(config), source)
+    return load_checked_model(shadow_config(config), source)
 
 
 def shadow_config(config: ServiceConfig) -> ServiceConfig:
@@ -112,43 +153,6 @@ def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
         )
         return None
     return Explainer(scorer, scorer.package.feature_index, reference)
-
-
-def sanity_check(model: ServingModel, recent: RecentRows | None = None) -> None:
-    """Score the package's reference row (zeros without one), a few typical transactions and
-    the `recent` real rows a model decided; ConfigurationError unless every score is a
-    probability (one line: what failed, how many, the first bad score)."""
-    package = model.scorer.package
-    row = np.zeros((1, NUM_FEATURES), np.float32)
-    if package.reference is not None:
-        row[0, package.feature_index] = package.reference
-    checks = [
-        ("its reference row" if package.reference is not None else "the all-zeros row", row),
-        ("typical transactions", typical_rows()),
-    ]
-    if recent is not None:
-        checks.append(("recent transactions", recent.sample()))
-    for what, rows in checks:
-        if not len(rows):
-            continue
-        try:
-            scores = model.scorer.score(rows)
-        except ScoreError as exc:
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} fails on {what}: {exc}"
-            ) from exc
-        if len(scores) != len(rows):
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} returns {len(scores)} scores for the "
-                f"{len(rows)} rows of {what}: one score per row is needed (docs/models.md)"
-            )
-        bad = np.flatnonzero(~valid_scores(scores))
-        if len(bad):
-            raise ConfigurationError(
-                f"model package {str(package.path)!r} scores {len(bad)} of {len(rows)} rows of "
-                f"{what} {float(scores[bad[0]])}, not a probability in [0, 1]: it would "
-                "dead-letter such records; check the graph's output (docs/models.md)"
-            )
 
 
 class ModelReloader:
@@ -174,7 +178,6 @@ class ModelReloader:
         self._role = role
         self._recent = recent
         self._seen = serving.source
-        self._version = serving.scorer.model_version
         self._pending: ServingModel | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -200,42 +203,34 @@ class ModelReloader:
             return self._unavailable(exc)
         if identity == self._seen:
             return False
+        recent = None if self._recent is None else self._recent.sample()
         try:
-            model = load_serving_model(self._config, self._source, identity)
+            model = load_checked_model(self._config, self._source, identity, recent)
             model.scorer.warm_up()
-            sanity_check(model, self._recent)
-        except ModelSourceUnavailableError as exc:  # its download failed
+        except ModelSourceUnavailableError as exc:  # its download failed, or it changed
             return self._unavailable(exc)
         except (ConfigurationError, ScoreError) as exc:  # ScoreError: its warm-up failed
             self._seen = identity  # not tried again until it changes
             self._metrics.count_model_reload(self._role, "refused")
-            log.error("%s model reload refused, %s stays: %s", self._role, self._version, exc)
+            log.error("%s model reload refused, the model in service stays: %s", self._role, exc)
             return False
         log.info(
-            "%s model %s loaded from %s (%s): it scores from the next batch on (was %s)",
+            "%s model %s loaded from %s (%s): it scores from the next batch on",
             self._role,
             model.scorer.model_version,
             self._source,
             model.scorer.package.path,
-            self._version,
         )
         self._seen = model.source
         self._metrics.count_model_reload(self._role, "loaded")
-        self._version = model.scorer.model_version
         with self._lock:
             self._pending = model  # a newer model replaces one not taken yet
         return True
 
-    def rolled_back(self, version: str) -> None:
-        """The scoring stage went back to the model `version`: the package it left is not
-        offered again until its source changes."""
-        with self._lock:
-            self._version = version
-
     def _unavailable(self, exc: Exception) -> bool:
         """Counted and logged; the source is asked again at the next poll."""
         self._metrics.count_model_reload(self._role, "unavailable")
-        log.warning("%s model source unavailable, %s stays: %s", self._role, self._version, exc)
+        log.warning("%s model source unavailable, the model in service stays: %s", self._role, exc)
         return False
 
     def _watch(self) -> None:

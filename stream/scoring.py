@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ from contracts.trace_context import batch_trace_headers, trace_context
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRecord, DeadLetterRouter
 from scorer.columns import TransactionColumns
-from scorer.decide import DecisionPolicy, Verdicts, decide_batch
+from scorer.decide import DecisionPolicy, Verdicts, decide_batch, decide_by_rules
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.drift import DriftWindow
 from scorer.features import FEATURE_NAMES
@@ -143,6 +143,45 @@ class _Probation(NamedTuple):
     records_left: int
 
 
+#: A model with no model before it to go back to (the one a replica started with, or one past
+#: its probation) is unavailable, its batch decided by the fallback rules, when it failed most
+#: of its last JUDGED_RECORDS records (whole batches, this one included) and at least
+#: MIN_FAILED of them: then the records are not at fault, the model is. A few poison records
+#: (fewer than MIN_FAILED, or among records the model decides) are still dead-lettered.
+JUDGED_RECORDS = 64
+MIN_FAILED = 8
+
+
+class _Failures:
+    """What a model failed of its last records: dead letters, or the fallback rules because it
+    failed a known-good row (`_failing`), over whole batches covering JUDGED_RECORDS."""
+
+    def __init__(self) -> None:
+        self._batches: deque[tuple[int, int]] = deque()
+        self._records = 0
+        self._failed = 0
+
+    def unavailable(self, verdicts: Verdicts) -> bool:
+        """Count the batch; whether the model is unavailable for it: it failed most of its last
+        records, and some of this batch's records would be dead-lettered for it."""
+        size, failed = len(verdicts.labels), _failing(verdicts)
+        self._batches.append((size, failed))
+        self._records += size
+        self._failed += failed
+        while self._records - self._batches[0][0] >= JUDGED_RECORDS:
+            gone, gone_failed = self._batches.popleft()
+            self._records -= gone
+            self._failed -= gone_failed
+        return (
+            bool(verdicts.failed)
+            and self._failed >= MIN_FAILED
+            and self._failed > self._records / 2
+        )
+
+    def __str__(self) -> str:
+        return f"{self._failed} of its last {self._records} records"
+
+
 class BatchScorer:
     """Decides every record of a batch: a decision, or a dead letter for a record that failed."""
 
@@ -184,6 +223,7 @@ class BatchScorer:
         self._tracer = tracer
         self._recent = recent
         self._probation: _Probation | None = None
+        self._failures = _Failures()
         self._log_features = log_features
         self._encode_decision = encode
         self._drift_window = drift_window
@@ -252,6 +292,19 @@ class BatchScorer:
         verdicts = decide(self._scorer, self._policy, self._explainer)
         if self._probation is not None:
             verdicts = self._on_probation(verdicts, decide)
+        elif self._failures.unavailable(verdicts):
+            verdicts = decide_by_rules(
+                transactions,
+                self._policy,
+                now_ms,
+                f"model {self._scorer.model_version} failed {self._failures}, and there is no "
+                "model before it to go back to",
+                history=history,
+                terminal=terminal,
+                card_frauds=card_frauds,
+                columns=columns,
+                rules=rules,
+            )
         decided_at = time.time_ns() // 1_000_000
         if self._rules is not None:
             self._rules.observe(
@@ -344,7 +397,8 @@ class BatchScorer:
         return verdicts
 
     def _roll_back(self, previous: _Model, failing: int, size: int) -> None:
-        """Serve `previous` again, for good: counted, logged, and the reloader told."""
+        """Serve `previous` again, for good: counted and logged. The reloader does not offer the
+        package it left again: it loads a source once, until the source changes."""
         failed = self._scorer.model_version
         self._probation = None
         self._install(previous)
@@ -359,12 +413,11 @@ class BatchScorer:
             previous.scorer.model_version,
             failed,
         )
-        if self._reloader is not None:
-            self._reloader.rolled_back(previous.scorer.model_version)
 
     def _install(self, model: _Model) -> None:
         """Score from now on with `model`."""
         self._scorer, self._policy, self._explainer = model
+        self._failures = _Failures()
         self._drift = _drift_of(model.scorer, self._drift_window)
         provider = str(getattr(model.scorer, "provider", "unknown"))
         self._metrics.set_model(model.scorer.model_version, provider)

@@ -547,7 +547,7 @@ design.
   of them fraud ({counts}); {run.labels} outcomes reported (`labels`) within those days.
 - Features: the stream replayed in event-time order, in batches of 256, through the service's
   own `CardHistory`, terminal-risk buckets (fed with the outcomes when they were reported) and
-  `build_features` (`training/replay.py`): the model sees exactly what the service computes.
+  `build_features` (`simulator/replay.py`): the model sees exactly what the service computes.
 - Shipped model: trained on the stream's first {COLD_START_DAYS} days (cold start, above) and
   the latest test fold's training week (days
   {run.schedule.test[0]}-{run.schedule.test[0] + TRAIN_DAYS - 1}), {run.train_rows}

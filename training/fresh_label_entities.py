@@ -22,10 +22,10 @@ import numpy.typing as npt
 
 from contracts.terminal_risk import FRESH_WINDOWS_DAYS, MS_PER_DAY
 from simulator.fraud import DEFAULT_SCENARIOS
+from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt
 from training.protocol import fold_schedule, handbook_fold, protocol_metrics
-from training.replay import Stream, simulate
 from training.thresholds import REVIEW_LEGIT_SHARE
 from training.train import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_seeds, training_rows
 

@@ -6,7 +6,7 @@ For each seed (the first seed's model ships; the others show how far the figures
 simulated world; seeds run in parallel processes, `--jobs` at once):
 
 1. Simulate the handbook world for `days` days and replay it through the service's own state
-   and feature code (`training/replay.py`): no train/serve skew.
+   and feature code (`simulator/replay.py`): no train/serve skew.
 2. Validation folds (`training/protocol.py`: the handbook's chapter 5 schedule, every validation
    week before every test week). Both candidates, a gradient-boosted ensemble compiled to tensor
    operations (`training/gbdt.py`) and an MLP (`training/mlp.py`), are trained on each fold's
@@ -58,6 +58,7 @@ from scorer.model_package import (
     write_model_package,
 )
 from simulator.fraud import DEFAULT_SCENARIOS
+from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin, Platt, fit_platt, reliability
@@ -75,7 +76,6 @@ from training.protocol import (
     protocol_metrics,
     roc_auc,
 )
-from training.replay import Stream, simulate
 from training.thresholds import (
     FALSE_DECLINE_COST,
     OTHER_FALSE_DECLINE_COSTS,

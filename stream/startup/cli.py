@@ -20,7 +20,7 @@ from contracts.logs import configure_logging
 from scorer.model_source import open_model_source
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
-from stream.model_reload import load_serving_model, sanity_check
+from stream.model_reload import load_checked_model
 from stream.service import ScoringService
 from stream.startup.config import ServiceConfig
 from stream.startup.kafka_clients import (
@@ -85,8 +85,7 @@ def run_service(config: ServiceConfig) -> int:
         config.redacted_kafka_settings(),
     )
     source = open_model_source(config.model_path)
-    model = load_serving_model(config, source)
-    sanity_check(model)
+    model = load_checked_model(config, source)
     log.info(
         "model package %s: %s, thresholds review=%s decline=%s",
         model.scorer.package.path,

@@ -16,6 +16,7 @@ from contracts.settings import ServiceSettings, Topic, meta
 from scorer.decide import LatePolicy
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.runtime import Device
+from stream.package_check import DEFAULT_TIMEOUT_S as DEFAULT_CHECK_TIMEOUT_S
 
 SHIPPED_MODEL_PATH = Path(__file__).resolve().parents[2] / "scorer" / "models" / "fraud-gbdt"
 
@@ -469,14 +470,26 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         int,
         meta(
             "FRAUD_MODEL_MAX_MEMORY_MB",
-            "most memory, in MiB, ONNX Runtime may allocate for the working tensors of the "
-            "replica's models together (served, shadow, and a package being checked; weights "
-            "apart): a package whose graph needs more is refused at start-up or reload "
-            "(docs/models.md, Limits of a package)",
+            "most memory, in MiB, a model package's graph may take for its working tensors "
+            "(weights apart) when it is checked, in a child process, before the replica opens "
+            "it; on a GPU also each session's CUDA arena while it serves: a package whose graph "
+            "needs more is refused at start-up or reload (docs/models.md, Limits of a package)",
             ge=16,
             le=1_048_576,
         ),
     ] = 1024
+    model_check_timeout_s: Annotated[
+        float,
+        meta(
+            "FRAUD_MODEL_CHECK_TIMEOUT_S",
+            "most seconds the check of a model package (served or shadow; loaded, warmed up "
+            "and sanity-scored in a child process before the replica opens it) may take: a "
+            "package whose check runs longer is refused at start-up or reload "
+            "(docs/models.md, Limits of a package)",
+            ge=1,
+            le=3_600,
+        ),
+    ] = DEFAULT_CHECK_TIMEOUT_S
     shadow_model: Annotated[
         str | None,
         meta(

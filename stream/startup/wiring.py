@@ -37,7 +37,6 @@ from stream.model_reload import (
     ModelReloader,
     ServingModel,
     load_shadow_model,
-    sanity_check,
     shadow_config,
 )
 from stream.observed_precision import ObservedPrecision
@@ -302,7 +301,6 @@ def shadow_scoring(
     source = open_model_source(config.shadow_model)
     model = load_shadow_model(config, source)
     model.scorer.warm_up()
-    sanity_check(model)
     reloader = (
         ModelReloader(
             shadow_config(config), metrics, model, source=source, role="shadow", recent=recent

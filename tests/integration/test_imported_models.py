@@ -16,9 +16,9 @@ from scorer.columns import TransactionColumns
 from scorer.features import TRANSACTION_FEATURE_NAMES, build_features
 from scorer.model_cli import main as fraud_model
 from scorer.model_package import load_model_package
+from simulator.replay import simulate
 from tests.integration.conftest import Topics, produce
 from tests.integration.test_pipeline import decisions_of, simulated
-from training.replay import simulate
 
 #: Features of the transaction alone: the test computes them from what it sent, exactly as the
 #: service does, whatever the card's history.

@@ -13,7 +13,7 @@ from pathlib import Path
 from scorer.model_cli import main as fraud_model
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, fed_by_loadgen, produce, read_topic, run_loadgen
-from tests.support.models import nan_on_history_model, package
+from tests.support.models import nan_on_burst_model, nan_on_history_model, package
 from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
 
@@ -128,8 +128,9 @@ def served_versions(topics: Topics, count: int) -> list[str]:
 def test_a_model_that_fails_recent_real_rows_is_refused_before_it_serves(
     topics_factory, service_factory, tmp_path: Path
 ):
-    """Traffic first, then a model that scores zeros and a card's first transaction but NaN
-    for every card seen before: the recent real rows refuse it; nothing is dead-lettered."""
+    """Traffic first, then a model that scores every typical row but NaN for a burst of a
+    card's transactions, which this traffic is: the recent real rows refuse it; nothing is
+    dead-lettered."""
     link = tmp_path / "champion"
     assert fraud_model(["promote", str(package_copy(tmp_path / "good", "good")), "--source",
                         str(link)]) == 0  # fmt: skip
@@ -137,7 +138,7 @@ def test_a_model_that_fails_recent_real_rows_is_refused_before_it_serves(
     service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
     produce(topics.input, card_transactions(200))
     service.wait_for_metric("fraud_records_consumed_total", 200)
-    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
     assert fraud_model(["promote", str(bad), "--source", str(link)]) == 0
     service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
     produce(topics.input, card_transactions(200, start=200))
@@ -150,16 +151,20 @@ def test_a_model_that_fails_recent_real_rows_is_refused_before_it_serves(
 def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(
     topics_factory, service_factory, tmp_path: Path
 ):
-    """The same model promoted before any traffic passes every check, serves, and fails the
-    records of cards seen before: its batch is decided again by the model before it, which
-    serves on; the rollback is counted, and nothing is dead-lettered."""
+    """Before any traffic, a model that returns NaN for any card with history is refused (the
+    typical rows hold such cards). One that fails only bursts passes every check, serves, and
+    fails the records of cards seen before: its batch is decided again by the model before it,
+    which serves on; the rollback is counted, and nothing is dead-lettered."""
     link = tmp_path / "champion"
     assert fraud_model(["promote", str(package_copy(tmp_path / "good", "good")), "--source",
                         str(link)]) == 0  # fmt: skip
     topics = topics_factory(partitions=1)
     service = service_factory(topics, "--model-path", str(link), "--model-poll-s", POLL_S)
     service.wait_for_metric("fraud_records_consumed_total", 0)
-    bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    history = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
+    assert fraud_model(["promote", str(history), "--source", str(link)]) == 0
+    service.wait_for_metric('fraud_model_reloads_total{result="refused",role="served"}', 1)
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
     assert fraud_model(["promote", str(bad), "--source", str(link)]) == 0
     service.wait_for_metric('fraud_model_reloads_total{result="loaded",role="served"}', 1)
     produce(topics.input, card_transactions(400))
@@ -167,7 +172,25 @@ def test_a_model_that_fails_most_records_after_the_swap_is_rolled_back(
     assert len(versions) == 400
     service.wait_for_metric("fraud_model_rollbacks_total", 1)
     # The records the bad model did decide are a card's first ones, before the rollback.
-    assert versions.count("history-nan") <= NAN_CARDS
+    assert versions.count("burst-nan") <= NAN_CARDS
     assert versions[-1] == "good"
     assert service.metric_total("fraud_poison_records_total") == 0
     assert "rolled back" in service.log()
+
+
+def test_a_model_that_fails_most_records_with_nothing_to_roll_back_to_dead_letters_none(
+    topics_factory, service_factory, tmp_path: Path
+):
+    """A replica started with a model that passes every check and fails a burst of a card's
+    transactions, with no model before it: the traffic is decided by the fallback rules,
+    degraded, not dead-lettered as poison."""
+    bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
+    topics = topics_factory(partitions=1)
+    service = service_factory(topics, "--model-path", str(bad), "--model-poll-s", "0")
+    produce(topics.input, card_transactions(200))
+    decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, 200)]
+    assert len(decisions) == 200
+    assert sum(decision["degraded"] for decision in decisions) >= 150
+    assert service.metric_total("fraud_poison_records_total") == 0
+    assert service.metric('fraud_degraded_decisions_total{cause="model_unavailable"}') >= 150
+    assert "no model before it to go back to" in service.log()

@@ -198,3 +198,84 @@ def nan_on_history_model() -> bytes:
     probability for zeros and for a card's first transaction (neutral history): a model that
     passes every check without real traffic and fails most of it."""
     return nan_above_model("card_tx_30d", SEEN_BEFORE)
+
+
+#: `card_since_previous` (log(1 + seconds)) of a card's transaction within a second of its
+#: previous one: where `nan_on_burst_model` fails.
+BURST = float(np.log1p(1.0))
+
+
+def nan_on_burst_model() -> bytes:
+    """NaN for the rows of a card seen before whose previous transaction was less than a second
+    earlier (the tests' traffic: every transaction of a card at the same instant); a probability
+    for every other row, the zeros and every typical row (a simulated stream holds no such
+    burst): a model that passes every check before it serves, then fails most of that traffic."""
+    extra = [
+        helper.make_node("Gather", ["features", "history_column"], ["count"], axis=1),
+        helper.make_node("Greater", ["count", "seen_before"], ["seen"]),
+        helper.make_node("Gather", ["features", "since_column"], ["since"], axis=1),
+        helper.make_node("Less", ["since", "burst"], ["soon"]),
+        helper.make_node("And", ["seen", "soon"], ["burst_of_seen"]),
+        helper.make_node("Where", ["burst_of_seen", "nan", "zero"], ["nan_or_zero"]),
+    ]
+    return _logistic_plus(
+        extra,
+        {
+            "history_column": np.array(FEATURE_NAMES.index("card_tx_30d"), np.int64),
+            "seen_before": np.array(SEEN_BEFORE, np.float32),
+            "since_column": np.array(FEATURE_NAMES.index("card_since_previous"), np.int64),
+            "burst": np.array(BURST, np.float32),
+        },
+    )
+
+
+def holding_model(hold_bytes: int, iterations: int, model_version: str = "holding") -> bytes:
+    """Scores 0.5 for every row, after making a float tensor of `hold_bytes` from the input (no
+    constant ONNX Runtime could fold away) and holding it through `iterations` multiplications
+    of a SLOW_SIDE-square matrix: a model whose every run keeps that much working memory for a
+    while."""
+    rng = np.random.default_rng(6)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["m_in", "w"], ["product"]),
+            helper.make_node("Tanh", ["product"], ["m_out"]),
+            helper.make_node("Identity", ["held_in"], ["held_out"]),
+        ],
+        "hold",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_in", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+            helper.make_tensor_value_info("held_in", TensorProto.FLOAT, ["held"]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("m_out", TensorProto.FLOAT, [SLOW_SIDE, SLOW_SIDE]),
+            helper.make_tensor_value_info("held_out", TensorProto.FLOAT, ["held"]),
+        ],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["features"], ["total"], keepdims=0),
+        helper.make_node("Mul", ["w", "total"], ["m0"]),
+        helper.make_node("Mul", ["total", "zero"], ["zero_at_run"]),
+        helper.make_node("Expand", ["zero_at_run", "hold_shape"], ["held0"]),
+        helper.make_node("Loop", ["trips", "go", "m0", "held0"], ["m_last", "held"], body=body),
+        helper.make_node("ReduceMean", ["m_last"], ["mean"], keepdims=0),
+        helper.make_node("ReduceMax", ["held"], ["held_max"], keepdims=0),
+        helper.make_node("Add", ["mean", "held_max"], ["both"]),
+        helper.make_node("Mul", ["both", "zero"], ["nothing"]),
+        helper.make_node("Mul", ["features", "zero"], ["zeros"]),
+        helper.make_node("ReduceMax", ["zeros"], ["row_zeros"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["row_zeros", "nothing"], ["shifted"]),
+        helper.make_node("Add", ["shifted", "half"], ["score"]),
+    ]
+    initializers: dict[str, np.ndarray] = {
+        "w": (rng.standard_normal((SLOW_SIDE, SLOW_SIDE)) / SLOW_SIDE).astype(np.float32),
+        "trips": np.array(iterations, np.int64),
+        "go": np.array(True),
+        "hold_shape": np.array([hold_bytes // 4], np.int64),
+        "zero": np.array(0.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    return onnx_model(nodes, initializers, ["batch"], model_version=model_version)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from contracts.errors import ModelUnavailableError, ScoreError
-from scorer.isolation import as_score_error, bisect_failures, check_canary
+from scorer.isolation import as_score_error, bisect_failures, check_canary, score_rows
 from tests.unit.fakes import FakeScorer
 
 POISON = -1
@@ -76,3 +76,26 @@ def test_the_canary_tells_a_broken_model_from_a_bad_record() -> None:
         check_canary(FakeScorer(broken=True))
     with pytest.raises(ModelUnavailableError):
         check_canary(FakeScorer(rule=lambda f: np.full(len(f), np.nan, np.float32)))
+
+
+def test_score_rows_reports_each_row_the_model_fails_and_why() -> None:
+    """The one function the sanity check (all rows) and the canary (most rows) both judge by."""
+    rows = np.zeros((6, 4), np.float32)
+    rows[[1, 4], 0] = 5.0  # the rows a call raises for
+    rows[2, 0] = -1.0  # scored NaN
+    raising = FakeScorer(
+        rule=lambda f: np.where(f[:, 0] < 0, np.nan, 0.5).astype(np.float32),
+        raises_on=lambda f: f[:, 0] > 1,
+    )
+    scored = score_rows(raising, rows)
+    assert scored.failed.tolist() == [False, True, True, False, True, False]
+    assert scored.failures == 3 and "index out of bounds" in scored.why
+    assert isinstance(scored.cause, ScoreError)
+
+    nan_only = score_rows(FakeScorer(rule=raising._rule), rows)
+    assert nan_only.failed.tolist() == [False, False, True, False, False, False]
+    assert "nan, not a probability" in nan_only.why and nan_only.cause is None
+
+    short = score_rows(FakeScorer(rule=lambda f: np.zeros(1, np.float32)), rows)
+    assert short.failed.all() and "one score per row" in short.why
+    assert not score_rows(FakeScorer(), np.abs(rows)).failed.any()

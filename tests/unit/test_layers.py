@@ -20,9 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"contracts"}),
     frozenset({"scorer"}),
-    frozenset({"deadletter"}),
+    # The simulator is below the service: a replica checks every model on a short simulated
+    # stream before it serves (stream/typical_rows.py).
+    frozenset({"deadletter", "simulator"}),
     frozenset({"stream", "terminals"}),
-    frozenset({"simulator"}),
     frozenset({"training", "loadgen", "faults"}),
     frozenset({"flywheel"}),
     # Tools that drive the service packages from outside: the benchmarks, and the operations

@@ -29,7 +29,7 @@ from scorer.catalogue import BY_NAME
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_cli import main
 from scorer.model_package import CARD_FILE, ONNX_FILE, load_model_package, write_model_package
-from training.replay import simulate
+from simulator.replay import simulate
 
 Rows = npt.NDArray[np.float32]
 N = NUM_FEATURES

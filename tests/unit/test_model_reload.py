@@ -25,7 +25,8 @@ from scorer.model_package import (
 )
 from scorer.model_source import DirectorySource, ModelSource
 from stream.metrics import ServiceMetrics
-from stream.model_reload import ModelReloader, load_serving_model, sanity_check
+from stream.model_reload import ModelReloader, load_serving_model
+from stream.package_check import sanity_check
 from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
 from tests.support.models import onnx_model, package
 
@@ -125,7 +126,7 @@ def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
 
 def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path: Path):
     model = load_serving_model(ServiceConfig(), DirectorySource(package_copy(tmp_path / "p", "p")))
-    sanity_check(model)  # the shipped graph scores its reference row as a probability
+    sanity_check(model.scorer)  # the shipped graph scores its reference row as a probability
 
     class Doubling:
         """The same model, its scores doubled past 1."""
@@ -136,7 +137,7 @@ def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path:
             return model.scorer.score(features) * 2 + 1
 
     with pytest.raises(ConfigurationError, match="not a probability"):
-        sanity_check(model._replace(scorer=Doubling()))  # type: ignore[arg-type]
+        sanity_check(Doubling())  # type: ignore[arg-type]
 
 
 def test_a_source_that_is_gone_is_unavailable_and_read_again_at_each_poll(

@@ -6,6 +6,7 @@ faults leave the model in service (tests/unit/test_model_reload.py)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,12 @@ import pytest
 
 from scorer.model_package import ONNX_FILE
 from stream.startup.cli import EXIT_FAILURE, EXIT_USAGE, main
-from tests.support.models import nan_on_real_rows_model, package
+from tests.support.models import (
+    nan_on_history_model,
+    nan_on_real_rows_model,
+    package,
+    slow_model,
+)
 from tests.unit.test_model_reload import package_copy
 
 
@@ -28,12 +34,12 @@ def restored_logging() -> Iterator[None]:
         root.setLevel(level)
 
 
-def start(model_path: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def start(model_path: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str]:
     """`fraud-scorer run` with this model source, against no broker (port 9: discard); its
     exit status and what it logged past its start line."""
     status = main(
         ["run", "--model-path", model_path, "--bootstrap-servers", "127.0.0.1:9",
-         "--metrics-port", "0"]
+         "--metrics-port", "0", *flags]
     )  # fmt: skip
     lines = capsys.readouterr().err.splitlines()
     return status, "\n".join(line for line in lines if " INFO " not in line)
@@ -65,6 +71,27 @@ def test_a_package_that_returns_nan_for_real_transactions_stops_the_start(tmp_pa
     status, err = start(str(package(tmp_path / "nan", nan_on_real_rows_model())), capsys)
     assert status == EXIT_USAGE
     assert "typical transactions" in err and "not a probability" in err
+
+
+def test_a_package_that_returns_nan_for_any_card_with_history_stops_the_start(
+    tmp_path: Path, capsys
+):
+    """It scores zeros and a card's first transaction: the typical rows' cards with history
+    refuse it, before any traffic (a restart after a rollback meets it so)."""
+    status, err = start(str(package(tmp_path / "nan", nan_on_history_model())), capsys)
+    assert status == EXIT_USAGE
+    assert "typical transactions" in err and "not a probability" in err
+
+
+def test_a_package_whose_graph_loops_for_ever_stops_the_start_within_the_check_timeout(
+    tmp_path: Path, capsys
+):
+    started = time.perf_counter()
+    status, err = start(
+        str(package(tmp_path / "loop", slow_model(2**62))), capsys, "--model-check-timeout-s", "5"
+    )
+    assert status == EXIT_USAGE and time.perf_counter() - started < 5 + 10
+    assert "was not checked within 5 s" in err and len(err.splitlines()) == 1
 
 
 def test_an_mlflow_registry_that_cannot_be_reached_stops_the_start(

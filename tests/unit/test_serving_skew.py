@@ -9,7 +9,7 @@ transaction and each fraud label at its report time, publishing what it decides 
 and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs); and
 the same for each card's confirmed frauds (the worker's per-card state fed with the labels, the
 `card-frauds` record, `card_features`, what `CardFraudsTable` runs).
-Training is `training.replay.simulate`. The scorer scores a transaction before the worker has
+Training is `simulator.replay.simulate`. The scorer scores a transaction before the worker has
 counted it, and knows every record the worker published before (the worker runs ahead of the
 scorer by less than the 7-day delay).
 """
@@ -44,13 +44,13 @@ from scorer.card_frauds import card_features
 from scorer.columns import TransactionColumns
 from scorer.features import FEATURE_NAMES, build_features
 from scorer.terminal_risk import terminal_features
+from simulator.replay import REPLAY_PARTITIONS, simulate
 from simulator.transactions import DEFAULT_START_TIME_MS, TransactionSimulator
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
 from terminals.state import TerminalClock, TerminalState
 from tests.unit.fakes import MemoryChangelog
-from training.replay import REPLAY_PARTITIONS, simulate
 
 SEED, DAYS, CARDS = 5, 24, 400
 BATCH = 256

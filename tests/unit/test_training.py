@@ -14,6 +14,7 @@ import pytest
 from scorer.fallback import CUTOFFS, red_flags
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package, write_model_package
+from simulator.replay import replay_history, simulate
 from stream.startup.config import SHIPPED_MODEL_PATH
 from training import gbdt, handbook_recipe
 from training.calibration import Platt, fit_platt, reliability, sigmoid
@@ -31,7 +32,6 @@ from training.protocol import (
     handbook_fold,
     roc_auc,
 )
-from training.replay import replay_history, simulate
 from training.thresholds import Chosen, decline_threshold, flagged_shares, review_threshold
 from training.train import (
     COLD_CHECK_DAYS,

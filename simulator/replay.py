@@ -14,6 +14,7 @@ the same buckets, fed with the fraud labels only, as the worker's per-card value
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 REPLAY_BATCH_SIZE = 256
 #: Input partitions the replay spreads cards over (each has its own CardHistory).
 REPLAY_PARTITIONS = 3
+#: Transactions simulated per call: at most this, and about one day's for a small population (a
+#: short stream then costs milliseconds, not 50,000 rows' worth); the cut changes no row.
 _CHUNK = 50_000
 
 _Ints = npt.NDArray[np.int64]
@@ -67,8 +70,9 @@ def simulate(seed: int, days: int, cards: int = DEFAULT_CARDS) -> Stream:
     end_ms = DEFAULT_START_TIME_MS + days * MS_PER_DAY
     batches = []
     labels: list[dict[str, object]] = []
+    chunk = max(1, min(_CHUNK, math.ceil(simulator.population.expected_tx_per_day())))
     while True:
-        batch = simulator.generate(_CHUNK, with_records=False)
+        batch = simulator.generate(chunk, with_records=False)
         batches.append(batch)
         labels.extend(batch.labels)
         if batch.columns.event_time[-1] >= end_ms:
