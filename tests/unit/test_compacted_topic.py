@@ -337,8 +337,7 @@ def test_a_reader_whose_thread_ends_says_so_and_counts_it(
         if message.offset() == 4:
             raise _Fatal("the end of it")
 
-    reader, _, registry = reading(apply)
-    assert reader.stopped() is None
+    reader, _, registry = reading(apply)  # started: it may have ended already
     wait_until(lambda: not reader.alive(), 5.0, what="the thread ended")
     assert reader.stopped() == "_Fatal: the end of it"
     assert errors(registry, "stopped") == 1
