@@ -96,6 +96,8 @@ class CheckResult(msgspec.Struct, frozen=True):
     refused: str | None = None
     #: The child's RLIMIT_AS (None: /proc did not say its size, no limit was set).
     address_space_bytes: int | None = None
+    #: The child's resident peak, when it answered.
+    peak_rss_bytes: int | None = None
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -180,6 +182,12 @@ def check_package(
         result = msgspec.json.decode(answer, type=CheckResult)
     except msgspec.DecodeError:
         result = CheckResult()
+    log.debug(
+        "model package %s: its check's resident peak %s bytes",
+        where,
+        result.peak_rss_bytes,
+        extra={"check_peak_rss_bytes": result.peak_rss_bytes},
+    )
     if child.returncode == EXIT_PASSED and result.manifest_sha256 is not None:
         log.info(
             "model package %s passed its check in a child process in %.2f s (address space "
@@ -287,7 +295,10 @@ def main() -> int:
             refused=f"model package {request.directory!r} fails its warm-up: "
             f"{type(exc).__name__}: {first}"
         )
-    sys.stdout.buffer.write(msgspec.json.encode(result))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: in KiB
+    sys.stdout.buffer.write(
+        msgspec.json.encode(msgspec.structs.replace(result, peak_rss_bytes=peak))
+    )
     sys.stdout.flush()
     return EXIT_PASSED if result.manifest_sha256 is not None else EXIT_REFUSED
 
