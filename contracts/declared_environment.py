@@ -23,6 +23,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_FEATURES_INPUT_WAIT_MS": ("fraud-features",),
     "FRAUD_FEATURES_METRICS_HOST": ("fraud-features",),
     "FRAUD_FEATURES_METRICS_PORT": ("fraud-features",),
+    "FRAUD_FEATURES_PUBLISH_INTERVAL_MS": ("fraud-features",),
     "FRAUD_FEATURES_REPLICATION_FACTOR": ("fraud-features",),
     "FRAUD_FEATURES_SESSION_TIMEOUT_S": ("fraud-features",),
     "FRAUD_FEATURES_STORE": ("fraud-features",),

@@ -24,12 +24,15 @@ topic, as faust's `Stream.group_by` would, one internal record per partition and
 - one agent applies each terminal's events to its `TerminalState` (once per input position,
   each label once per transaction, event time bounded by the table partition's `TerminalClock`,
   which then follows the marks the record carries: the minimum over the inputs of how far the
-  router has read them), writes the entry to
-  the table (its changelog) and publishes the terminal's features and daily buckets when its
-  day advances or a label is counted (the scorer reads the buckets as of each transaction's
-  own day), the rest of a day's counts once the clock has passed the day (`_close_days`): a
-  tombstone when no window will read any count of it again, nothing for a terminal that never
-  had any;
+  router has read them) and writes the entry to the table (its changelog);
+- it publishes the terminal's features and daily buckets when its day advances or a label is
+  counted (the scorer reads the buckets as of each transaction's own day), the rest of a day's
+  counts once the clock has passed the day (`close_days`): a tombstone when no window will read
+  any count of it again, nothing for a terminal that never had any. Publications are coalesced
+  (`publish_due`): a timer runs a round every FRAUD_FEATURES_PUBLISH_INTERVAL_MS, each entry
+  changed since published once, as it is then, however many records changed it meanwhile
+  (during a catch-up, a terminal's day advances with nearly every one). What a round published
+  goes to the table with the entry's next write: faust writes a table only from the agent;
 - each table partition has a clock of its own, moved only by the marks of its records: faust
   reads the internal partitions at their own speeds, so one partition's progress must not make
   another's events stale;
@@ -47,7 +50,12 @@ windows (`scorer/card_frauds.py`), which read no delay.
 
 Guarantees: at least once, as faust gives it. Faust flushes what the agent sent (changelog
 writes, published risk) before it commits the internal topic's offsets; after a crash the events
-since the last commit are applied again, and the table skips those it counted already.
+since the last commit are applied again, and the table skips those it counted already. An entry
+due for publication when the replica stopped, or published since its last write, differs from
+what its table value says was published: the next owner publishes it in its first round
+(`_due_of`), again if need be (the record is the same). A tombstone is decided on the same
+value: an entry whose publication was not yet written when its replica stopped, and whose counts
+then all leave the windows, gets its tombstone when it is forgotten as idle.
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ PRODUCER_LINGER_S = 0.02
 GAUGE_INTERVAL_S = 10.0
 #: How often the agent's progress and the event loop are reported to the worker's health.
 HEALTH_INTERVAL_S = 1.0
+#: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
+MAX_DECODED = 100_000
 
 
 def build_app(
@@ -148,21 +158,25 @@ def build_app(
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
         """Count each terminal's events, and each card's labels, in their tables (one changelog
-        write per entity and record); publish what changed."""
+        write per entity and record); publish what changed, at most once a round."""
         nonlocal progressed
         async for event in stream.events():
+            started = time.thread_time()
             partition, offset = event.message.partition, event.message.offset
             try:
                 batch = decode_batch(event.message.value)
             except ValueError as exc:  # not written by this worker: nothing to count
                 log.error("skipping an internal record: %s", exc)
             else:
-                await terminals.apply(partition, batch.events)
-                await cards.apply(partition, batch.cards)
+                terminals.apply(partition, batch.events)
+                cards.apply(partition, batch.cards)
                 if batch.marks is not None:
                     clocks.of(partition).follow(batch.marks)
-                await terminals.close(partition)
-                await cards.close(partition)
+                terminals.close_days(partition)
+                cards.close_days(partition)
+                await terminals.evict_if_due(partition)
+                await cards.evict_if_due(partition)
+            metrics.stage_cpu("apply", time.thread_time() - started)
             applied[partition] = offset + 1
             progressed = True
 
@@ -194,6 +208,13 @@ def build_app(
         metrics.stalled(health.stalled)
         progressed = False
 
+    async def publish_due() -> None:
+        started = time.thread_time()
+        await terminals.publish_due()
+        await cards.publish_due()
+        metrics.stage_cpu("publish", time.thread_time() - started)
+
+    app.timer(config.publish_interval_ms / 1000)(publish_due)
     app.timer(GAUGE_INTERVAL_S)(count_entries)
     app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
@@ -247,51 +268,94 @@ class _EntityTable:
         #: Per table partition: entry → its day, for those with counts not published yet (the
         #: rest of their day's transactions): published once the clock has passed that day.
         self._unpublished: dict[int, dict[str, int]] = {}
+        #: Per table partition: the entries to publish in its next round (in order; after an
+        #: assignment, every entry whose record is not the one last published).
+        self._due: dict[int, dict[str, None]] = {}
+        #: Entries read or written since the last assignment, decoded (at most MAX_DECODED):
+        #: each is decoded once, not at every record and round. A round's publication marks
+        #: the entry here (`published`); the table has it with the entry's next write (faust
+        #: writes a table only from the agent, and a round runs beside it).
+        self._decoded: dict[str, TerminalState] = {}
+        #: Counts the assignments: a round stops when one comes while it waits on a send.
+        self._generation = 0
 
     def reset(self) -> None:
         """After an assignment: what another replica changed is read again from the table."""
         self._newest_days.clear()
         self._unpublished.clear()
+        self._due.clear()
+        self._decoded.clear()
+        self._generation += 1
 
-    async def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
+    def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
         """Apply one internal record's events of this table's entries, in their order, against
         the partition's clock as it was before the record (its marks come after them)."""
         by_key: dict[str, list[TerminalEvent]] = {}
         for key, event in pairs:
             by_key.setdefault(key, []).append(event)
         clock = self._clocks.of(partition)
+        results: dict[tuple[str, str], int] = {}
         for key, events in by_key.items():
-            await self._update(partition, key, events, clock)
+            self._update(partition, key, events, clock, results)
+        for (source, result), count in results.items():
+            self._metrics.event(source, result, card=self._card, count=count)
 
-    async def close(self, partition: int) -> None:
-        """Once the partition's clock followed a record's marks: publish the days it passed,
-        forget the idle entries when due."""
-        await self._close_days(partition)
-        await self._evict_if_due(partition)
+    def close_days(self, partition: int) -> None:
+        """Once the partition's clock followed a record's marks: the entries whose day it
+        passed with counts not published are due."""
+        waiting = self._unpublished.setdefault(partition, {})
+        today = self._clocks.of(partition).watermark_day
+        closed = [key for key, day in waiting.items() if day < today]
+        due = self._due_of(partition)
+        for key in closed:
+            del waiting[key]
+            due[key] = None
 
     def _load(self, key: str) -> TerminalState | None:
-        """The entry in the table, None when there is none; ValueError (logged) when it cannot
-        be read: the caller skips it."""
+        """The entry, None when the table has none; ValueError (logged) when it cannot be
+        read: the caller skips it."""
+        state = self._decoded.get(key)
+        if state is not None:
+            return state
         stored = self.table.get(key)
         if stored is None:
             return None
         try:
-            return TerminalState.from_bytes(stored)
+            state = TerminalState.from_bytes(stored)
         except ValueError as exc:
             log.error("skipping %s=%s: %s", self._what, key, exc)
             raise
+        self._keep(key, state)
+        return state
 
-    async def _update(
-        self, partition: int, key: str, events: list[TerminalEvent], clock: TerminalClock
+    def _keep(self, key: str, state: TerminalState) -> None:
+        """Keep a decoded entry; past MAX_DECODED, the one kept longest is dropped (read
+        again from the table when needed)."""
+        decoded = self._decoded
+        if len(decoded) >= MAX_DECODED:
+            del decoded[next(iter(decoded))]
+        decoded[key] = state
+
+    def _update(
+        self,
+        partition: int,
+        key: str,
+        events: list[TerminalEvent],
+        clock: TerminalClock,
+        results: dict[tuple[str, str], int],
     ) -> None:
         try:
-            state = self._load(key) or TerminalState()
+            state = self._load(key)
         except ValueError:
             return
+        if state is None:
+            state = TerminalState()
+            self._keep(key, state)
         changed = publish = False
         for event in events:
             applied = state.apply(event, clock)
-            self._metrics.event(event.source, applied.result, card=self._card)
+            counted = (event.source, applied.result)
+            results[counted] = results.get(counted, 0) + 1
             if applied.clamped:
                 self._metrics.future_event()
             changed |= applied.changed
@@ -299,39 +363,39 @@ class _EntityTable:
         if not changed:
             return
         self._newest_days.setdefault(partition, {})[key] = state.newest_day
-        publish, features = state.to_publish() if publish else (False, None)
         self.table[key] = state.to_bytes()
-        waiting = self._waiting(partition)
-        if state.unpublished():
-            waiting[key] = state.as_of_day
-        else:
-            waiting.pop(key, None)
+        waiting = self._unpublished.setdefault(partition, {})
         if publish:
-            await self._publish(key, state, features)
+            self._due_of(partition)[key] = None
+            waiting.pop(key, None)
+        else:  # the rest of its day: published once the day is over
+            waiting[key] = state.as_of_day
 
-    def _waiting(self, partition: int) -> dict[str, int]:
-        waiting = self._unpublished.get(partition)
-        if waiting is None:
-            waiting = self._unpublished[partition] = self._scan(partition, _unpublished_day)
-        return waiting
+    def _due_of(self, partition: int) -> dict[str, None]:
+        due = self._due.get(partition)
+        if due is None:
+            due = self._due[partition] = dict.fromkeys(self._scan(partition, _unpublished_day))
+        return due
 
-    async def _close_days(self, partition: int) -> None:
-        """Publish the entries whose day the clock has passed with counts not published."""
-        waiting = self._waiting(partition)
-        today = self._clocks.of(partition).watermark_day
-        closed = [key for key, day in waiting.items() if day < today]
-        for key in closed:
-            del waiting[key]
-            try:
-                state = self._load(key)
-            except ValueError:
-                continue
-            if state is None:
-                continue
-            publish, features = state.to_publish()
-            if publish:
-                self.table[key] = state.to_bytes()
-                await self._publish(key, state, features)
+    async def publish_due(self) -> None:
+        """One round (every FRAUD_FEATURES_PUBLISH_INTERVAL_MS): publish each due entry once,
+        as it is now, however many records changed it since the last round."""
+        generation = self._generation
+        for due in list(self._due.values()):
+            keys = list(due)
+            due.clear()
+            for key in keys:
+                if self._generation != generation:
+                    return  # partitions moved meanwhile: their new owner publishes them
+                try:
+                    state = self._load(key)
+                except ValueError:
+                    continue
+                if state is None:  # forgotten meanwhile
+                    continue
+                publish, features = state.to_publish()
+                if publish:
+                    await self._publish(key, state, features)
 
     async def _publish(
         self, key: str, state: TerminalState, features: npt.NDArray[np.float32] | None
@@ -353,7 +417,7 @@ class _EntityTable:
         )
         self._metrics.published(tombstone=value is None, card=self._card)
 
-    async def _evict_if_due(self, partition: int) -> None:
+    async def evict_if_due(self, partition: int) -> None:
         """Forget the partition's idle entries, at most every `evict_interval_s`."""
         now = time.monotonic()
         if now - self._last_eviction.get(partition, 0.0) < self._config.evict_interval_s:
@@ -364,8 +428,12 @@ class _EntityTable:
             known = self._newest_days[partition] = self._scan(partition, _newest_day)
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
+        waiting, due = self._unpublished.get(partition, {}), self._due.get(partition, {})
         for key in idle:
             del known[key]
+            waiting.pop(key, None)
+            due.pop(key, None)
+            self._decoded.pop(key, None)
             if key in self.table:
                 del self.table[key]
                 await self._send(key, None)

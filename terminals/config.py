@@ -132,6 +132,17 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             le=600_000,
         ),
     ] = 5_000
+    publish_interval_ms: Annotated[
+        int,
+        meta(
+            "FRAUD_FEATURES_PUBLISH_INTERVAL_MS",
+            "how often the worker publishes the terminals and cards whose records changed: "
+            "each once a round, as it is then, however many events changed it meanwhile. "
+            "Bounds how late a counted label reaches the scorers",
+            ge=10,
+            le=60_000,
+        ),
+    ] = 1_000
     auto_offset_reset: Annotated[
         Literal["earliest", "latest"],
         meta(

@@ -18,6 +18,10 @@ LABEL_OUTCOMES = ("fraud", "legit", "no_terminal", "dead_lettered")
 #: A minute to two months: analyst reviews take hours, chargebacks days to weeks.
 LABEL_DELAY_BUCKETS: tuple[float, ...] = (60.0, 600.0, 3_600.0, 4 * 3_600.0, 12 * 3_600.0, 86_400.0)
 LABEL_DELAY_BUCKETS += (2.5 * 86_400.0, 7 * 86_400.0, 14 * 86_400.0, 30 * 86_400.0, 60 * 86_400.0)
+#: The worker's stages, as `fraud_features_stage_cpu_seconds_total` names them: the router's
+#: decoding and queueing (read) and its ordering, batching, producing and committing (route);
+#: the table agent applying events (apply) and publishing records (publish).
+STAGES = ("read", "route", "apply", "publish")
 
 
 class WorkerMetrics:
@@ -121,6 +125,16 @@ class WorkerMetrics:
             "fraud_history_time_scale must be the same",
             registry=self.registry,
         )
+        self._stage_cpu = Counter(
+            "fraud_features_stage_cpu_seconds",
+            "CPU time of the thread running each stage of the worker (read, route, apply, "
+            "publish; see docs/state.md): what faust and the Kafka clients spend besides is "
+            "the process's CPU minus their sum",
+            ["stage"],
+            registry=self.registry,
+        )
+        for stage in STAGES:
+            self._stage_cpu.labels(stage)
         for outcome in TRANSACTION_OUTCOMES:
             self._transactions.labels(outcome)
         for outcome in LABEL_OUTCOMES:
@@ -139,12 +153,15 @@ class WorkerMetrics:
     def label_delay(self, delay_ms: int) -> None:
         self._label_delay.observe(max(delay_ms, 0) / 1000.0)
 
-    def event(self, source: str, result: str, *, card: bool = False) -> None:
+    def event(self, source: str, result: str, *, card: bool = False, count: int = 1) -> None:
         if card:
-            self._card_events.labels(result).inc()
+            self._card_events.labels(result).inc(count)
             return
         kind = "transaction" if source == "t" else "label"
-        self._events.labels(kind, result).inc()
+        self._events.labels(kind, result).inc(count)
+
+    def stage_cpu(self, stage: str, seconds: float) -> None:
+        self._stage_cpu.labels(stage).inc(seconds)
 
     def future_event(self) -> None:
         self._future.inc()

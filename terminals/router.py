@@ -179,9 +179,14 @@ class Router:
         try:
             while not stop.is_set():
                 self._progress.beat()
-                self._read(consumer.consume(ROUTE_BATCH, ROUTE_WITHIN_S))
+                messages = consumer.consume(ROUTE_BATCH, ROUTE_WITHIN_S)
+                started = time.thread_time()
+                self._read(messages)
+                read = time.thread_time()
                 self._route_in_order(stop)
                 self._pause()
+                self._metrics.stage_cpu("read", read - started)
+                self._metrics.stage_cpu("route", time.thread_time() - read)
         except BaseException as exc:
             self.error = exc
             log.critical("the router stopped: %s", exc)
