@@ -180,8 +180,9 @@ def build_app(
             applied[partition] = offset + 1
             progressed = True
 
+    @app.on_partitions_revoked.connect
     @app.on_partitions_assigned.connect
-    def _assigned(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+    def _moved(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         # What another replica changed meanwhile is read again from the tables; the clocks
         # follow the marks of the records read from the committed offsets on.
         terminals.reset()
@@ -271,20 +272,28 @@ class _EntityTable:
         #: Per table partition: the entries to publish in its next round (in order; after an
         #: assignment, every entry whose record is not the one last published).
         self._due: dict[int, dict[str, None]] = {}
-        #: Entries read or written since the last assignment, decoded (at most MAX_DECODED):
-        #: each is decoded once, not at every record and round. A round's publication marks
-        #: the entry here (`published`); the table has it with the entry's next write (faust
-        #: writes a table only from the agent, and a round runs beside it).
+        #: Entries read or written since the last assignment, decoded, most recently used last
+        #: (at most MAX_DECODED, beside those in `_unwritten`): each is decoded once, not at
+        #: every record and round. A round's publication marks the entry here (`published`);
+        #: the table has it with the entry's next write (faust writes a table only from the
+        #: agent, and a round runs beside it).
         self._decoded: dict[str, TerminalState] = {}
-        #: Counts the assignments: a round stops when one comes while it waits on a send.
+        #: Entries a round published since their last write: never dropped from `_decoded`, or
+        #: the table's older `published` would decide their next publication and tombstone.
+        self._unwritten: set[str] = set()
+        #: Counts the assignments and revocations: a round stops when one comes while it waits
+        #: on a send.
         self._generation = 0
 
     def reset(self) -> None:
-        """After an assignment: what another replica changed is read again from the table."""
+        """After a revocation or an assignment: what another replica changed is read again
+        from the table (and what a round published but the table does not say is published
+        again in the first round: `_due_of`)."""
         self._newest_days.clear()
         self._unpublished.clear()
         self._due.clear()
         self._decoded.clear()
+        self._unwritten.clear()
         self._generation += 1
 
     def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
@@ -314,8 +323,10 @@ class _EntityTable:
     def _load(self, key: str) -> TerminalState | None:
         """The entry, None when the table has none; ValueError (logged) when it cannot be
         read: the caller skips it."""
-        state = self._decoded.get(key)
+        decoded = self._decoded
+        state = decoded.pop(key, None)
         if state is not None:
+            decoded[key] = state  # the most recently used, last
             return state
         stored = self.table.get(key)
         if stored is None:
@@ -329,11 +340,13 @@ class _EntityTable:
         return state
 
     def _keep(self, key: str, state: TerminalState) -> None:
-        """Keep a decoded entry; past MAX_DECODED, the one kept longest is dropped (read
-        again from the table when needed)."""
+        """Keep a decoded entry; past MAX_DECODED, the least recently used one that the table
+        holds as it is is dropped (read again from the table when needed)."""
         decoded = self._decoded
         if len(decoded) >= MAX_DECODED:
-            del decoded[next(iter(decoded))]
+            old = next((k for k in decoded if k not in self._unwritten), None)
+            if old is not None:
+                del decoded[old]
         decoded[key] = state
 
     def _update(
@@ -364,6 +377,7 @@ class _EntityTable:
             return
         self._newest_days.setdefault(partition, {})[key] = state.newest_day
         self.table[key] = state.to_bytes()
+        self._unwritten.discard(key)
         waiting = self._unpublished.setdefault(partition, {})
         if publish:
             self._due_of(partition)[key] = None
@@ -395,6 +409,7 @@ class _EntityTable:
                     continue
                 publish, features = state.to_publish()
                 if publish:
+                    self._unwritten.add(key)
                     await self._publish(key, state, features)
 
     async def _publish(
@@ -434,6 +449,7 @@ class _EntityTable:
             waiting.pop(key, None)
             due.pop(key, None)
             self._decoded.pop(key, None)
+            self._unwritten.discard(key)
             if key in self.table:
                 del self.table[key]
                 await self._send(key, None)

@@ -129,7 +129,8 @@ class WorkerMetrics:
             "fraud_features_stage_cpu_seconds",
             "CPU time of the thread running each stage of the worker (read, route, apply, "
             "publish; see docs/state.md): what faust and the Kafka clients spend besides is "
-            "the process's CPU minus their sum",
+            "about the process's CPU minus their sum (apply and publish run on faust's event "
+            "loop, and one waiting on a send also counts what the loop runs meanwhile)",
             ["stage"],
             registry=self.registry,
         )
