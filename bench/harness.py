@@ -152,6 +152,20 @@ def backlog_templates(count: int, start_time_ms: int | None = None) -> list[dict
     return simulator.generate(count, rate_per_s=BACKLOG_EVENT_RATE).records
 
 
+def record_parts(templates: Sequence[dict[str, object]]) -> tuple[list[bytes], list[bytes]]:
+    """Each template's key (its card) and its JSON value between the transaction id and the
+    event time: the id leads every record and the event time ends it, so a copy of a template
+    is `b'{"transaction_id":"<id>"' + middle + b'<event time>}'`."""
+    keys = [str(r["card_id"]).encode() for r in templates]
+    middles = [
+        msgspec.json.encode({**r, "transaction_id": "", "event_time": 0})[
+            len(b'{"transaction_id":""') : -len(b"0}")
+        ]
+        for r in templates
+    ]
+    return keys, middles
+
+
 def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     """Produce `records` valid simulated transactions keyed by card; return the seconds taken.
 
@@ -169,15 +183,8 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     span_ms = math.ceil(count * MS_PER_S / BACKLOG_EVENT_RATE)
     copies = math.ceil(records / count)
     templates = backlog_templates(count, time.time_ns() // 1_000_000 - copies * span_ms)
-    keys = [str(r["card_id"]).encode() for r in templates]
+    keys, middles = record_parts(templates)
     times = [int(str(r["event_time"])) for r in templates]
-    # The id leads every record and the event time ends it, so each copy changes only those.
-    middles = [
-        msgspec.json.encode({**r, "transaction_id": "", "event_time": 0})[
-            len(b'{"transaction_id":""') : -len(b"0}")
-        ]
-        for r in templates
-    ]
     produce = producer.produce
     for n in range(records):
         copy, i = divmod(n, count)

@@ -34,7 +34,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,6 +48,7 @@ from bench.harness import (
     free_port,
     load_average,
     produce_backlog,
+    record_parts,
     stop,
     tool_parser,
 )
@@ -104,14 +104,7 @@ def produce_live(bootstrap: str, topic: str, rate: float, duration_s: float) -> 
     """Produce simulated transactions timed now, at `rate` a second for `duration_s`, open
     loop; return how many."""
     templates = backlog_templates(BACKLOG_TEMPLATES)
-    keys = [str(r["card_id"]).encode() for r in templates]
-    # The id leads every record and the event time ends it, so each record changes only those.
-    middles = [
-        msgspec.json.encode({**r, "transaction_id": "", "event_time": 0})[
-            len(b'{"transaction_id":""') : -len(b"0}")
-        ]
-        for r in templates
-    ]
+    keys, middles = record_parts(templates)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     total = int(rate * duration_s)
     started = time.monotonic()
