@@ -76,8 +76,38 @@ def _load_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
-def run_service(config: ServiceConfig) -> int:
-    """Start one replica and block until it stops; return the process exit code."""
+class StopRequest:
+    """SIGTERM or SIGINT, taken from before the replica loads anything: a stop while it
+    starts ends the start (nothing consumed yet, exit 0); once the service runs, it drains.
+    Without it, a replica stopped while loading its model died of the signal."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._service: ScoringService | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self)
+        signal.signal(signal.SIGINT, self)
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: %s", signal.Signals(signum).name, self._doing())
+        self.requested = True
+        if self._service is not None:
+            self._service.stop()
+
+    def attach(self, service: ScoringService) -> None:
+        """From now on a stop drains this service (at once if one already came)."""
+        self._service = service
+        if self.requested:
+            service.stop()
+
+    def _doing(self) -> str:
+        return "draining" if self._service is not None else "stopping before consuming anything"
+
+
+def run_service(config: ServiceConfig, stop: StopRequest) -> int:
+    """Start one replica and block until it stops (`stop`, installed by the caller, says
+    when); return the process exit code."""
     log.info(
         "starting instance=%s bootstrap=%s kafka_options=%s",
         config.instance_id,
@@ -86,6 +116,8 @@ def run_service(config: ServiceConfig) -> int:
     )
     source = open_model_source(config.model_path)
     model = load_checked_model(config, source)
+    if stop.requested:
+        return EXIT_OK
     log.info(
         "model package %s: %s, thresholds review=%s decline=%s",
         model.scorer.package.path,
@@ -124,13 +156,7 @@ def run_service(config: ServiceConfig) -> int:
             client_errors=errors,
         ),
     )
-
-    def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: draining", signal.Signals(signum).name)
-        service.stop()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop.attach(service)
     try:
         service.run()
     finally:
@@ -142,6 +168,9 @@ def run_service(config: ServiceConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    stop = StopRequest()
+    if args.command == "run":
+        stop.install()
     try:
         warnings = check_environment("fraud-scorer")
         config = _load_config(args)
@@ -156,8 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ensure_topics(config, args.partitions, args.replication_factor)
             return EXIT_OK
         if config.processes > 1:
-            return supervise(argv, config)
-        return run_service(config)
+            return EXIT_OK if stop.requested else supervise(argv, config)
+        return run_service(config, stop)
     except ConfigurationError as exc:
         log.error("%s", exc)
         return EXIT_USAGE

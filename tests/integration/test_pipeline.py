@@ -166,6 +166,21 @@ def test_graceful_stop_drains_and_commits(topics_factory, service_factory, stop_
     assert max(counts.values()) == 1, "a restart after a clean stop decides nothing twice"
 
 
+def test_a_stop_while_starting_exits_cleanly(topics_factory, service_factory):
+    """A replica stopped while it loads its model (a rebalance storm, a rollout undone) exits
+    0, as one stopped while consuming does, and decides nothing."""
+    topics = topics_factory(partitions=1)
+    produce(topics.input, simulated(10, seed=12)[0])
+    service = service_factory(topics)
+    deadline = time.monotonic() + 60
+    while "starting instance=" not in service.log():
+        assert time.monotonic() < deadline, service.log()
+        time.sleep(0.01)
+    service.signal(signal.SIGTERM)
+    assert service.wait() == 0, service.log()
+    assert read_topic(topics.output, 1, timeout_s=2, settle_s=0) == []
+
+
 def test_restart_after_sigkill_loses_nothing(topics_factory, service_factory):
     topics = topics_factory(partitions=3)
     records, sent = simulated(20_000, seed=17)

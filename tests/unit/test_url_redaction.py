@@ -178,7 +178,7 @@ def test_the_scorers_start_line_shows_the_bootstrap_servers_without_a_password(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "open_model_source", stop)  # nothing past the start line
         with pytest.raises(Stop):
-            cli.run_service(config)
+            cli.run_service(config, cli.StopRequest())
     err = capsys.readouterr().err
     assert "bootstrap=SASL_SSL://***@broker:9093" in err and SECRET not in err
 
