@@ -27,6 +27,7 @@ from typing import NamedTuple
 import msgspec
 from confluent_kafka import (
     Consumer,
+    KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
@@ -117,7 +118,12 @@ class Broker:
         doomed = sorted(names - set(keep))
         if doomed:
             for future in self._admin.delete_topics(doomed).values():
-                future.result(timeout=ADMIN_TIMEOUT_S)
+                try:
+                    future.result(timeout=ADMIN_TIMEOUT_S)
+                except KafkaException as exc:
+                    # Listed while the previous deletion of it was still under way: gone.
+                    if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
         self._created = [name for name in self._created if name in keep]
 
 

@@ -11,13 +11,15 @@ backlog of `--records` transactions in compressed history time (`bench.harness`:
 about 2 s of event time, so nearly every transaction moves its terminal to a new day, the most
 a catch-up publishes) is produced at once, while the worker reads on. A phase ends once the
 table has taken every routed transaction (`fraud_features_terminal_events_total` of source
-transaction reaches `fraud_features_transactions_total{outcome="routed"}`) and the published
-records have stopped growing. The worker's CPU comes from /proc over each phase (start-up
-excluded); its stages from its own `fraud_features_stage_cpu_seconds_total` (the CPU time of
-the thread running each stage; the publication rounds run on faust's event loop beside other
-tasks, so theirs includes some of what those do while a send waits). The runs' median and
-range go to bench/results/worker-cost.json. `--profile` records the first run under py-spy and
-prints where the time goes.
+transaction reaches `fraud_features_transactions_total{outcome="routed"}`), the published
+records have stopped growing, and the worker has committed every internal record it read (what
+they changed is written to its tables: FRAUD_FEATURES_WRITE_INTERVAL_MS). The worker's CPU
+comes from /proc over each phase (start-up excluded); its stages from its own
+`fraud_features_stage_cpu_seconds_total` (the CPU time of the thread running each stage; the
+publication rounds run on faust's event loop beside other tasks, so theirs includes some of
+what those do while a send waits). The runs' median and range go to
+bench/results/worker-cost.json. `--profile` records the first run under py-spy and prints where
+the time goes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import (
@@ -54,6 +56,7 @@ from bench.harness import (
 )
 from bench.profiling import py_spy, py_spy_prefix, render, summarize
 from loadgen.time_scale import time_scale
+from terminals.topics import events_topic_name
 
 RESULTS = REPO / "bench" / "results" / "worker-cost.json"
 SAMPLE_EVERY_S = 0.5
@@ -147,6 +150,8 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
         *("--history-time-scale", str(scale), "--auto-offset-reset", "earliest"),
         *("--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--log-level", "WARNING"),
     ]
+    if args.write_interval_ms is not None:
+        command += ["--write-interval-ms", str(args.write_interval_ms)]
     profile = data_dir / "profile.txt" if args.profile else None
     if profile is not None:
         spy = py_spy()
@@ -168,7 +173,11 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
             produce_backlog(broker.bootstrap, transactions, args.records)
         else:
             produce_live(broker.bootstrap, transactions, args.rate, args.duration)
-        result = _measure(process, port, pid, before, started, note)
+        written = _Written(broker.bootstrap, f"bench-{run}")
+        try:
+            result = _measure(process, port, pid, before, started, written, note)
+        finally:
+            written.close()
         result["mode"], result["load_average_before"] = mode, load_before
     finally:
         stop(process)
@@ -197,16 +206,38 @@ def _worker_pid(process: subprocess.Popen[bytes]) -> int:
     return int(found[0]) if found else process.pid
 
 
+class _Written:
+    """Whether the worker has committed every record of its internal topic: then what they
+    changed is written to its tables, and that write's CPU is in the phase's figures."""
+
+    def __init__(self, bootstrap: str, app_id: str) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": app_id})
+        topic = events_topic_name(app_id)
+        self._partitions = [TopicPartition(topic, p) for p in range(TABLE_PARTITIONS)]
+
+    def __call__(self) -> bool:
+        committed = self._consumer.committed(self._partitions, timeout=10)
+        for tp in committed:
+            _low, high = self._consumer.get_watermark_offsets(tp, timeout=10)
+            if high > 0 and tp.offset < high:
+                return False
+        return True
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 def _measure(
     process: subprocess.Popen[bytes],
     port: int,
     pid: int,
     before: dict[str, float],
     started: float,
+    written: _Written,
     note: Any,
 ) -> dict[str, Any]:
-    """Wait until every routed transaction is counted and the publications stop, then return
-    the CPU spent since `before`, per 1,000 transactions."""
+    """Wait until every routed transaction is counted, the publications stop and the tables
+    are written, then return the CPU spent since `before`, per 1,000 transactions."""
     deadline = started + DONE_TIMEOUT_S
     last: tuple[float, ...] = ()
     still_since = None
@@ -232,7 +263,9 @@ def _measure(
         if routed > 0 and taken >= routed:
             if now != last:
                 still_since, last = time.monotonic(), now
-            elif still_since is not None and time.monotonic() - still_since >= SETTLE_S:
+            elif (
+                still_since is not None and time.monotonic() - still_since >= SETTLE_S and written()
+            ):
                 break
         else:
             last, still_since = now, None
@@ -287,6 +320,13 @@ def main() -> int:
         "--partitions", type=int, default=12, help="transactions partitions (%(default)s)"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs of each mode (%(default)s)")
+    parser.add_argument(
+        "--write-interval-ms",
+        type=int,
+        default=None,
+        help="the worker's FRAUD_FEATURES_WRITE_INTERVAL_MS (default: its own default); 0 writes "
+        "each changed entry at every internal record, as the worker did before it had one",
+    )
     parser.add_argument(
         "--modes",
         default=",".join(MODES),

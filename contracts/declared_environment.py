@@ -28,6 +28,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_FEATURES_SESSION_TIMEOUT_S": ("fraud-features",),
     "FRAUD_FEATURES_STORE": ("fraud-features",),
     "FRAUD_FEATURES_TABLE_PARTITIONS": ("fraud-features",),
+    "FRAUD_FEATURES_WRITE_INTERVAL_MS": ("fraud-features",),
     "FRAUD_GROUP_ID": ("fraud-scorer",),
     "FRAUD_HANDOFF_BATCHES": ("fraud-scorer",),
     "FRAUD_HISTORY_TIME_SCALE": ("fraud-features", "fraud-scorer"),

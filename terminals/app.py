@@ -24,7 +24,8 @@ topic, as faust's `Stream.group_by` would, one internal record per partition and
 - one agent applies each terminal's events to its `TerminalState` (once per input position,
   each label once per transaction, event time bounded by the table partition's `TerminalClock`,
   which then follows the marks the record carries: the minimum over the inputs of how far the
-  router has read them) and writes the entry to the table (its changelog);
+  router has read them) and writes the entries changed to the table (its changelog) once an
+  interval;
 - it publishes the terminal's features and daily buckets when its day advances or a label is
   counted (the scorer reads the buckets as of each transaction's own day), the rest of a day's
   counts once the clock has passed the day (`close_days`): a tombstone when no window will read
@@ -48,9 +49,11 @@ taken back, its day is the newest report's, and the same publication, tombstone 
 rules apply (`_EntityTable` runs both tables). The scorer counts a card's frauds on the fresh
 windows (`scorer/card_frauds.py`), which read no delay.
 
-Guarantees: at least once, as faust gives it. Faust flushes what the agent sent (changelog
-writes, published risk) before it commits the internal topic's offsets; after a crash the events
-since the last commit are applied again, and the table skips those it counted already. An entry
+Guarantees: at least once, as faust gives it. The agent writes the entries a partition's records
+changed once every FRAUD_FEATURES_WRITE_INTERVAL_MS, and acknowledges those records only then
+(`_Writes`); faust flushes what the agent sent (changelog writes, published risk) before it
+commits the internal topic's acknowledged offsets. After a crash or a rebalance the records since
+the last commit are applied again, and the table skips the events it counted already. An entry
 due for publication when the replica stopped, or published since its last write, differs from
 what its table value says was published: the next owner publishes it in its first round
 (`_due_of`), again if need be (the record is the same). A tombstone is decided on the same
@@ -115,6 +118,11 @@ def build_app(
         # Nothing here waits on a single record: batch the many small sends (changelog, risk)
         # into fewer produce requests.
         producer_linger=PRODUCER_LINGER_S,
+        # The agent acknowledges a record only once the entries it changed are written
+        # (`write_due`): at a rebalance or a stop, faust must not wait for the records it holds
+        # (they would never be acknowledged), it commits up to them and their next reader
+        # applies them again, each input position counted once.
+        stream_wait_empty=False,
         key_serializer="raw",
         value_serializer="raw",
         # No faust web server (the worker's health server serves /metrics, /healthz, /readyz)
@@ -154,14 +162,19 @@ def build_app(
     #: Per table partition: the next internal offset to apply.
     applied: dict[int, int] = {}
     progressed = False
+    writes = _Writes(config.write_interval_ms / 1000)
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
-        """Count each terminal's events, and each card's labels, in their tables (one changelog
-        write per entity and record); publish what changed, at most once a round."""
+        """Count each terminal's events, and each card's labels; write the entries changed to
+        their tables once an interval per partition, then acknowledge the records applied
+        since (faust commits what is acknowledged); publish what changed, at most once a
+        round."""
         nonlocal progressed
-        async for event in stream.events():
+        # StreamT does not declare noack: records are acknowledged by `writes`.
+        async for event in cast(Any, stream).noack().events():
             started = time.thread_time()
+            generation = writes.generation
             partition, offset = event.message.partition, event.message.offset
             try:
                 batch = decode_batch(event.message.value)
@@ -179,16 +192,26 @@ def build_app(
             metrics.stage_cpu("apply", time.thread_time() - started)
             applied[partition] = offset + 1
             progressed = True
+            if writes.generation != generation:
+                continue  # partitions moved while it waited on a send: read again
+            if writes.hold(partition, event):
+                started = time.thread_time()
+                terminals.write(partition)
+                cards.write(partition)
+                writes.acknowledge(partition)
+                metrics.stage_cpu("write", time.thread_time() - started)
 
     @app.on_partitions_revoked.connect
     @app.on_partitions_assigned.connect
     def _moved(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         # What another replica changed meanwhile is read again from the tables; the clocks
-        # follow the marks of the records read from the committed offsets on.
+        # follow the marks of the records read from the committed offsets on. The records
+        # applied but not written are read again from there too.
         terminals.reset()
         cards.reset()
         clocks.reset()
         applied.clear()
+        writes.reset()
 
     async def count_entries() -> None:
         metrics.terminals(len(terminals.table))
@@ -219,6 +242,41 @@ def build_app(
     app.timer(GAUGE_INTERVAL_S)(count_entries)
     app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
+
+
+class _Writes:
+    """Per table partition, the internal records applied since its entries were last written:
+    acknowledged only once they are (faust then commits them), so that what the changelog
+    lacks is always past the committed offset. One write an interval per entry, however many
+    records changed it meanwhile: during a catch-up, or when a terminal sees several
+    transactions an interval, that is most of the table's cost saved."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._held: dict[int, list[Any]] = {}
+        self._since: dict[int, float] = {}
+        #: Counts the revocations and assignments (`reset`).
+        self.generation = 0
+
+    def hold(self, partition: int, event: Any) -> bool:
+        """Hold an applied record; True when the partition's entries are due to be written
+        (its oldest record held is an interval old)."""
+        self._held.setdefault(partition, []).append(event)
+        now = time.monotonic()
+        return now - self._since.setdefault(partition, now) >= self._interval_s
+
+    def acknowledge(self, partition: int) -> None:
+        """The partition's entries are written: its records held are done."""
+        for event in self._held.pop(partition, ()):
+            event.ack()
+        self._since.pop(partition, None)
+
+    def reset(self) -> None:
+        """After a revocation or an assignment: the records held are read again from the
+        committed offsets (never acknowledged, they were not committed)."""
+        self._held.clear()
+        self._since.clear()
+        self.generation += 1
 
 
 class _Clocks:
@@ -278,9 +336,10 @@ class _EntityTable:
         #: the table has it with the entry's next write (faust writes a table only from the
         #: agent, and a round runs beside it).
         self._decoded: dict[str, TerminalState] = {}
-        #: Entries a round published since their last write: never dropped from `_decoded`, or
-        #: the table's older `published` would decide their next publication and tombstone.
-        self._unwritten: set[str] = set()
+        #: Per table partition: the entries changed (counted, or published by a round) since
+        #: their last write (`write`). Never dropped from `_decoded`: the table holds an older
+        #: value of them.
+        self._unwritten: dict[int, set[str]] = {}
         #: Counts the assignments and revocations: a round stops when one comes while it waits
         #: on a send.
         self._generation = 0
@@ -344,7 +403,7 @@ class _EntityTable:
         holds as it is is dropped (read again from the table when needed)."""
         decoded = self._decoded
         if len(decoded) >= MAX_DECODED:
-            old = next((k for k in decoded if k not in self._unwritten), None)
+            old = next((k for k in decoded if not self._is_unwritten(k)), None)
             if old is not None:
                 del decoded[old]
         decoded[key] = state
@@ -376,14 +435,26 @@ class _EntityTable:
         if not changed:
             return
         self._newest_days.setdefault(partition, {})[key] = state.newest_day
-        self.table[key] = state.to_bytes()
-        self._unwritten.discard(key)
+        self._unwritten.setdefault(partition, set()).add(key)
         waiting = self._unpublished.setdefault(partition, {})
         if publish:
             self._due_of(partition)[key] = None
             waiting.pop(key, None)
         else:  # the rest of its day: published once the day is over
             waiting[key] = state.as_of_day
+
+    def write(self, partition: int) -> None:
+        """Write the partition's entries changed since their last write to the table (its
+        changelog): called from the agent, on a record of that partition (faust writes a
+        table only there, to the record's partition of the changelog)."""
+        for key in self._unwritten.pop(partition, ()):
+            state = self._decoded.get(key)
+            if state is not None:
+                self.table[key] = state.to_bytes()
+
+    def _is_unwritten(self, key: str) -> bool:
+        partition = partition_of(key, self._config.table_partitions)
+        return key in self._unwritten.get(partition, ())
 
     def _due_of(self, partition: int) -> dict[str, None]:
         due = self._due.get(partition)
@@ -395,7 +466,7 @@ class _EntityTable:
         """One round (every FRAUD_FEATURES_PUBLISH_INTERVAL_MS): publish each due entry once,
         as it is now, however many records changed it since the last round."""
         generation = self._generation
-        for due in list(self._due.values()):
+        for partition, due in list(self._due.items()):
             keys = list(due)
             due.clear()
             for key in keys:
@@ -409,7 +480,7 @@ class _EntityTable:
                     continue
                 publish, features = state.to_publish()
                 if publish:
-                    self._unwritten.add(key)
+                    self._unwritten.setdefault(partition, set()).add(key)
                     await self._publish(key, state, features)
 
     async def _publish(
@@ -444,14 +515,21 @@ class _EntityTable:
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
         waiting, due = self._unpublished.get(partition, {}), self._due.get(partition, {})
+        unwritten = self._unwritten.get(partition, set())
+        generation = self._generation
         for key in idle:
+            if self._generation != generation:
+                return  # partitions moved while it waited on a send: their new owner evicts
             del known[key]
             waiting.pop(key, None)
             due.pop(key, None)
             self._decoded.pop(key, None)
-            self._unwritten.discard(key)
-            if key in self.table:
+            held = key in unwritten  # perhaps not written yet, but published
+            unwritten.discard(key)
+            stored = key in self.table
+            if stored:
                 del self.table[key]
+            if stored or held:
                 await self._send(key, None)
         if idle:
             self._metrics.evicted(len(idle), card=self._card)

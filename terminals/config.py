@@ -143,6 +143,18 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             le=60_000,
         ),
     ] = 1_000
+    write_interval_ms: Annotated[
+        int,
+        meta(
+            "FRAUD_FEATURES_WRITE_INTERVAL_MS",
+            "how often the worker writes each terminal and card it changed to its table "
+            "(changelog): once an interval, however many events changed it meanwhile; the "
+            "internal records applied since are committed only once written, so a restart "
+            "applies them again (each counted once). 0 writes at every internal record",
+            ge=0,
+            le=600_000,
+        ),
+    ] = 10_000
     auto_offset_reset: Annotated[
         Literal["earliest", "latest"],
         meta(

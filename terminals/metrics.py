@@ -20,8 +20,9 @@ LABEL_DELAY_BUCKETS: tuple[float, ...] = (60.0, 600.0, 3_600.0, 4 * 3_600.0, 12 
 LABEL_DELAY_BUCKETS += (2.5 * 86_400.0, 7 * 86_400.0, 14 * 86_400.0, 30 * 86_400.0, 60 * 86_400.0)
 #: The worker's stages, as `fraud_features_stage_cpu_seconds_total` names them: the router's
 #: decoding and queueing (read) and its ordering, batching, producing and committing (route);
-#: the table agent applying events (apply) and publishing records (publish).
-STAGES = ("read", "route", "apply", "publish")
+#: the table agent applying events (apply), writing the entries they changed to the tables
+#: (write), and publishing records (publish).
+STAGES = ("read", "route", "apply", "write", "publish")
 
 
 class WorkerMetrics:
@@ -128,7 +129,7 @@ class WorkerMetrics:
         self._stage_cpu = Counter(
             "fraud_features_stage_cpu_seconds",
             "CPU time of the thread running each stage of the worker (read, route, apply, "
-            "publish; see docs/state.md): what faust and the Kafka clients spend besides is "
+            "write, publish; see docs/state.md): what faust and the Kafka clients spend besides is "
             "about the process's CPU minus their sum (apply and publish run on faust's event "
             "loop, and one waiting on a send also counts what the loop runs meanwhile)",
             ["stage"],

@@ -51,6 +51,7 @@ Responsibilities and decisions:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -163,8 +164,13 @@ class Router:
         self._keys: dict[tuple[str, int], str] = {}
         #: Partitions of the transactions and labels topics (looked up after an assignment).
         self._input_partitions: tuple[int, int] | None = None
-        #: Per table partition, what the marks last sent there said (`_summary`).
+        #: Per table partition, what the marks last sent there said (`_summary`), and when
+        #: (monotonic) it was last sent anything.
         self._sent: dict[int, tuple[object, ...]] = {}
+        self._sent_at: dict[int, float] = {}
+        #: A table partition sent nothing for this long is sent its marks (the table writes
+        #: its entries, and commits, only on a record: `FRAUD_FEATURES_WRITE_INTERVAL_MS`).
+        self._quiet_s = config.write_interval_ms / 1000 / 2
         self.error: BaseException | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -327,16 +333,19 @@ class Router:
 
     def _route_in_order(self, stop: threading.Event) -> None:
         """Route, batch by batch, the queued records whose turn it is; and the marks alone to
-        the table partitions that did not hear of a new day or idle input."""
+        the table partitions that did not hear of a new day or idle input, or that were sent
+        nothing for half the write interval."""
         while not stop.is_set():
             self._find_ends()
             taken, last = self._order.take(ROUTE_BATCH)
             marks = self._marks()
             summary = None if marks is None else _summary(marks, self._config.day_ms)
+            quiet_since = time.monotonic() - self._quiet_s
             behind = [
                 p
                 for p in range(self._config.table_partitions)
-                if summary is not None and self._sent.get(p) != summary
+                if (summary is not None and self._sent.get(p) != summary)
+                or (self._quiet_s > 0 and self._sent_at.get(p, -math.inf) <= quiet_since)
             ]
             if not taken and not behind:
                 return
@@ -389,6 +398,9 @@ class Router:
         self._deliver(outputs, stop)
         if stop.is_set() and outputs:
             return  # not all acknowledged: read again by the next owner
+        now = time.monotonic()
+        for partition in records:
+            self._sent_at[partition] = now
         if marks is not None:
             summary = _summary(marks, self._config.day_ms)
             for partition in records:

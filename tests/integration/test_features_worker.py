@@ -126,7 +126,7 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
     records += [transaction(20, DAY0 + 8, "P"), transaction(21, today, "P")]
     records += [transaction(30, today, "Q"), transaction(31, today, None)]
     produce(topics.transactions, records)
-    worker = start_worker()
+    worker = start_worker("--write-interval-ms", "1000")
     reader = RiskReader(topics.risk)
     try:
         before = reader.wait_for(
@@ -155,10 +155,12 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
             sum((d["reported_at"] - d["event_time"]) / 1000 for d in delays)
         )
 
-        # Everything read is committed: the restarted worker does not read these transactions
-        # again, so their counts can only come back from the table's changelog.
+        # Everything read is committed, by the router and by the table once it wrote what the
+        # records changed: the restarted worker does not read these transactions again, so
+        # their counts can only come back from the table's changelog.
         for topic in (topics.transactions, topics.labels):
             wait_committed(router_group(topics.app_id), topic)
+        wait_committed(topics.app_id, events_topic_name(topics.app_id))
         changelog = changelog_topic_name(topics.app_id)
         assert sum(end_offsets(changelog, PARTITIONS).values()) > 0
         worker.kill()
@@ -193,6 +195,46 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
         assert restarted.metric(counted) == 1
         # The five labels with a terminal, read again (and maybe re-keyed events not committed).
         assert restarted.metric(duplicate) >= 5
+    finally:
+        reader.close()
+
+
+def test_entries_are_written_once_an_interval_and_a_kill_before_the_write_loses_nothing(
+    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """FRAUD_FEATURES_WRITE_INTERVAL_MS: the counts are published from memory at once, but
+    written to the table (its changelog) only once an interval, and the internal records are
+    committed only after that; a worker killed before its write loses nothing, and counts
+    nothing twice, since its successor applies those records again."""
+    topics = worker_topics
+    today = DAY0 + DELAY_DAYS + 2  # the windows end on DAY0 + 2
+    records = [transaction(i, DAY0 + i % 3, "P") for i in range(30)]
+    records.append(transaction(30, today, "P"))
+    produce(topics.transactions, records)
+    worker = start_worker("--write-interval-ms", "600000")
+    reader = RiskReader(topics.risk)
+    try:
+        reader.wait_for("P", {"as_of_day": today} | risk(10, 0, 1) | risk(30, 0, 30))
+        for topic in (topics.transactions, topics.labels):
+            wait_committed(router_group(topics.app_id), topic)
+        changelog = changelog_topic_name(topics.app_id)
+        assert sum(end_offsets(changelog, PARTITIONS).values()) == 0, "written before its time"
+        worker.kill()
+
+        restarted = start_worker("--write-interval-ms", "100")
+        restarted.wait_ready(starts=2)
+        produce(topics.transactions, [transaction(31, DAY0 + 2, "P")])
+        reader.wait_for(
+            "P",
+            {"as_of_day": today} | risk(11, 0, 1) | risk(31, 0, 30),
+            timeout_s=SESSION_TIMEOUT_S + READY_TIMEOUT_S,
+        )
+        counted = 'fraud_features_terminal_events_total{result="counted",source="transaction"}'
+        assert restarted.metric(counted) == 32, "the records not written are applied again"
+        deadline = time.monotonic() + 30
+        while sum(end_offsets(changelog, PARTITIONS).values()) == 0:
+            assert time.monotonic() < deadline, "the restarted worker never wrote its table"
+            time.sleep(0.2)
     finally:
         reader.close()
 
