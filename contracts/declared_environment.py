@@ -24,6 +24,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_FEATURES_METRICS_HOST": ("fraud-features",),
     "FRAUD_FEATURES_METRICS_PORT": ("fraud-features",),
     "FRAUD_FEATURES_PUBLISH_INTERVAL_MS": ("fraud-features",),
+    "FRAUD_FEATURES_READY_MAX_LAG": ("fraud-features",),
     "FRAUD_FEATURES_REPLICATION_FACTOR": ("fraud-features",),
     "FRAUD_FEATURES_SESSION_TIMEOUT_S": ("fraud-features",),
     "FRAUD_FEATURES_STORE": ("fraud-features",),

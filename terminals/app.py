@@ -76,10 +76,11 @@ from faust.types import StreamT
 from contracts.card_frauds import encode_card_frauds
 from contracts.terminal_risk import encode_terminal_risk
 from terminals.config import WorkerConfig
-from terminals.events import TerminalEvent, decode_batch, partition_of
+from terminals.events import InputMarks, TerminalEvent, decode_batch, partition_of
 from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
+from terminals.router import ROUTE_BATCH, newest_transaction_time
 from terminals.state import TerminalClock, TerminalState
 from terminals.topics import CARD_TABLE_NAME, TABLE_NAME, events_topic_name
 
@@ -163,6 +164,7 @@ def build_app(
     applied: dict[int, int] = {}
     progressed = False
     writes = _Writes(config.write_interval_ms / 1000)
+    counted = _NewestCounted(metrics)
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
@@ -185,6 +187,7 @@ def build_app(
                 cards.apply(partition, batch.cards)
                 if batch.marks is not None:
                     clocks.of(partition).follow(batch.marks)
+                    counted.follow(batch.marks)
                 terminals.close_days(partition)
                 cards.close_days(partition)
                 await terminals.evict_if_due(partition)
@@ -223,12 +226,23 @@ def build_app(
         recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
         health.recovered(recovery.completed.is_set() and not app.rebalancing)
         waiting = False
+        behind: int | None = 0
         for tp in app.assignor.assigned_actives():
-            if tp.topic != events_topic or tp.partition not in applied:
+            if tp.topic != events_topic:
                 continue
             high = app.consumer.highwater(tp)
+            if tp.partition not in applied:
+                # Nothing applied yet: how far behind it is, is not known (the router sends
+                # every partition a record every few seconds).
+                behind = None if high is None or high > 0 or behind is None else behind
+                continue
             waiting |= high is not None and high > applied[tp.partition]
+            if high is not None and behind is not None:
+                behind += max(high - applied[tp.partition], 0)
         health.agent_progress(waiting, progressed)
+        if behind is not None:
+            metrics.internal_lag(behind)
+        health.table_lag(None if behind is None else behind * ROUTE_BATCH)
         metrics.stalled(health.stalled)
         progressed = False
 
@@ -277,6 +291,21 @@ class _Writes:
         self._held.clear()
         self._since.clear()
         self.generation += 1
+
+
+class _NewestCounted:
+    """The newest transaction time the table has counted: that of the marks of the records it
+    applied (the router's reading up to then, every transaction before it routed first)."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+        self._newest_ms = -1
+
+    def follow(self, marks: InputMarks) -> None:
+        newest = newest_transaction_time(marks)
+        if newest > self._newest_ms:
+            self._newest_ms = newest
+            self._metrics.counted_event_time(newest)
 
 
 class _Clocks:

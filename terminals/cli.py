@@ -106,7 +106,7 @@ def run_worker(config: WorkerConfig) -> int:
     prepare_topics(config)
     metrics = WorkerMetrics()
     metrics.history_time_scale(config.history_time_scale)
-    health = WorkerHealth()
+    health = WorkerHealth(max_lag=config.ready_max_lag)
     server = serve(config.metrics_host, config.metrics_port, health, metrics.registry)
     log.info(
         "starting app_id=%s instance=%s bootstrap=%s partitions=%s day_ms=%s kafka=%s",
@@ -118,7 +118,8 @@ def run_worker(config: WorkerConfig) -> int:
         config.redacted_kafka_settings(),
     )
     app = build_app(config, auth, metrics, health)
-    router = Router(config, metrics, RouterProgress(health.router_beat, health.router_delivering))
+    progress = RouterProgress(health.router_beat, health.router_delivering, health.router_lag)
+    router = Router(config, metrics, progress)
     stop = threading.Event()
     routing = threading.Thread(
         target=_route, args=(router, stop, health), name="router", daemon=True

@@ -143,6 +143,18 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
             le=60_000,
         ),
     ] = 1_000
+    ready_max_lag: Annotated[
+        int,
+        meta(
+            "FRAUD_FEATURES_READY_MAX_LAG",
+            "the worker is not ready while its router is more than this many input records "
+            "behind the inputs' ends, or its table more than this many transactions behind "
+            "the internal topic's end (an internal record counted as up to 1,000): a worker "
+            "catching up on a backlog says so",
+            ge=1,
+            le=100_000_000,
+        ),
+    ] = 20_000
     write_interval_ms: Annotated[
         int,
         meta(

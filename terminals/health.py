@@ -8,8 +8,11 @@ terminal's risk:
   router's thread inside a call that does not return); a router that stopped for good is dead;
 - the table agent is stalled when re-keyed events wait in a partition it owns (the partition's
   high watermark is past what it applied) and it applied none of them for `STALL_AFTER_S`.
-Readiness is liveness, plus the table recovered from its changelog and the router's outputs
-acknowledged (not being retried).
+Readiness is liveness, plus the table recovered from its changelog, the router's outputs
+acknowledged (not being retried), and the worker not catching up: its router within
+FRAUD_FEATURES_READY_MAX_LAG input records of the inputs' ends (and its lag known: it has been
+given its partitions and fetched them), its table within as many transactions of the internal
+topic's end. A worker started on a backlog is not ready until it has counted it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ STALL_AFTER_S = 30.0
 class WorkerHealth:
     """The worker's probe: updated by the router's thread and faust's event loop."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, max_lag: int | None = None
+    ) -> None:
+        """`max_lag`: FRAUD_FEATURES_READY_MAX_LAG (None: the lag does not decide readiness)."""
         self._clock = clock
+        self._max_lag = max_lag
+        #: Input records not routed yet (None: not known yet), and transactions not counted.
+        self._router_lag: int | None = None
+        self._table_lag: int | None = None
         now = clock()
         self._router_beat = now
         self._loop_beat = now
@@ -49,6 +59,10 @@ class WorkerHealth:
     def router_failed(self, why: str) -> None:
         self._router_failure = why
 
+    def router_lag(self, records: int | None) -> None:
+        """The input records its router has not routed yet (None: not known yet)."""
+        self._router_lag = records
+
     # -- faust's event loop ----------------------------------------------------------------
 
     def loop_beat(self) -> None:
@@ -57,6 +71,11 @@ class WorkerHealth:
     def recovered(self, done: bool) -> None:
         """Whether the table is recovered from its changelog (False again on a rebalance)."""
         self._recovered = done
+
+    def table_lag(self, transactions: int | None) -> None:
+        """At most how many routed transactions its table agent has not applied yet (None:
+        not known yet)."""
+        self._table_lag = transactions
 
     def agent_progress(self, waiting: bool, progressed: bool) -> None:
         """Once a second: whether events wait for the table agent, and whether it applied
@@ -94,4 +113,22 @@ class WorkerHealth:
             return False, "recovering the table from its changelog"
         if not self._delivering:
             return False, "routed records not acknowledged, retrying"
+        return self._caught_up()
+
+    def _caught_up(self) -> tuple[bool, str]:
+        bound = self._max_lag
+        if bound is None:
+            return True, "ok"
+        routing = self._router_lag
+        if routing is None:
+            return False, "input lag not known yet (partitions not assigned or not fetched)"
+        if routing > bound:
+            return False, f"catching up: {routing:,} input records not routed (bound {bound:,})"
+        if self._table_lag is None:
+            return False, "table lag not known yet (no internal record applied)"
+        if self._table_lag > bound:
+            return False, (
+                f"catching up: up to {self._table_lag:,} routed transactions not counted "
+                f"(bound {bound:,})"
+            )
         return True, "ok"

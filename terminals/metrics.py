@@ -82,6 +82,29 @@ class WorkerMetrics:
             "has applied none of them for 30 s (its /healthz then fails)",
             registry=self.registry,
         )
+        self._input_lag = Gauge(
+            "fraud_features_input_lag_records",
+            "Records of the transactions and labels partitions this replica's router owns that "
+            "it has not routed yet (read ahead and queued, or not read): how far it is behind "
+            "the inputs' ends",
+            registry=self.registry,
+        )
+        self._internal_lag = Gauge(
+            "fraud_features_internal_lag_records",
+            "Records of the internal topic's partitions this replica's table owns that it has "
+            "not applied yet (each carries up to 1,000 routed transactions)",
+            registry=self.registry,
+        )
+        self._routed_event_time = Gauge(
+            "fraud_features_routed_event_time_seconds",
+            "The newest event time (epoch s) of a transaction this replica's router routed",
+            registry=self.registry,
+        )
+        self._counted_event_time = Gauge(
+            "fraud_features_counted_event_time_seconds",
+            "The newest event time (epoch s) of a transaction this replica's table counted",
+            registry=self.registry,
+        )
         self._terminals = Gauge(
             "fraud_features_terminals",
             "Terminals in this replica's table partitions",
@@ -179,6 +202,18 @@ class WorkerMetrics:
 
     def delivery_retry(self) -> None:
         self._retries.inc()
+
+    def input_lag(self, records: int) -> None:
+        self._input_lag.set(records)
+
+    def internal_lag(self, records: int) -> None:
+        self._internal_lag.set(records)
+
+    def routed_event_time(self, time_ms: int) -> None:
+        self._routed_event_time.set(time_ms / 1000)
+
+    def counted_event_time(self, time_ms: int) -> None:
+        self._counted_event_time.set(time_ms / 1000)
 
     def stalled(self, stalled: bool) -> None:
         self._stalled.set(1 if stalled else 0)

@@ -94,6 +94,10 @@ MAX_QUEUED = 8 * ROUTE_BATCH
 #: And before what its queued records hold reaches this: a dead letter holds its record's key,
 #: value and headers, and an invalid label may be as large as the topic allows (a megabyte).
 MAX_QUEUED_BYTES = 16 * 1024 * 1024
+#: How often the router tells how far behind the inputs it is.
+LAG_EVERY_S = 1.0
+#: Bounds of how long a table partition goes without a record from this router.
+QUIET_MIN_S, QUIET_MAX_S = 1.0, 5.0
 #: How long a lookup of the input topics' partition counts may take (the marks name them).
 METADATA_TIMEOUT_S = 5.0
 #: The input each record comes from, as the marks and the table's positions name it.
@@ -122,6 +126,8 @@ class RouterProgress(NamedTuple):
 
     beat: Callable[[], None]
     delivering: Callable[[bool], None]
+    #: The input records not routed yet (None: not known yet).
+    lag: Callable[[int | None], None]
 
 
 class Router:
@@ -168,9 +174,14 @@ class Router:
         #: (monotonic) it was last sent anything.
         self._sent: dict[int, tuple[object, ...]] = {}
         self._sent_at: dict[int, float] = {}
-        #: A table partition sent nothing for this long is sent its marks (the table writes
-        #: its entries, and commits, only on a record: `FRAUD_FEATURES_WRITE_INTERVAL_MS`).
-        self._quiet_s = config.write_interval_ms / 1000 / 2
+        #: A table partition sent nothing for this long is sent its marks: the table writes
+        #: its entries, and commits, only on a record (`FRAUD_FEATURES_WRITE_INTERVAL_MS`),
+        #: and knows how far behind it is only once it has applied one.
+        self._quiet_s = min(max(config.write_interval_ms / 2000, QUIET_MIN_S), QUIET_MAX_S)
+        #: The newest transaction time routed (the marks'), and when the lag was last told.
+        self._newest_routed_ms = -1
+        self._lag_told = -math.inf
+        self._fetched = False
         self.error: BaseException | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -191,6 +202,7 @@ class Router:
                 read = time.thread_time()
                 self._route_in_order(stop)
                 self._pause()
+                self._tell_lag()
                 self._metrics.stage_cpu("read", read - started)
                 self._metrics.stage_cpu("route", time.thread_time() - read)
         except BaseException as exc:
@@ -201,6 +213,30 @@ class Router:
             self._producer.flush(FLUSH_SLICE_S)
             consumer.close()
 
+    def _tell_lag(self) -> None:
+        """Every LAG_EVERY_S: how many input records the partitions it owns hold past what it
+        routed (queued, or not read); not known until each has been fetched up to a record or
+        its end."""
+        now = time.monotonic()
+        if now - self._lag_told < LAG_EVERY_S:
+            return
+        self._lag_told = now
+        behind: int | None = self._order.queued()
+        # A partition read to its end has nothing more (and no position, if it never had a
+        # record).
+        reading = self._partitions(self._order.reading())
+        for tp in self._consumer.position(reading) if reading else []:
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset < 0 or high < 0 or behind is None:
+                behind = None
+                continue
+            behind += max(high - tp.offset, 0)
+        if not self._fetched:
+            behind = None  # no assignment yet
+        if behind is not None:
+            self._metrics.input_lag(behind)
+        self._progress.lag(behind)
+
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         _log_partitions("routing", partitions)
         for tp in partitions:
@@ -208,6 +244,8 @@ class Router:
             self._keys[tp.topic, tp.partition] = f"{source}{tp.partition}"
         self._order.assign(self._keys[tp.topic, tp.partition] for tp in partitions)
         self._input_partitions = None
+        self._fetched = True
+        self._lag_told = -math.inf
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         _log_partitions("revoked", partitions)
@@ -402,6 +440,10 @@ class Router:
         for partition in records:
             self._sent_at[partition] = now
         if marks is not None:
+            newest = newest_transaction_time(marks)
+            if newest > self._newest_routed_ms:
+                self._newest_routed_ms = newest
+                self._metrics.routed_event_time(newest)
             summary = _summary(marks, self._config.day_ms)
             for partition in records:
                 self._sent[partition] = summary
@@ -503,6 +545,13 @@ def _summary(marks: InputMarks, day_ms: int) -> tuple[object, ...]:
     newest = max((time_ms for time_ms, _ in reached), default=-1)
     oldest = min(active) // day_ms if active else None
     return marks.partitions, oldest, newest // day_ms
+
+
+def newest_transaction_time(marks: InputMarks) -> int:
+    """The newest time (epoch ms) the marks say a transactions partition was read up to; -1
+    when none says one."""
+    times = [time_ms for key, (time_ms, _) in marks.reached.items() if key[0] == TRANSACTIONS]
+    return max(times, default=-1)
 
 
 def router_group(app_id: str) -> str:

@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from contracts.label import decode_label
 from contracts.terminal_risk import DELAY_DAYS
 from contracts.transaction import decode_transaction
 from scorer.features import FEATURE_NAMES
-from terminals.router import router_group
+from terminals.router import ROUTE_BATCH, router_group
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
@@ -237,6 +238,50 @@ def test_entries_are_written_once_an_interval_and_a_kill_before_the_write_loses_
             time.sleep(0.2)
     finally:
         reader.close()
+
+
+def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
+    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Lag that tells the truth: a worker started on a backlog says how far behind its router
+    and its table are, and is not ready until both are within FRAUD_FEATURES_READY_MAX_LAG."""
+    topics = worker_topics
+    backlog, bound = 50_000, 1_000
+    records = [transaction(i, DAY0 + i * 20 // backlog, f"T{i % 500}") for i in range(backlog)]
+    produce(topics.transactions, records)
+    worker = start_worker("--ready-max-lag", str(bound))
+    deadline = time.monotonic() + READY_TIMEOUT_S + 60
+    most_behind = {"input": 0.0, "internal": 0.0}
+    while True:
+        assert time.monotonic() < deadline, worker.log()[-6000:]
+        time.sleep(0.1)
+        try:
+            if worker.probe("/readyz") == 200:
+                break
+            lags = worker.samples("fraud_features_")
+        except urllib.error.URLError:  # its health server is not up yet
+            continue
+        for line in lags:
+            name, value = line.rsplit(" ", 1)
+            if name.endswith("_lag_records"):
+                which = name.removeprefix("fraud_features_").split("_")[0]
+                most_behind[which] = max(most_behind[which], float(value))
+    counted_when_ready = _transactions_counted(worker)
+    assert counted_when_ready >= backlog - 2 * bound, counted_when_ready
+    # An internal record carries up to ROUTE_BATCH transactions.
+    behind = max(most_behind["input"], most_behind["internal"] * ROUTE_BATCH)
+    assert behind > bound, f"the lag metrics never showed the backlog: {most_behind}"
+    deadline = time.monotonic() + 60
+    while _transactions_counted(worker) < backlog:
+        assert time.monotonic() < deadline, _transactions_counted(worker)
+        time.sleep(0.2)
+    assert worker.metric("fraud_features_input_lag_records") == 0
+
+
+def _transactions_counted(worker: WorkerProcess) -> float:
+    """The transactions the worker's table took (counted, duplicate or stale)."""
+    taken = worker.samples("fraud_features_terminal_events_total{")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in taken if 'source="transaction"' in line)
 
 
 def _probe(n: int, day: int, terminal: str) -> tuple[bytes, bytes]:

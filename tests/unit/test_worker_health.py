@@ -84,3 +84,24 @@ def test_recovery_and_retries_make_it_unready_not_dead() -> None:
     assert health.ready() == (False, "routed records not acknowledged, retrying")
     health.router_delivering(True)
     assert health.ready() == (True, "ok")
+
+
+def test_a_worker_catching_up_is_not_ready_until_both_lags_are_within_the_bound() -> None:
+    health = WorkerHealth(Clock(), max_lag=1_000)
+    health.recovered(True)
+    steps = [
+        (None, None, "input lag not known yet"),
+        (50_000, None, "catching up: 50,000 input records not routed"),
+        (1_000, None, "table lag not known yet"),
+        (1_000, 40_000, "catching up: up to 40,000 routed transactions not counted"),
+        (1_001, 0, "catching up: 1,001 input records not routed"),
+    ]
+    for router, table, why in steps:
+        health.router_lag(router)
+        health.table_lag(table)
+        ready, reason = health.ready()
+        assert not ready and reason.startswith(why), reason
+    health.router_lag(1_000)
+    health.table_lag(1_000)
+    assert health.ready() == (True, "ok")
+    assert health.alive() == (True, "ok")  # catching up is not being stuck
