@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contracts.terminal_risk import (
     BUCKET_DAYS,
@@ -84,6 +86,19 @@ def test_events_count_the_same_in_any_order_and_batch() -> None:
         values[t].add_label(d, f)
     stacked = np.stack([value.features(90) for value in values])
     assert np.array_equal(stacked, window_features(*together, as_of))
+
+
+@given(st.lists(st.integers(0, 200), max_size=300))
+def test_one_transaction_at_a_time_buckets_as_a_batch_does(days: list[int]) -> None:
+    # add_transaction is add_events for one event, without its array set-up (the worker calls
+    # it once per transaction): the buckets must end the same, day for day.
+    one_at_a_time = TerminalRisk()
+    for day in days:
+        one_at_a_time.add_transaction(day)
+    batch = empty_buckets(1)
+    add_events(*batch, np.zeros(len(days), np.int64), np.array(days, np.int64), None)
+    held_days, counts = one_at_a_time.buckets()
+    assert np.array_equal(held_days, batch[0][0]) and np.array_equal(counts, batch[1][0])
 
 
 def test_state_and_record_round_trip() -> None:
