@@ -177,6 +177,7 @@ bench: $(BENCH_INSTALLED) $(QUIX_INSTALLED)
 	status=0; $(PY) -m bench.input_formats || status=$$?; \
 	if [ $$status = 0 ]; then $(PY) -m bench.pipeline_bench $(BENCH_ARGS) || status=$$?; fi; \
 	if [ $$status = 0 ]; then $(PY) -m bench.worker_cost --duration 20 --records 50000 || status=$$?; fi; \
+	if [ $$status = 0 ]; then $(PY) -m bench.system_cost || status=$$?; fi; \
 	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
 	if [ $$started = 1 ]; then ops/kafka/kafka.sh down; fi; \
 	exit $$status

@@ -42,9 +42,11 @@ from bench.harness import (
     free_port,
     load_average,
     measure,
+    process_cpu_s,
     shown,
     stop,
     wait_for_assignment,
+    wait_ready,
 )
 from bench.loops import STATE_TOPIC_SUFFIX
 from loadgen.html_report import REPORT_FILE
@@ -85,6 +87,8 @@ PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
     "pipeline_features": ("--decision-features", "on"),
 }
 LATENCY_RATE = 5_000.0
+#: How long `fraud-features` may take to be ready before a whole-system latency run.
+WORKER_READY_S = 120.0
 #: How long the latency run's service may take to be assigned its partitions.
 ASSIGNMENT_TIMEOUT_S = 60.0
 #: How long fraud-loadgen waits for the last decisions after sending: long enough for the
@@ -278,13 +282,17 @@ def latency(
     role: str | None = None,
     variant: str | None = None,
     rate: float = LATENCY_RATE,
+    features_worker: bool = False,
 ) -> dict[str, Any]:
     """Event→decision latency under fraud-loadgen at `rate` tx/s, open loop, on topics of
     `run.partitions`; `role` names its topics and group (one per latency run of a bench);
     `variant`: the pipeline contender whose flags the service runs with (default: by
     `exactly_once`), or "quix" for the Quix Streams contender. A contender slower than `rate`
     falls behind for the whole run: fraud-loadgen waits up to `DRAIN_TIMEOUT_S` for its last
-    decisions, and those still missing count as `lost`."""
+    decisions, and those still missing count as `lost`. `features_worker`: `fraud-features`
+    runs beside the service on the same input, publishing the terminal risk the service reads
+    (the whole system); the CPU each spent during the load run is reported per 1,000
+    decisions."""
     variant = variant or ("pipeline_eos" if exactly_once else "pipeline")
     if variant == "quix" and not QUIX_PYTHON.is_file():
         raise RuntimeError(QUIX_MISSING)
@@ -306,6 +314,11 @@ def latency(
         flags = PIPELINE_FLAGS[variant]
         command = service_command(run, topics, group, port, *flags, history_time_scale=scale)
         metrics_url = f"http://127.0.0.1:{port}/metrics"
+    worker_command = (
+        _worker_command(run, topics, broker.topic(f"{role}-labels", 1), group, scale)
+        if features_worker
+        else None
+    )
     load = load_average()
     loadgen_command = [
         sys.executable,
@@ -332,13 +345,22 @@ def latency(
         "--json",
         "--quiet",
     ]
-    log_path = run.logs / f"{role}-service.log"
-    with log_path.open("wb") as log:
-        service = subprocess.Popen(
-            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    worker = None
+    if worker_command is not None:
+        worker_port = int(worker_command[worker_command.index("--metrics-port") + 1])
+        worker = _start(worker_command, run.logs / f"{role}-features.log")
+    service = None
+    cpu: dict[str, float] = {}
     try:
+        if worker is not None:
+            try:
+                wait_ready(worker, f"http://127.0.0.1:{worker_port}/readyz", WORKER_READY_S)
+            except RuntimeError as exc:
+                raise RuntimeError(f"fraud-features: {exc}") from exc
+        service = _start(command, run.logs / f"{role}-service.log")
         wait_for_assignment(run.bootstrap, group, service, ASSIGNMENT_TIMEOUT_S)
+        processes = {"scorer": service, **({"features_worker": worker} if worker else {})}
+        cpu = {name: -process_cpu_s(p.pid) for name, p in processes.items()}
         loadgen = subprocess.run(
             loadgen_command,
             cwd=REPO,
@@ -347,12 +369,16 @@ def latency(
             check=False,
             timeout=run.latency_duration_s + DRAIN_TIMEOUT_S + LOADGEN_GRACE_S,
         )
+        for name, measured in processes.items():
+            cpu[name] += process_cpu_s(measured.pid)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"fraud-loadgen did not finish within {exc.timeout} s") from exc
     else:
         stages = stage_means_ms(metrics_url) if metrics_url else {}
     finally:
-        stop(service)
+        for started in (service, worker):
+            if started is not None:
+                stop(started)
     if not loadgen.stdout.strip():
         raise RuntimeError(f"fraud-loadgen printed no summary:\n{loadgen.stderr[-2000:]}")
     summary: dict[str, Any] = json.loads(loadgen.stdout.strip().splitlines()[-1])
@@ -368,7 +394,37 @@ def latency(
         "report": shown(report_dir / REPORT_FILE),
         **{key: summary.get(key) for key in keys},
         "stage_mean_ms": stages,
+        "features_worker": features_worker,
+        "cpu_s_per_1k": {
+            name: round(seconds * 1000 / max(summary.get("decided") or 0, 1), 4)
+            for name, seconds in cpu.items()
+        },
     }
+
+
+def _start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _worker_command(
+    run: Run, topics: tuple[str, str, str], labels: str, group: str, history_time_scale: float
+) -> list[str]:
+    """`fraud-features run` on the service's input, publishing to the terminal-risk and
+    card-frauds topics the service reads (`service_command`), with its defaults otherwise."""
+    return [
+        sys.executable,
+        *("-m", "terminals", "run", "--bootstrap-servers", run.bootstrap),
+        *("--app-id", f"{group}-features", "--input-topic", topics[0], "--labels-topic", labels),
+        *("--terminal-risk-topic", f"{group}-terminal-risk"),
+        *("--card-frauds-topic", f"{group}-card-frauds", "--dlq-topic", topics[2]),
+        *("--data-dir", str(run.scratch / f"features-{group}")),
+        *("--history-time-scale", str(history_time_scale), "--auto-offset-reset", "earliest"),
+        *("--metrics-host", "127.0.0.1", "--metrics-port", str(free_port())),
+        *("--log-level", "WARNING"),
+    ]
 
 
 def stage_means_ms(metrics_url: str) -> dict[str, float]:

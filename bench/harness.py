@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -205,6 +206,29 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     if producer.flush(FLUSH_TIMEOUT_S):
         raise RuntimeError(f"the backlog was not acknowledged within {FLUSH_TIMEOUT_S} s")
     return time.monotonic() - started
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) a process has spent so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # past the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    """Until `url` (a /readyz) answers 200; RuntimeError if the process ends or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"exited early (status {process.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:  # not serving yet, or 503
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready within {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 def load_average() -> float:
