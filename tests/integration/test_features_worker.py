@@ -115,7 +115,7 @@ def start_worker(
 
 
 def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
-    worker_topics: WorkerTopics, start_worker: Callable[[], WorkerProcess]
+    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     topics = worker_topics
     today = DAY0 + DELAY_DAYS + 2  # the windows end on DAY0 + 2
