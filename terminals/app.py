@@ -96,6 +96,9 @@ GAUGE_INTERVAL_S = 10.0
 HEALTH_INTERVAL_S = 1.0
 #: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
 MAX_DECODED = 100_000
+#: Internal records held, per table partition, until its entries are written: a catch-up
+#: reads them faster than an interval passes, and each holds its value (up to 1,000 events).
+MAX_HELD = 1_000
 
 
 def build_app(
@@ -265,19 +268,22 @@ class _Writes:
     records changed it meanwhile: during a catch-up, or when a terminal sees several
     transactions an interval, that is most of the table's cost saved."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._interval_s = interval_s
+        self._clock = clock
         self._held: dict[int, list[Any]] = {}
         self._since: dict[int, float] = {}
         #: Counts the revocations and assignments (`reset`).
         self.generation = 0
 
     def hold(self, partition: int, event: Any) -> bool:
-        """Hold an applied record; True when the partition's entries are due to be written
-        (its oldest record held is an interval old)."""
-        self._held.setdefault(partition, []).append(event)
-        now = time.monotonic()
-        return now - self._since.setdefault(partition, now) >= self._interval_s
+        """Hold an applied record; True when the partition's entries are due to be written:
+        its oldest record held is an interval old, or it holds MAX_HELD records."""
+        held = self._held.setdefault(partition, [])
+        held.append(event)
+        now = self._clock()
+        due = now - self._since.setdefault(partition, now) >= self._interval_s
+        return due or len(held) >= MAX_HELD
 
     def acknowledge(self, partition: int) -> None:
         """The partition's entries are written: its records held are done."""

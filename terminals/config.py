@@ -160,7 +160,8 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
         meta(
             "FRAUD_FEATURES_WRITE_INTERVAL_MS",
             "how often the worker writes each terminal and card it changed to its table "
-            "(changelog): once an interval, however many events changed it meanwhile; the "
+            "(changelog): once an interval (or once 1,000 internal records of a partition "
+            "are held), however many events changed it meanwhile; the "
             "internal records applied since are committed only once written, so a restart "
             "applies them again (each counted once). 0 writes at every internal record",
             ge=0,
