@@ -96,6 +96,8 @@ GAUGE_INTERVAL_S = 10.0
 HEALTH_INTERVAL_S = 1.0
 #: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
 MAX_DECODED = 100_000
+#: `_Writes.commit_bound` of a partition that may commit nothing yet.
+NO_COMMIT = -1
 #: Internal records held, per table partition, until its entries are written: a catch-up
 #: reads them faster than an interval passes, and each holds its value (up to 1,000 events).
 MAX_HELD = 1_000
@@ -167,6 +169,7 @@ def build_app(
     applied: dict[int, int] = {}
     progressed = False
     writes = _Writes(config.write_interval_ms / 1000)
+    guarded = False
     counted = _NewestCounted(metrics)
 
     @app.agent(terminal_events, name="update_terminals")
@@ -194,12 +197,13 @@ def build_app(
                 terminals.close_days(partition)
                 cards.close_days(partition)
                 await terminals.evict_if_due(partition)
-                await cards.evict_if_due(partition)
+                if writes.generation == generation:
+                    await cards.evict_if_due(partition)
             metrics.stage_cpu("apply", time.thread_time() - started)
-            applied[partition] = offset + 1
-            progressed = True
             if writes.generation != generation:
                 continue  # partitions moved while it waited on a send: read again
+            applied[partition] = offset + 1
+            progressed = True
             if writes.hold(partition, event):
                 started = time.thread_time()
                 terminals.write(partition)
@@ -210,6 +214,10 @@ def build_app(
     @app.on_partitions_revoked.connect
     @app.on_partitions_assigned.connect
     def _moved(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+        nonlocal guarded
+        if not guarded:  # the consumer exists once partitions move
+            bound_commits(app.consumer, events_topic, writes)
+            guarded = True
         # What another replica changed meanwhile is read again from the tables; the clocks
         # follow the marks of the records read from the committed offsets on. The records
         # applied but not written are read again from there too.
@@ -273,6 +281,9 @@ class _Writes:
         self._clock = clock
         self._held: dict[int, list[Any]] = {}
         self._since: dict[int, float] = {}
+        #: Partitions whose applied records a rebalance dropped before they were written: read
+        #: again from the committed offset, none of theirs may be committed until written.
+        self._dropped: set[int] = set()
         #: Counts the revocations and assignments (`reset`).
         self.generation = 0
 
@@ -290,13 +301,52 @@ class _Writes:
         for event in self._held.pop(partition, ()):
             event.ack()
         self._since.pop(partition, None)
+        self._dropped.discard(partition)
+
+    def commit_bound(self, partition: int) -> int | None:
+        """The highest offset faust may commit for the partition (the next one it would read):
+        that of its oldest record held, not written yet; NO_COMMIT while records a rebalance
+        dropped unwritten wait to be read again; None: no bound."""
+        held = self._held.get(partition)
+        if held:
+            return int(held[0].message.offset)
+        return NO_COMMIT if partition in self._dropped else None
 
     def reset(self) -> None:
         """After a revocation or an assignment: the records held are read again from the
         committed offsets (never acknowledged, they were not committed)."""
+        self._dropped.update(partition for partition, held in self._held.items() if held)
         self._held.clear()
         self._since.clear()
         self.generation += 1
+
+
+def bound_commits(consumer: Any, topic: str, writes: _Writes) -> None:
+    """Cap every commit faust makes of `topic` at `writes.commit_bound`.
+
+    Faust commits the longest run of acknowledged offsets from the committed one. Besides the
+    agent's acknowledgements, it acknowledges by itself a record it skips during a rebalance (one
+    the agent had not started), and that run check lets one such record through when the
+    committed offset is 0 or unknown, or one offset past it: a commit could then pass records
+    the agent holds unwritten, which the rebalance then drops. This wraps faust's
+    `Consumer._new_offset` (no public hook), and refuses to start on a faust without it."""
+    original = getattr(consumer, "_new_offset", None)
+    if not callable(original):
+        raise RuntimeError(
+            "this faust-streaming's Consumer has no _new_offset: the features worker cannot "
+            "bound its commits; install the version pinned in pyproject.toml"
+        )
+
+    def bounded(tp: Any) -> int | None:
+        bound = writes.commit_bound(tp.partition) if tp.topic == topic else None
+        if bound == NO_COMMIT:
+            return None
+        offset: int | None = original(tp)
+        if offset is None or bound is None:
+            return offset
+        return min(offset, bound)
+
+    consumer._new_offset = bounded
 
 
 class _NewestCounted:

@@ -1,18 +1,25 @@
 """When the features worker's table agent writes the entries a partition's records changed, and
 what it acknowledges then (terminals/app.py, `_Writes`): a record is acknowledged (faust may
 commit it) only once what it changed is written, and records held are bounded in time and in
-number. The clock is a parameter."""
+number; and faust never commits past a record held unwritten, even one a rebalance dropped.
+The clock is a parameter."""
 
 from __future__ import annotations
 
-from terminals.app import MAX_HELD, _Writes
+from types import SimpleNamespace
+
+import pytest
+from faust.transport.consumer import Consumer as FaustConsumer
+
+from terminals.app import MAX_HELD, NO_COMMIT, _Writes, bound_commits
 
 
 class Record:
     """Stands for a faust event: records whether it was acknowledged."""
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = 0) -> None:
         self.acked = False
+        self.message = SimpleNamespace(offset=offset)
 
     def ack(self) -> None:
         self.acked = True
@@ -48,3 +55,53 @@ def test_a_rebalance_drops_the_records_held_without_acknowledging_them() -> None
     writes.acknowledge(0)
     assert not held.acked, "read again from the committed offset by the partition's owner"
     assert writes.generation == generation + 1
+
+
+def test_a_partition_commits_up_to_its_oldest_record_held_and_nothing_after_a_drop() -> None:
+    writes = _Writes(600.0, clock=lambda: 0.0)
+    assert writes.commit_bound(0) is None, "nothing held: no bound"
+    writes.hold(0, Record(40))
+    writes.hold(0, Record(41))
+    assert writes.commit_bound(0) == 40
+    writes.reset()  # a rebalance drops 40 and 41 unwritten: they are read again
+    assert writes.commit_bound(0) == NO_COMMIT
+    writes.hold(0, Record(40))
+    assert writes.commit_bound(0) == 40
+    writes.acknowledge(0)  # written
+    assert writes.commit_bound(0) is None
+
+
+class Consumer:
+    """Stands for faust's consumer: `_new_offset` returns the end of its acknowledged run."""
+
+    def __init__(self, run_end: int) -> None:
+        self.run_end = run_end
+        self.asked = 0
+
+    def _new_offset(self, _tp: object) -> int | None:
+        self.asked += 1
+        return self.run_end
+
+
+def test_faust_commits_no_further_than_the_oldest_record_held() -> None:
+    # Faust acknowledges by itself a record it skips during a rebalance (offset 45 here), which
+    # its run check can let through: its run would then end past records 40-44, held unwritten.
+    writes = _Writes(600.0, clock=lambda: 0.0)
+    consumer = Consumer(run_end=46)
+    bound_commits(consumer, "events", writes)
+    internal = SimpleNamespace(topic="events", partition=0)
+    other = SimpleNamespace(topic="other", partition=0)
+    assert consumer._new_offset(internal) == 46, "nothing held"
+    writes.hold(0, Record(40))
+    assert consumer._new_offset(internal) == 40
+    assert consumer._new_offset(other) == 46, "another topic is not bounded"
+    writes.reset()
+    asked = consumer.asked
+    assert consumer._new_offset(internal) is None
+    assert consumer.asked == asked, "faust's acknowledgements are left as they are"
+
+
+def test_a_faust_without_the_hook_is_refused_and_this_one_has_it() -> None:
+    with pytest.raises(RuntimeError, match="_new_offset"):
+        bound_commits(object(), "events", _Writes(1.0))
+    assert callable(FaustConsumer._new_offset), "the faust installed lacks the hook"
