@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ensure_topics(config, args.partitions, args.replication_factor)
             return EXIT_OK
         if config.processes > 1:
-            return EXIT_OK if stop.requested else supervise(argv, config)
+            return EXIT_OK if stop.requested else supervise(argv, config, lambda: stop.requested)
         return run_service(config, stop)
     except ConfigurationError as exc:
         log.error("%s", exc)

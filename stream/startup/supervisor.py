@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from stream.startup import child_health
@@ -83,8 +83,11 @@ def _start(command: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, preexec_fn=lambda: _die_with_supervisor(supervisor_pid))
 
 
-def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
-    """Run `config.processes` children until they all stop; return the worst exit status."""
+def supervise(
+    argv: Sequence[str], config: ServiceConfig, stop_requested: Callable[[], bool] = lambda: False
+) -> int:
+    """Run `config.processes` children until they all stop; return the worst exit status.
+    `stop_requested`: whether a stop came before this function took the signals over."""
     commands = [child_command(argv, config, i) for i in range(config.processes)]
     children = [_start(command) for command in commands]
     stopping = False
@@ -100,6 +103,8 @@ def supervise(argv: Sequence[str], config: ServiceConfig) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    if stop_requested():
+        forward(signal.SIGTERM, None)
     log.info("started %s processes, metrics ports from %s", len(children), config.metrics_port)
     health = _child_health(config)
     if health is not None:
