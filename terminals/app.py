@@ -63,6 +63,7 @@ then all leave the windows, gets its tombstone when it is forgotten as idle.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -71,6 +72,7 @@ from typing import Any, cast
 import faust
 import numpy as np
 import numpy.typing as npt
+from aiokafka.errors import KafkaError
 from faust.types import StreamT
 
 from contracts.card_frauds import encode_card_frauds
@@ -96,6 +98,8 @@ GAUGE_INTERVAL_S = 10.0
 HEALTH_INTERVAL_S = 1.0
 #: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
 MAX_DECODED = 100_000
+#: How long the health timer waits for the internal topic's end offsets.
+END_OFFSETS_TIMEOUT_S = 5.0
 #: `_Writes.commit_bound` of a partition that may commit nothing yet.
 NO_COMMIT = -1
 #: Internal records held, per table partition, until its entries are written: a catch-up
@@ -238,10 +242,10 @@ def build_app(
         health.recovered(recovery.completed.is_set() and not app.rebalancing)
         waiting = False
         behind: int | None = 0
-        for tp in app.assignor.assigned_actives():
-            if tp.topic != events_topic:
-                continue
-            high = app.consumer.highwater(tp)
+        owned = [tp for tp in app.assignor.assigned_actives() if tp.topic == events_topic]
+        ends = await _end_offsets(app, owned)
+        for tp in owned:
+            high = ends.get(tp)
             if tp.partition not in applied:
                 # Nothing applied yet: how far behind it is, is not known (the router sends
                 # every partition a record every few seconds).
@@ -267,6 +271,21 @@ def build_app(
     app.timer(GAUGE_INTERVAL_S)(count_entries)
     app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
+
+
+async def _end_offsets(app: faust.App, partitions: list[Any]) -> dict[Any, int | None]:
+    """The partitions' end offsets, asked of the broker: the consumer's own high watermark is
+    that of its last fetch, which stops while its buffer is full (a catch-up), and a lag read
+    from it looked small while thousands of records waited. The last fetch's where the broker
+    does not answer within END_OFFSETS_TIMEOUT_S."""
+    if not partitions:
+        return {}
+    try:
+        found = await asyncio.wait_for(app.consumer.highwaters(*partitions), END_OFFSETS_TIMEOUT_S)
+    except (TimeoutError, KafkaError) as exc:
+        log.debug("end offsets of the internal topic not read: %s", exc)
+        return {tp: app.consumer.highwater(tp) for tp in partitions}
+    return {tp: found.get(tp) for tp in partitions}
 
 
 class _Writes:

@@ -246,7 +246,8 @@ def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
     """Lag that tells the truth: a worker started on a backlog says how far behind its router
     and its table are, and is not ready until both are within FRAUD_FEATURES_READY_MAX_LAG."""
     topics = worker_topics
-    backlog, bound = 50_000, 1_000
+    # Long enough to catch up that the probes below see it (50,000 took about 2 s).
+    backlog, bound = 150_000, 1_000
     records = [transaction(i, DAY0 + i * 20 // backlog, f"T{i % 500}") for i in range(backlog)]
     produce(topics.transactions, records)
     worker = start_worker("--ready-max-lag", str(bound))
