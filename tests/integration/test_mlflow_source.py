@@ -23,7 +23,9 @@ from tests.support.records import value_of
 from tests.unit.test_model_reload import package_copy
 
 TRACKING_URI = os.environ.get("FRAUD_TEST_MLFLOW_TRACKING_URI", "http://127.0.0.1:15000")
-RATE, DURATION_S, PROMOTE_AT_S = 2_000, 6, 2.0
+# The swap takes the poll, the download, the package check in a child process (1 s here, 4 s
+# on a loaded 2-core machine) and the load: the run lasts long enough for all of it.
+RATE, DURATION_S, PROMOTE_AT_S = 2_000, 12, 2.0
 
 
 @pytest.fixture
