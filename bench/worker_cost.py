@@ -53,6 +53,7 @@ from bench.harness import (
     record_parts,
     stop,
     tool_parser,
+    wait_ready,
 )
 from bench.profiling import py_spy, py_spy_prefix, render, summarize
 from loadgen.time_scale import time_scale
@@ -164,7 +165,7 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
             command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        _wait_ready(process, port)
+        wait_ready(process, f"http://127.0.0.1:{port}/readyz", READY_TIMEOUT_S)
         pid = _worker_pid(process)
         load_before = load_average()
         before = cpu_seconds(pid)
@@ -184,19 +185,6 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
     if profile is not None and profile.exists():
         note(render(summarize(profile.read_text(), focus=FOCUS)))
     return result
-
-
-def _wait_ready(process: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the worker exited early (status {process.returncode})")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the worker was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
 def _worker_pid(process: subprocess.Popen[bytes]) -> int:
