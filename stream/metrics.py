@@ -310,10 +310,17 @@ class ServiceMetrics:
             "it grows while the features worker publishes nothing",
             registry=r,
         )
+        self._terminal_state_age = Gauge(
+            "fraud_terminal_risk_state_age_seconds",
+            "How far (event time) the newest transaction scored is past what the features "
+            "worker has counted and published (its progress records); NaN until known",
+            registry=r,
+        )
         self._terminal_skipped = Counter(
             "fraud_terminal_risk_records_skipped_total",
             "terminal-risk records not taken: invalid, or future (as of a day past this host's "
-            "clock plus the allowed skew)",
+            "clock plus the allowed skew); progress: a progress record not readable or past the "
+            "clock",
             ["reason"],
             registry=r,
         )
@@ -337,10 +344,12 @@ class ServiceMetrics:
         for reason in ("invalid", "future"):
             self._terminal_skipped.labels(reason)
             self._card_frauds_skipped.labels(reason)
+        self._terminal_skipped.labels("progress")
         self._topic_reader_age = Gauge(
             "fraud_topic_reader_read_age_seconds",
-            "Seconds since a topic reader (reader: rules, terminal-risk, card-frauds, the "
-            "control topics; labels) last read its topic without error: it grows while the "
+            "Seconds since a topic reader (reader: rules, terminal-risk, terminal-risk-progress, "
+            "card-frauds, the control topics; labels) last read its topic without error: it "
+            "grows while the "
             "topic cannot be read (not authorized, refused, the broker away)",
             ["reader"],
             registry=r,
@@ -642,6 +651,10 @@ class ServiceMetrics:
     def record_topic_reader_error(self, reader: str, cause: str) -> None:
         self._topic_reader_errors.labels(reader, cause).inc()
 
-    def watch_terminal_risk_age(self, age_s: Callable[[], float]) -> None:
-        """The newest terminal-risk record's age is `age_s()` at every scrape."""
+    def watch_terminal_risk_age(
+        self, age_s: Callable[[], float], state_age_s: Callable[[], float]
+    ) -> None:
+        """The newest terminal-risk record's age is `age_s()`, and the worker's state's age
+        `state_age_s()`, at every scrape."""
         self._terminal_age.set_function(age_s)
+        self._terminal_state_age.set_function(state_age_s)

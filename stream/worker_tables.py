@@ -29,9 +29,16 @@ Responsibilities and decisions (`WorkerTable`, for both):
   partition up to the end it had when it started (or at once when the broker says the topic
   does not exist): a replica scores only after that, so a restart does not score with neutral
   features. A topic that cannot be read is not an empty one: the replica waits (`problem`).
-- `fraud_terminal_risk_newest_record_age_seconds` is the age of the newest terminal-risk record
-  held (by its Kafka timestamp): when the worker stops publishing, it grows, and an alert fires.
-  (Card records come only with frauds, so their age says nothing about the worker.)
+- `fraud_terminal_risk_state_age_seconds` is the age of the worker's state the replica scores
+  with: how far in event time the newest transaction it scored is past what the worker has
+  counted and published (the minimum over its table partitions of their progress records,
+  `contracts/worker_progress.py`, read from `<terminal-risk>-progress` beside the table). It
+  grows while the worker catches up on a backlog, though it publishes all the while, and when
+  it stops; `FraudTerminalRiskStale` fires on it. Unknown (NaN) until every table partition has
+  said how far it reached and a transaction was scored; that reader never holds the replica
+  back. `fraud_terminal_risk_newest_record_age_seconds` is the wall-clock age of the newest
+  record held (by its Kafka timestamp). (Card records come only with frauds, so their age says
+  nothing about the worker.)
 - The table is a dict replaced value by value: the scoring thread reads it without a lock (one
   dict lookup per transaction is atomic), the reader thread is its only writer.
 - The reader uses no consumer group and commits nothing: it always rebuilds from the topic; a
@@ -55,6 +62,7 @@ from contracts.card_frauds import CardFraudsRecord, decode_card_frauds
 from contracts.event_time import EventClock
 from contracts.terminal_risk import HORIZON_DAYS, TerminalRiskRecord, decode_terminal_risk
 from contracts.transaction import MAX_ID_CHARS
+from contracts.worker_progress import decode_progress, progress_topic_name
 from scorer.card_frauds import card_features
 from scorer.terminal_risk import terminal_features
 from stream.compacted_topic import CompactedTopicReader
@@ -218,20 +226,84 @@ class WorkerTable(Generic[R]):
 
 
 class TerminalRiskTable(WorkerTable[TerminalRiskRecord]):
-    """The copy of `terminal-risk`: each transaction's terminal features."""
+    """The copy of `terminal-risk`: each transaction's terminal features; and how far the
+    worker's state reaches, from `<terminal-risk>-progress`."""
 
     name = "terminal-risk"
     _entries = "terminals"
 
+    def __init__(
+        self,
+        kafka: Mapping[str, Any],
+        topic: str,
+        metrics: ServiceMetrics,
+        *,
+        clock: EventClock,
+        day_ms: int,
+    ) -> None:
+        #: Per table partition of the worker: how far its published state reaches (epoch ms),
+        #: and how many partitions it has. Replaced whole, never changed in place: the scrape
+        #: reads it from another thread.
+        self._counted_to: dict[int, int] = {}
+        self._partitions = 0
+        #: The newest event time scored (epoch ms, bounded by the clock), -1 before any.
+        self._newest_scored_ms = -1
+        super().__init__(kafka, topic, metrics, clock=clock, day_ms=day_ms)
+        self._progress = CompactedTopicReader(
+            kafka,
+            progress_topic_name(topic),
+            self._apply_progress,
+            name=f"{self.name}-progress",
+            metrics=metrics,
+        )
+
     def _watch(self, metrics: ServiceMetrics) -> None:
-        metrics.watch_terminal_risk_age(self._newest_record_age_s)
+        metrics.watch_terminal_risk_age(self._newest_record_age_s, self.state_age_s)
+
+    def start(self) -> None:
+        super().start()
+        self._progress.start()
+
+    def close(self) -> None:
+        self._progress.close()
+        super().close()
 
     def features(
         self, terminal_ids: Sequence[str | None], event_time: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.float32]:
         """The terminal feature rows of a batch, each as of its transaction's day (neutral
         where unknown)."""
+        if len(event_time):
+            newest = min(int(event_time.max()), self._clock.bound_ms())
+            self._newest_scored_ms = max(self._newest_scored_ms, newest)
         return terminal_features(self._records, terminal_ids, event_time // self._day_ms)
+
+    def state_age_s(self) -> float:
+        """How far (event-time seconds) the newest transaction scored is past the worker's
+        progress; NaN until every table partition has told it and a transaction was scored."""
+        counted_to, newest = self._counted_to, self._newest_scored_ms
+        if newest < 0 or not self._partitions or len(counted_to) < self._partitions:
+            return float("nan")
+        return max(0.0, (newest - min(counted_to.values())) / 1000.0)
+
+    def _apply_progress(self, message: Message) -> None:
+        value = message.value()
+        if value is None:  # a tombstone: nothing to forget, progress only moves forward
+            return
+        try:
+            progress = decode_progress(value)
+        except ValueError as exc:
+            log.warning("skipping a %s-progress record: %s", self.name, exc)
+            self._skipped("progress")
+            return
+        if progress.counted_to > self._clock.bound_ms():
+            log.warning("skipping a %s-progress record past this host's clock", self.name)
+            self._skipped("progress")
+            return
+        counted_to = {} if progress.partitions != self._partitions else dict(self._counted_to)
+        known = counted_to.get(progress.partition, -1)
+        counted_to[progress.partition] = max(known, progress.counted_to)
+        self._counted_to, self._partitions = counted_to, progress.partitions
 
     def _decode(self, value: bytes) -> tuple[TerminalRiskRecord, _Decoded]:
         record = decode_terminal_risk(value)

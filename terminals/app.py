@@ -77,6 +77,7 @@ from faust.types import StreamT
 
 from contracts.card_frauds import encode_card_frauds
 from contracts.terminal_risk import encode_terminal_risk
+from contracts.worker_progress import WorkerProgress, encode_progress, progress_topic_name
 from terminals.config import WorkerConfig
 from terminals.events import InputMarks, TerminalEvent, decode_batch, partition_of
 from terminals.health import WorkerHealth
@@ -175,6 +176,7 @@ def build_app(
     writes = _Writes(config.write_interval_ms / 1000)
     guarded = False
     counted = _NewestCounted(metrics)
+    progress = _Progress(app, progress_topic_name(config.terminal_risk_topic), config)
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
@@ -263,8 +265,12 @@ def build_app(
 
     async def publish_due() -> None:
         started = time.thread_time()
+        generation = writes.generation
+        reached = clocks.reached()  # before the round: what it publishes covers it
         await terminals.publish_due()
         await cards.publish_due()
+        if writes.generation == generation:  # else partitions moved: the round stopped
+            await progress.send(reached)
         metrics.stage_cpu("publish", time.thread_time() - started)
 
     app.timer(config.publish_interval_ms / 1000)(publish_due)
@@ -399,6 +405,34 @@ class _Clocks:
     def reset(self) -> None:
         """After an assignment: each clock starts again from the marks it reads."""
         self._clocks.clear()
+
+    def reached(self) -> dict[int, int]:
+        """Per table partition owned, its watermark (epoch ms), once it has one."""
+        return {p: c.watermark_ms for p, c in self._clocks.items() if c.watermark_ms >= 0}
+
+
+class _Progress:
+    """Sends, after each publication round, how far each table partition's published state
+    reaches (its clock's watermark before the round) to the progress topic
+    (contracts/worker_progress.py): the scorer's `fraud_terminal_risk_state_age_seconds`.
+    Only what moved forward is sent: a new owner starts again from its committed offset, and
+    what the partition published before stays published."""
+
+    def __init__(self, app: faust.App, topic: str, config: WorkerConfig) -> None:
+        self._app = app
+        self._topic = topic
+        self._partitions = config.table_partitions
+        self._sent: dict[int, int] = {}
+
+    async def send(self, reached: dict[int, int]) -> None:
+        for partition, counted_to in reached.items():
+            if counted_to <= self._sent.get(partition, -1):
+                continue
+            key, value = encode_progress(WorkerProgress(partition, self._partitions, counted_to))
+            await self._app.producer.send(
+                self._topic, key, value, partition=None, timestamp=None, headers=None
+            )
+            self._sent[partition] = counted_to
 
 
 class _EntityTable:

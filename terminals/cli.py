@@ -73,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     WorkerConfig.add_arguments(run)
     topics = commands.add_parser(
         "create-topics",
-        help="create the labels and the compacted terminal-risk topics if missing",
-        description="Create the worker's labels and terminal-risk (cleanup.policy=compact) "
-        "topics where missing; `run` does the same at start. The transactions and dead-letter "
-        "topics are the scorer's (fraud-scorer create-topics).",
+        help="create the labels topic and the compacted output topics if missing",
+        description="Create the worker's labels topic and its compacted (cleanup.policy=compact) "
+        "terminal-risk, card-frauds and <terminal-risk>-progress topics (the last with one "
+        "partition) where missing; `run` does the same at start. The transactions and "
+        "dead-letter topics are the scorer's (fraud-scorer create-topics).",
     )
     topics.add_argument(
         "--partitions", type=int, default=3, help="partitions per topic (default: 3)"

@@ -42,7 +42,8 @@ class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
         Topic,
         meta(
             "FRAUD_TERMINAL_RISK_TOPIC",
-            "compacted topic the per-terminal risk is published to (key terminal_id)",
+            "compacted topic the per-terminal risk is published to (key terminal_id); how far "
+            "the published state reaches goes to <this>-progress (compacted, 1 partition)",
         ),
     ] = "terminal-risk"
     card_frauds_topic: Annotated[

@@ -111,6 +111,9 @@ class TerminalClock:
         self.day_ms = day_ms
         self._clock = clock or EventClock()
         self.watermark_day = NO_DAY
+        #: The watermark itself (epoch ms; NO_TIME until every input has been heard of): every
+        #: event at or before it has been applied (the worker's progress, `WorkerProgress`).
+        self.watermark_ms = NO_TIME
         #: Per input partition ("t3", "l0"): the newest time the marks said, and whether idle.
         self._reached: dict[str, tuple[int, bool]] = {}
         #: The input partitions every mark must be known of ("t0"…, "l0"…).
@@ -157,6 +160,7 @@ class TerminalClock:
             newest = max(newest, time_ms)
         watermark_ms = newest if oldest is None else oldest
         if watermark_ms >= 0:
+            self.watermark_ms = max(self.watermark_ms, watermark_ms)
             self.advance(watermark_ms // self.day_ms)
 
     def advance(self, day: int) -> None:

@@ -1,5 +1,6 @@
-"""The worker's own topics: `labels` (its input) and the compacted `terminal-risk` and
-`card-frauds` (its outputs).
+"""The worker's own topics: `labels` (its input), the compacted `terminal-risk` and
+`card-frauds` (its outputs), and the compacted `terminal-risk-progress` (how far its outputs
+reach, one partition: contracts/worker_progress.py).
 
 `fraud-features create-topics` creates them, and `fraud-features run` does too where they are
 missing, so the worker starts on a broker that has only the scorer's topics. The outputs must
@@ -35,6 +36,7 @@ from confluent_kafka.admin import (
 
 from contracts.errors import ConfigurationError
 from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
+from contracts.worker_progress import progress_topic_name
 from terminals.config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,8 @@ def changelog_topic_name(app_id: str, table: str = TABLE_NAME) -> str:
 
 
 def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int) -> list[str]:
-    """Create the labels, terminal-risk and card-frauds topics where missing; return those
-    created.
+    """Create the labels, terminal-risk, card-frauds and progress topics where missing; return
+    those created.
 
     Raises ConfigurationError when a topic cannot be created, or an output topic exists without
     compaction.
@@ -70,17 +72,20 @@ def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int
             f"got {partitions} and {replication_factor}"
         )
     admin = _admin(config)
+    progress = progress_topic_name(config.terminal_risk_topic)
     created = create_missing(
         admin,
         [
             NewTopic(config.labels_topic, partitions, replication_factor),
             NewTopic(config.terminal_risk_topic, partitions, replication_factor, config=COMPACT),
             NewTopic(config.card_frauds_topic, partitions, replication_factor, config=COMPACT),
+            NewTopic(progress, 1, replication_factor, config=COMPACT),
         ],
     )
     for topic, setting in (
         (config.terminal_risk_topic, "FRAUD_TERMINAL_RISK_TOPIC"),
         (config.card_frauds_topic, "FRAUD_CARD_FRAUDS_TOPIC"),
+        (progress, "FRAUD_TERMINAL_RISK_TOPIC"),
     ):
         if topic not in created:
             _check_compacted(admin, topic, setting)
@@ -107,7 +112,8 @@ def prepare_topics(config: WorkerConfig) -> None:
             *(NewTopic(name, partitions, replicas, config=COMPACT) for name in changelogs),
         ],
     )
-    names = [config.labels_topic, config.terminal_risk_topic, config.card_frauds_topic, *internal]
+    outputs = [config.terminal_risk_topic, config.card_frauds_topic]
+    names = [config.labels_topic, *outputs, progress_topic_name(outputs[0]), *internal]
     deadline = time.monotonic() + ADMIN_TIMEOUT_S
     while True:
         topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics

@@ -8,7 +8,8 @@ them, so a test may act right after. Every binding is an ALLOW; on a broker with
 
 | resource | pattern | operations | why |
 | --- | --- | --- | --- |
-| `transactions`, `labels`, `terminal-risk`, `card-frauds` | literal | READ, DESCRIBE | consume |
+| `transactions`, `labels`, `card-frauds` | literal | READ, DESCRIBE | consume |
+| `terminal-risk`, `terminal-risk-progress` | literal | READ, DESCRIBE | consume |
 | output topics (`decisions`, the dead-letter topic) | literal | WRITE, DESCRIBE | produce |
 | changelogs `<group>-` | prefixed | READ, WRITE, DESCRIBE, CREATE | write, restore, create state |
 | consumer group | literal | READ | join, commit and fetch offsets |
@@ -75,7 +76,13 @@ class ServiceAcls:
 
     #: The SCRAM user name (or any principal name) without the `User:` prefix.
     principal: str = "fraud-scorer"
-    input_topics: tuple[str, ...] = ("transactions", "labels", "terminal-risk", "card-frauds")
+    input_topics: tuple[str, ...] = (
+        "transactions",
+        "labels",
+        "terminal-risk",
+        "terminal-risk-progress",
+        "card-frauds",
+    )
     output_topics: tuple[str, ...] = ("decisions", "transactions.dlq")
     group: str = "fraud-scorer"
     transactional_id_prefix: str = "fraud-scorer"

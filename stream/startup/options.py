@@ -325,7 +325,8 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         meta(
             "FRAUD_TERMINAL_RISK_TOPIC",
             "compacted topic of per-terminal risk that fraud-features publishes; every replica "
-            "reads all of it (a terminal not there yet gets neutral risk)",
+            "reads all of it (a terminal not there yet gets neutral risk), and <this>-progress, "
+            "how far the worker's state reaches (fraud_terminal_risk_state_age_seconds)",
         ),
     ] = "terminal-risk"
     card_frauds_topic: Annotated[

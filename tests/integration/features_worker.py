@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from contracts.card_frauds import decode_card_frauds
 from contracts.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
+from contracts.worker_progress import progress_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,
@@ -42,6 +43,11 @@ class WorkerTopics:
     dlq: str
     app_id: str
     card_frauds: str
+
+    @property
+    def progress(self) -> str:
+        """The worker's progress topic (it creates it where missing)."""
+        return progress_topic_name(self.risk)
 
 
 @dataclass

@@ -139,7 +139,8 @@ def worker_topics_factory(admin: AdminClient) -> Iterator[Callable[[], WorkerTop
         )
         compact = {"cleanup.policy": "compact"}
         new = [NewTopic(n, PARTITIONS, 1) for n in (topics.transactions, topics.dlq, topics.labels)]
-        new += [NewTopic(n, 1, 1, config=compact) for n in (topics.risk, topics.card_frauds)]
+        outputs = (topics.risk, topics.card_frauds, topics.progress)
+        new += [NewTopic(n, 1, 1, config=compact) for n in outputs]
         for future in admin.create_topics(new).values():
             future.result(timeout=30)
         made.append(topics)
@@ -149,6 +150,7 @@ def worker_topics_factory(admin: AdminClient) -> Iterator[Callable[[], WorkerTop
     existing = set(admin.list_topics(timeout=30).topics)
     for topics in made:
         names = [topics.transactions, topics.dlq, topics.labels, topics.risk, topics.card_frauds]
+        names.append(topics.progress)
         names += [events_topic_name(topics.app_id), changelog_topic_name(topics.app_id)]
         names.append(changelog_topic_name(topics.app_id, CARD_TABLE_NAME))
         gone = [n for n in names if n in existing]

@@ -13,6 +13,7 @@ end on day d - 7.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -78,6 +79,7 @@ def worker_topics(admin: AdminClient) -> Iterator[WorkerTopics]:
     new = [NewTopic(name, PARTITIONS, 1) for name in (topics.transactions, topics.dlq)]
     new.append(NewTopic(topics.risk, 1, 1, config={"cleanup.policy": "compact"}))
     new.append(NewTopic(topics.card_frauds, 1, 1, config={"cleanup.policy": "compact"}))
+    new.append(NewTopic(topics.progress, 1, 1, config={"cleanup.policy": "compact"}))
     new.append(NewTopic(topics.labels, PARTITIONS, 1))
     for future in admin.create_topics(new).values():
         future.result(timeout=30)
@@ -241,18 +243,31 @@ def test_entries_are_written_once_an_interval_and_a_kill_before_the_write_loses_
 
 
 def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
-    worker_topics: WorkerTopics, start_worker: Callable[..., WorkerProcess]
+    worker_topics: WorkerTopics,
+    start_worker: Callable[..., WorkerProcess],
+    topics_factory: Callable[..., Topics],
+    service_factory: Callable[..., ServiceProcess],
 ) -> None:
     """Lag that tells the truth: a worker started on a backlog says how far behind its router
-    and its table are, and is not ready until both are within FRAUD_FEATURES_READY_MAX_LAG."""
+    and its table are, and is not ready until both are within FRAUD_FEATURES_READY_MAX_LAG; a
+    scorer that scores a transaction of the backlog's last day meanwhile says how far behind
+    the worker's state is (`fraud_terminal_risk_state_age_seconds`), until it has caught up."""
     topics = worker_topics
-    # Long enough to catch up that the probes below see it (50,000 took about 2 s).
-    backlog, bound = 150_000, 1_000
-    records = [transaction(i, DAY0 + i * 20 // backlog, f"T{i % 500}") for i in range(backlog)]
+    # Issue 44's backlog: long enough to catch up that the probes below see it (29 s here).
+    backlog, bound, days = 500_000, 1_000, 20
+    records = [transaction(i, DAY0 + i * days // backlog, f"T{i % 500}") for i in range(backlog)]
+    scorer_topics = topics_factory(partitions=PARTITIONS)
+    scorer = service_factory(
+        scorer_topics, "--terminal-risk-topic", topics.risk, "--decision-deadline-ms", "0"
+    )
+    # The scorer scores a transaction of the backlog's last day before the worker runs.
+    produce(scorer_topics.input, [transaction(backlog, DAY0 + days - 1, "T0")])
+    assert len(read_topic(scorer_topics.output, 1, timeout_s=30)) == 1
     produce(topics.transactions, records)
     worker = start_worker("--ready-max-lag", str(bound))
     deadline = time.monotonic() + READY_TIMEOUT_S + 60
     most_behind = {"input": 0.0, "internal": 0.0}
+    state_ages: list[float] = []
     while True:
         assert time.monotonic() < deadline, worker.log()[-6000:]
         time.sleep(0.1)
@@ -267,16 +282,24 @@ def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
             if name.endswith("_lag_records"):
                 which = name.removeprefix("fraud_features_").split("_")[0]
                 most_behind[which] = max(most_behind[which], float(value))
+        state_ages.append(scorer.metric("fraud_terminal_risk_state_age_seconds"))
     counted_when_ready = _transactions_counted(worker)
     assert counted_when_ready >= backlog - 2 * bound, counted_when_ready
     # An internal record carries up to ROUTE_BATCH transactions.
     behind = max(most_behind["input"], most_behind["internal"] * ROUTE_BATCH)
     assert behind > bound, f"the lag metrics never showed the backlog: {most_behind}"
+    known = [age for age in state_ages if not math.isnan(age)]
+    assert known and max(known) >= 86_400, f"the state's age never showed the backlog: {known}"
     deadline = time.monotonic() + 60
     while _transactions_counted(worker) < backlog:
         assert time.monotonic() < deadline, _transactions_counted(worker)
         time.sleep(0.2)
     assert worker.metric("fraud_features_input_lag_records") == 0
+    # Caught up: the worker's state reaches the transaction the scorer scored.
+    deadline = time.monotonic() + 30
+    while (age := scorer.metric("fraud_terminal_risk_state_age_seconds")) != 0:
+        assert time.monotonic() < deadline, f"the state's age stays {age}"
+        time.sleep(0.2)
 
 
 def _transactions_counted(worker: WorkerProcess) -> float:

@@ -41,6 +41,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from contracts.worker_progress import progress_topic_name
 from ops.kafka import acls as acl_tools
 from ops.kafka.acls import ServiceAcls
 from ops.kafka.kafka_ready import AuthenticationError, broker_count, read_properties
@@ -237,11 +238,12 @@ def group_id() -> str:
 
 def service_acls(user: Credentials, topics: SecureTopics, group: str) -> ServiceAcls:
     """The service principal's ACL set for a test's topics: read the transactions, labels,
-    terminal-risk and card-frauds, write the decisions and dead letters, changelogs
-    `<group>-`, group `group`, transactional ids `group`."""
+    terminal-risk (and its progress) and card-frauds, write the decisions and dead letters,
+    changelogs `<group>-`, group `group`, transactional ids `group`."""
+    progress = progress_topic_name(topics.control[0])
     return ServiceAcls(
         principal=user.username,
-        input_topics=(topics.input, topics.labels, *topics.control),
+        input_topics=(topics.input, topics.labels, *topics.control, progress),
         output_topics=(topics.output, topics.dlq),
         group=group,
         transactional_id_prefix=group,

@@ -27,6 +27,8 @@ from contracts.terminal_risk import (
     TERMINAL_FEATURE_NAMES,
     encode_terminal_risk,
 )
+from contracts.worker_progress import MAX_RECORD_BYTES as MAX_PROGRESS_BYTES
+from contracts.worker_progress import decode_progress
 from scorer.rules import MAX_NAMED_ENTRIES, MAX_UPDATE_BYTES, Rules
 from stream.metrics import ServiceMetrics
 from stream.rules_table import RulesTable
@@ -356,3 +358,57 @@ def test_a_worker_table_record_is_taken_or_skipped_and_counted_within_budget(
     assert len(table) + skipped == 1, "taken or skipped and counted"
     assert len(value) <= MAX_RECORD_BYTES or len(table) == 0
     assert table._bytes <= 4_096 * len(table), "an entry holds at most a few KB"
+
+
+# --- the worker's progress records ---------------------------------------------------------------
+
+
+def progress_values() -> st.SearchStrategy[bytes]:
+    """Progress records near the contract (any field any JSON value, fields missing or extra)
+    and any bytes, up to far past MAX_PROGRESS_BYTES."""
+    number = st.one_of(
+        st.integers(-(2**64), 2**64),
+        st.sampled_from([0, 1, 10**400, -(10**400), WALL_MS, 2**53 + 1]),
+        st.floats(allow_nan=True),
+        st.text(max_size=20),
+        st.none(),
+    )
+    record = st.fixed_dictionaries(
+        {},
+        optional={"partition": number, "partitions": number, "counted_to": number, "x": number},
+    )
+    return st.one_of(
+        record.map(lambda r: json.dumps(r).encode()),
+        st.binary(max_size=600),
+        st.just(b"[" * 50_000 + b"]" * 50_000),
+        st.just(
+            json.dumps(
+                {"partition": 0, "partitions": 1, "counted_to": 1, "pad": "x" * 10**6}
+            ).encode()
+        ),
+    )
+
+
+@PROPERTY
+@given(value=progress_values())
+@example(value=b'{"partition": 0, "partitions": 1, "counted_to": 0}')
+def test_a_progress_record_is_taken_or_skipped_and_counted_within_budget(value: bytes) -> None:
+    table, registry = _table(TerminalRiskTable)
+    table.features(["t"], np.array([WALL_MS], np.int64))
+    with within(TABLE_RECORD, f"progress record of {len(value):,} bytes"):
+        table._apply_progress(message(0, value, topic="t-progress", key=b"0"))
+    skipped = registry.get_sample_value(
+        "fraud_terminal_risk_records_skipped_total", {"reason": "progress"}
+    )
+    age = registry.get_sample_value("fraud_terminal_risk_state_age_seconds")
+    assert age is not None
+    if skipped == 1:
+        assert np.isnan(age), "a record not taken tells nothing"
+    else:
+        assert len(value) <= MAX_PROGRESS_BYTES and skipped == 0
+        progress = decode_progress(value)
+        assert progress.counted_to <= WALL_MS + 300_000, "never past the clock's bound"
+        if progress.partitions == 1:
+            assert 0 <= age <= WALL_MS / 1000, "taken: how far behind the transaction scored"
+        else:
+            assert np.isnan(age), "the other partitions have not said"

@@ -187,9 +187,10 @@ def test_the_clock_moves_only_once_every_input_is_heard_of_and_with_the_oldest()
     clock = TerminalClock(MS_PER_DAY)
     # Another replica's router owns t1: until its marks come, the clock stays.
     clock.follow(InputMarks((2, 1), {"t0": (day(40), False), "l0": (day(60), False)}))
-    assert clock.watermark_day == NO_DAY
+    assert clock.watermark_day == NO_DAY and clock.watermark_ms == NO_TIME
     clock.follow(InputMarks((2, 1), {"t1": (day(5), False)}))
     assert clock.watermark_day == DAY0 + 5, "the slower replica's input holds the clock"
+    assert clock.watermark_ms == day(5), "the worker's progress, to the millisecond"
     clock.follow(InputMarks((2, 1), {"t1": (day(45), False)}))
     assert clock.watermark_day == DAY0 + 40
     # An idle input (the labels read to their end) holds nothing back; never back either.
@@ -200,6 +201,7 @@ def test_the_clock_moves_only_once_every_input_is_heard_of_and_with_the_oldest()
     # Every input idle: the newest of them.
     clock.follow(InputMarks((2, 1), {"t0": (day(50), True), "t1": (day(46), True)}))
     assert clock.watermark_day == DAY0 + 60
+    assert clock.watermark_ms == day(60)
 
 
 def test_the_clock_never_moves_past_the_bound_nor_on_an_input_not_read_yet() -> None:

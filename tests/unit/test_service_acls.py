@@ -31,6 +31,8 @@ def test_the_default_set_is_the_services_resources_and_operations() -> None:
             (TOPIC, "labels", LITERAL, DESCRIBE),
             (TOPIC, "terminal-risk", LITERAL, READ),
             (TOPIC, "terminal-risk", LITERAL, DESCRIBE),
+            (TOPIC, "terminal-risk-progress", LITERAL, READ),
+            (TOPIC, "terminal-risk-progress", LITERAL, DESCRIBE),
             (TOPIC, "card-frauds", LITERAL, READ),
             (TOPIC, "card-frauds", LITERAL, DESCRIBE),
             (TOPIC, "decisions", LITERAL, WRITE),

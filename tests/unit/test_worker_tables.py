@@ -1,7 +1,8 @@
 """The scorer's copies of the worker's tables (stream/worker_tables.py) with a scripted consumer:
 a broker that goes away does not stop the reader for good; records dated past the host's clock
 are skipped; tombstones and old records are forgotten, and the memory held says so; `loaded`
-waits for the end of the topic; the newest record's age is exported. The card-frauds copy runs
+waits for the end of the topic; the newest record's age is exported, and so is the age of the
+worker's state, from its progress records. The card-frauds copy runs
 the same reader: its records become each transaction's card columns, as of its own day."""
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from contracts.terminal_risk import (
     NUM_TERMINAL_FEATURES,
     encode_terminal_risk,
 )
+from contracts.worker_progress import WorkerProgress, encode_progress
 from stream import compacted_topic, worker_tables
 from stream.metrics import ServiceMetrics
 from stream.worker_tables import CardFraudsTable, TerminalRiskTable, WorkerTable
+from tests.unit.fakes import message
 
 TOPIC = "risk"
 RISKY = np.full(NUM_TERMINAL_FEATURES, 0.5, np.float32)
@@ -266,3 +269,57 @@ def test_a_cards_frauds_count_on_the_fresh_windows_back_from_each_transactions_d
         assert held is not None and 0 < held < 1_000
     finally:
         table.close()
+
+
+def progress(partition: int, partitions: int, counted_to: int) -> Any:
+    key, value = encode_progress(WorkerProgress(partition, partitions, counted_to))
+    return message(0, value, topic=f"{TOPIC}-progress", key=key)
+
+
+def test_the_state_age_is_how_far_the_scored_transactions_are_past_the_slowest_partition() -> None:
+    # Issue 44, item 2: the age of the worker's state the replica scores with, in event time.
+    registry = CollectorRegistry()
+    table = TerminalRiskTable(
+        {},
+        TOPIC,
+        ServiceMetrics(registry),
+        clock=EventClock(wall_ms=lambda: WALL_MS),
+        day_ms=MS_PER_DAY,
+    )
+
+    def age() -> float:
+        sample = registry.get_sample_value("fraud_terminal_risk_state_age_seconds")
+        assert sample is not None, "always exported"
+        return sample
+
+    newest = WALL_MS - 60_000
+    table._apply_progress(progress(0, 2, newest - 3 * MS_PER_DAY))
+    assert np.isnan(age()), "nothing scored yet"
+    table.features(["T-1", "T-2"], np.array([newest - 5_000, newest], np.int64))
+    assert np.isnan(age()), "partition 1 has not said how far it reached"
+    table._apply_progress(progress(1, 2, newest - MS_PER_DAY))
+    assert age() == 3 * 86_400, "the slowest partition's"
+    table._apply_progress(progress(0, 2, newest - 1_000))
+    assert age() == 86_400
+    table._apply_progress(progress(0, 2, newest - 10 * MS_PER_DAY))
+    assert age() == 86_400, "a partition's progress never goes back"
+    # Unreadable, or past the clock: skipped and counted, nothing changes.
+    table._apply_progress(
+        message(0, b'{"partition": 3, "partitions": 2, "counted_to": 1}', key=b"3")
+    )
+    table._apply_progress(progress(1, 2, WALL_MS + 10 * MS_PER_DAY))
+    skipped = registry.get_sample_value(
+        "fraud_terminal_risk_records_skipped_total", {"reason": "progress"}
+    )
+    assert skipped == 2 and age() == 86_400
+    # A transaction dated far ahead counts at the clock's bound, not at its own time.
+    table.features(["T-1"], np.array([WALL_MS + 365 * MS_PER_DAY], np.int64))
+    assert age() < 86_400 + 600
+    # Caught up: 0, never negative.
+    bound = EventClock(wall_ms=lambda: WALL_MS).bound_ms()
+    table._apply_progress(progress(1, 2, bound))
+    table._apply_progress(progress(0, 2, bound))
+    assert age() == 0.0
+    # A worker with another partition count: unknown until each of its partitions has said.
+    table._apply_progress(progress(0, 3, WALL_MS))
+    assert np.isnan(age())
