@@ -242,20 +242,14 @@ def build_app(
         health.loop_beat()
         recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
         health.recovered(recovery.completed.is_set() and not app.rebalancing)
-        waiting = False
-        behind: int | None = 0
         owned = [tp for tp in app.assignor.assigned_actives() if tp.topic == events_topic]
         ends = await _end_offsets(app, owned)
-        for tp in owned:
-            high = ends.get(tp)
-            if tp.partition not in applied:
-                # Nothing applied yet: how far behind it is, is not known (the router sends
-                # every partition a record every few seconds).
-                behind = None if high is None or high > 0 or behind is None else behind
-                continue
-            waiting |= high is not None and high > applied[tp.partition]
-            if high is not None and behind is not None:
-                behind += max(high - applied[tp.partition], 0)
+        behind = table_lag({tp.partition: ends.get(tp) for tp in owned}, applied)
+        # Only partitions it has applied records of: one recovering its table waits rightly.
+        waiting = any(
+            high is not None and tp.partition in applied and high > applied[tp.partition]
+            for tp, high in ends.items()
+        )
         health.agent_progress(waiting, progressed)
         if behind is not None:
             metrics.internal_lag(behind)
@@ -280,18 +274,36 @@ def build_app(
 
 
 async def _end_offsets(app: faust.App, partitions: list[Any]) -> dict[Any, int | None]:
-    """The partitions' end offsets, asked of the broker: the consumer's own high watermark is
-    that of its last fetch, which stops while its buffer is full (a catch-up), and a lag read
-    from it looked small while thousands of records waited. The last fetch's where the broker
-    does not answer within END_OFFSETS_TIMEOUT_S."""
+    """The partitions' end offsets, asked of the broker; None for each when it does not answer
+    within END_OFFSETS_TIMEOUT_S. Not the consumer's own high watermark: that is its last
+    fetch's, which stops while its buffer is full (a catch-up), and a lag read from it looked
+    small while thousands of records waited."""
     if not partitions:
         return {}
     try:
         found = await asyncio.wait_for(app.consumer.highwaters(*partitions), END_OFFSETS_TIMEOUT_S)
     except (TimeoutError, KafkaError) as exc:
         log.debug("end offsets of the internal topic not read: %s", exc)
-        return {tp: app.consumer.highwater(tp) for tp in partitions}
+        return dict.fromkeys(partitions)
     return {tp: found.get(tp) for tp in partitions}
+
+
+def table_lag(ends: dict[int, int | None], applied: dict[int, int]) -> int | None:
+    """How many internal records the owned table partitions (`ends`: each one's end offset,
+    None where the broker did not say) hold past what the agent applied (`applied`: the next
+    offset to apply); None, so not ready, while that is not known: an end not known, or a
+    partition with records that the agent has applied none of yet (the router sends every
+    partition a record every few seconds)."""
+    behind = 0
+    for partition, high in ends.items():
+        if high is None:
+            return None
+        if partition not in applied:
+            if high > 0:
+                return None
+            continue
+        behind += max(high - applied[partition], 0)
+    return behind
 
 
 class _Writes:

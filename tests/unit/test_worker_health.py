@@ -1,9 +1,18 @@
 """The features worker's probes (terminals/health.py): a worker that stopped counting must
 fail /healthz (so it is restarted instead of freezing every terminal's risk), and one that is
-recovering or retrying must fail /readyz. The clock is a parameter."""
+recovering or retrying must fail /readyz, and so must one whose table lag is not known. The
+clock is a parameter."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from terminals import app
+from terminals.app import table_lag
 from terminals.health import STALL_AFTER_S, WorkerHealth
 
 
@@ -105,3 +114,32 @@ def test_a_worker_catching_up_is_not_ready_until_both_lags_are_within_the_bound(
     health.table_lag(1_000)
     assert health.ready() == (True, "ok")
     assert health.alive() == (True, "ok")  # catching up is not being stuck
+
+
+def test_the_tables_lag_is_unknown_while_an_end_or_a_first_record_is() -> None:
+    # Unknown fails closed: the readiness check counts None as not ready.
+    assert table_lag({0: 10, 1: 4}, {0: 7, 1: 4}) == 3
+    assert table_lag({0: 10, 1: None}, {0: 7, 1: 4}) is None, "the broker did not say"
+    assert table_lag({0: 10, 1: 5}, {0: 7}) is None, "records of 1, none applied yet"
+    assert table_lag({0: 10, 1: 0}, {0: 10}) == 0, "an empty partition holds nothing back"
+    assert table_lag({}, {}) == 0
+
+
+def test_end_offsets_the_broker_does_not_give_in_time_are_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fallback to the consumer's last fetch said 0 behind during a catch-up whose fetches
+    # had stopped.
+    monkeypatch.setattr(app, "END_OFFSETS_TIMEOUT_S", 0.05)
+
+    class Consumer:
+        async def highwaters(self, *partitions: str) -> dict[str, int]:
+            await asyncio.sleep(10)
+            return dict.fromkeys(partitions, 0)
+
+        def highwater(self, _tp: str) -> int:
+            return 0
+
+    fake = SimpleNamespace(consumer=Consumer())
+    ends = asyncio.run(app._end_offsets(cast(Any, fake), ["tp0", "tp1"]))
+    assert ends == {"tp0": None, "tp1": None}
