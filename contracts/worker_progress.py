@@ -4,9 +4,9 @@ state reaches, per table partition (docs/contracts.md, "Worker progress").
 The record (JSON, key = the table partition, as text): `{"partition": int, "partitions": int,
 "counted_to": int}`. Every transaction and label whose time (a label's report time) is at or
 before `counted_to` (epoch ms) has been counted by that table partition, and what it changed has
-been published to `terminal-risk` and `card-frauds` (the rest of a terminal's current day, which
-no window reads for days, once the day is over): the minimum, over every input partition, of how
-far the worker has read it (terminals/state.py, `TerminalClock`). The scorer takes the
+been published to `terminal-risk` and `card-frauds` (counts no window reads for days, a day
+before a window reads them): the minimum, over every input partition, of how far the worker has
+read it (terminals/state.py, `TerminalClock`). The scorer takes the
 minimum over the `partitions` table partitions, and the age of the state it scores with is how
 far the transactions it scores are past it (`fraud_terminal_risk_state_age_seconds`). The topic
 is compacted, one partition, named after the terminal-risk topic (`progress_topic_name`).

@@ -26,13 +26,14 @@ topic, as faust's `Stream.group_by` would, one internal record per partition and
   which then follows the marks the record carries: the minimum over the inputs of how far the
   router has read them) and writes the entries changed to the table (its changelog) once an
   interval;
-- it publishes the terminal's features and daily buckets when its day advances or a label is
-  counted (the scorer reads the buckets as of each transaction's own day), the rest of a day's
-  counts once the clock has passed the day (`close_days`): a tombstone when no window will read
-  any count of it again, nothing for a terminal that never had any. Publications are coalesced
-  (`publish_due`): a timer runs a round every FRAUD_FEATURES_PUBLISH_INTERVAL_MS, each entry
-  changed since published once, as it is then, however many records changed it meanwhile
-  (during a catch-up, a terminal's day advances with nearly every one). What a round published
+- it publishes the terminal's features and daily buckets when a label is counted or a late
+  transaction lands on a day a window reads now (the scorer reads the buckets as of each
+  transaction's own day), other counts once the clock is six days past their day, a day
+  before the first window reads them (`close_days`, `publication_due`): a tombstone when no
+  window will read any count of it again, nothing for a terminal that never had any.
+  Publications are coalesced (`publish_due`): a timer runs a round every
+  FRAUD_FEATURES_PUBLISH_INTERVAL_MS, each entry changed since published once, as it is then,
+  however many records changed it meanwhile. What a round published
   goes to the table with the entry's next write: faust writes a table only from the agent;
 - each table partition has a clock of its own, moved only by the marks of its records: faust
   reads the internal partitions at their own speeds, so one partition's progress must not make
@@ -84,7 +85,7 @@ from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
 from terminals.router import ROUTE_BATCH, newest_transaction_time
-from terminals.state import TerminalClock, TerminalState
+from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from terminals.topics import CARD_TABLE_NAME, TABLE_NAME, events_topic_name
 
 log = logging.getLogger(__name__)
@@ -474,9 +475,9 @@ class _EntityTable:
         #: Per table partition: entry → its newest day, for the idle ones to be found without
         #: reading every entry (filled from the table once per assignment, then kept).
         self._newest_days: dict[int, dict[str, int]] = {}
-        #: Per table partition: entry → its day, for those with counts not published yet (the
-        #: rest of their day's transactions): published once the clock has passed that day.
-        self._unpublished: dict[int, dict[str, int]] = {}
+        #: Per table partition: the entries with changes not published at once, each with the
+        #: oldest day they counted on (published once due: the day close).
+        self._unpublished: dict[int, Unpublished] = {}
         #: Per table partition: the entries to publish in its next round (in order; after an
         #: assignment, every entry whose record is not the one last published).
         self._due: dict[int, dict[str, None]] = {}
@@ -519,14 +520,11 @@ class _EntityTable:
             self._metrics.event(source, result, card=self._card, count=count)
 
     def close_days(self, partition: int) -> None:
-        """Once the partition's clock followed a record's marks: the entries whose day it
-        passed with counts not published are due."""
-        waiting = self._unpublished.setdefault(partition, {})
-        today = self._clocks.of(partition).watermark_day
-        closed = [key for key, day in waiting.items() if day < today]
+        """Once the partition's clock followed a record's marks: the entries with counts not
+        published whose publication is due (`publication_due`) are due."""
+        waiting = self._unpublished.setdefault(partition, Unpublished())
         due = self._due_of(partition)
-        for key in closed:
-            del waiting[key]
+        for key in waiting.take_due(self._clocks.of(partition).watermark_day):
             due[key] = None
 
     def _load(self, key: str) -> TerminalState | None:
@@ -574,6 +572,7 @@ class _EntityTable:
             state = TerminalState()
             self._keep(key, state)
         changed = publish = False
+        oldest = NO_DAY  # the oldest day a change not published at once counted on
         for event in events:
             applied = state.apply(event, clock)
             counted = (event.source, applied.result)
@@ -582,16 +581,18 @@ class _EntityTable:
                 self._metrics.future_event()
             changed |= applied.changed
             publish |= applied.publish
+            if applied.changed and applied.day != NO_DAY:
+                oldest = applied.day if oldest == NO_DAY else min(oldest, applied.day)
         if not changed:
             return
         self._newest_days.setdefault(partition, {})[key] = state.newest_day
         self._unwritten.setdefault(partition, set()).add(key)
-        waiting = self._unpublished.setdefault(partition, {})
+        waiting = self._unpublished.setdefault(partition, Unpublished())
         if publish:
             self._due_of(partition)[key] = None
-            waiting.pop(key, None)
-        else:  # the rest of its day: published once the day is over
-            waiting[key] = state.as_of_day
+            waiting.discard(key)
+        else:  # published once its oldest change is due (a day before a window reads it)
+            waiting.note(key, state.as_of_day if oldest == NO_DAY else oldest)
 
     def write(self, partition: int) -> None:
         """Write the partition's entries changed since their last write to the table (its
@@ -664,14 +665,15 @@ class _EntityTable:
             known = self._newest_days[partition] = self._scan(partition, _newest_day)
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
-        waiting, due = self._unpublished.get(partition, {}), self._due.get(partition, {})
+        waiting = self._unpublished.get(partition, Unpublished())
+        due = self._due.get(partition, {})
         unwritten = self._unwritten.get(partition, set())
         generation = self._generation
         for key in idle:
             if self._generation != generation:
                 return  # partitions moved while it waited on a send: their new owner evicts
             del known[key]
-            waiting.pop(key, None)
+            waiting.discard(key)
             due.pop(key, None)
             self._decoded.pop(key, None)
             held = key in unwritten  # perhaps not written yet, but published

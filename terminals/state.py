@@ -14,14 +14,17 @@ Around the buckets the entry keeps:
   label's report; the published features are those as of this day.
 - `published`: what was last published (the day and the buckets), so a terminal is published
   again only when that changed. The record carries the buckets, and the scorer computes each
-  transaction's features from them as of the transaction's own day, as training does: so a
-  terminal is published when its day advances (the days before are then complete), when a
-  label is counted, and when a late transaction lands on a day some window reads now. A
-  terminal with no count any window will read, now or later, is not published at all (the
-  scorer's default for a terminal it does not know), and one that comes to that state again is
-  published as a tombstone. The transactions of a terminal's current day counted after its
-  day advanced are published once the worker's clock has passed that day (`unpublished`, the
-  worker's day close): a window reads them only from 7 days later.
+  transaction's features from them as of the transaction's own day, as training does. A day's
+  transaction counts are first read by a window DELAY_DAYS later, so they are published when
+  they must be, not when they happen: a counted label (the fresh-label windows read it at once)
+  and a late transaction on a day some window reads now are published at once; other counts
+  once the worker's clock is PUBLISH_WITHIN_DAYS past their day (`publication_due`, the
+  worker's day close), a day before any window reads them. A terminal that sees a transaction
+  every day is then published about once a week instead of every day (in the handbook's world,
+  where a terminal sees about one a day, that was a record per transaction). A terminal with no
+  count any window will read, now or later, is not published at all (the scorer's default for
+  a terminal it does not know), and one that comes to that state again is published as a
+  tombstone.
 - `positions`: per input partition ("t3": transactions partition 3, "l0": labels partition 0),
   the offset of the last record counted. An input record read again (a replay after a crash or
   a rebalance, which re-sends it to the re-keyed topic) has an offset at or below it and is not
@@ -74,6 +77,9 @@ from terminals.events import TRANSACTION, InputMarks, TerminalEvent
 NO_DAY = -1
 #: An input's time before it has shown one (as terminals/order.py says it).
 NO_TIME = -1
+#: Counts not published at once are published once the worker's clock is this many days past
+#: their day: a day before the first window reads them (`publication_due`).
+PUBLISH_WITHIN_DAYS = DELAY_DAYS - 1
 _LONGEST_WINDOW_DAYS = max(RISK_WINDOWS_DAYS)
 
 #: What applying an event did (`Applied.result`, the worker's metric label).
@@ -92,11 +98,47 @@ class Applied(NamedTuple):
     result: str
     #: The entry changed (counts, day or positions): write it to the table.
     changed: bool
-    #: The published record may have changed (the day advanced, a label was counted, or a day
+    #: The published record must change now (a label was counted, or a transaction on a day
     #: some window reads): see `to_publish`.
     publish: bool
     #: The event's time was past the clock's bound and counted at it.
     clamped: bool = False
+    #: The day it counted on (a label's: its transaction's day), NO_DAY when it counted on none.
+    day: int = NO_DAY
+
+
+def publication_due(day: int, watermark_day: int) -> bool:
+    """Whether counts of `day` that were not published at once must be now: the worker's clock
+    is PUBLISH_WITHIN_DAYS past it (the first window reads them DELAY_DAYS after it)."""
+    return watermark_day != NO_DAY and watermark_day >= day + PUBLISH_WITHIN_DAYS
+
+
+class Unpublished:
+    """The entries whose changes were not published at once, each with the oldest day such a
+    change counted on: published once `publication_due` for that day (the worker's day close,
+    terminals/app.py)."""
+
+    def __init__(self) -> None:
+        self._days: dict[str, int] = {}
+
+    def note(self, key: str, day: int) -> None:
+        """`key` changed on `day`, not published."""
+        known = self._days.get(key)
+        self._days[key] = day if known is None else min(known, day)
+
+    def discard(self, key: str) -> None:
+        """`key` is published, or forgotten."""
+        self._days.pop(key, None)
+
+    def take_due(self, watermark_day: int) -> list[str]:
+        """The keys whose publication is due as of `watermark_day`, no longer held."""
+        due = [key for key, day in self._days.items() if publication_due(day, watermark_day)]
+        for key in due:
+            del self._days[key]
+        return due
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._days
 
 
 class TerminalClock:
@@ -212,9 +254,9 @@ class TerminalState:
 
         A transaction counts on its day; a fraud label adds a confirmed fraud on its
         transaction's day, a correction takes it back. The terminal's day advances to the
-        transaction's day, or to the day a label was reported. `publish` is True when the day
-        advanced, a label was counted, or a transaction was counted on a day some window reads
-        as of the current day or as the first count since the current day's last publication.
+        transaction's day, or to the day a label was reported. `publish` is True when a label
+        changed a count, or a transaction was counted on a day some window reads as of the
+        current day; other changes wait for `publication_due`.
         """
         position = f"{event.source}{event.partition}"
         if event.offset <= self.positions.get(position, -1):
@@ -227,7 +269,7 @@ class TerminalState:
             today, late = clock.day(event.reported_at, self.as_of_day)
             clamped |= late
         if clock.stale(day):
-            return Applied(STALE, changed=True, publish=False, clamped=clamped)
+            return Applied(STALE, changed=True, publish=False, clamped=clamped, day=day)
         if event.source == TRANSACTION:
             self.risk.add_transaction(day)
             result, counts_changed = COUNTED, True
@@ -239,12 +281,8 @@ class TerminalState:
             self._forget_old_labels()
         newest_read = self.as_of_day - DELAY_DAYS
         in_window = newest_read - _LONGEST_WINDOW_DAYS < day <= newest_read
-        # The first count of a day is published even when a label's report moved the day.
-        first_today = self.published is None or self.published[0] != self.as_of_day
-        publish = advanced or (
-            counts_changed and (in_window or event.source != TRANSACTION or first_today)
-        )
-        return Applied(result, changed=True, publish=publish, clamped=clamped)
+        publish = counts_changed and (in_window or event.source != TRANSACTION)
+        return Applied(result, changed=True, publish=publish, clamped=clamped, day=day)
 
     def _label(self, event: TerminalEvent, day: int) -> tuple[str, bool, int]:
         """Apply a label: (result, whether a count changed, the day it counted on)."""
@@ -299,7 +337,7 @@ class TerminalState:
 
     def unpublished(self) -> bool:
         """Whether the day or the buckets differ from what was last published (the worker
-        publishes such a terminal once its day is over: `to_publish`)."""
+        publishes such a terminal once `publication_due`: `to_publish`)."""
         return self._publication() != self.published
 
     def _publication(self) -> list[float] | None:

@@ -32,6 +32,7 @@ from simulator.transactions import TransactionSimulator
 from terminals.events import partition_of
 from terminals.metrics import STAGES
 from terminals.router import router_group
+from terminals.state import PUBLISH_WITHIN_DAYS
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
 from tests.integration.conftest import BOOTSTRAP, committed_offsets, end_offsets
 from tests.integration.features_worker import DAY0, PARTITIONS, WorkerProcess, WorkerTopics
@@ -77,9 +78,11 @@ class History:
             for r in batch.labels
         ]
         self.last_day = int(batch.columns.event_time[-1]) // MS_PER_DAY
-        # The next day begins on every transactions partition, at a terminal of every table
-        # partition: each run's clock then passes the last day everywhere, so every terminal's
-        # counts of that day are published (the day close) and the records compare whole.
+        self.closing_day = self.last_day + PUBLISH_WITHIN_DAYS
+        # A day PUBLISH_WITHIN_DAYS after the last begins on every transactions partition, at a
+        # terminal of every table partition: each run's clock then passes every day far enough
+        # everywhere that every terminal's counts are published (the day close), and the
+        # records compare whole.
         closing: list[_Record] = []
         for table_partition in range(PARTITIONS):
             terminal = next(
@@ -99,7 +102,7 @@ class History:
                     "country": "DE",
                     "channel": "pos",
                     "card_present": True,
-                    "event_time": (self.last_day + 1) * MS_PER_DAY + 3_600_000,
+                    "event_time": self.closing_day * MS_PER_DAY + 3_600_000,
                 }
                 closing.append((b"close", msgspec.json.encode(record), partition, 0))
         self.closing: list[_Record] = closing
@@ -370,7 +373,7 @@ def test_a_worker_catching_up_on_history_then_labels_counts_as_a_live_run(
         assert backlog.process.wait(timeout=30) == 0, backlog.log()[-4000:]
 
     counts = {name: (counted[name], expected[name]) for name in STALE + COUNTED}
-    final_day = last + 1
+    final_day = history.closing_day
     differences = {}
     for name, cards in (("risk", False), ("card_frauds", True)):
         caught_up = _read(_published(getattr(backlog_topics, name), cards=cards), final_day)

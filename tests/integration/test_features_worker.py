@@ -34,6 +34,7 @@ from contracts.terminal_risk import DELAY_DAYS
 from contracts.transaction import decode_transaction
 from scorer.features import FEATURE_NAMES
 from terminals.router import ROUTE_BATCH, router_group
+from terminals.state import PUBLISH_WITHIN_DAYS
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
 from tests.integration.conftest import (
     BOOTSTRAP,
@@ -609,11 +610,13 @@ def test_idle_terminals_are_forgotten_with_a_tombstone(
         later = today + 40
         produce(topics.transactions, [transaction(10 + i, later, f"Q{i}") for i in range(20)])
         time.sleep(1.0)
-        produce(topics.transactions, [transaction(40 + i, later, f"Q{i}") for i in range(20)])
+        # A week after, less a day: Q's first counts are due (a day before a window reads them).
+        week = later + PUBLISH_WITHIN_DAYS
+        produce(topics.transactions, [transaction(40 + i, week, f"Q{i}") for i in range(20)])
         reader.wait_for_tombstone("P")
         # Q0's transactions are in no window yet (the delay), but will be: its record says so
         # with its buckets, while its features as of its own day are neutral.
-        reader.wait_for("Q0", {"as_of_day": later} | risk(0, 0, 1) | risk(0, 0, 7) | risk(0, 0, 30))
+        reader.wait_for("Q0", {"as_of_day": week} | risk(0, 0, 1) | risk(0, 0, 7) | risk(0, 0, 30))
         assert worker.metric("fraud_features_terminals_evicted_total") >= 1
         published = worker.metric('fraud_features_risk_published_total{kind="tombstone"}')
         assert published >= 1

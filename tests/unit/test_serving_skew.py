@@ -49,7 +49,7 @@ from simulator.transactions import DEFAULT_START_TIME_MS, TransactionSimulator
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
-from terminals.state import TerminalClock, TerminalState
+from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from tests.unit.fakes import MemoryChangelog
 
 SEED, DAYS, CARDS = 5, 24, 400
@@ -133,7 +133,7 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
 
         def __init__(self, copy: dict[str, Any], send: Any) -> None:
             self.states: dict[str, TerminalState] = {}
-            self.unpublished: dict[str, int] = {}
+            self.unpublished = Unpublished()
             self.copy, self.send = copy, send
 
         def publish(self, key: str, state: TerminalState) -> None:
@@ -148,21 +148,20 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
 
         def apply(self, key: str, event: TerminalEvent) -> None:
             state = self.states.setdefault(key, TerminalState())
-            if state.apply(event, worker_clock).publish:
+            applied = state.apply(event, worker_clock)
+            if applied.publish:
+                self.unpublished.discard(key)
                 self.publish(key, state)
+            elif applied.changed:
+                day = state.as_of_day if applied.day == NO_DAY else applied.day
+                self.unpublished.note(key, day)
             # The router's marks after it: the stream, in order, has reached its time (a
             # label's: its report time).
             worker_clock.advance_to(
                 event.event_time if event.source == TRANSACTION else event.reported_at
             )
-            if state.unpublished():
-                self.unpublished[key] = state.as_of_day
-            else:
-                self.unpublished.pop(key, None)
-            closed = [k for k, day in self.unpublished.items() if day < worker_clock.watermark_day]
-            for closed_key in closed:  # the day close
-                del self.unpublished[closed_key]
-                self.publish(closed_key, self.states[closed_key])
+            for due in self.unpublished.take_due(worker_clock.watermark_day):  # the day close
+                self.publish(due, self.states[due])
 
     terminals, cards = Table(scorer_copy, publish_terminal), Table(card_copy, publish_card)
 

@@ -36,7 +36,7 @@ from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
 from stream.sink import Output
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
-from terminals.state import NO_DAY, TerminalClock, TerminalState
+from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from tests.unit.fakes import MemoryChangelog, changes, message
 
 #: The tests' wall clock: 2026-06-01. Event times are drawn around it and anywhere else.
@@ -353,6 +353,15 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
     held: dict[str, TerminalState] = {}
     offsets = {("t", 0): 0, ("t", 1): 0, ("l", 0): 0, ("l", 1): 0}
     newest: dict[str, int] = {}  # per terminal, its newest day within the wall clock
+    waiting = Unpublished()
+
+    def publish_now(terminal: str) -> None:
+        waiting.discard(terminal)
+        publish, features = held[terminal].to_publish()
+        if publish:
+            published[terminal] = None if features is None else features.tolist()
+            table[terminal] = held[terminal].to_bytes()  # the entry's next write says so
+
     for terminal, source, partition, event_time, delay, fraud, tx, step in events:
         offsets[source, partition] = max(0, offsets[source, partition] + step)
         reported = min(event_time + delay, MAX_EVENT_TIME_MS)
@@ -364,9 +373,11 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
         # The marks after it: the inputs have reached its times (the router's order).
         clock.advance_to(event_time if source == TRANSACTION else reported)
         if applied.publish:
-            publish, features = state.to_publish()
-            if publish:
-                published[terminal] = None if features is None else features.tolist()
+            publish_now(terminal)
+        elif applied.changed:
+            waiting.note(terminal, state.as_of_day if applied.day == NO_DAY else applied.day)
+        for due in waiting.take_due(clock.watermark_day):  # the day close
+            publish_now(due)
         if applied.changed:
             table[terminal] = state.to_bytes()
         counted = source == TRANSACTION and applied.result == "counted" and not applied.clamped
@@ -381,6 +392,8 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
         days, counts = state.risk.buckets()
         live = counts[days >= state.as_of_day - HORIZON_DAYS].any()
         expected = state.features().tolist() if live else None
+        if terminal in waiting:  # a change whose publication is not due yet: the next close
+            publish_now(terminal)
         assert published.get(terminal) == expected, "the scorer's copy is what the state says"
         assert len(msgspec.json.encode(state.labels)) < 10_000
     for terminal, day in newest.items():

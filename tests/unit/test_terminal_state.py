@@ -30,10 +30,12 @@ from terminals.state import (
     COUNTED,
     DUPLICATE,
     NO_DAY,
+    PUBLISH_WITHIN_DAYS,
     REPEATED,
     STALE,
     TerminalClock,
     TerminalState,
+    Unpublished,
 )
 
 DAY0 = 20_000
@@ -159,23 +161,25 @@ def encode(record: dict[str, Any], **changes: object) -> bytes:
 # ── one terminal's entry ─────────────────────────────────────────────────────────────────────
 
 
-def test_the_first_event_publishes_and_a_same_day_transaction_does_not() -> None:
+def test_a_transaction_waits_until_a_day_before_a_window_reads_its_day() -> None:
+    # Issue 44: a publication per new day was a record per transaction where a terminal sees
+    # about one a day; no window reads a day before DELAY_DAYS after it.
     clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     assert state.as_of_day == NO_DAY
     first = state.apply(tx(0, DAY0), clock)
-    assert first.result == COUNTED and first.publish and state.as_of_day == DAY0
-    assert state.to_publish()[0]
-    again = state.apply(tx(1, DAY0), clock)
-    assert again.result == COUNTED and not again.publish  # today's bucket is in no window yet
-
-
-def test_a_new_day_publishes() -> None:
-    clock = TerminalClock(MS_PER_DAY)
-    state = TerminalState()
-    state.apply(tx(0, DAY0), clock)
-    assert state.apply(tx(1, DAY0 + 1), clock).publish
-    assert state.as_of_day == DAY0 + 1
+    assert first.result == COUNTED and not first.publish and first.day == DAY0
+    assert state.as_of_day == DAY0 and state.unpublished()
+    again = state.apply(tx(1, DAY0 + 1), clock)
+    assert again.result == COUNTED and not again.publish and state.as_of_day == DAY0 + 1
+    waiting = Unpublished()
+    waiting.note("T", first.day)
+    waiting.note("T", again.day)
+    assert waiting.take_due(DAY0 + PUBLISH_WITHIN_DAYS - 1) == []
+    assert waiting.take_due(DAY0 + PUBLISH_WITHIN_DAYS) == ["T"], "due by its oldest change"
+    assert "T" not in waiting and waiting.take_due(DAY0 + 100) == []
+    assert PUBLISH_WITHIN_DAYS < DELAY_DAYS, "published before the first window reads it"
+    assert state.to_publish()[0] and not state.unpublished()
 
 
 def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
@@ -209,18 +213,21 @@ def test_a_fraud_inside_the_delay_is_published_at_once_and_read_from_its_day_on(
     assert publish and features is not None and features[2] == 0.0
     days, counts = state.risk.buckets()
     assert counts[days == DAY0 + 8].tolist() == [[0, 1]]
-    assert state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), clock).publish
+    # A transaction today changes no window's count: the fraud is published already.
+    assert not state.apply(tx(1, DAY0 + 8 + DELAY_DAYS), clock).publish
     assert state.features()[2] == pytest.approx(np.log1p(1))  # terminal_frauds_1d
 
 
-def test_a_legitimate_outcome_changes_no_count_and_publishes_only_a_new_day() -> None:
+def test_a_legitimate_outcome_changes_no_count_and_publishes_nothing_at_once() -> None:
     clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     state.apply(tx(0, DAY0 + 9), clock)
     before = state.features()
     assert not state.apply(lab(0, DAY0, DAY0 + 9, fraud=False), clock).publish
     np.testing.assert_array_equal(state.features(), before)
-    assert state.apply(lab(1, DAY0, DAY0 + 10, fraud=False), clock).publish
+    # Its report moves the terminal's day, which no feature the scorer computes reads.
+    assert not state.apply(lab(1, DAY0, DAY0 + 10, fraud=False), clock).publish
+    assert state.as_of_day == DAY0 + 10
 
 
 def test_an_event_read_again_is_not_counted_twice() -> None:
