@@ -191,11 +191,13 @@ def build_app(
             started = time.thread_time()
             generation = writes.generation
             partition, offset = event.message.partition, event.message.offset
+            has_events = False
             try:
                 batch = decode_batch(event.message.value)
             except ValueError as exc:  # not written by this worker: nothing to count
                 log.error("skipping an internal record: %s", exc)
             else:
+                has_events = bool(batch.events or batch.cards)
                 terminals.apply(partition, batch.events)
                 cards.apply(partition, batch.cards)
                 if batch.marks is not None:
@@ -211,7 +213,7 @@ def build_app(
                 continue  # partitions moved while it waited on a send: read again
             applied[partition] = offset + 1
             progressed = True
-            if writes.hold(partition, event):
+            if writes.hold(partition, event, events=has_events):
                 started = time.thread_time()
                 terminals.write(partition)
                 cards.write(partition)
@@ -325,9 +327,15 @@ class _Writes:
         #: Counts the revocations and assignments (`reset`).
         self.generation = 0
 
-    def hold(self, partition: int, event: Any) -> bool:
+    def hold(self, partition: int, event: Any, *, events: bool = True) -> bool:
         """Hold an applied record; True when the partition's entries are due to be written:
-        its oldest record held is an interval old, or it holds MAX_HELD records."""
+        its oldest record held is an interval old, or it holds MAX_HELD records. A record
+        without events (the router's marks alone, or one it could not read) changed no entry:
+        with nothing held before it, it is acknowledged at once, so an idle partition's commit
+        reaches its end instead of staying a record behind."""
+        if not events and not self._held.get(partition):
+            event.ack()
+            return False
         held = self._held.setdefault(partition, [])
         held.append(event)
         now = self._clock()

@@ -105,3 +105,21 @@ def test_a_faust_without_the_hook_is_refused_and_this_one_has_it() -> None:
     with pytest.raises(RuntimeError, match="_new_offset"):
         bound_commits(object(), "events", _Writes(1.0))
     assert callable(FaustConsumer._new_offset), "the faust installed lacks the hook"
+
+
+def test_a_record_without_events_is_acknowledged_at_once_unless_records_wait_before_it() -> None:
+    # The router's marks come to a quiet partition every few seconds: held like the others,
+    # the last one kept the partition's commit a record behind its end for good.
+    now = [0.0]
+    writes = _Writes(10.0, clock=lambda: now[0])
+    marks = Record(5)
+    assert not writes.hold(0, marks, events=False)
+    assert marks.acked and writes.commit_bound(0) is None
+    counted, later_marks = Record(6), Record(7)
+    writes.hold(0, counted)
+    assert not writes.hold(0, later_marks, events=False)
+    assert not later_marks.acked, "acknowledged with the record it follows, once written"
+    now[0] += 10.0
+    assert writes.hold(0, Record(8), events=False), "and it still brings the write when due"
+    writes.acknowledge(0)
+    assert counted.acked and later_marks.acked
