@@ -10,6 +10,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from contracts.worker_progress import progress_topic_name
 from tests.secure.conftest import (
     REPO,
     Acls,
@@ -64,6 +65,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         "--input-topic",
         topics.labels,
         *(arg for name in topics.control for arg in ("--input-topic", name)),
+        *("--input-topic", progress_topic_name(topics.control[0])),
         "--output-topic",
         topics.output,
         "--output-topic",
@@ -79,7 +81,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         )
         assert granted.returncode == 0, granted.stderr
         assert set(acls.of(user)) == set(service_acls(user, topics, group).bindings())
-        assert f"granted 19 ACLs to User:{user.username}" in granted.stdout
+        assert f"granted 21 ACLs to User:{user.username}" in granted.stdout
         metadata = secure_admin.list_topics(timeout=30)
         assert {t: len(metadata.topics[t].partitions) for t in topics.names} == dict.fromkeys(
             topics.names, 2
@@ -87,7 +89,7 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
 
         shown = acl_tool(secure_broker, admin_config, *resources, "show")
         assert shown.returncode == 0, shown.stderr
-        assert len(shown.stdout.splitlines()) == 19
+        assert len(shown.stdout.splitlines()) == 21
 
         revoked = acl_tool(secure_broker, admin_config, *resources, "revoke")
         assert revoked.returncode == 0, revoked.stderr
@@ -95,7 +97,8 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         assert f"no ACLs for User:{user.username}" in revoked.stdout
     finally:
         created = set(secure_admin.list_topics(timeout=30).topics)
-        names = [t for t in (*topics.names, *topics.control) if t in created]
+        progress = progress_topic_name(topics.control[0])
+        names = [t for t in (*topics.names, *topics.control, progress) if t in created]
         for future in secure_admin.delete_topics(names).values():
             future.result(timeout=30)
 
