@@ -124,12 +124,13 @@ class WorkerTable(Generic[R]):
         )
         #: Set once every partition is read up to the end it had when the reader started.
         self.loaded = self._reader.loaded
-        self._watch(metrics)
+        self._attach(kafka, metrics)
 
     _entries = "entries"
 
-    def _watch(self, metrics: ServiceMetrics) -> None:
-        """Gauges computed at each scrape (none by default)."""
+    def _attach(self, kafka: Mapping[str, Any], metrics: ServiceMetrics) -> None:
+        """What a subclass reads and exports beside the table, set up at the end of
+        `__init__` (nothing by default)."""
 
     @property
     def problem(self) -> str | None:
@@ -232,15 +233,7 @@ class TerminalRiskTable(WorkerTable[TerminalRiskRecord]):
     name = "terminal-risk"
     _entries = "terminals"
 
-    def __init__(
-        self,
-        kafka: Mapping[str, Any],
-        topic: str,
-        metrics: ServiceMetrics,
-        *,
-        clock: EventClock,
-        day_ms: int,
-    ) -> None:
+    def _attach(self, kafka: Mapping[str, Any], metrics: ServiceMetrics) -> None:
         #: Per table partition of the worker: how far its published state reaches (epoch ms),
         #: and how many partitions it has. Replaced whole, never changed in place: the scrape
         #: reads it from another thread.
@@ -248,16 +241,13 @@ class TerminalRiskTable(WorkerTable[TerminalRiskRecord]):
         self._partitions = 0
         #: The newest event time scored (epoch ms, bounded by the clock), -1 before any.
         self._newest_scored_ms = -1
-        super().__init__(kafka, topic, metrics, clock=clock, day_ms=day_ms)
         self._progress = CompactedTopicReader(
             kafka,
-            progress_topic_name(topic),
+            progress_topic_name(self.topic),
             self._apply_progress,
             name=f"{self.name}-progress",
             metrics=metrics,
         )
-
-    def _watch(self, metrics: ServiceMetrics) -> None:
         metrics.watch_terminal_risk_age(self._newest_record_age_s, self.state_age_s)
 
     def start(self) -> None:
