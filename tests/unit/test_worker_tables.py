@@ -126,6 +126,13 @@ def reading(
     consumer = type("Consumer", (ScriptedConsumer,), {"records": records, **script})
     monkeypatch.setattr(compacted_topic, "Consumer", consumer)
     monkeypatch.setattr(compacted_topic, "MISSING_TOPIC_RETRY_S", 0.01)
+    table, registry = new_table(kind)
+    table.start()
+    return table, registry
+
+
+def new_table(kind: type[WorkerTable[Any]] = TerminalRiskTable) -> tuple[Any, CollectorRegistry]:
+    """A table on the tests' clock, not started, and the registry of its metrics."""
     registry = CollectorRegistry()
     table = kind(
         {},
@@ -134,7 +141,6 @@ def reading(
         clock=EventClock(wall_ms=lambda: WALL_MS),
         day_ms=MS_PER_DAY,
     )
-    table.start()
     return table, registry
 
 
@@ -232,6 +238,17 @@ def test_a_broker_that_never_answers_is_not_a_missing_topic(
         )
         assert not table.loaded.is_set()
         assert table.problem is not None and "_TRANSPORT" in table.problem
+        # The worker's progress cannot be read either: its reader's errors are counted (the
+        # topic-unreadable alert fires on them) and the state's age is unknown, never 0.
+        progress = {"reader": "terminal-risk-progress", "cause": "unreadable"}
+        eventually(
+            lambda: (
+                (registry.get_sample_value("fraud_topic_reader_errors_total", progress) or 0) >= 3
+            )
+        )
+        table.features(["T-1"], np.array([WALL_MS], np.int64))
+        age = registry.get_sample_value("fraud_terminal_risk_state_age_seconds")
+        assert age is not None and np.isnan(age)
     finally:
         table.close()
 
@@ -278,14 +295,7 @@ def progress(partition: int, partitions: int, counted_to: int) -> Any:
 
 def test_the_state_age_is_how_far_the_scored_transactions_are_past_the_slowest_partition() -> None:
     # Issue 44, item 2: the age of the worker's state the replica scores with, in event time.
-    registry = CollectorRegistry()
-    table = TerminalRiskTable(
-        {},
-        TOPIC,
-        ServiceMetrics(registry),
-        clock=EventClock(wall_ms=lambda: WALL_MS),
-        day_ms=MS_PER_DAY,
-    )
+    table, registry = new_table()
 
     def age() -> float:
         sample = registry.get_sample_value("fraud_terminal_risk_state_age_seconds")
