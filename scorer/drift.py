@@ -10,8 +10,12 @@ one's PSI over that window:
 
 with shares floored at 1e-4, so an empty bin counts without dividing by zero. The usual reading:
 below 0.1 no shift, 0.1 to 0.25 a moderate one, above 0.25 a shift worth a look (the alert's
-threshold). Edges that coincide (a feature that is 0 for most rows) are merged, so a bin holds
-every row at its value.
+threshold).
+
+A value that holds a large share of the reference (0 for a count that is mostly 0) gets a bin
+of its own, from it to the next float32 above it: with deciles alone its edges coincide, its rows
+share a bin with the values above it, and a count whose non-zero share goes from 5 % to 50 %
+keeps a PSI of 0. The other values are split at their own deciles.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import numpy.typing as npt
 
 #: Bins of a reference histogram (deciles).
 REFERENCE_BINS = 10
+#: A value holding at least this share of the reference rows gets a bin of its own.
+ATOM_SHARE = 1 / REFERENCE_BINS
 #: Features a reference follows besides the score (those the model splits on most).
 DRIFT_FEATURES = 5
 #: No share is taken below this (an empty bin would make PSI infinite).
@@ -53,12 +59,22 @@ class DriftReference(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def histogram(values: npt.NDArray[np.floating]) -> Histogram:
-    """The deciles of `values` as a reference histogram."""
-    values = np.asarray(values, np.float64)
+    """The reference histogram of `values`: a bin for each value holding ATOM_SHARE or more of
+    them, and the deciles of the rest."""
+    values = np.asarray(values, np.float32).astype(np.float64)
     if not len(values):
         raise ValueError("a reference histogram needs values")
-    quantiles = np.quantile(values, np.arange(1, REFERENCE_BINS) / REFERENCE_BINS)
-    edges = np.unique(np.round(quantiles.astype(np.float32), 7)).astype(np.float64)
+    distinct, counts = np.unique(values, return_counts=True)
+    atoms = distinct[counts >= ATOM_SHARE * len(values)].astype(np.float32)
+    rest = values[~np.isin(values, atoms)]
+    quantiles = (
+        np.quantile(rest, np.arange(1, REFERENCE_BINS) / REFERENCE_BINS) if len(rest) else []
+    )
+    # Decile edges are rounded for a readable manifest; an atom's two edges are exact, so that
+    # the atom's bin holds its value and nothing else.
+    deciles = np.round(np.asarray(quantiles, np.float32), 7).astype(np.float64)
+    above = np.nextafter(atoms, np.float32(np.inf))
+    edges = np.unique(np.concatenate([deciles, atoms, above]).astype(np.float64))
     counts = np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1)
     return Histogram([float(e) for e in edges], [round(float(c), 6) for c in counts / len(values)])
 

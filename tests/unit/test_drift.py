@@ -42,6 +42,40 @@ def test_a_reference_histogram_holds_deciles_and_merges_repeated_edges():
     assert sum(mostly_zero.shares) == pytest.approx(1.0)
 
 
+def test_a_value_holding_a_large_share_gets_a_bin_of_its_own():
+    rng = np.random.default_rng(7)
+    # 60 % zeros, 20 % exactly 1.0, the rest spread: 0 and 1 each hold a bin and nothing else.
+    values = np.concatenate([np.zeros(6_000), np.ones(2_000), rng.uniform(0.0, 5.0, 2_000)])
+    reference = histogram(values)
+    edges = np.asarray(reference.edges)
+    for atom, share in [(0.0, 0.6), (1.0, 0.2)]:
+        at = int(np.searchsorted(edges, atom, side="right"))
+        assert reference.shares[at] == pytest.approx(share)
+        assert edges[at] == np.nextafter(np.float32(atom), np.float32(np.inf))
+    assert sum(reference.shares) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("live_share", [0.5, 0.3])
+def test_the_psi_of_a_zero_heavy_feature_moves_with_its_non_zero_share(live_share: float):
+    """A count that is 0 on 95 % of the reference rows (terminal_fresh_frauds_7d): with decile
+    edges alone, 0 and every positive count shared one bin and the PSI stayed 0."""
+    rng = np.random.default_rng(8)
+
+    def counts_with_non_zero_share(share: float, rows: int) -> np.ndarray:
+        return np.where(rng.random(rows) < share, rng.integers(1, 6, rows), 0).astype(np.float32)
+
+    reference = histogram(counts_with_non_zero_share(0.05, 50_000))
+    edges = np.asarray(reference.edges)
+
+    def live_psi(share: float) -> float:
+        values = counts_with_non_zero_share(share, 10_000)
+        live = np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1)
+        return psi(reference, live)
+
+    assert live_psi(0.05) < 0.02
+    assert live_psi(live_share) > 0.25
+
+
 def test_psi_is_near_zero_for_the_same_population_and_large_for_a_shifted_one():
     rng = np.random.default_rng(2)
     reference = histogram(rng.normal(size=50_000))
