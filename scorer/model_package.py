@@ -73,6 +73,10 @@ class ThresholdChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decline: float
     #: How they were chosen, in words: the goal and the data it was measured on.
     chosen_by: str
+    #: [low, high]: the share of decisions at review or decline that live traffic should stay
+    #: within at these thresholds (scorer/flag_rate.py; FraudFlagRateUnexpected). Empty: not
+    #: stated, and the alert stays silent for this package.
+    expected_flag_rate: list[float] = msgspec.field(default_factory=list)
 
 
 class Training(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -237,6 +241,12 @@ def _manifest_problem(manifest: Manifest) -> str | None:
     review, decline = manifest.thresholds.review, manifest.thresholds.decline
     if not 0.0 <= review <= decline <= 1.0:
         return f"thresholds must satisfy 0 <= review <= decline <= 1, got {review} and {decline}"
+    flag_rate = manifest.thresholds.expected_flag_rate
+    if flag_rate and not (len(flag_rate) == 2 and 0.0 <= flag_rate[0] <= flag_rate[1] <= 1.0):
+        return (
+            "thresholds.expected_flag_rate must be [low, high] with 0 <= low <= high <= 1, "
+            f"got {flag_rate}"
+        )
     return None
 
 

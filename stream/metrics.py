@@ -9,6 +9,7 @@ serves; a test gives each replica its own and reads it with `registry.get_sample
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -367,6 +368,15 @@ class ServiceMetrics:
         self._model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
+        self._expected_flag_rate = Gauge(
+            "fraud_model_expected_flag_ratio",
+            "The share of decisions at review or decline the model in use expects at its "
+            "thresholds, as a range (bound: low, high; the package's [thresholds] "
+            "expected_flag_rate); NaN when the package states none or FRAUD_REVIEW_THRESHOLD / "
+            "FRAUD_DECLINE_THRESHOLD override its thresholds",
+            ["bound"],
+            registry=r,
+        )
         self._history_time_scale = Gauge(
             "fraud_history_time_scale",
             "FRAUD_HISTORY_TIME_SCALE: how many times faster than real time event time runs for "
@@ -497,12 +507,21 @@ class ServiceMetrics:
         self._in_flight.set(count)
         self._in_flight_bytes.set(size_bytes)
 
-    def set_model(self, model_version: str, provider: str) -> None:
-        """The model now in use (the one before, if any, is no longer shown)."""
+    def set_model(
+        self,
+        model_version: str,
+        provider: str,
+        expected_flag_rate: tuple[float, float] | None = None,
+    ) -> None:
+        """The model now in use (the one before, if any, is no longer shown), and the flag-rate
+        range it expects (None: unknown)."""
         self._model.clear()
         self._provider.clear()
         self._model.labels(model_version).set(1)
         self._provider.labels(provider).set(1)
+        low, high = expected_flag_rate or (math.nan, math.nan)
+        self._expected_flag_rate.labels("low").set(low)
+        self._expected_flag_rate.labels("high").set(high)
 
     def set_history_time_scale(self, scale: float) -> None:
         self._history_time_scale.set(scale)

@@ -30,6 +30,7 @@ from scorer.decide import DecisionPolicy, Verdicts, decide_batch, decide_by_rule
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.drift import DriftWindow
 from scorer.features import FEATURE_NAMES
+from scorer.flag_rate import range_in_use
 from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from scorer.reasons import Explainer
@@ -420,7 +421,11 @@ class BatchScorer:
         self._failures = _Failures()
         self._drift = _drift_of(model.scorer, self._drift_window)
         provider = str(getattr(model.scorer, "provider", "unknown"))
-        self._metrics.set_model(model.scorer.model_version, provider)
+        self._metrics.set_model(
+            model.scorer.model_version,
+            provider,
+            range_in_use(getattr(model.scorer, "package", None), model.policy.thresholds),
+        )
         self._metrics.clear_drift()
         log.info("model %s serves from this batch on", model.scorer.model_version)
 

@@ -11,6 +11,7 @@ from contracts.terminal_risk import DELAY_DAYS
 from scorer.catalogue import BY_NAME
 from scorer.fallback import BASE_LOG_ODDS, CUTOFFS, RED_FLAG_WEIGHTS
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.flag_rate import FLAG_RATE_MARGIN
 from scorer.history import HISTORY_FEATURE_NAMES
 from simulator.fraud import DEFAULT_SCENARIOS
 from training import gbdt, handbook_recipe, mlp
@@ -21,9 +22,11 @@ from training.thresholds import FALSE_DECLINE_COST, REVIEW_LEGIT_SHARE
 from training.train import (
     COLD_CHECK_DAYS,
     COLD_CHECK_SEED_OFFSET,
+    COLD_START_CHOSEN_ON,
     COLD_START_DAYS,
     FRESH_LABEL_COLUMNS,
     HANDBOOK,
+    KNOWN_COMPROMISED_FEATURE,
     MODEL_NAMES,
     FoldResult,
     Outcomes,
@@ -75,21 +78,24 @@ def _mean_std(values: tuple[float, float]) -> str:
 
 def metrics_table(runs: Sequence[TrainingResult]) -> str:
     """Test folds, handbook-comparable rows: our model and the handbook's recipe, each seed's
-    mean over its folds, then the mean ± standard deviation over the seeds."""
+    mean over its folds, then the mean ± sample standard deviation over the seeds; beside it,
+    the sample standard deviation of AP over every fold of every seed."""
     seeds = ", ".join(str(run.seed) for run in runs)
     lines = [
-        f"| model | ROC-AUC | average precision | Card Precision@100 | per seed ({seeds}): AP |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| model | ROC-AUC | average precision | Card Precision@100 | per seed ({seeds}): AP "
+        "| AP, ± over folds |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind in ("ours", HANDBOOK):
         per_seed = {
             field: [mean_std(_test(run, kind), field)[0] for run in runs]
             for field in Metrics._fields
         }
+        every_fold = [fold.handbook.average_precision for run in runs for fold in _test(run, kind)]
         name = f"{runs[0].model_name} (our recipe)" if kind == "ours" else _RECIPE
         cells = [_mean_std(spread(per_seed[field])) for field in Metrics._fields]
         ap = " / ".join(f"{v:.3f}" for v in per_seed["average_precision"])
-        lines.append(f"| {name} | {' | '.join(cells)} | {ap} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {ap} | {_mean_std(spread(every_fold))} |")
     return "\n".join(lines)
 
 
@@ -246,6 +252,15 @@ def _thresholds_by_seed(runs: Sequence[TrainingResult]) -> str:
     return "\n".join(lines)
 
 
+def _held_out(runs: Sequence[TrainingResult]) -> str:
+    held_out = [
+        str(run.seed + COLD_CHECK_SEED_OFFSET)
+        for run in runs
+        if run.seed + COLD_CHECK_SEED_OFFSET not in COLD_START_CHOSEN_ON
+    ]
+    return f", seed {' and '.join(held_out)}'s are" if held_out else ""
+
+
 def _cold_start_table(runs: Sequence[TrainingResult]) -> str:
     lines = [
         "| day | " + " | ".join(f"seed {run.seed + COLD_CHECK_SEED_OFFSET}" for run in runs) + " |",
@@ -347,6 +362,7 @@ def render_model_card(runs: Sequence[TrainingResult]) -> str:
     first_valid, last_valid = validation_days(run.schedule)
     folds = len(run.schedule.test)
     review, decline = run.thresholds
+    low, high = run.expected_flag_rate
     valid_ap = {
         kind: mean_std(run.validation[kind], "average_precision")[0] for kind in MODEL_NAMES
     }
@@ -397,7 +413,10 @@ fraud" on that traffic, not on real payments. Not a model for real payments.
 
 The protocol of Le Borgne et al., *Reproducible Machine Learning for Credit Card Fraud
 Detection* (chapters 3-5): a training week, a {DELAY_DAYS}-day delay, an assessment week from
-which the cards already known to be compromised are removed; ROC-AUC, average precision and
+which the cards already known to be compromised are removed (by the handbook's rule, and every
+row whose card the service's own features know to be compromised when it scores it,
+`{KNOWN_COMPROMISED_FEATURE}` > 0: a fraud of the card confirmed, within hours of it, in that
+window; such a row tests what serving already knows, not the model); ROC-AUC, average precision and
 Card Precision@100 (per day, the 100 cards with the highest score, cards caught on earlier days
 removed). Its model-selection schedule (chapter 5), on one stream of {run.days} days per seed:
 
@@ -425,7 +444,9 @@ feature transformation") and the XGBoost its chapter 5 chose for average precisi
 week and the stream's first {COLD_START_DAYS} days) and scored on the same rows. Test folds,
 handbook-comparable rows (legitimate traffic and the handbook's three scenarios; this
 project's fourth, card testing, left out); each seed's mean over its {folds} test folds, then
-the mean ± standard deviation over seeds {seeds}:
+the mean ± sample standard deviation (ddof=1) over seeds {seeds}; the last column is the spread
+of AP over all {folds * len(runs)} folds, the more honest uncertainty (weeks differ more than
+seeds):
 
 {metrics_table(runs)}
 {_fresh_label_note(run)}
@@ -492,6 +513,14 @@ the test weeks (all rows, known-compromised cards removed):
 
 {_outcome_table({"validation": run.validation_outcomes, "test": shipped_test}, run)}
 
+**Expected flag rate.** The manifest states the share of all decisions at review or decline
+that live traffic should stay within at these thresholds: {_percent(low)} to {_percent(high)}
+(`[thresholds] expected_flag_rate`), the validation weeks' lowest and highest daily share
+divided and multiplied by {FLAG_RATE_MARGIN:g} (`scorer/flag_rate.py`). A replica exports it as
+`fraud_model_expected_flag_ratio`, and `FraudFlagRateUnexpected` fires when an hour's live share
+leaves it: a model put on traffic it does not fit flags far more, or far less, than it was
+chosen to (docs/runbooks.md).
+
 Every seed (each chose its own thresholds on its own validation weeks):
 
 {_thresholds_by_seed(runs)}
@@ -504,7 +533,8 @@ over the first days. The validation and test weeks come after
 transactions on a new stream's first day and 3 % over its first 10 (1 % in steady state). Each
 seed's shipped-form model on a stream it never saw (seed + {COLD_CHECK_SEED_OFFSET}, every card
 and terminal new on day 0), day by day: legitimate ≥ review / legitimate ≥ decline / fraud
-recall at review.
+recall at review. {COLD_START_DAYS} days were chosen looking at the streams of seeds
+{" and ".join(map(str, COLD_START_CHOSEN_ON))}: their columns are not held out{_held_out(runs)}.
 
 {_cold_start_table(runs)}
 

@@ -25,9 +25,16 @@ from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt
-from training.protocol import fold_schedule, handbook_fold, protocol_metrics
+from training.protocol import fold_schedule, protocol_metrics
 from training.thresholds import REVIEW_LEGIT_SHARE
-from training.train import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_seeds, training_rows
+from training.train import (
+    DEFAULT_DAYS,
+    DEFAULT_SEEDS,
+    FOLDS,
+    parse_seeds,
+    stream_fold,
+    training_rows,
+)
 
 _Floats = npt.NDArray[np.float32]
 #: The entities whose fresh-label counts are tried, by the label field that names them.
@@ -115,7 +122,7 @@ def study_seed(seed: int, days: int, folds: int, cards: int) -> dict[str, dict[s
     schedule = fold_schedule(days, folds)
     results: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
     for start in schedule.validation:
-        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
         assessed = fold.test
         for name in VARIANTS:
@@ -152,7 +159,7 @@ def _table(by_seed: dict[int, dict[str, dict[str, float]]]) -> str:
         cells = []
         for key in keys:
             values = [run[name][key] for run in by_seed.values()]
-            cells.append(f"{np.mean(values):.4f} ± {np.std(values):.4f}")
+            cells.append(f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

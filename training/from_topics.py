@@ -41,8 +41,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from contracts.decision import decode_features
 from contracts.errors import ConfigurationError
 from contracts.label import decode_label
+from contracts.terminal_risk import MS_PER_DAY
 from scorer.drift import drift_reference, most_influential
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.flag_rate import expected_flag_rate
 from scorer.model_package import (
     FORMAT,
     Manifest,
@@ -370,8 +372,14 @@ def retrain(args: argparse.Namespace) -> Retrained:
         ),
     )
     manifest = _manifest(args, version, decisions, split, is_fraud, (review, decline), comparison)
+    flag_rate = expected_flag_rate(
+        validation_scores, decisions.event_time[split.validation] // MS_PER_DAY, review
+    )
     manifest = msgspec.structs.replace(
-        manifest, reference=[float(v) for v in np.median(legit_train, axis=0)], drift=drift
+        manifest,
+        thresholds=msgspec.structs.replace(manifest.thresholds, expected_flag_rate=flag_rate),
+        reference=[float(v) for v in np.median(legit_train, axis=0)],
+        drift=drift,
     )
     write_model_package(args.out, onnx, manifest, _card(args, version, comparison, split, is_fraud))
     return Retrained(

@@ -3,7 +3,9 @@
 - A fold: a training week, a delay week (its outcomes are not yet known when the model goes
   live, so it is neither trained nor tested on), a test week. From each test day the cards
   already known to be compromised are removed: those with a fraud in the training week, or on
-  any day up to the delay before that test day.
+  any day up to the delay before that test day (the handbook's rule), and, row by row, those
+  the service's features already know to be compromised when it scores the row (a fraud of the
+  card confirmed within its fresh-label window: training/train.py, `stream_fold`).
 - Card Precision@k: per test day, each card scores its transactions' maximum; of the k highest
   cards, the share that had a fraud that day. Cards caught on an earlier test day are removed
   from later days. The figure is the mean over the test days.
@@ -72,8 +74,15 @@ class Fold(NamedTuple):
     test: _Ints
 
 
-def handbook_fold(day: _Ints, card: _Ints, is_fraud: _Bools, train_start_day: int) -> Fold:
-    """The training rows and the test rows (known-compromised cards removed) of one fold."""
+def handbook_fold(
+    day: _Ints,
+    card: _Ints,
+    is_fraud: _Bools,
+    train_start_day: int,
+    known_at_row: _Bools | None = None,
+) -> Fold:
+    """The training rows and the test rows of one fold: known-compromised cards removed by the
+    handbook's rule and, where `known_at_row` is given, the rows it marks."""
     train = np.flatnonzero((day >= train_start_day) & (day < train_start_day + TRAIN_DAYS))
     known = set(card[train[is_fraud[train]]].tolist())
     test_parts = []
@@ -82,7 +91,8 @@ def handbook_fold(day: _Ints, card: _Ints, is_fraud: _Bools, train_start_day: in
         revealed = np.flatnonzero((day == train_start_day + TRAIN_DAYS + k - 1) & is_fraud)
         known.update(card[revealed].tolist())
         rows = np.flatnonzero(day == first_test_day + k)
-        test_parts.append(rows[~np.isin(card[rows], list(known))])
+        rows = rows[~np.isin(card[rows], list(known))]
+        test_parts.append(rows if known_at_row is None else rows[~known_at_row[rows]])
     return Fold(train_start_day, train, np.concatenate(test_parts))
 
 

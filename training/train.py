@@ -48,6 +48,7 @@ from contracts.terminal_risk import FRESH_WINDOWS_DAYS
 from scorer.drift import DriftReference, drift_reference, most_influential
 from scorer.fallback import fallback_scores
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
+from scorer.flag_rate import expected_flag_rate
 from scorer.model_package import FORMAT as MANIFEST_FORMAT
 from scorer.model_package import (
     Manifest,
@@ -68,6 +69,7 @@ from training.protocol import (
     DELAY_DAYS,
     TEST_DAYS,
     TRAIN_DAYS,
+    Fold,
     Metrics,
     Schedule,
     days_needed,
@@ -92,7 +94,7 @@ logger = logging.getLogger(__name__)
 MODEL_NAMES = {"gbdt": "fraud-gbdt", "mlp": "fraud-mlp"}
 #: The handbook's recipe, reported beside the candidates under this kind.
 HANDBOOK = "handbook"
-MODEL_RELEASE = "2.3.0"
+MODEL_RELEASE = "2.4.0"
 DEFAULT_SEEDS = (7, 8, 9)
 #: Days before the first training week: every window (30 days, + the 7-day delay for terminal
 #: risk) is full, and compromised terminals (28 days) and cards (14) are in steady state.
@@ -103,6 +105,9 @@ WARMUP_DAYS = 45
 #: first 10 days, 1 % in steady state). Chosen on the validation folds and on the first days of
 #: an independent stream (seed + COLD_CHECK_SEED_OFFSET), never on a test week.
 COLD_START_DAYS = 7
+#: The cold-check streams COLD_START_DAYS was chosen on: the card says their columns are not
+#: held out.
+COLD_START_CHOSEN_ON = (107, 108)
 #: The stream that checks cold start in the model card: another seed, COLD_CHECK_DAYS long.
 COLD_CHECK_SEED_OFFSET = 100
 COLD_CHECK_DAYS = 10
@@ -116,6 +121,10 @@ NOT_IN_HANDBOOK = "card_testing"
 #: Confirmed frauds known so far, without the delay (`scorer/terminal_risk.py`): the handbook's
 #: setting has nothing like them (its outcomes arrive after the delay), so the card also reports
 #: the chosen candidate without them, on the first seed only (it costs a model per test fold).
+#: A row whose card this feature counts a confirmed fraud for is left out of every assessed
+#: week: the service knows the card is compromised (within hours of a report), so the row tests
+#: what serving already knows, not the model. The widest of the card's fresh-label windows.
+KNOWN_COMPROMISED_FEATURE = f"card_fresh_frauds_{max(FRESH_WINDOWS_DAYS)}d"
 FRESH_LABEL_COLUMNS = tuple(
     f"{entity}_fresh_frauds_{w}d" for entity in ("terminal", "card") for w in FRESH_WINDOWS_DAYS
 )
@@ -141,10 +150,10 @@ def mean_std(folds: Sequence[FoldResult], field: str, handbook: bool = True) -> 
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard deviation (NaN for none)."""
+    """Mean and sample standard deviation (ddof=1; NaN for fewer than two values)."""
     if not values:
         return (math.nan, math.nan)
-    return float(np.mean(values)), float(np.std(values))
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
 class FallbackReport(NamedTuple):
@@ -194,6 +203,8 @@ class TrainingResult(NamedTuple):
     reference: list[float]
     #: Histograms of the validation weeks' scores and most influential features (drift PSI).
     drift: DriftReference
+    #: [low, high]: the flag rate live traffic should stay within (scorer/flag_rate.py).
+    expected_flag_rate: list[float]
     train_rows: int
     test_rows: int
     #: Per day of a new stream (another seed, every card new on day 0): the shares of legitimate
@@ -245,7 +256,7 @@ def train_model(
     valid_fraud = stream.is_fraud[chosen.rows]
     test_fraud = stream.is_fraud[tested.rows]
     rules_test = fallback_scores(stream.features[tested.rows])
-    latest = handbook_fold(stream.day, stream.card, stream.is_fraud, schedule.test[0])
+    latest = stream_fold(stream, schedule.test[0])
     legit_train = stream.features[latest.train][~stream.is_fraud[latest.train]]
     validation_rows = stream.features[chosen.rows]
     first, last = validation_days(schedule)
@@ -296,6 +307,9 @@ def train_model(
         ),
         reference=[float(v) for v in np.median(legit_train, axis=0)],
         drift=drift,
+        expected_flag_rate=expected_flag_rate(
+            chosen.scores, stream.day[chosen.rows], chosen.thresholds.review
+        ),
         train_rows=len(training_rows(stream, latest.train)),
         test_rows=len(latest.test),
         cold_start=cold_start,
@@ -339,7 +353,7 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
     logits: dict[str, list[_Floats]] = {kind: [] for kind in MODEL_NAMES}
     assessed: list[_Ints] = []
     for start in schedule.validation:
-        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
         assessed.append(fold.test)
         for kind in MODEL_NAMES:
@@ -389,7 +403,7 @@ def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Pla
     test_scores: list[npt.NDArray[np.float32]] = []
     exports: list[tuple[bytes, str]] = []
     for start in schedule.test:
-        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
         fitted = _fit(winner, stream.features[train], stream.is_fraud[train], seed)
         model = _calibrated(fitted, platt)
@@ -411,12 +425,20 @@ def _test_without_fresh_labels(
     keep = np.array([i for i, name in enumerate(FEATURE_NAMES) if name not in FRESH_LABEL_COLUMNS])
     results = []
     for start in schedule.test:
-        fold = handbook_fold(stream.day, stream.card, stream.is_fraud, start)
+        fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
         model = _fit(winner, stream.features[train][:, keep], stream.is_fraud[train], seed)
         logits = _logits(model, stream.features[fold.test][:, keep])
         results.append(_fold_result(stream, start, fold.test, logits))
     return results
+
+
+def stream_fold(stream: Stream, train_start_day: int) -> Fold:
+    """A fold of `stream`: known-compromised cards removed by the handbook's rule, and every row
+    whose card the service already knows to be compromised when it scores it: a fraud of the
+    card confirmed within KNOWN_COMPROMISED_FEATURE's window, as its own feature says."""
+    known = stream.features[:, FEATURE_NAMES.index(KNOWN_COMPROMISED_FEATURE)] > 0
+    return handbook_fold(stream.day, stream.card, stream.is_fraud, train_start_day, known)
 
 
 def training_rows(stream: Stream, week: _Ints) -> _Ints:
@@ -552,6 +574,7 @@ def manifest(result: TrainingResult) -> Manifest:
             "score at or above review with the lowest cost when a declined legitimate "
             f"transaction costs {FALSE_DECLINE_COST:g} and a fraud not declined costs its "
             "amount (MODEL_CARD.md, Thresholds)",
+            expected_flag_rate=result.expected_flag_rate,
         ),
         training=Training(
             data=f"simulated stream: seed {result.seed}, {result.days} days, {result.rows} "

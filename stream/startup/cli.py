@@ -17,6 +17,7 @@ from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnava
 from contracts.health import HealthState, serve
 from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
+from scorer.flag_rate import range_in_use
 from scorer.model_source import open_model_source
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
@@ -129,7 +130,11 @@ def run_service(config: ServiceConfig, stop: StopRequest) -> int:
     # full passes, whose pauses otherwise show up in the latency tail (measured 58-63 ms).
     gc.freeze()
     metrics = ServiceMetrics()
-    metrics.set_model(model.scorer.model_version, model.scorer.provider)
+    metrics.set_model(
+        model.scorer.model_version,
+        model.scorer.provider,
+        range_in_use(model.scorer.package, model.policy.thresholds),
+    )
     metrics.set_history_time_scale(config.history_time_scale)
 
     health = HealthState()

@@ -86,13 +86,15 @@ def _quantity(expr: str) -> str:
     events, or the unit in the metric's name (seconds, records, partitions …). A quantile or a
     ratio of two rates of a histogram keeps the histogram's unit; a counter over itself (some
     of its labels over all) is a share, and so is the rate of a counter of seconds (CPU time:
-    the share of a core)."""
+    the share of a core) and a gauge named `_ratio`."""
     (name, *others) = promql_series(expr)
     base = re.sub(r"_(bucket|sum|count|total)$", "", name)
     ratio = re.search(r"\)\s*/\s*\w*\s*\(", expr)
     if ratio and name.endswith("_total") and set(others) <= {name}:
         return "share"
     if name.endswith("_seconds_total") and re.search(r"\brate\s*\(", expr) and not ratio:
+        return "share"
+    if name.endswith("_ratio"):  # Prometheus's base unit for a share of one
         return "share"
     if re.search(r"\b(i?rate)\s*\(", expr) and "histogram_quantile" not in expr and not ratio:
         return "per minute" if re.search(r"\*\s*60\b", expr) else "per second"

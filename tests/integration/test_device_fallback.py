@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from scorer.model_package import load_model_package
+from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.integration.conftest import produce, read_topic
 from tests.integration.test_pipeline import decisions_of, simulated
 
@@ -35,6 +37,10 @@ def test_a_gpu_request_without_a_gpu_decides_every_record_on_the_cpu(
     assert all(d["degraded"] is False and 0.0 <= d["score"] <= 1.0 for d in decisions)
     assert read_topic(topics.dlq, 0) == [], "no record is dead-lettered"
     service.wait_for_metric(CPU_PROVIDER_METRIC, 1)
+    # The shipped package's expected flag rate, which FraudFlagRateUnexpected compares with.
+    low, high = load_model_package(SHIPPED_MODEL_PATH).manifest.thresholds.expected_flag_rate
+    assert service.metric('fraud_model_expected_flag_ratio{bound="low"}') == low
+    assert service.metric('fraud_model_expected_flag_ratio{bound="high"}') == high
     service.signal(signal.SIGTERM)
     assert service.wait() == 0
     log = service.log_path.read_text()

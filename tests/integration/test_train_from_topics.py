@@ -103,6 +103,8 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
     assert metrics["evaluation_auc"] > 0.7, printed
     assert 0.0 <= metrics["evaluation_served_auc"] <= 1.0
     assert "evaluation rows 4800" in printed
+    low, high = package.manifest.thresholds.expected_flag_rate
+    assert 0.0 <= low < high <= 1.0, "the flag rate the alert compares with is stated"
 
 
 def test_decisions_without_features_are_refused_with_what_to_do(

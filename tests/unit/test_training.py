@@ -38,10 +38,13 @@ from training.train import (
     COLD_START_DAYS,
     FRESH_LABEL_COLUMNS,
     HANDBOOK,
+    KNOWN_COMPROMISED_FEATURE,
     TrainingResult,
     main,
     manifest,
     mean_std,
+    spread,
+    stream_fold,
     train_model,
     training_rows,
 )
@@ -213,6 +216,28 @@ def test_handbook_fold_removes_known_compromised_cards() -> None:
     assert (14, 2) in tested and (16, 2) in tested and (17, 2) not in tested
 
 
+def test_a_fold_also_removes_the_rows_a_mask_marks_known() -> None:
+    day = np.repeat(np.arange(21), 3)
+    card = np.tile(np.array([1, 2, 3]), 21)
+    is_fraud = np.zeros(len(day), bool)
+    known_at_row = (card == 3) & (day >= 15)  # card 3 reported compromised during day 14
+    plain = handbook_fold(day, card, is_fraud, 0)
+    served = handbook_fold(day, card, is_fraud, 0, known_at_row)
+    assert np.array_equal(served.train, plain.train)
+    assert set(served.test.tolist()) == set(plain.test.tolist()) - set(
+        np.flatnonzero(known_at_row).tolist()
+    )
+    assert {(int(d), int(c)) for d, c in zip(day[served.test], card[served.test], strict=True)} >= {
+        (14, 3)
+    }
+
+
+def test_a_spread_is_the_sample_standard_deviation() -> None:
+    assert spread([0.80, 0.82, 0.84]) == pytest.approx((0.82, 0.02))
+    mean, std = spread([0.5])
+    assert mean == 0.5 and np.isnan(std)
+
+
 def test_card_precision_at_k_known_values() -> None:
     day = np.array([0, 0, 0, 0, 1, 1, 1])
     card = np.array([1, 1, 2, 3, 1, 2, 3])
@@ -363,6 +388,17 @@ def test_shipped_model_ranks_a_fresh_stream() -> None:
     package = load_model_package(SHIPPED_MODEL_PATH)
     scores = score_with_onnxruntime(package.onnx, stream.features[recent])
     assert roc_auc(stream.is_fraud[recent], scores) > 0.85
+
+
+def test_a_streams_fold_leaves_out_the_rows_whose_card_serving_knows_is_compromised() -> None:
+    stream = simulate(seed=5, days=TRAIN_DAYS + DELAY_DAYS + TEST_DAYS, cards=300)
+    known = stream.features[:, FEATURE_NAMES.index(KNOWN_COMPROMISED_FEATURE)] > 0
+    assessed = np.flatnonzero(stream.day >= TRAIN_DAYS + DELAY_DAYS)
+    assert known[assessed].any(), "the stream has rows of cards known to be compromised"
+    fold = stream_fold(stream, 0)
+    plain = handbook_fold(stream.day, stream.card, stream.is_fraud, 0)
+    assert not known[fold.test].any()
+    assert set(fold.test.tolist()) == set(plain.test[~known[plain.test]].tolist())
 
 
 def test_every_fold_also_trains_on_the_cold_start_days(small: TrainingResult) -> None:
