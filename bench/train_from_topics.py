@@ -1,9 +1,9 @@
-"""`fraud-train --from-topics` on a large backlog: its time and peak memory.
+"""`fraud-train from-topics` on a large backlog: its time and peak memory.
 
 Produces `--decisions` decisions with logged features (rows of a simulated, replayed stream:
 `simulator.replay.simulate`, repeated with fresh ids and later event times until there are
 enough) and the fraud labels of their transactions to two fresh topics, runs
-`fraud-train --from-topics` on them in a child process, and prints and writes (`--results`) its
+`fraud-train from-topics` on them in a child process, and prints and writes (`--results`) its
 wall time and peak RSS.
 
     make kafka-up && python -m bench.train_from_topics --decisions 1000000
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     sys.executable,
                     "-m",
                     "training.cli",
-                    "--from-topics",
+                    "from-topics",
                     "--bootstrap-servers",
                     args.bootstrap_servers,
                     "--decisions-topic",

@@ -6,7 +6,7 @@
    on that v1 was never trained on (account takeover: night-time e-commerce purchases abroad at
    the card's usual amounts, `simulator/fraud.py`).
 3. **Labels arrive**: the outcomes the simulator reported so far go to the labels topic.
-4. **v2 is trained from the topics** (`fraud-train --from-topics`): decisions joined to labels
+4. **v2 is trained from the topics** (`fraud-train from-topics`): decisions joined to labels
    as of now.
 5. **v2 runs in shadow**: promoted into the challenger link, the replica reloads it and scores
    the next `late_days` days with both; v1 still decides.
@@ -129,7 +129,6 @@ def run(settings: Settings) -> dict[str, Any]:
         _cli(
             fraud_train,
             [
-                "--from-topics",
                 "--bootstrap-servers",
                 settings.bootstrap,
                 "--decisions-topic",

@@ -1,5 +1,6 @@
-"""`fraud-train`: train the fraud model, on the simulator (the shipped model, `make model`) or
-from the topics the service wrote (`--from-topics`, training/from_topics.py)."""
+"""`fraud-train`: train the fraud model, on the simulator (`fraud-train simulator`, the shipped
+model, `make model`) or from the topics the service wrote (`fraud-train from-topics`,
+training/from_topics.py). The command line: training/options.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
+from training.options import parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,14 +20,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"fraud-train: configuration error: {exc}", file=sys.stderr)
         return 2
+    parsed = parse_args(args)
     try:
-        if "--from-topics" in args:
-            from training.from_topics import main as from_topics
+        if parsed.command == "from-topics":
+            from training.from_topics import train_from_topics
 
-            return from_topics(args)
-        from training.train import main as on_the_simulator
+            return train_from_topics(parsed)
+        from training.train import train_on_simulator
 
-        return on_the_simulator(args)
+        return train_on_simulator(parsed)
     except ModuleNotFoundError as exc:
         print(
             f"fraud-train: {exc.name} is missing: pip install 'fraud-scorer[train]'",

@@ -25,16 +25,10 @@ from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt
+from training.options import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_seeds
 from training.protocol import fold_schedule, protocol_metrics
 from training.thresholds import REVIEW_LEGIT_SHARE
-from training.train import (
-    DEFAULT_DAYS,
-    DEFAULT_SEEDS,
-    FOLDS,
-    parse_seeds,
-    stream_fold,
-    training_rows,
-)
+from training.train import stream_fold, training_rows
 
 _Floats = npt.NDArray[np.float32]
 #: The entities whose fresh-label counts are tried, by the label field that names them.

@@ -1,4 +1,4 @@
-"""`fraud-train --from-topics`: a challenger trained from what the service decided and what was
+"""`fraud-train from-topics`: a challenger trained from what the service decided and what was
 later confirmed, read back from Kafka; it promotes nothing.
 
 1. **Read** the decisions topic (JSON) from its start to its end as it is when the run starts,
@@ -56,6 +56,7 @@ from scorer.model_package import (
 )
 from training import gbdt
 from training.calibration import Platt, fit_platt
+from training.options import parse_args
 from training.protocol import average_precision, roc_auc
 from training.thresholds import (
     FALSE_DECLINE_COST,
@@ -67,7 +68,7 @@ from training.train import parameters_digest
 
 log = logging.getLogger(__name__)
 
-PROG = "fraud-train --from-topics"
+PROG = "fraud-train from-topics"
 #: Fewest labelled frauds the training rows must hold to fit anything worth comparing.
 MIN_TRAINING_FRAUDS = 20
 #: The false-positive rate recall is compared at (the share of legitimate rows flagged).
@@ -493,71 +494,14 @@ The served model's figures are its scores as decided ({", ".join(comparison.serv
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fraud-train",
-        description="Train a challenger from the decisions topic (with logged features) and the "
-        "labels topic, compare it with the served model on the most recent rows, and write its "
-        "package. It promotes nothing: run it in shadow, then `fraud-model promote`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument(
-        "--from-topics", action="store_true", required=True, help="train from the topics"
-    )
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka brokers")
-    parser.add_argument("--decisions-topic", default="decisions", help="decisions to learn from")
-    parser.add_argument("--labels-topic", default="labels", help="confirmed outcomes")
-    parser.add_argument(
-        "--until",
-        type=int,
-        default=None,
-        help="cut-off, epoch ms: only decisions made and labels reported by then count "
-        "(default: now)",
-    )
-    parser.add_argument(
-        "--delay",
-        type=int,
-        default=0,
-        help="ms of event time before the cut-off left out of every split (their frauds are "
-        "mostly not reported yet)",
-    )
-    parser.add_argument(
-        "--validation-share", type=float, default=0.2, help="share of rows for calibration"
-    )
-    parser.add_argument(
-        "--evaluation-share",
-        type=float,
-        default=0.2,
-        help="share of rows, the most recent, the two models are compared on",
-    )
-    parser.add_argument("--name", default="fraud-gbdt", help="the package's model name")
-    parser.add_argument(
-        "--version", default=None, help="its version (default: from a hash of its trees)"
-    )
-    parser.add_argument("--seed", type=int, default=7, help="LightGBM's seed")
-    parser.add_argument("--out", type=Path, required=True, help="package directory to write")
-    return parser
+def main(argv: Sequence[str]) -> int:
+    """`fraud-train from-topics`, its options alone (the flywheel's and the bench's call)."""
+    return train_from_topics(parse_args(["from-topics", *argv]))
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.until is None:
-        args.until = time.time_ns() // 1_000_000
-    shares = (args.validation_share, args.evaluation_share)
-    if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
-        parser.error(
-            "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
-            f"least 10 %% of the rows for training, got {shares}"
-        )
-    if args.delay < 0:
-        parser.error(f"--delay must be >= 0, got {args.delay}")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def train_from_topics(args: argparse.Namespace) -> int:
+    """`fraud-train from-topics`: retrain, write the package, print the comparison."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    args = parse_args(argv)
     try:
         result = retrain(args)
     except ConfigurationError as exc:

@@ -34,6 +34,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -65,6 +66,7 @@ from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin, Platt, fit_platt, reliability
 from training.fallback_fit import FallbackFit, fit_fallback
 from training.onnx_export import score_with_onnxruntime
+from training.options import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_args
 from training.protocol import (
     DELAY_DAYS,
     TEST_DAYS,
@@ -72,7 +74,6 @@ from training.protocol import (
     Fold,
     Metrics,
     Schedule,
-    days_needed,
     fold_schedule,
     handbook_fold,
     protocol_metrics,
@@ -95,10 +96,6 @@ MODEL_NAMES = {"gbdt": "fraud-gbdt", "mlp": "fraud-mlp"}
 #: The handbook's recipe, reported beside the candidates under this kind.
 HANDBOOK = "handbook"
 MODEL_RELEASE = "2.4.0"
-DEFAULT_SEEDS = (7, 8, 9)
-#: Days before the first training week: every window (30 days, + the 7-day delay for terminal
-#: risk) is full, and compromised terminals (28 days) and cards (14) are in steady state.
-WARMUP_DAYS = 45
 #: Every fold also trains on the stream's first days, when every card and terminal is new: the
 #: service meets such cards at start-up and for every new card, and a model trained on steady
 #: state only flagged 6-8 % of their legitimate transactions on day 0 (3 % over a new stream's
@@ -111,8 +108,6 @@ COLD_START_CHOSEN_ON = (107, 108)
 #: The stream that checks cold start in the model card: another seed, COLD_CHECK_DAYS long.
 COLD_CHECK_SEED_OFFSET = 100
 COLD_CHECK_DAYS = 10
-FOLDS = 4
-DEFAULT_DAYS = WARMUP_DAYS + days_needed(FOLDS)
 _MODELS_DIR = Path(__file__).resolve().parent.parent / "scorer" / "models"
 #: Separates the trainer's random stream from the simulator's for the same seed.
 _TRAINER_STREAM = 1
@@ -591,60 +586,6 @@ def manifest(result: TrainingResult) -> Manifest:
     )
 
 
-def parse_seeds(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--seeds takes comma-separated integers such as 7,8,9, got {text!r}"
-        ) from None
-    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"--seeds must be distinct and >= 0, got {text!r}")
-    return seeds
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m training",
-        description="Train the fraud model on the simulated stream; write the ONNX model and card.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument(
-        "--seeds",
-        type=parse_seeds,
-        default=DEFAULT_SEEDS,
-        help="simulator and training seeds, comma-separated: the first one's model ships, "
-        "every one is evaluated",
-    )
-    parser.add_argument(
-        "--days", type=int, default=DEFAULT_DAYS, help="simulated days (warm-up + the folds)"
-    )
-    parser.add_argument(
-        "--folds", type=int, default=FOLDS, help="validation folds, and as many test folds"
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="seeds trained at once, each in a process of its own (default: one per CPU, at "
-        "most one per seed)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="the model package directory to write (default: the shipped package)",
-    )
-    args = parser.parse_args(argv)
-    if args.jobs is not None and args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    try:
-        fold_schedule(args.days, args.folds)
-    except ValueError as exc:
-        parser.error(f"--days {args.days} --folds {args.folds}: {exc}")
-    return args
-
-
 def train_models(
     seeds: Sequence[int], days: int = DEFAULT_DAYS, folds: int = FOLDS, jobs: int | None = None
 ) -> list[TrainingResult]:
@@ -667,10 +608,14 @@ def _configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m training` (and `python -m training.train`)."""
+    """`python -m training`: `fraud-train simulator`, its options alone."""
+    return train_on_simulator(parse_args(["simulator", *(sys.argv[1:] if argv is None else argv)]))
+
+
+def train_on_simulator(args: argparse.Namespace) -> int:
+    """`fraud-train simulator`: train every seed, write the first one's package and the card."""
     from training.card import metrics_table, render_model_card
 
-    args = _parse_args(argv)
     _configure_logging()
     began = time.perf_counter()
     runs = train_models(args.seeds, args.days, args.folds, args.jobs)

@@ -35,6 +35,7 @@ import stream.metrics
 import stream.startup.cli
 import terminals.cli
 import terminals.metrics
+import training.options
 from contracts.settings import Settings
 from deadletter.cli import DlqSettings
 from loadgen.options import LoadgenSettings
@@ -54,6 +55,7 @@ COMMANDS: tuple[tuple[str, Callable[[], argparse.ArgumentParser]], ...] = (
     ("fraud-loadgen", loadgen.options.build_parser),
     ("fraud-dlq", deadletter.cli.build_parser),
     ("fraud-model", scorer.model_cli.build_parser),
+    ("fraud-train", training.options.build_parser),
 )
 #: The commands configured by environment as much as by flags, and their settings.
 CONFIGURED: tuple[tuple[str, type[Settings]], ...] = (

@@ -429,7 +429,7 @@ class Options(ServiceSettings, frozen=True, kw_only=True):
         meta(
             "FRAUD_DECISION_FEATURES",
             "on: every decision carries the feature row it was scored with (`features`, base64 "
-            "float32, 232 characters), what `fraud-train --from-topics` trains on: "
+            "float32, 232 characters), what `fraud-train from-topics` trains on: "
             "training sees exactly what serving saw (docs/contracts.md)",
         ),
     ] = "off"

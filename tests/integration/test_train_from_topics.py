@@ -1,4 +1,4 @@
-"""`fraud-train --from-topics` against the real broker: the service decides a simulated stream with
+"""`fraud-train from-topics` against the real broker: the service decides a simulated stream with
 its features logged, the simulator's labels arrive on a labels topic, and a challenger is trained
 from the two topics, counting only the labels reported by the cut-off."""
 
@@ -28,10 +28,9 @@ LABEL_DELAY_SCALE = 0.05
 
 
 def train_from(topics: Topics, labels_topic: str, out: Path, *args: str) -> int:
-    """fraud-train --from-topics on the service's decisions and `labels_topic`, into `out`."""
+    """fraud-train from-topics on the service's decisions and `labels_topic`, into `out`."""
     return fraud_train(
         [
-            "--from-topics",
             "--bootstrap-servers",
             BOOTSTRAP,
             "--decisions-topic",

@@ -1,4 +1,4 @@
-"""The pure parts of `fraud-train --from-topics` (training/from_topics.py): the split by event time
+"""The pure parts of `fraud-train from-topics` (training/from_topics.py): the split by event time
 and the recall at a fixed false-positive rate the models are compared by."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.from_topics import parse_args, recall_at_fpr, split_by_time
+from training.from_topics import recall_at_fpr, split_by_time
+from training.options import parse_args
 
 
 def test_the_split_is_by_event_time_oldest_first_and_leaves_the_delay_out():
@@ -43,6 +44,26 @@ def test_recall_at_fpr_counts_the_frauds_above_the_legitimate_quantile():
 )
 def test_shares_that_leave_no_training_rows_and_a_negative_delay_are_refused(flags, capsys):
     with pytest.raises(SystemExit) as exit_:
-        parse_args(["--from-topics", "--out", "x", *flags])
+        parse_args(["from-topics", "--out", "x", *flags])
     assert exit_.value.code == 2
     assert "must" in capsys.readouterr().err
+
+
+def test_fraud_train_help_names_every_command_and_each_has_its_own(capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0
+    assert "simulator" in (top := capsys.readouterr().out) and "from-topics" in top
+    for command, option in (("simulator", "--seeds"), ("from-topics", "--decisions-topic")):
+        with pytest.raises(SystemExit):
+            parse_args([command, "--help"])
+        assert option in capsys.readouterr().out
+
+
+def test_a_missing_command_is_refused_and_the_old_flag_still_works_with_a_warning(capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_args([])
+    assert exited.value.code == 2 and "COMMAND" in capsys.readouterr().err
+    args = parse_args(["--from-topics", "--out", "x"])
+    assert args.command == "from-topics" and str(args.out) == "x"
+    assert "deprecated: use `fraud-train from-topics`" in capsys.readouterr().err

@@ -1,0 +1,166 @@
+"""`fraud-train`'s command line: one parser, a subcommand per way of training, each with its own
+`--help`, and no import of the training libraries (the help works without the `train` extra).
+
+    fraud-train simulator     the shipped model, on the project's simulator (`make model`)
+    fraud-train from-topics   a challenger, from the decisions and labels topics (`make flywheel`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from training.protocol import days_needed, fold_schedule
+
+PROG = "fraud-train"
+DEFAULT_SEEDS = (7, 8, 9)
+#: Days before the first training week: every window (30 days, + the 7-day delay for terminal
+#: risk) is full, and compromised terminals (28 days) and cards (14) are in steady state.
+WARMUP_DAYS = 45
+FOLDS = 4
+DEFAULT_DAYS = WARMUP_DAYS + days_needed(FOLDS)
+#: The mode flag of releases before the subcommands; still read, with a warning.
+LEGACY_FROM_TOPICS = "--from-topics"
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds takes comma-separated integers such as 7,8,9, got {text!r}"
+        ) from None
+    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds must be distinct and >= 0, got {text!r}")
+    return seeds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Train a fraud model and write its package (model.onnx, model.toml and a "
+        "model card). `fraud-train COMMAND --help` gives each command's options.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_simulator(
+        commands.add_parser(
+            "simulator",
+            help="train the shipped model on the project's simulator (make model)",
+            description="Train the fraud model on the simulated stream: every candidate and "
+            "choice on validation weeks, the test weeks scored once; write the package and its "
+            "model card.",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
+    _add_from_topics(
+        commands.add_parser(
+            "from-topics",
+            help="train a challenger from the decisions and labels topics (make flywheel)",
+            description="Train a challenger from the decisions topic (with logged features) "
+            "and the labels topic, compare it with the served model on the most recent rows, "
+            "and write its package. It promotes nothing: run it in shadow, then `fraud-model "
+            "promote`.",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
+    return parser
+
+
+def _add_simulator(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=DEFAULT_SEEDS,
+        help="simulator and training seeds, comma-separated: the first one's model ships, "
+        "every one is evaluated",
+    )
+    parser.add_argument(
+        "--days", type=int, default=DEFAULT_DAYS, help="simulated days (warm-up + the folds)"
+    )
+    parser.add_argument(
+        "--folds", type=int, default=FOLDS, help="validation folds, and as many test folds"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="seeds trained at once, each in a process of its own (default: one per CPU, at "
+        "most one per seed)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the model package directory to write (default: the shipped package)",
+    )
+
+
+def _add_from_topics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka brokers")
+    parser.add_argument("--decisions-topic", default="decisions", help="decisions to learn from")
+    parser.add_argument("--labels-topic", default="labels", help="confirmed outcomes")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=None,
+        help="cut-off, epoch ms: only decisions made and labels reported by then count "
+        "(default: now)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=int,
+        default=0,
+        help="ms of event time before the cut-off left out of every split (their frauds are "
+        "mostly not reported yet)",
+    )
+    parser.add_argument(
+        "--validation-share", type=float, default=0.2, help="share of rows for calibration"
+    )
+    parser.add_argument(
+        "--evaluation-share",
+        type=float,
+        default=0.2,
+        help="share of rows, the most recent, the two models are compared on",
+    )
+    parser.add_argument("--name", default="fraud-gbdt", help="the package's model name")
+    parser.add_argument(
+        "--version", default=None, help="its version (default: from a hash of its trees)"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="LightGBM's seed")
+    parser.add_argument("--out", type=Path, required=True, help="package directory to write")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command and its options, checked; exits 2 with the problem on bad ones. The old
+    `fraud-train --from-topics ...` still works, with a warning."""
+    argv = list(argv)
+    if LEGACY_FROM_TOPICS in argv:
+        print(
+            f"{PROG}: {LEGACY_FROM_TOPICS} is deprecated: use `{PROG} from-topics`",
+            file=sys.stderr,
+        )
+        argv = ["from-topics", *(a for a in argv if a != LEGACY_FROM_TOPICS)]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "simulator":
+        if args.jobs is not None and args.jobs < 1:
+            parser.error(f"--jobs must be >= 1, got {args.jobs}")
+        try:
+            fold_schedule(args.days, args.folds)
+        except ValueError as exc:
+            parser.error(f"--days {args.days} --folds {args.folds}: {exc}")
+        return args
+    if args.until is None:
+        args.until = time.time_ns() // 1_000_000
+    shares = (args.validation_share, args.evaluation_share)
+    if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
+        parser.error(
+            "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
+            f"least 10 %% of the rows for training, got {shares}"
+        )
+    if args.delay < 0:
+        parser.error(f"--delay must be >= 0, got {args.delay}")
+    return args
