@@ -62,6 +62,7 @@ Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "publi
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple
 
 import msgspec
@@ -116,26 +117,53 @@ def publication_due(day: int, watermark_day: int) -> bool:
 class Unpublished:
     """The entries whose changes were not published at once, each with the oldest day such a
     change counted on: published once `publication_due` for that day (the worker's day close,
-    terminals/app.py)."""
+    terminals/app.py). Kept by day too, so that a day close, at every internal record, looks
+    only at the days due, not at every entry waiting."""
 
     def __init__(self) -> None:
         self._days: dict[str, int] = {}
+        self._by_day: dict[int, set[str]] = {}
+        #: The days to look at, oldest first, each once (a day emptied stays until it is due).
+        self._heap: list[int] = []
+        self._queued: set[int] = set()
 
     def note(self, key: str, day: int) -> None:
         """`key` changed on `day`, not published."""
         known = self._days.get(key)
-        self._days[key] = day if known is None else min(known, day)
+        if known is not None and known <= day:
+            return
+        if known is not None:
+            self._leave(key, known)
+        self._days[key] = day
+        self._by_day.setdefault(day, set()).add(key)
+        if day not in self._queued:
+            self._queued.add(day)
+            heapq.heappush(self._heap, day)
 
     def discard(self, key: str) -> None:
         """`key` is published, or forgotten."""
-        self._days.pop(key, None)
+        day = self._days.pop(key, None)
+        if day is not None:
+            self._leave(key, day)
 
     def take_due(self, watermark_day: int) -> list[str]:
-        """The keys whose publication is due as of `watermark_day`, no longer held."""
-        due = [key for key, day in self._days.items() if publication_due(day, watermark_day)]
-        for key in due:
-            del self._days[key]
+        """The keys whose publication is due as of `watermark_day`, no longer held; in order of
+        their day."""
+        due: list[str] = []
+        while self._heap and publication_due(self._heap[0], watermark_day):
+            day = heapq.heappop(self._heap)
+            self._queued.discard(day)
+            keys = self._by_day.pop(day, set())
+            for key in sorted(keys):
+                del self._days[key]
+            due.extend(sorted(keys))
         return due
+
+    def _leave(self, key: str, day: int) -> None:
+        keys = self._by_day[day]
+        keys.discard(key)
+        if not keys:
+            del self._by_day[day]
 
     def __contains__(self, key: object) -> bool:
         return key in self._days

@@ -8,6 +8,8 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.errors import DecodeError, ValidationError
 from contracts.event_time import EventClock
@@ -36,6 +38,7 @@ from terminals.state import (
     TerminalClock,
     TerminalState,
     Unpublished,
+    publication_due,
 )
 
 DAY0 = 20_000
@@ -180,6 +183,38 @@ def test_a_transaction_waits_until_a_day_before_a_window_reads_its_day() -> None
     assert "T" not in waiting and waiting.take_due(DAY0 + 100) == []
     assert PUBLISH_WITHIN_DAYS < DELAY_DAYS, "published before the first window reads it"
     assert state.to_publish()[0] and not state.unpublished()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["note", "discard", "take"]),
+            st.sampled_from(["T1", "T2", "T3", "T4"]),
+            st.integers(DAY0, DAY0 + 20),
+        ),
+        max_size=60,
+    )
+)
+def test_the_waiting_entries_kept_by_day_give_what_a_scan_of_all_gives(
+    steps: list[tuple[str, str, int]],
+) -> None:
+    """`Unpublished` looks only at the days due (a day close at every internal record scanned
+    every waiting entry); it must take exactly what a scan would."""
+    waiting, scanned = Unpublished(), {}
+    for action, key, day in steps:
+        if action == "note":
+            waiting.note(key, day)
+            scanned[key] = min(day, scanned.get(key, day))
+        elif action == "discard":
+            waiting.discard(key)
+            scanned.pop(key, None)
+        else:
+            due = sorted(k for k, d in scanned.items() if publication_due(d, day))
+            assert sorted(waiting.take_due(day)) == due
+            for k in due:
+                del scanned[k]
+        assert all((k in waiting) == (k in scanned) for k in ("T1", "T2", "T3", "T4"))
 
 
 def test_a_late_fraud_label_counts_in_the_windows_after_the_delay() -> None:
