@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,13 @@ class RetryPolicy:
                 f"{self.initial_backoff_s} and {self.max_backoff_s}"
             )
 
+    def backoff_s(self, attempt: int) -> float:
+        """The wait after the `attempt`-th failure (from 1): doubling from initial_backoff_s,
+        plus up to initial_backoff_s of jitter (replicas that failed together do not retry
+        together), at most max_backoff_s."""
+        doubled = self.initial_backoff_s * 2 ** min(attempt - 1, 62)
+        return min(doubled + random.uniform(0.0, self.initial_backoff_s), self.max_backoff_s)
+
     def retrying(self, on_retry: Callable[[BaseException], None]) -> tenacity.Retrying:
         """A tenacity loop that retries TransientDeliveryError only, then re-raises it."""
 
@@ -56,11 +64,7 @@ class RetryPolicy:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(TransientDeliveryError),
-            wait=tenacity.wait_exponential_jitter(
-                multiplier=self.initial_backoff_s,
-                max=self.max_backoff_s,
-                jitter=self.initial_backoff_s,
-            ),
+            wait=lambda state: self.backoff_s(state.attempt_number),
             stop=tenacity.stop_after_attempt(self.attempts),
             before_sleep=before_sleep,
             reraise=True,

@@ -62,6 +62,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from contracts.errors import RecordError, RecordRejectedError
 from contracts.event_time import EventClock
 from contracts.kafka_errors import translate_kafka_error
+from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRecord, DeadLetterRouter, shrink
 from terminals.config import WorkerConfig
 from terminals.events import InputMarks, Routed, batch_by_partition, read_transaction, route_label
@@ -80,8 +81,9 @@ ROUTE_WITHIN_S = 0.2
 LINGER_MS = 20
 #: One wait for acknowledgements: the loop beats between waits.
 FLUSH_SLICE_S = 1.0
-#: Backoff between rounds of outputs sent again.
-RETRY_BACKOFF_S = (0.5, 10.0)
+#: Backoff between rounds of outputs sent again: the service's policy, without its bound on
+#: attempts (the router sends until acknowledged or stopped; /readyz fails meanwhile).
+DELIVERY_RETRY = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=10.0)
 #: The largest record the producer sends (librdkafka's message.max.bytes default): a dead
 #: letter refused as too large shrinks under it.
 MAX_MESSAGE_BYTES = 1_000_000
@@ -476,7 +478,7 @@ class Router:
                 attempt += 1
                 self._progress.delivering(False)
                 self._metrics.delivery_retry()
-                backoff_s = min(RETRY_BACKOFF_S[0] * 2 ** (attempt - 1), RETRY_BACKOFF_S[1])
+                backoff_s = DELIVERY_RETRY.backoff_s(attempt)
                 log.warning(
                     "%s outputs not acknowledged (%s): sending them again in %.1fs",
                     len(outputs),
