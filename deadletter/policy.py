@@ -44,7 +44,7 @@ class RetryPolicy:
         """The wait after the `attempt`-th failure (from 1): doubling from initial_backoff_s,
         plus up to initial_backoff_s of jitter (replicas that failed together do not retry
         together), at most max_backoff_s."""
-        doubled = self.initial_backoff_s * 2 ** min(attempt - 1, 62)
+        doubled = self.initial_backoff_s * 2.0 ** min(attempt - 1, 62)
         return min(doubled + random.uniform(0.0, self.initial_backoff_s), self.max_backoff_s)
 
     def retrying(self, on_retry: Callable[[BaseException], None]) -> tenacity.Retrying:

@@ -126,15 +126,15 @@ def test_retry_policy_retries_transient_errors_then_gives_up() -> None:
 
 def test_the_backoff_doubles_with_jitter_up_to_its_bound_and_the_loop_waits_it() -> None:
     policy = RetryPolicy(attempts=30, initial_backoff_s=0.5, max_backoff_s=10.0)
-    for attempt, floor in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0)):
-        waits = [policy.backoff_s(attempt) for _ in range(200)]
+    for failures, floor in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0)):
+        waits = [policy.backoff_s(failures) for _ in range(200)]
         assert floor <= min(waits) and max(waits) <= floor + 0.5 and len(set(waits)) > 1
     assert {policy.backoff_s(n) for n in (6, 30, 10_000)} == {10.0}
     slept: list[float] = []
     retrying = RetryPolicy(attempts=4, initial_backoff_s=0.5, max_backoff_s=10.0).retrying(
         lambda _e: None
     )
-    retrying.sleep = slept.append  # type: ignore[method-assign]
+    retrying.sleep = slept.append
     with pytest.raises(TransientDeliveryError):
         for attempt in retrying:
             with attempt:

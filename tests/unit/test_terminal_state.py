@@ -201,7 +201,7 @@ def test_the_waiting_entries_kept_by_day_give_what_a_scan_of_all_gives(
 ) -> None:
     """`Unpublished` looks only at the days due (a day close at every internal record scanned
     every waiting entry); it must take exactly what a scan would."""
-    waiting, scanned = Unpublished(), {}
+    waiting, scanned = Unpublished(), dict[str, int]()
     for action, key, day in steps:
         if action == "note":
             waiting.note(key, day)
