@@ -68,7 +68,7 @@ class Decider:
                         transaction_id=t.transaction_id,
                         card_id=t.card_id,
                         score=score,
-                        decision=label,
+                        decision=decision,
                         model_version=model_version,
                         degraded=degraded[i],
                         event_time=t.event_time,
@@ -76,7 +76,7 @@ class Decider:
                     )
                 ),
             )
-            for i, (t, score, label) in enumerate(
-                zip(transactions, verdicts.scores.tolist(), verdicts.labels, strict=True)
+            for i, (t, score, decision) in enumerate(
+                zip(transactions, verdicts.scores.tolist(), verdicts.decisions, strict=True)
             )
         ]

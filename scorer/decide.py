@@ -1,11 +1,11 @@
-"""The one decision path: transactions → columns → features → scores → rules → decision labels,
+"""The one decision path: transactions → columns → features → scores → rules → decisions,
 with reasons for the flagged ones.
 
 The service, the benchmark and training all call `decide_batch`, so there is a single place
 where a score becomes a decision. It handles, for one micro-batch:
 
 - rules (`scorer/rules.py`, FRAUD_RULES): deny and allow lists, segment thresholds and
-  expression rules overrule the model's label; each hit is named in the decision;
+  expression rules overrule the model's decision; each hit is named in the decision;
 - reasons (`scorer/reasons.py`): every review and decline the model scored gets its top
   reasons, from one extra model call over the flagged rows only; a failure there leaves the
   decisions without reasons, never undecided;
@@ -49,7 +49,7 @@ from scorer.rules import Rules
 log = logging.getLogger(__name__)
 
 LatePolicy = Literal["score", "fallback"]
-#: Rule hits that set a label whatever the score (an allow list only ever approves).
+#: Rule hits that set a decision whatever the score (an allow list only ever approves).
 _FORCING = ("deny:", "rule:")
 
 
@@ -69,7 +69,7 @@ class Verdicts(NamedTuple):
     #: Fraud probability; NaN where the record failed.
     scores: npt.NDArray[np.float32]
     #: approve / review / decline; "" where the record failed.
-    labels: list[str]
+    decisions: list[str]
     #: Decided by the rules instead of the model.
     degraded: npt.NDArray[np.bool_]
     #: Each transaction's event_time (0 where the record failed).
@@ -98,7 +98,7 @@ class Verdicts(NamedTuple):
 
 class _Part(NamedTuple):
     scores: npt.NDArray[np.float32]
-    labels: list[str]
+    decisions: list[str]
     by_rules: npt.NDArray[np.bool_]
     event_time: npt.NDArray[np.int64]
     invalid: dict[int, ScoreError]
@@ -157,7 +157,7 @@ def decide_batch(
     explainer: Explainer | None = None,
     known_good: RecentRows | None = None,
 ) -> Verdicts:
-    """Decide every transaction of a batch: a label, or a failure to dead-letter.
+    """Decide every transaction of a batch: a decision, or a failure to dead-letter.
 
     `history` [B, NUM_HISTORY_FEATURES] (from the card state) and `terminal`
     [B, NUM_TERMINAL_FEATURES] (from `terminal-risk`) and `card_frauds`
@@ -242,7 +242,7 @@ def _decide_isolating(
         canary.check,
     )
     scores = np.full(n, np.nan, np.float32)
-    labels = [""] * n
+    decisions = [""] * n
     by_rules = np.zeros(n, bool)
     event_time = np.zeros(n, np.int64)
     late = 0
@@ -255,7 +255,7 @@ def _decide_isolating(
         stop = start + len(part.scores)
         features[start:stop] = part.features
         scores[start:stop] = part.scores
-        labels[start:stop] = part.labels
+        decisions[start:stop] = part.decisions
         by_rules[start:stop] = part.by_rules
         event_time[start:stop] = part.event_time
         failed.update({start + i: error for i, error in part.invalid.items()})
@@ -266,7 +266,7 @@ def _decide_isolating(
         inference_s += part.inference_s
         reasons_s += part.reasons_s
     for i in failed:
-        scores[i], labels[i], by_rules[i], features[i] = np.nan, "", False, 0.0
+        scores[i], decisions[i], by_rules[i], features[i] = np.nan, "", False, 0.0
         reasons.pop(i, None)
         rule_hits.pop(i, None)
     decided = n - len(failed)
@@ -275,7 +275,7 @@ def _decide_isolating(
         degraded[list(failed)] = False
     return Verdicts(
         scores=scores,
-        labels=labels,
+        decisions=decisions,
         degraded=degraded,
         event_time=event_time,
         failed=failed,
@@ -301,7 +301,7 @@ def _decide(
     explainer: Explainer | None,
     canary: Canary,
 ) -> _Part:
-    """Scores and labels of one batch or part of it; raises whatever a record provokes."""
+    """Scores and decisions of one batch or part of it; raises whatever a record provokes."""
     columns = state.columns
     if columns is None:
         columns = TransactionColumns.from_transactions(transactions)
@@ -331,18 +331,18 @@ def _decide(
         invalid = {int(i): ScoreError(f"model returned score {float(scores[i])!r}") for i in bad}
     ruled = rules.decide(columns, features, np.nan_to_num(scores), policy.thresholds)
     rule_hits = {i: hits for i, hits in enumerate(ruled.hits) if hits and i not in invalid}
-    # A label a deny list or an expression rule forced, where the model approved, is the
+    # A decision a deny list or an expression rule forced, where the model approved, is the
     # rules' (its `rules` say why), not the model's: it gets no model reasons.
     forced = np.zeros(len(scores), np.bool_)
     forced[[i for i, hits in rule_hits.items() if any(h.startswith(_FORCING) for h in hits)]] = True
     model_flagged = ~forced | (np.nan_to_num(scores) >= policy.thresholds.review)
     started = time.perf_counter()
     reasons = _reasons(
-        explainer, features, scores, ruled.labels, by_rules | ~model_flagged, invalid
+        explainer, features, scores, ruled.decisions, by_rules | ~model_flagged, invalid
     )
     return _Part(
         scores,
-        ruled.labels,
+        ruled.decisions,
         by_rules,
         columns.event_time,
         invalid,
@@ -360,15 +360,15 @@ def _reasons(
     explainer: Explainer | None,
     features: npt.NDArray[np.float32],
     scores: npt.NDArray[np.float32],
-    labels: list[str],
+    decisions: list[str],
     not_the_models: npt.NDArray[np.bool_],
     invalid: dict[int, ScoreError],
 ) -> dict[int, tuple[Reason, ...]]:
-    """The reasons of the flagged rows whose label is the model's (`not_the_models`: decided by
+    """The reasons of the flagged rows whose decision is the model's (`not_the_models`: decided by
     the fallback rules, or forced by a rule where the model approved)."""
     if explainer is None:
         return {}
-    flagged = (np.asarray(labels, dtype=object) != APPROVE) & ~not_the_models
+    flagged = (np.asarray(decisions, dtype=object) != APPROVE) & ~not_the_models
     flagged[list(invalid)] = False
     rows = np.flatnonzero(flagged)
     if not len(rows):

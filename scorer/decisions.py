@@ -1,4 +1,4 @@
-"""Scores → decision labels: the thresholds and what a valid score is."""
+"""Scores → decisions: the thresholds and what a valid score is."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from contracts.decision import APPROVE, DECLINE, REVIEW
 #: validation weeks (MODEL_CARD.md).
 DEFAULT_REVIEW_THRESHOLD = 0.5
 DEFAULT_DECLINE_THRESHOLD = 0.8
-_LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
+_DECISIONS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 
 
 class Thresholds(NamedTuple):
@@ -25,10 +25,10 @@ class Thresholds(NamedTuple):
 
 
 def classify(scores: npt.NDArray[np.float32], thresholds: Thresholds) -> list[str]:
-    """The decision label of each score, vectorised."""
+    """The decision of each score, vectorised."""
     index = (scores >= thresholds.review).astype(np.intp) + (scores >= thresholds.decline)
-    labels: list[str] = _LABELS[index].tolist()
-    return labels
+    decisions: list[str] = _DECISIONS[index].tolist()
+    return decisions
 
 
 def valid_scores(scores: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:

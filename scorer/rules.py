@@ -2,7 +2,7 @@
 
 A `Rules` value is the rule set in force. It is read from a TOML file at start-up
 (`Rules.load`), changed by the records of a compacted topic (`Rules.with_update`), and turns a
-batch's model scores into labels (`Rules.decide`). The formats are in docs/rules.md.
+batch's model scores into decisions (`Rules.decide`). The formats are in docs/rules.md.
 
 Responsibilities and decisions:
 
@@ -78,12 +78,12 @@ MAX_MEMBERS = 1_000
 #: every batch.
 MAX_EXPRESSION_NODES = 256
 #: Rules in force, and overrides in force (the file's and the topic's together), each: every
-#: batch evaluates them all, and each name is a label value of fraud_rule_hits_total.
+#: batch evaluates them all, and each name is a `rule` value of fraud_rule_hits_total.
 MAX_NAMED_ENTRIES = 100
 #: A rule's or an override's name.
 MAX_NAME_CHARS = 64
 
-_LABELS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
+_DECISIONS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 _LEVEL_OF_THEN = {REVIEW: 1, DECLINE: 2}
 _DENY_LEVEL, _ALLOW_LEVEL = 2, 0
 _LIST_KINDS = ("card", "merchant", "terminal")
@@ -110,8 +110,8 @@ class RulesError(ValueError):
 class RulesOutcome(NamedTuple):
     """What the rules made of a batch."""
 
-    #: The final label of each row.
-    labels: list[str]
+    #: The final decision of each row.
+    decisions: list[str]
     #: The rules that hit each row, in precedence order; () where none.
     hits: list[tuple[str, ...]]
     #: Rows hit per rule name over the batch; names that hit no row are left out.
@@ -727,7 +727,7 @@ def _put(table: Mapping[str, _Entry], name: str, entry: _Entry | None) -> dict[s
 
 class Rules:
     """The rule set in force (deny and allow lists, segment overrides, expression rules) and how
-    it turns a batch's scores into labels. Immutable: `with_update` returns a new value."""
+    it turns a batch's scores into decisions. Immutable: `with_update` returns a new value."""
 
     EMPTY: ClassVar[Rules]
     __slots__ = ("_file", "_lists", "_overrides", "_rules", "_topic")
@@ -844,7 +844,7 @@ class Rules:
         scores: npt.NDArray[np.float32],
         thresholds: Thresholds,
     ) -> RulesOutcome:
-        """The label of each row under these rules, and which rules hit it.
+        """The decision of each row under these rules, and which rules hit it.
 
         `features` is the batch's [B, F] matrix in catalogue order, `scores` the model's score
         per row, `thresholds` the defaults. Without rules this is `classify(scores, thresholds)`.
@@ -888,9 +888,9 @@ class Rules:
                     hit_columns.append(hit)
         level[listed["allow"]] = _ALLOW_LEVEL
         level[listed["deny"]] = _DENY_LEVEL
-        labels: list[str] = _LABELS[level].tolist()
+        decisions: list[str] = _DECISIONS[level].tolist()
         hits, counts = _hits(names, hit_columns, n)
-        return RulesOutcome(labels, hits, counts)
+        return RulesOutcome(decisions, hits, counts)
 
 
 def _hits(

@@ -192,5 +192,5 @@ class RulesGuard:
 
 
 def _flagged_share(rules: Rules, sample: _Sample) -> float:
-    labels = rules.decide(sample.columns, sample.features, sample.scores, sample.thresholds).labels
-    return sum(label != APPROVE for label in labels) / len(labels)
+    outcome = rules.decide(sample.columns, sample.features, sample.scores, sample.thresholds)
+    return sum(decision != APPROVE for decision in outcome.decisions) / len(outcome.decisions)

@@ -165,7 +165,7 @@ class _Failures:
     def unavailable(self, verdicts: Verdicts) -> bool:
         """Count the batch; whether the model is unavailable for it: it failed most of its last
         records, and some of this batch's records would be dead-lettered for it."""
-        size, failed = len(verdicts.labels), _failing(verdicts)
+        size, failed = len(verdicts.decisions), _failing(verdicts)
         self._batches.append((size, failed))
         self._records += size
         self._failed += failed
@@ -318,7 +318,7 @@ class BatchScorer:
 
         failed = verdicts.failed
         outputs: Counter[OutputLabel] = Counter(
-            ("decision", verdicts.labels[i]) for i in encoded.rows
+            ("decision", verdicts.decisions[i]) for i in encoded.rows
         )
         if failed:
             outputs["dead_letter", ScoreError.reason] = len(failed)
@@ -348,7 +348,7 @@ class BatchScorer:
             event_time = verdicts.event_time[decided]
             self._metrics.observe_event_to_decision((decided_at - event_time) / 1000.0)
             if self._observed_precision is not None:
-                flagged = [i for i in encoded.rows if verdicts.labels[i] in (REVIEW, DECLINE)]
+                flagged = [i for i in encoded.rows if verdicts.decisions[i] in (REVIEW, DECLINE)]
                 if flagged:
                     self._observed_precision.note_flagged(
                         [transactions[i].transaction_id for i in flagged],
@@ -385,7 +385,7 @@ class BatchScorer:
         the model before it does better on the same batch, that model's, and it serves again."""
         probation = self._probation
         assert probation is not None
-        size = len(verdicts.labels)
+        size = len(verdicts.decisions)
         if _failing(verdicts) > size / 2:
             before = decide(
                 probation.previous.scorer, probation.previous.policy, probation.previous.explainer
@@ -490,7 +490,7 @@ class BatchScorer:
                         transaction_id=t.transaction_id,
                         card_id=t.card_id,
                         score=scores[i],
-                        decision=verdicts.labels[i],
+                        decision=verdicts.decisions[i],
                         model_version=model_version,
                         degraded=degraded[i],
                         event_time=t.event_time,
@@ -581,7 +581,7 @@ class BatchScorer:
                 headers=None if contexts is None else contexts[i],
                 source=records[i].message,
                 group=group,
-                label=verdicts.labels[i],
+                label=verdicts.decisions[i],
             )
 
         self._sink.send_batch(

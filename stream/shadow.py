@@ -200,7 +200,7 @@ class Shadow:
             verdicts.scores[index],
             version,
             policy.thresholds,
-            [verdicts.labels[i] for i in rows],
+            [verdicts.decisions[i] for i in rows],
             decided_at,
             time.monotonic(),
         )

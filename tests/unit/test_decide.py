@@ -41,13 +41,13 @@ def huge(features: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
     return features[:, 0] > np.log1p(HUGE_AMOUNT - 1)
 
 
-def test_every_record_gets_a_label_from_its_score() -> None:
+def test_every_record_gets_a_decision_from_its_score() -> None:
     verdicts = decide_batch(transactions(32), FakeScorer(), POLICY, now_ms())
     assert not verdicts.failed
     expected = np.where(
         verdicts.scores >= 0.8, "decline", np.where(verdicts.scores >= 0.5, "review", "approve")
     )
-    assert verdicts.labels == expected.tolist()
+    assert verdicts.decisions == expected.tolist()
     assert not verdicts.degraded.any()
 
 
@@ -58,7 +58,7 @@ def test_records_that_break_the_model_fail_alone(poison: frozenset[int]) -> None
     assert set(verdicts.failed) == poison
     clean = [i for i in range(40) if i not in poison]
     assert np.isfinite(verdicts.scores[clean]).all()
-    assert all(verdicts.labels[i] == "" for i in poison)
+    assert all(verdicts.decisions[i] == "" for i in poison)
 
 
 def test_scores_that_are_not_probabilities_fail_their_records_without_bisection() -> None:
@@ -90,7 +90,7 @@ def test_any_exception_a_record_provokes_is_isolated_like_a_poison_score() -> No
     verdicts = decide_batch(batch, FakeScorer(), POLICY, now_ms())
     assert list(verdicts.failed) == [5]
     assert "OverflowError" in str(verdicts.failed[5])
-    assert sum(1 for label in verdicts.labels if label) == 8
+    assert sum(1 for label in verdicts.decisions if label) == 8
 
 
 @pytest.mark.parametrize(("late_policy", "degraded"), [("score", False), ("fallback", True)])

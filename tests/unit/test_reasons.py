@@ -93,7 +93,7 @@ def test_the_extra_model_call_holds_only_the_flagged_rows(tmp_path: Path) -> Non
     explainer = Explainer(fake, columns, np.zeros(NUM_FEATURES, np.float32))
     batch = transactions(64)
     verdicts = decide_batch(batch, fake, POLICY, now_ms(), explainer=explainer)
-    flagged = [i for i, label in enumerate(verdicts.labels) if label != "approve"]
+    flagged = [i for i, label in enumerate(verdicts.decisions) if label != "approve"]
     assert flagged, "the batch holds amounts above 150"
     assert sorted(verdicts.reasons) == flagged
     assert all(len(reasons) == 3 for reasons in verdicts.reasons.values())
@@ -116,7 +116,7 @@ def test_a_reasons_call_that_fails_leaves_every_decision_made() -> None:
     columns = np.arange(NUM_FEATURES, dtype=np.intp)
     explainer = Explainer(failing, columns, np.zeros(NUM_FEATURES, np.float32))
     verdicts = decide_batch(transactions(8), scorer, POLICY, now_ms(), explainer=explainer)
-    assert verdicts.labels == ["decline"] * 8
+    assert verdicts.decisions == ["decline"] * 8
     assert not verdicts.failed and verdicts.reasons == {}
 
 
@@ -177,6 +177,6 @@ def test_a_decline_a_rule_forced_where_the_model_approved_carries_no_model_reaso
     batch = transactions(4)
     denied = Rules.EMPTY.with_update(f"deny:card:{batch[0].card_id}", b"{}")
     verdicts = decide_batch(batch, scorer, POLICY, now_ms(), rules=denied, explainer=explainer)
-    assert verdicts.labels[0] == "decline" and verdicts.rule_hits[0] == ("deny:card",)
+    assert verdicts.decisions[0] == "decline" and verdicts.rule_hits[0] == ("deny:card",)
     assert verdicts.reasons == {}, "the rules say why; the model approved"
     assert verdicts.rule_counts == {"deny:card": sum(t.card_id == batch[0].card_id for t in batch)}

@@ -74,7 +74,7 @@ def matches(when: str, cols: TransactionColumns, feats: npt.NDArray[np.float32])
     outcome = rules(f"[[rule]]\nname = 'r'\nwhen = {json.dumps(when)}\nthen = 'review'").decide(
         cols, feats, np.zeros(len(cols.amount), np.float32), DEFAULTS
     )
-    return [label == "review" for label in outcome.labels]
+    return [label == "review" for label in outcome.decisions]
 
 
 # --- precedence ---------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def test_deny_beats_allow_beats_the_model_and_the_rules() -> None:
     """)
     cols = columns(3, amount=[9000.0, 9000.0, 9000.0])
     outcome = r.decide(cols, features(cols), scores(0.0, 0.99, 0.1), DEFAULTS)
-    assert outcome.labels == ["decline", "approve", "decline"]
+    assert outcome.decisions == ["decline", "approve", "decline"]
     assert outcome.hits == [
         ("deny:card", "allow:card", "rule:big"),
         ("allow:card", "rule:big"),
@@ -110,7 +110,7 @@ def test_merchants_and_terminals_are_listed_and_a_missing_terminal_matches_none(
     """)
     cols = columns(3, merchant_id=["m-bad", "m-0", "m-0"], terminal_id=["t-0", "t-bad", None])
     outcome = r.decide(cols, features(cols), scores(0.1, 0.1, 0.1), DEFAULTS)
-    assert outcome.labels == ["decline", "decline", "approve"]
+    assert outcome.decisions == ["decline", "decline", "approve"]
     assert outcome.hits == [("deny:merchant",), ("deny:terminal",), ()]
 
 
@@ -127,7 +127,7 @@ def test_rules_only_escalate_and_the_most_severe_one_counts() -> None:
     """)
     cols = columns(3, channel=["pos", "pos", "atm"])
     outcome = r.decide(cols, features(cols), scores(0.1, 0.95, 0.1), DEFAULTS)
-    assert outcome.labels == ["review", "decline", "decline"]
+    assert outcome.decisions == ["review", "decline", "decline"]
     assert outcome.hits[2] == ("rule:review-all", "rule:decline-atm")
 
 
@@ -161,7 +161,7 @@ OVERRIDES = """
 def test_an_override_changes_the_label_only_in_its_segment() -> None:
     cols = columns(3, channel=["ecom", "pos", "pos"], mcc=[5816, 5816, 5411])
     outcome = rules(OVERRIDES).decide(cols, features(cols), scores(0.4, 0.4, 0.7), DEFAULTS)
-    assert outcome.labels == ["review", "approve", "review"]
+    assert outcome.decisions == ["review", "approve", "review"]
     assert outcome.hits == [("override:digital-ecom",), (), ()]
 
 
@@ -171,7 +171,7 @@ def test_the_first_matching_override_wins() -> None:
         3, channel=["ecom", "ecom", "pos"], mcc=[5816, 5411, 5411], country=["US", "US", "NG"]
     )
     outcome = rules(OVERRIDES).decide(cols, features(cols), scores(0.25, 0.25, 0.85), DEFAULTS)
-    assert outcome.labels == ["approve", "decline", "approve"]
+    assert outcome.decisions == ["approve", "decline", "approve"]
     assert outcome.hits == [("override:digital-ecom",), ("override:ecom",), ("override:nigeria",)]
     assert outcome.counts == {"override:digital-ecom": 1, "override:ecom": 1, "override:nigeria": 1}
 
@@ -183,7 +183,7 @@ def test_rows_without_an_override_are_cut_exactly_as_classify() -> None:
     thresholds = Thresholds(0.7, 0.9)
     model_scores = np.array([0.0, edge], np.float32)
     outcome = rules(OVERRIDES).decide(cols, features(cols), model_scores, thresholds)
-    assert outcome.labels[1] == classify(np.array([edge]), thresholds)[0] == "review"
+    assert outcome.decisions[1] == classify(np.array([edge]), thresholds)[0] == "review"
 
 
 # --- expressions --------------------------------------------------------------------------------
@@ -426,7 +426,7 @@ def test_a_yaml_file_holds_the_same_rules_as_its_toml_twin(tmp_path: Path) -> No
     score = scores(0.0, 0.99, 0.25, 0.0)
     outcome = yaml_rules.decide(cols, features(cols), score, DEFAULTS)
     assert outcome == toml_rules.decide(cols, features(cols), score, DEFAULTS)
-    assert outcome.labels == ["decline", "approve", "review", "decline"]
+    assert outcome.decisions == ["decline", "approve", "review", "decline"]
     assert yaml_rules.summary() == toml_rules.summary() == "1 deny, 1 allow, 1 override, 1 rule"
 
 
@@ -481,9 +481,9 @@ def test_updates_add_and_remove_list_entries_and_leave_the_old_rules_alone() -> 
     denied = base.with_update("deny:card:c-0", b"{}").with_update("allow:merchant:m-0", b'{"a":1}')
     cols = columns(2)
     outcome = denied.decide(cols, features(cols), scores(0.1, 0.9), DEFAULTS)
-    assert outcome.labels == ["decline", "approve"]
+    assert outcome.decisions == ["decline", "approve"]
     assert outcome.hits == [("deny:card", "allow:merchant"), ("allow:merchant",)]
-    assert base.decide(cols, features(cols), scores(0.1, 0.9), DEFAULTS).labels == [
+    assert base.decide(cols, features(cols), scores(0.1, 0.9), DEFAULTS).decisions == [
         "approve",
         "decline",
     ]
@@ -496,7 +496,7 @@ def test_a_tombstone_removes_the_topic_entry_only_so_a_restart_agrees() -> None:
     base = rules(FILE)
     updated = base.with_update("deny:card:c-file", b"{}").with_update("deny:card:c-file", None)
     cols = columns(1, card_id=["c-file"])
-    assert updated.decide(cols, features(cols), scores(0.0), DEFAULTS).labels == ["decline"]
+    assert updated.decide(cols, features(cols), scores(0.0), DEFAULTS).decisions == ["decline"]
 
 
 def test_topic_overrides_and_rules_replace_the_files_by_name_and_add_after_them() -> None:
@@ -509,7 +509,7 @@ def test_topic_overrides_and_rules_replace_the_files_by_name_and_add_after_them(
     )
     cols = columns(3, channel=["ecom", "pos", "ecom"], amount=[100.0, 0.5, 10.0])
     outcome = updated.decide(cols, features(cols), scores(0.0, 0.0, 0.65), DEFAULTS)
-    assert outcome.labels == ["decline", "review", "review"]
+    assert outcome.decisions == ["decline", "review", "review"]
     assert outcome.hits == [
         ("override:ecom", "rule:big"),
         ("override:pos", "rule:small"),
@@ -521,7 +521,7 @@ def test_topic_overrides_and_rules_replace_the_files_by_name_and_add_after_them(
     for key in ("override:ecom", "override:pos", "rule:big", "rule:small"):
         restored = restored.with_update(key, None)
     outcome = restored.decide(cols, features(cols), scores(0.0, 0.0, 0.65), DEFAULTS)
-    assert outcome.labels == ["approve", "approve", "review"]
+    assert outcome.decisions == ["approve", "approve", "review"]
     assert restored.summary() == base.summary()
 
 
@@ -556,7 +556,7 @@ def test_ids_are_any_unicode_and_may_hold_colons() -> None:
     odd = "c:ü💳\n\u200b"
     updated = Rules.EMPTY.with_update(f"deny:card:{odd}", b"{}")
     cols = columns(2, card_id=[odd, "c:ü💳"])
-    assert updated.decide(cols, features(cols), scores(0.0, 0.0), DEFAULTS).labels == [
+    assert updated.decide(cols, features(cols), scores(0.0, 0.0), DEFAULTS).decisions == [
         "decline",
         "approve",
     ]
@@ -572,7 +572,7 @@ def test_a_long_replay_keeps_every_entry() -> None:
     assert (len(middle), len(current)) == (20_000, 10_000)
     cols = columns(4, card_id=["c-0", "c-1", "c-19999", "c-20000"])
     outcome = current.decide(cols, features(cols), scores(0, 0, 0, 0), DEFAULTS)
-    assert outcome.labels == ["approve", "decline", "decline", "approve"]
+    assert outcome.decisions == ["approve", "decline", "decline", "approve"]
 
 
 CARDS = [f"c-{i}" for i in range(12)]
@@ -599,7 +599,7 @@ def test_list_updates_layer_over_the_file(
     cols = columns(len(every), card_id=every)
     outcome = current.decide(cols, features(cols), np.zeros(len(every), np.float32), DEFAULTS)
     assert [
-        card for card, label in zip(every, outcome.labels, strict=True) if label == "decline"
+        card for card, label in zip(every, outcome.decisions, strict=True) if label == "decline"
     ] == sorted(in_force)
     assert len(current) == len(in_force)
 
@@ -682,15 +682,15 @@ def test_decide_never_raises_and_labels_every_row(
     cols, feats, model_scores = batch
     n = len(cols.amount)
     outcome = HOSTILE_RULES.decide(cols, feats, model_scores, DEFAULTS)
-    assert len(outcome.labels) == len(outcome.hits) == n
-    assert set(outcome.labels) <= {"approve", "review", "decline"}
+    assert len(outcome.decisions) == len(outcome.hits) == n
+    assert set(outcome.decisions) <= {"approve", "review", "decline"}
     assert all(0 < count <= n for count in outcome.counts.values())
-    for label, hits, card in zip(outcome.labels, outcome.hits, cols.card_id, strict=True):
+    for label, hits, card in zip(outcome.decisions, outcome.hits, cols.card_id, strict=True):
         assert ("deny:card" in hits) == (card in ("c-1", "💳"))
         if any(hit.startswith("deny:") for hit in hits):
             assert label == "decline"
     empty = Rules.EMPTY.decide(cols, feats, model_scores, DEFAULTS)
-    assert empty.labels == classify(model_scores, DEFAULTS)
+    assert empty.decisions == classify(model_scores, DEFAULTS)
     assert empty.hits == [()] * n
     assert empty.counts == {}
 
@@ -698,7 +698,7 @@ def test_decide_never_raises_and_labels_every_row(
 def test_empty_rules_are_classify() -> None:
     cols = columns(3)
     outcome = Rules.EMPTY.decide(cols, features(cols), scores(0.1, 0.5, 0.8), DEFAULTS)
-    assert outcome.labels == ["approve", "review", "decline"]
+    assert outcome.decisions == ["approve", "review", "decline"]
     assert outcome.hits == [(), (), ()]
     assert len(Rules.EMPTY) == 0
     assert rules("").summary() == Rules.EMPTY.summary() == "0 deny, 0 allow, 0 overrides, 0 rules"

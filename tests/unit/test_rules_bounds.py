@@ -90,10 +90,10 @@ def test_many_text_members_are_held_as_a_set_and_match_as_before() -> None:
     )
     cols = columns(3, currency=["USD", "EUR", "AAB"], country=["US", "US", "NG"])
     outcome = current.decide(cols, features(cols), np.zeros(3, np.float32), DEFAULTS)
-    assert outcome.labels == ["decline", "approve", "approve"]
+    assert outcome.decisions == ["decline", "approve", "approve"]
     constant = Rules.EMPTY.with_update("rule:r", rule_value(f"'USD' in {[*codes, 'USD']!r}"))
     assert (
-        constant.decide(cols, features(cols), np.zeros(3, np.float32), DEFAULTS).labels
+        constant.decide(cols, features(cols), np.zeros(3, np.float32), DEFAULTS).decisions
         == ["decline"] * 3
     )
 

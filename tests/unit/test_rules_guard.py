@@ -197,7 +197,7 @@ class Table(RulesTable):
         columns = TransactionColumns.from_transactions(TRANSACTIONS[:500])
         features = np.zeros((500, NUM_FEATURES), np.float32)
         scores = np.full(500, 0.01, np.float32)
-        labels = self.current.decide(columns, features, scores, THRESHOLDS).labels
+        labels = self.current.decide(columns, features, scores, THRESHOLDS).decisions
         return sum(label != "approve" for label in labels) / len(labels)
 
     def counted(self, result: str) -> float:
