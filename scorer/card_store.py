@@ -11,7 +11,7 @@ Responsibilities and decisions:
   reader refuses any other version or length rather than guess.
 - Rows changed since the changelog last took them are marked dirty, so a batch writes each
   changed card once. The rows marked are also listed, so taking them costs what the batches
-  changed, not a scan of every card (447 µs a batch with 1,000,000 cards held).
+  changed, not a scan of every card (docs/benchmarks.md, "Figures behind design choices").
 - A restore keeps, per card, the state with the highest input offset, not the last one read: a
   changelog whose records of one card arrived out of order (an older state written again by a
   retry) must not roll the card back. A tombstone forgets the card; a state after it starts the

@@ -21,8 +21,9 @@ Key design decisions:
 - The changelog partition is the input partition: a card's state lives where its transactions
   are, and moves with them on a rebalance.
 - One store for every owned partition, not one per partition: a batch's cards are updated in
-  one vectorised pass, so its cost does not grow with the partitions it spans (with one
-  history per partition, batches of 50 over 12 partitions cost 54 µs a record, over one 15).
+  one vectorised pass, so its cost does not grow with the partitions it spans (one history
+  per partition cost over three times as much a record: docs/benchmarks.md, "Figures behind
+  design choices").
   A card's key is its id behind its partition (`card_key`): a card id seen in two partitions
   (a producer that keys by something else) is two cards, as before, and a string key costs no
   more memory than the id alone (a (partition, id) tuple cost 84 bytes a card more, and a

@@ -4,9 +4,9 @@ librdkafka serves `resume` on its main thread and only clears the partition's pa
 thread of the partition's leader broker notices at its next wake-up. While that thread has a
 fetch in flight (another of its partitions still fetching) that is at once; when every
 partition it fetches was paused, it sleeps up to 1 s (`rd_kafka_max_block_ms`), so a resumed
-partition waited 0 to 1 s for its first record (measured: median 534 ms, max 966 ms, pausing
-6 partitions 100 ms every 1.47 s under a steady load, `python -m bench.resume_wait`;
-confluent-kafka-go#630 shows the same wait in librdkafka's debug log). Every partition is
+partition waited 0 to 1 s for its first record (`python -m bench.resume_wait`; docs/benchmarks.md,
+"Figures behind design choices"; confluent-kafka-go#630 shows the same wait in librdkafka's
+debug log). Every partition is
 paused that way by backpressure, and by librdkafka itself during each rebalance (it resumes
 the partitions kept after the assignment callback). Any request to that broker wakes its
 thread, which then fetches: one watermark query per leader of the resumed partitions brought

@@ -3,8 +3,8 @@ order, in one of two ways (`FRAUD_SCORING`):
 - `inline` (the default): the consuming thread scores each batch itself as soon as it closes
   (`score_inline`), and hands it to the worker's thread only while outputs are being retried
   or a batch already waits there. No second thread contends for the GIL: on the benchmark's
-  2-core machine this decided 41,000 records/s against 28,000 with the thread (docs/benchmarks.md,
-  "Benchmark");
+  2-core machine this decided about half as many records again as the thread did
+  (docs/benchmarks.md, "Figures behind design choices");
 - `thread`: every batch goes through the hand-off (`stream/handoff.py`) to the worker's own
   thread. ONNX Runtime releases the GIL during a call, so decoding and batching the next batch
   overlap scoring this one; that pays only when the model call, not Python, is most of a batch.
