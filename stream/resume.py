@@ -4,11 +4,11 @@ librdkafka serves `resume` on its main thread and only clears the partition's pa
 thread of the partition's leader broker notices at its next wake-up. While that thread has a
 fetch in flight (another of its partitions still fetching) that is at once; when every
 partition it fetches was paused, it sleeps up to 1 s (`rd_kafka_max_block_ms`), so a resumed
-partition waited 0 to 1 s for its first record (`python -m bench.resume_wait`; docs/benchmarks.md,
-"Figures behind design choices"; confluent-kafka-go#630 shows the same wait in librdkafka's
-debug log). Every partition is
-paused that way by backpressure, and by librdkafka itself during each rebalance (it resumes
-the partitions kept after the assignment callback). Any request to that broker wakes its
+partition waited 0 to 1 s for its first record (`python -m bench.resume_wait`;
+docs/benchmarks.md, "Figures behind design choices"; confluent-kafka-go#630 shows the same wait
+in librdkafka's debug log). Every partition is paused that way by backpressure, and by
+librdkafka itself during each rebalance (it resumes the partitions kept after the assignment
+callback). Any request to that broker wakes its
 thread, which then fetches: one watermark query per leader of the resumed partitions brought
 the wait to 4 ms. It is a short round trip on the consuming thread (4 ms, the query's two
 requests and a metadata lookup), and only an optimisation: when it fails, librdkafka fetches
