@@ -26,9 +26,10 @@ Command line (the admin's librdkafka properties file, e.g. the local secured bro
     python -m ops.kafka.acls --config FILE revoke | show
 
 `grant` adds the bindings (and with `--create-topics` creates the input and output topics where
-missing), `revoke` deletes every ACL of the principal, `show` lists them. The resource options
-(`--principal`, `--input-topic`, `--output-topic`, `--group`, `--transactional-id-prefix`,
-`--changelog-prefix`) default to the service's own defaults.
+missing; the features worker's compacted topics are its own to create: `fraud-features
+create-topics`), `revoke` deletes every ACL of the principal, `show` lists them. The resource
+options (`--principal`, `--input-topic`, `--features-topic`, `--output-topic`, `--group`,
+`--transactional-id-prefix`, `--changelog-prefix`) default to the service's own defaults.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ops.kafka.kafka_ready import read_properties
+from contracts.errors import ConfigurationError
+from contracts.kafka_settings import read_kafka_config_file
 
 ADMIN_TIMEOUT_S = 30.0
 #: How often to ask the broker whether it enforces a change yet (the controller commits it first,
@@ -76,13 +78,11 @@ class ServiceAcls:
 
     #: The SCRAM user name (or any principal name) without the `User:` prefix.
     principal: str = "fraud-scorer"
-    input_topics: tuple[str, ...] = (
-        "transactions",
-        "labels",
-        "terminal-risk",
-        "terminal-risk-progress",
-        "card-frauds",
-    )
+    input_topics: tuple[str, ...] = ("transactions", "labels")
+    #: What the features worker publishes and the scorer reads (READ, like the inputs). They are
+    #: compacted, and the worker creates them (`fraud-features create-topics`): `grant
+    #: --create-topics` leaves them alone.
+    features_topics: tuple[str, ...] = ("terminal-risk", "terminal-risk-progress", "card-frauds")
     output_topics: tuple[str, ...] = ("decisions", "transactions.dlq")
     group: str = "fraud-scorer"
     transactional_id_prefix: str = "fraud-scorer"
@@ -106,6 +106,7 @@ class ServiceAcls:
         )
         wanted: list[tuple[ResourceType, str, ResourcePatternType, Sequence[AclOperation]]] = [
             *((topic, name, literal, _READ) for name in self.input_topics),
+            *((topic, name, literal, _READ) for name in self.features_topics),
             *((topic, name, literal, _WRITE) for name in self.output_topics),
             # CREATE: the service creates its card-state changelog when missing.
             (topic, changelog_prefix, prefixed, (*_READ_WRITE, AclOperation.CREATE)),
@@ -260,6 +261,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"repeatable (default: {', '.join(defaults.input_topics)})",
     )
     parser.add_argument(
+        "--features-topic",
+        action="append",
+        help="a topic the features worker publishes, read by the service; repeatable "
+        f"(default: {', '.join(defaults.features_topics)})",
+    )
+    parser.add_argument(
         "--output-topic",
         action="append",
         help=f"repeatable (default: {', '.join(defaults.output_topics)})",
@@ -276,7 +283,8 @@ def _parser() -> argparse.ArgumentParser:
     grant_command.add_argument(
         "--create-topics",
         action="store_true",
-        help="also create the input and output topics where missing",
+        help="also create the input and output topics where missing (not the features "
+        "topics: the features worker creates those, compacted)",
     )
     grant_command.add_argument(
         "--partitions", type=int, default=3, help="of created topics (default: %(default)s)"
@@ -289,13 +297,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        settings: dict[str, Any] = read_properties(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"acls: cannot read --config: {exc}", file=sys.stderr)
+        settings: dict[str, Any] = read_kafka_config_file(args.config)
+    except ConfigurationError as exc:
+        print(f"acls: --config: {exc}", file=sys.stderr)
         return 2
     spec = ServiceAcls(
         principal=args.principal,
         input_topics=tuple(args.input_topic or ServiceAcls.input_topics),
+        features_topics=tuple(args.features_topic or ServiceAcls.features_topics),
         output_topics=tuple(args.output_topic or ServiceAcls.output_topics),
         group=args.group,
         transactional_id_prefix=args.transactional_id_prefix,

@@ -243,7 +243,8 @@ def service_acls(user: Credentials, topics: SecureTopics, group: str) -> Service
     progress = progress_topic_name(topics.control[0])
     return ServiceAcls(
         principal=user.username,
-        input_topics=(topics.input, topics.labels, *topics.control, progress),
+        input_topics=(topics.input, topics.labels),
+        features_topics=(*topics.control, progress),
         output_topics=(topics.output, topics.dlq),
         group=group,
         transactional_id_prefix=group,

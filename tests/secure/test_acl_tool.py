@@ -41,7 +41,7 @@ def acl_tool(broker: SecureBroker, config: Path, *args: str) -> subprocess.Compl
     )
 
 
-def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
+def test_grant_creates_the_service_topics_and_exactly_the_acls_and_revoke_removes_them(
     secure_broker: SecureBroker,
     secure_admin: AdminClient,
     user_factory: Callable[..., Credentials],
@@ -64,8 +64,8 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         topics.input,
         "--input-topic",
         topics.labels,
-        *(arg for name in topics.control for arg in ("--input-topic", name)),
-        *("--input-topic", progress_topic_name(topics.control[0])),
+        *(arg for name in topics.control for arg in ("--features-topic", name)),
+        *("--features-topic", progress_topic_name(topics.control[0])),
         "--output-topic",
         topics.output,
         "--output-topic",
@@ -86,6 +86,10 @@ def test_grant_creates_the_topics_and_exactly_the_acls_and_revoke_removes_them(
         assert {t: len(metadata.topics[t].partitions) for t in topics.names} == dict.fromkeys(
             topics.names, 2
         )
+        # The features worker's compacted topics are its own to create (fraud-features
+        # create-topics): created here they would be neither compacted nor of its partitions.
+        features = {*topics.control, progress_topic_name(topics.control[0])}
+        assert not features & set(metadata.topics), "the features topics are left alone"
 
         shown = acl_tool(secure_broker, admin_config, *resources, "show")
         assert shown.returncode == 0, shown.stderr

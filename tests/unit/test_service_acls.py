@@ -66,6 +66,7 @@ def test_resources_follow_the_settings() -> None:
     spec = ServiceAcls(
         principal="svc",
         input_topics=("in",),
+        features_topics=("risk",),
         output_topics=("out", "out.dlq"),
         group="g1",
         transactional_id_prefix="tx1",
@@ -73,6 +74,7 @@ def test_resources_follow_the_settings() -> None:
     names = {(b.restype, b.name, b.resource_pattern_type) for b in spec.bindings()}
     assert names == {
         (TOPIC, "in", LITERAL),
+        (TOPIC, "risk", LITERAL),
         (TOPIC, "out", LITERAL),
         (TOPIC, "out.dlq", LITERAL),
         (TOPIC, "g1-", PREFIXED),
