@@ -25,7 +25,7 @@ from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt
-from training.options import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_seeds
+from training.options import add_stream_options
 from training.protocol import fold_schedule, protocol_metrics
 from training.thresholds import REVIEW_LEGIT_SHARE
 from training.train import stream_fold, training_rows
@@ -163,24 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m training.fresh_label_entities",
         description="Validation-fold study: fresh-label counts per card and per merchant beside "
         "the shipped per-terminal ones (prints a Markdown table).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--seeds",
-        type=parse_seeds,
-        default=DEFAULT_SEEDS,
-        help="simulator and training seeds, comma-separated (default: 7,8,9)",
-    )
-    parser.add_argument(
-        "--days", type=int, default=DEFAULT_DAYS, help="simulated days (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--folds", type=int, default=FOLDS, help="validation folds (default: %(default)s)"
-    )
+    add_stream_options(parser)
     parser.add_argument(
         "--cards",
         type=int,
         default=DEFAULT_CARDS,
-        help="simulated customers (default: %(default)s, the handbook's; fewer for a quick run)",
+        help="simulated customers (the handbook's; fewer for a quick run)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

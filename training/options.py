@@ -69,13 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_simulator(parser: argparse.ArgumentParser) -> None:
+def add_stream_options(parser: argparse.ArgumentParser) -> None:
+    """--seeds, --days and --folds: the simulated streams a study trains and evaluates on."""
     parser.add_argument(
         "--seeds",
         type=parse_seeds,
         default=DEFAULT_SEEDS,
-        help="simulator and training seeds, comma-separated: the first one's model ships, "
-        "every one is evaluated",
+        help="simulator and training seeds, comma-separated (`simulator` ships the first one's "
+        "model and evaluates every one)",
     )
     parser.add_argument(
         "--days", type=int, default=DEFAULT_DAYS, help="simulated days (warm-up + the folds)"
@@ -83,6 +84,10 @@ def _add_simulator(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--folds", type=int, default=FOLDS, help="validation folds, and as many test folds"
     )
+
+
+def _add_simulator(parser: argparse.ArgumentParser) -> None:
+    add_stream_options(parser)
     parser.add_argument(
         "--jobs",
         type=int,
