@@ -22,7 +22,7 @@ from typing import NamedTuple
 PY_SPY_RATE_HZ = 200
 TOP_ENTRIES = 15
 #: The consuming thread's and the scoring thread's loops (stream/service.py, stream/scoring.py).
-FOCUS: tuple[str, ...] = ("ScoringService.run", "ScoringWorker.run")
+FOCUS: tuple[str, ...] = ("ScoringService.run", "ScoringThread.run")
 #: "function (path/file.py:123)" → "function (path/file.py)": lines of one function add up.
 _LINE_NUMBER = re.compile(r":\d+\)$")
 

@@ -2,7 +2,7 @@
 and dead letters for records that failed, handed to the sink.
 
 `BatchScorer` decides one batch and is plain logic over the `Scorer` and `OutputSink`
-interfaces, so it is unit-tested with fakes. `stream/scoring_worker.py` runs it, one batch at a
+interfaces, so it is unit-tested with fakes. `stream/scoring_thread.py` runs it, one batch at a
 time and in order, on the consuming thread or its own (`FRAUD_SCORING`).
 """
 

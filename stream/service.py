@@ -3,7 +3,7 @@ backpressure and a graceful stop; rebalances are `stream/rebalance.py`'s.
 
 The consuming thread (the caller of `run`) owns the consumer: it polls, decodes, dead-letters
 invalid records, forms batches and scores them itself, or hands them to the scoring thread
-(`stream/scoring_worker.py` says which, when). Offsets are stored only for records whose outputs
+(`stream/scoring_thread.py` says which, when). Offsets are stored only for records whose outputs
 the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
 
 The consumer is polled on every pass of the loop, whatever else happens: while fetching must
@@ -34,7 +34,7 @@ from stream.held_partitions import HeldPartitions
 from stream.outcomes import OutcomeGroup
 from stream.rebalance import Rebalance, describe
 from stream.scoring import BatchReport, PendingRecord
-from stream.scoring_worker import ScoringWorker
+from stream.scoring_thread import ScoringThread
 from stream.sink import Output
 from stream.startup.config import ServiceConfig
 from stream.startup.wiring import Collaborators, batch_scorer
@@ -125,7 +125,7 @@ class ScoringService:
             parts.metrics,
         )
         self._handoff: Handoff[PendingRecord] = Handoff(config.handoff_batches)
-        self._worker = ScoringWorker(
+        self._scoring_thread = ScoringThread(
             self._handoff,
             batch_scorer(config, parts),
             parts.sink,
@@ -162,15 +162,15 @@ class ScoringService:
     @property
     def failure(self) -> BaseException | None:
         """What stopped the replica abnormally, if anything."""
-        return self._worker.error
+        return self._scoring_thread.error
 
     def run(self) -> None:
         """Warm the model up, subscribe and process until stopped; then drain, commit and close
         the consumer."""
         if self._config.scoring == "inline":
-            self._worker.warm_up_here()
-        self._worker.start()
-        self._worker.warmed_up.wait()
+            self._scoring_thread.warm_up_here()
+        self._scoring_thread.start()
+        self._scoring_thread.warmed_up.wait()
         if self._transactions is not None:
             self._transactions.initialize(self._config.shutdown_timeout_s)
         if self._reloader is not None:
@@ -189,7 +189,7 @@ class ScoringService:
         )
         log.info("consuming topic=%s group=%s", self._config.input_topic, self._config.group_id)
         try:
-            while not self._stopping.is_set() and self._worker.error is None:
+            while not self._stopping.is_set() and self._scoring_thread.error is None:
                 self._step()
         finally:
             self._health.set_ready(False, "shutting down")
@@ -281,8 +281,8 @@ class ScoringService:
 
     def _hand_off(self, batch: Batch[PendingRecord]) -> None:
         """Score a closed batch here, or queue it for the scoring thread
-        (`stream/scoring_worker.py`)."""
-        if not self._worker.score_inline(batch):
+        (`stream/scoring_thread.py`)."""
+        if not self._scoring_thread.score_inline(batch):
             self._handoff.offer(batch)
 
     def _apply_backpressure(self) -> None:
@@ -463,15 +463,15 @@ class ScoringService:
         `shutdown_timeout_s`."""
         deadline = time.monotonic() + self._config.shutdown_timeout_s
         self._rebalance.shutting_down(deadline)
-        if self._worker.error is None:
+        if self._scoring_thread.error is None:
             last = self._batcher.drain(time.monotonic())
             if last is not None:
                 self._hand_off(last)
         self._handoff.close()
-        self._worker.stop_retrying()
-        self._worker.join(max(0.0, deadline - time.monotonic()))
+        self._scoring_thread.stop_retrying()
+        self._scoring_thread.join(max(0.0, deadline - time.monotonic()))
         left = self._sink.flush(max(0.0, deadline - time.monotonic()))
-        if left or self._worker.is_alive():
+        if left or self._scoring_thread.is_alive():
             log.error(
                 "stop grace period (%ss) over: %s outputs unacknowledged; their records stay "
                 "uncommitted and will be re-read",

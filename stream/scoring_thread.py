@@ -1,14 +1,14 @@
 """Runs the scoring stage (`stream/scoring.py`'s `BatchScorer`) one batch at a time and in
 order, in one of two ways (`FRAUD_SCORING`):
 - `inline` (the default): the consuming thread scores each batch itself as soon as it closes
-  (`score_inline`), and hands it to the worker's thread only while outputs are being retried
+  (`score_inline`), and hands it to the scoring thread only while outputs are being retried
   or a batch already waits there. No second thread contends for the GIL: on the benchmark's
   2-core machine this decided about half as many records again as the thread did
   (docs/benchmarks.md, "Figures behind design choices");
-- `thread`: every batch goes through the hand-off (`stream/handoff.py`) to the worker's own
+- `thread`: every batch goes through the hand-off (`stream/handoff.py`) to the scoring
   thread. ONNX Runtime releases the GIL during a call, so decoding and batching the next batch
   overlap scoring this one; that pays only when the model call, not Python, is most of a batch.
-Retry rounds of failed outputs always run on the worker's thread, before it takes another batch.
+Retry rounds of failed outputs always run on the scoring thread, before it takes another batch.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from stream.sink import OutputSink
 
 log = logging.getLogger(__name__)
 
-#: How long the worker waits for a batch before serving delivery reports again.
+#: How long the scoring thread waits for a batch before serving delivery reports again.
 IDLE_WAIT_S = 0.05
 
 
-class ScoringWorker(threading.Thread):
+class ScoringThread(threading.Thread):
     """Scores batches in order, one at a time: those the hand-off gives its own thread, and with
     `score_inline` those the consuming thread scores itself, until the hand-off is closed and
     drained.
