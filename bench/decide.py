@@ -17,10 +17,10 @@ from scorer.decide import decide_batch
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package
-from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 
 #: The service's defaults, so every contender batches (where it batches) the same way.
-DEFAULTS = ServiceConfig()
+DEFAULTS = ScorerSettings()
 MAX_BATCH_SIZE: int = DEFAULTS.max_batch_size
 MAX_WAIT_S: float = DEFAULTS.max_wait_ms / 1000.0
 

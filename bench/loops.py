@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, Message
 from bench.decide import MAX_BATCH_SIZE, Decider
 from contracts.kafka_settings import parse_kafka_options
 from scorer.card_record import STATE_BYTES
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors, create_consumer, create_producer
 
 #: How long one consume() blocks at most: bounds how late a stop request is noticed.
@@ -75,7 +75,7 @@ MODES: dict[str, Mode] = {
 }
 
 
-def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> int:
+def run(config: ScorerSettings, mode: Mode, stop: threading.Event) -> int:
     """Consume the input topic in batches of the service's cap and produce each batch's
     outputs until `stop` is set; return how many outputs were reported not stored (a mode
     without delivery callbacks: 0)."""
@@ -123,7 +123,7 @@ def run(config: ServiceConfig, mode: Mode, stop: threading.Event) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loops", description=__doc__)
     parser.add_argument("mode", choices=sorted(MODES))
-    parser.add_argument("--bootstrap-servers", default=ServiceConfig().bootstrap_servers)
+    parser.add_argument("--bootstrap-servers", default=ScorerSettings().bootstrap_servers)
     parser.add_argument("--input-topic", required=True)
     parser.add_argument("--output-topic", required=True)
     parser.add_argument("--group-id", required=True)
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="extra librdkafka setting, as the service's -X",
     )
     args = parser.parse_args(argv)
-    config = ServiceConfig(
+    config = ScorerSettings(
         bootstrap_servers=args.bootstrap_servers,
         input_topic=args.input_topic,
         output_topic=args.output_topic,

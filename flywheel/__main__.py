@@ -9,7 +9,7 @@ from pathlib import Path
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
-from flywheel.loop import Settings, run
+from flywheel.loop import FlywheelSettings, run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = Settings(
+    settings = FlywheelSettings(
         bootstrap=args.bootstrap_servers,
         seed=args.seed,
         cards=args.cards,

@@ -52,7 +52,7 @@ _ROWS_PER_DAY_PER_CARD = 2.0
 WAIT_S = 300.0
 
 
-class Settings(NamedTuple):
+class FlywheelSettings(NamedTuple):
     bootstrap: str
     seed: int
     cards: int
@@ -81,7 +81,7 @@ class Window(NamedTuple):
     caught_by_thresholds: float
 
 
-def run(settings: Settings) -> dict[str, Any]:
+def run(settings: FlywheelSettings) -> dict[str, Any]:
     """The whole loop; returns (and writes) its summary."""
     out = settings.out
     shutil.rmtree(out, ignore_errors=True)
@@ -283,7 +283,7 @@ def _say(text: str) -> None:
 
 
 def _start_service(
-    settings: Settings,
+    settings: FlywheelSettings,
     topics: dict[str, str],
     champion: Path,
     challenger: Path,

@@ -50,7 +50,7 @@ from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from stream.metrics import ServiceMetrics
 from stream.package_check import check_package, manifest_digest, sanity_check
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class ServingModel(NamedTuple):
 
 
 def load_serving_model(
-    config: ServiceConfig, source: ModelSource, identity: Hashable | None = None
+    config: ScorerSettings, source: ModelSource, identity: Hashable | None = None
 ) -> ServingModel:
     """Load the package `source` names now (or `identity` names, as the source gave it) and
     open its graph in this process, unchecked (`load_checked_model` checks it first).
@@ -82,7 +82,7 @@ def load_serving_model(
 
 
 def load_checked_model(
-    config: ServiceConfig,
+    config: ScorerSettings,
     source: ModelSource,
     identity: Hashable | None = None,
     recent: npt.NDArray[np.float32] | None = None,
@@ -115,7 +115,7 @@ def load_checked_model(
 
 
 def _serving_model(
-    config: ServiceConfig, package: ModelPackage, policy: DecisionPolicy, identity: Hashable
+    config: ScorerSettings, package: ModelPackage, policy: DecisionPolicy, identity: Hashable
 ) -> ServingModel:
     scorer = OnnxScorer(
         package,
@@ -128,21 +128,21 @@ def _serving_model(
     return ServingModel(scorer, policy, _explainer(config, scorer), identity)
 
 
-def load_shadow_model(config: ServiceConfig, source: ModelSource) -> ServingModel:
+def load_shadow_model(config: ScorerSettings, source: ModelSource) -> ServingModel:
     """The challenger `source` names (FRAUD_SHADOW_MODEL): checked like the served model, with
     its package's own thresholds (the FRAUD_*_THRESHOLD overrides are the served model's) and
     no reasons."""
     return load_checked_model(shadow_config(config), source)
 
 
-def shadow_config(config: ServiceConfig) -> ServiceConfig:
+def shadow_config(config: ScorerSettings) -> ScorerSettings:
     """The configuration a challenger is loaded and reloaded with."""
     return msgspec.structs.replace(
         config, review_threshold=None, decline_threshold=None, reasons="off"
     )
 
 
-def _explainer(config: ServiceConfig, scorer: OnnxScorer) -> Explainer | None:
+def _explainer(config: ScorerSettings, scorer: OnnxScorer) -> Explainer | None:
     if config.reasons == "off":
         return None
     reference = scorer.package.reference
@@ -161,7 +161,7 @@ class ModelReloader:
 
     def __init__(
         self,
-        config: ServiceConfig,
+        config: ScorerSettings,
         metrics: ServiceMetrics,
         serving: ServingModel,
         *,

@@ -36,7 +36,7 @@ from stream.rebalance import Rebalance, describe
 from stream.scoring import BatchReport, PendingRecord
 from stream.scoring_thread import ScoringThread
 from stream.sink import Output
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.wiring import Collaborators, batch_scorer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class ScoringService:
     is built here from the configuration.
     """
 
-    def __init__(self, config: ServiceConfig, parts: Collaborators) -> None:
+    def __init__(self, config: ScorerSettings, parts: Collaborators) -> None:
         self._config = config
         self._consumer = parts.consumer
         self._sink = parts.sink

@@ -79,7 +79,7 @@ from faust.types import StreamT
 from contracts.card_frauds import encode_card_frauds
 from contracts.terminal_risk import encode_terminal_risk
 from contracts.worker_progress import WorkerProgress, encode_progress, progress_topic_name
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 from terminals.events import InputMarks, TerminalEvent, decode_batch, partition_of
 from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
@@ -110,7 +110,7 @@ MAX_HELD = 1_000
 
 
 def build_app(
-    config: WorkerConfig,
+    config: FeaturesSettings,
     auth: FaustKafkaAuth,
     metrics: WorkerMetrics,
     health: WorkerHealth,
@@ -413,7 +413,7 @@ class _NewestCounted:
 class _Clocks:
     """The clock of each table partition (terminals/state.py), shared by its two tables."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: FeaturesSettings) -> None:
         self._config = config
         self._clocks: dict[int, TerminalClock] = {}
 
@@ -439,7 +439,7 @@ class _Progress:
     Only what moved forward is sent: a new owner starts again from its committed offset, and
     what the partition published before stays published."""
 
-    def __init__(self, app: faust.App, topic: str, config: WorkerConfig) -> None:
+    def __init__(self, app: faust.App, topic: str, config: FeaturesSettings) -> None:
         self._app = app
         self._topic = topic
         self._partitions = config.table_partitions
@@ -464,7 +464,7 @@ class _EntityTable:
         self,
         app: faust.App,
         table: Any,
-        config: WorkerConfig,
+        config: FeaturesSettings,
         metrics: WorkerMetrics,
         clocks: _Clocks,
         *,

@@ -21,7 +21,7 @@ from contracts.errors import ConfigurationError
 from contracts.health import serve
 from contracts.kafka_settings import redact_urls
 from contracts.logs import configure_logging
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 from terminals.health import WorkerHealth
 from terminals.metrics import WorkerMetrics
 from terminals.router import Router, RouterProgress
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         "option can also be set by the environment variable named in its help; a flag wins.",
         epilog=KAFKA_CLIENT_NOTE,
     )
-    WorkerConfig.add_arguments(run)
+    FeaturesSettings.add_arguments(run)
     topics = commands.add_parser(
         "create-topics",
         help="create the labels topic and the compacted output topics if missing",
@@ -85,11 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument(
         "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
     )
-    WorkerConfig.add_arguments(topics)
+    FeaturesSettings.add_arguments(topics)
     return parser
 
 
-def run_worker(config: WorkerConfig) -> int:
+def run_worker(config: FeaturesSettings) -> int:
     """Run one replica until SIGTERM or SIGINT; return the exit status."""
     try:
         from faust.worker import Worker
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         warnings = check_environment("fraud-features")
-        config = WorkerConfig.from_args(args)
+        config = FeaturesSettings.from_args(args)
     except ConfigurationError as exc:
         print(f"fraud-features: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,7 +1,7 @@
 """The worker's configuration: one typed, frozen object, loaded once at start-up.
 
 Every setting is a flag and an environment variable (a flag wins), declared once on
-`WorkerConfig` with its type, bounds, help and default; `contracts/settings.py` makes the flags
+`FeaturesSettings` with its type, bounds, help and default; `contracts/settings.py` makes the flags
 and converts and checks their text. Names shared with the scorer (bootstrap servers, topics, time
 scale, instance id, log settings, the Kafka client settings) read the same variables, so one
 environment configures both.
@@ -28,7 +28,7 @@ def _default_data_dir() -> str:
     return str(Path(tempfile.gettempdir()) / "fraud-features")
 
 
-class WorkerConfig(ServiceSettings, frozen=True, kw_only=True):
+class FeaturesSettings(ServiceSettings, frozen=True, kw_only=True):
     """Every setting of `fraud-features`: name, type and bounds, environment variable, help and
     default (the settings every service shares come first, from `ServiceSettings`)."""
 

@@ -64,7 +64,7 @@ from contracts.event_time import EventClock
 from contracts.kafka_errors import translate_kafka_error
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRecord, DeadLetterRouter, shrink
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 from terminals.events import InputMarks, Routed, batch_by_partition, read_transaction, route_label
 from terminals.metrics import WorkerMetrics
 from terminals.order import NO_TIME, EventTimeOrder
@@ -138,7 +138,7 @@ class Router:
 
     def __init__(
         self,
-        config: WorkerConfig,
+        config: FeaturesSettings,
         metrics: WorkerMetrics,
         progress: RouterProgress,
         *,

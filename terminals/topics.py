@@ -37,7 +37,7 @@ from confluent_kafka.admin import (
 from contracts.errors import ConfigurationError
 from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from contracts.worker_progress import progress_topic_name
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def changelog_topic_name(app_id: str, table: str = TABLE_NAME) -> str:
     return f"{app_id}-{table}-changelog"
 
 
-def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int) -> list[str]:
+def ensure_topics(config: FeaturesSettings, partitions: int, replication_factor: int) -> list[str]:
     """Create the labels, terminal-risk, card-frauds and progress topics where missing; return
     those created.
 
@@ -92,7 +92,7 @@ def ensure_topics(config: WorkerConfig, partitions: int, replication_factor: int
     return created
 
 
-def prepare_topics(config: WorkerConfig) -> None:
+def prepare_topics(config: FeaturesSettings) -> None:
     """Before faust starts: create what is missing of the labels, output and internal topics,
     and wait until the metadata lists them all and the transactions topic.
 
@@ -138,7 +138,7 @@ def prepare_topics(config: WorkerConfig) -> None:
             )
 
 
-def _admin(config: WorkerConfig) -> AdminClient:
+def _admin(config: FeaturesSettings) -> AdminClient:
     return AdminClient({"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()})
 
 

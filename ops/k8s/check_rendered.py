@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 
 from contracts.kafka_settings import CONFIG_FILE_ENV
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.supervisor import child_command
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 #: How alerts.yml's runbook links start; the chart may put prometheusRule.docsUrl instead.
@@ -57,13 +57,13 @@ def check_features(deployment: Doc) -> list[str]:
     problems = []
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    known = {setting.env for setting in WorkerConfig.settings()}
+    known = {setting.env for setting in FeaturesSettings.settings()}
     if unknown := _own(set(env)) - known:
         problems.append(f"the features pods get {sorted(unknown)}, which fraud-features ignores")
     # The Kafka properties file is mounted in the pod, not here: its settings are not checked.
     plain = {k: v for k, v in env.items() if v is not None and k != CONFIG_FILE_ENV}
     try:
-        port = WorkerConfig.from_sources({}, plain).metrics_port
+        port = FeaturesSettings.from_sources({}, plain).metrics_port
     except Exception as exc:
         return [*problems, f"fraud-features rejects its pods' environment: {exc}"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -84,7 +84,7 @@ def check_features(deployment: Doc) -> list[str]:
     return problems
 
 
-def metrics_ports(config: ServiceConfig) -> dict[str, int]:
+def metrics_ports(config: ScorerSettings) -> dict[str, int]:
     """Port name → port of each process of a scorer pod, as the supervisor assigns them."""
     ports = {}
     for index in range(config.processes):
@@ -111,7 +111,7 @@ def check_scraping(by_kind: dict[tuple[str, str], Doc], expected: dict[str, int]
 
 
 def check_autoscaler(
-    by_kind: dict[tuple[str, str], Doc], scorer: Doc, config: ServiceConfig
+    by_kind: dict[tuple[str, str], Doc], scorer: Doc, config: ScorerSettings
 ) -> list[str]:
     problems = []
     scaled = [
@@ -208,11 +208,11 @@ def check(docs: list[Doc]) -> list[str]:
     pod = scorer["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    if unknown := _own(set(env)) - {s.env for s in ServiceConfig.settings()}:
+    if unknown := _own(set(env)) - {s.env for s in ScorerSettings.settings()}:
         problems.append(f"the pods get {sorted(unknown)}, which the service does not read")
     plain = {k: v for k, v in env.items() if v is not None and k.startswith(OWN_PREFIXES)}
     try:
-        config = ServiceConfig.from_sources({}, plain)
+        config = ScorerSettings.from_sources({}, plain)
     except Exception as exc:
         problems.append(f"the service rejects the pods' environment: {exc}")
         return problems

@@ -39,8 +39,8 @@ import training.options
 from contracts.settings import Settings
 from deadletter.cli import DlqSettings
 from loadgen.options import LoadgenSettings
-from stream.startup.config import ServiceConfig
-from terminals.config import WorkerConfig
+from stream.startup.config import ScorerSettings
+from terminals.config import FeaturesSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -59,16 +59,16 @@ COMMANDS: tuple[tuple[str, Callable[[], argparse.ArgumentParser]], ...] = (
 )
 #: The commands configured by environment as much as by flags, and their settings.
 CONFIGURED: tuple[tuple[str, type[Settings]], ...] = (
-    ("fraud-scorer run", ServiceConfig),
-    ("fraud-features run", WorkerConfig),
+    ("fraud-scorer run", ScorerSettings),
+    ("fraud-features run", FeaturesSettings),
     ("fraud-loadgen", LoadgenSettings),
     ("fraud-dlq", DlqSettings),
 )
 
 #: Every command whose settings read `FRAUD_*` variables, as its console script is named.
 READERS: tuple[tuple[str, type[Settings]], ...] = (
-    ("fraud-scorer", ServiceConfig),
-    ("fraud-features", WorkerConfig),
+    ("fraud-scorer", ScorerSettings),
+    ("fraud-features", FeaturesSettings),
     ("fraud-loadgen", LoadgenSettings),
     ("fraud-dlq", DlqSettings),
 )

@@ -23,7 +23,7 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.model_reload import load_checked_model
 from stream.service import ScoringService
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import (
     ClientErrors,
     create_consumer,
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Every option can also be set by the environment variable named in its help; "
         "a flag wins over the environment.",
     )
-    ServiceConfig.add_arguments(run)
+    ScorerSettings.add_arguments(run)
     topics = commands.add_parser(
         "create-topics",
         help="create the input, decision and dead-letter topics if missing",
@@ -67,12 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument(
         "--replication-factor", type=int, default=1, help="replicas per partition (default: 1)"
     )
-    ServiceConfig.add_arguments(topics)
+    ScorerSettings.add_arguments(topics)
     return parser
 
 
-def _load_config(args: argparse.Namespace) -> ServiceConfig:
-    config = ServiceConfig.from_args(args)
+def _load_config(args: argparse.Namespace) -> ScorerSettings:
+    config = ScorerSettings.from_args(args)
     config.kafka_settings()  # a missing or malformed config file stops us here, exit 2
     return config
 
@@ -106,7 +106,7 @@ class StopRequest:
         return "draining" if self._service is not None else "stopping before consuming anything"
 
 
-def run_service(config: ServiceConfig, stop: StopRequest) -> int:
+def run_service(config: ScorerSettings, stop: StopRequest) -> int:
     """Start one replica and block until it stops (`stop`, installed by the caller, says
     when); return the process exit code."""
     log.info(

@@ -5,7 +5,7 @@ A setting is one declaration in `stream/startup/options.py` (or, for those every
 variable, its help and its default. `contracts/settings.py` converts and checks values from flags
 and the environment (`from_sources`) and values given in code; `__post_init__` here adds only
 the checks that involve several settings. `fraud-scorer run --help`, the reference pages and the
-deploy checks read the same declarations (`ServiceConfig.settings()`), so help, environment
+deploy checks read the same declarations (`ScorerSettings.settings()`), so help, environment
 names and code cannot drift apart. Extra librdkafka settings (security, SASL, SSL, tuning) pass
 through unchanged in `kafka_options` and the file `kafka_config_file`; see
 `contracts/kafka_settings.py`.
@@ -19,16 +19,16 @@ from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model_source import check_model_location
 from scorer.rules import Rules
-from stream.startup.options import SHIPPED_MODEL_PATH, Options
+from stream.startup.options import SHIPPED_MODEL_PATH, ScorerOptions
 
-__all__ = ["SHIPPED_MODEL_PATH", "ServiceConfig"]
+__all__ = ["SHIPPED_MODEL_PATH", "ScorerSettings"]
 
 
 #: Settings of the config file and kafka_options that are the Schema Registry client's.
 REGISTRY_PREFIX = "schema.registry."
 
 
-class ServiceConfig(Options, frozen=True, kw_only=True):
+class ScorerSettings(ScorerOptions, frozen=True, kw_only=True):
     """All settings of `fraud-scorer run`. Construct it directly or with `from_sources()`.
 
     Direct construction checks every value too: a wrong type raises TypeError, a value out of

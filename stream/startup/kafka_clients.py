@@ -1,7 +1,7 @@
 """librdkafka settings of the service's consumer and producer, each choice explained.
 
 These are thin factories: the loop in `stream/service.py` uses confluent-kafka's own objects.
-Settings given in `ServiceConfig.kafka_options` override the defaults here (security, tuning).
+Settings given in `ScorerSettings.kafka_options` override the defaults here (security, tuning).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from contracts.errors import ClientFailure
 from stream.lag import STATISTICS_INTERVAL_MS
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class ClientErrors:
 
 
 def _settings(
-    config: ServiceConfig, defaults: dict[str, Any], errors: ClientErrors
+    config: ScorerSettings, defaults: dict[str, Any], errors: ClientErrors
 ) -> dict[str, Any]:
     return {
         **defaults,
@@ -158,7 +158,7 @@ SHADOW_PRODUCER: dict[str, Any] = {
 }
 
 
-def create_shadow_producer(config: ServiceConfig, errors: ClientErrors) -> Producer:
+def create_shadow_producer(config: ScorerSettings, errors: ClientErrors) -> Producer:
     """The producer of shadow decisions: plain in either guarantee, outside any transaction."""
     settings = {**_settings(config, PRODUCER_DEFAULTS, errors), **SHADOW_PRODUCER}
     settings.pop("transactional.id", None)
@@ -167,7 +167,7 @@ def create_shadow_producer(config: ServiceConfig, errors: ClientErrors) -> Produ
 
 
 def create_consumer(
-    config: ServiceConfig, on_statistics: Callable[[str], None], errors: ClientErrors
+    config: ScorerSettings, on_statistics: Callable[[str], None], errors: ClientErrors
 ) -> Consumer:
     """The consumer of the input topic, in the service's consumer group."""
     defaults = {**CONSUMER_DEFAULTS, **(EXACTLY_ONCE_CONSUMER if config.exactly_once else {})}
@@ -180,7 +180,7 @@ def create_consumer(
     )
 
 
-def create_producer(config: ServiceConfig, errors: ClientErrors) -> Producer:
+def create_producer(config: ScorerSettings, errors: ClientErrors) -> Producer:
     """The producer of decisions and dead letters (transactional in exactly-once mode)."""
     if not config.exactly_once:
         return Producer(_settings(config, PRODUCER_DEFAULTS, errors))
@@ -200,7 +200,7 @@ READER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def reader_settings(config: ServiceConfig, errors: ClientErrors) -> dict[str, Any]:
+def reader_settings(config: ScorerSettings, errors: ClientErrors) -> dict[str, Any]:
     """Settings of the replica's plain readers (card state restore, the compacted tables):
     connection and security, and `READER_DEFAULTS`; none of the service consumer's tuning."""
     return {
@@ -213,13 +213,13 @@ def reader_settings(config: ServiceConfig, errors: ClientErrors) -> dict[str, An
     }
 
 
-def delivery_timeout_s(config: ServiceConfig) -> float:
+def delivery_timeout_s(config: ScorerSettings) -> float:
     """How long librdkafka tries one output before reporting it failed."""
     settings = _settings(config, PRODUCER_DEFAULTS, ClientErrors())
     return float(settings["message.timeout.ms"]) / 1000.0
 
 
-def max_message_bytes(config: ServiceConfig) -> int:
+def max_message_bytes(config: ScorerSettings) -> int:
     """The largest record the producer sends (librdkafka's `message.max.bytes`)."""
     settings = _settings(config, PRODUCER_DEFAULTS, ClientErrors())
     return int(settings.get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))

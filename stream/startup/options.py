@@ -1,7 +1,7 @@
 """Every setting of `fraud-scorer run`, declared once: name, type and bounds, environment
 variable and help, default (`contracts/settings.py` makes flags, `--help` and errors of them).
 
-`ServiceConfig` (`stream/startup/config.py`) adds the checks that involve several settings and the
+`ScorerSettings` (`stream/startup/config.py`) adds the checks that involve several settings and the
 values derived from them.
 """
 
@@ -27,7 +27,7 @@ InputFormat = Literal["json", "avro", "json-schema", "protobuf"]
 OutputFormat = Literal["json", "avro", "protobuf", "json-schema"]
 
 
-class Options(ServiceSettings, frozen=True, kw_only=True):
+class ScorerOptions(ServiceSettings, frozen=True, kw_only=True):
     """The declarations: name, type, bounds, environment variable, help, default (the
     settings every service shares come first, from `ServiceSettings`)."""
 

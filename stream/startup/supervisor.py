@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from stream.startup import child_health
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ WATCH_INTERVAL_S = 0.2
 EXIT_USAGE = 2
 
 
-def child_command(argv: Sequence[str], config: ServiceConfig, index: int) -> list[str]:
+def child_command(argv: Sequence[str], config: ScorerSettings, index: int) -> list[str]:
     """The command line of child `index`: the supervisor's own arguments, then the overrides
     (argparse keeps the last value of a repeated flag)."""
     return [
@@ -59,7 +59,7 @@ def child_command(argv: Sequence[str], config: ServiceConfig, index: int) -> lis
     ]
 
 
-def metrics_port_of(config: ServiceConfig, index: int) -> int:
+def metrics_port_of(config: ScorerSettings, index: int) -> int:
     """Child `index`'s metrics (and health) port; 0 stays 0 (none)."""
     return config.metrics_port + index if config.metrics_port else 0
 
@@ -84,7 +84,7 @@ def _start(command: list[str]) -> subprocess.Popen[bytes]:
 
 
 def supervise(
-    argv: Sequence[str], config: ServiceConfig, stop_requested: Callable[[], bool] = lambda: False
+    argv: Sequence[str], config: ScorerSettings, stop_requested: Callable[[], bool] = lambda: False
 ) -> int:
     """Run `config.processes` children until they all stop; return the worst exit status.
     `stop_requested`: whether a stop came before this function took the signals over."""
@@ -138,7 +138,7 @@ def supervise(
     return worst if worst >= 0 else 128 - worst  # killed by signal N: 128 + N, as a shell says
 
 
-def _child_health(config: ServiceConfig) -> child_health.ChildHealth | None:
+def _child_health(config: ScorerSettings) -> child_health.ChildHealth | None:
     """The watch over the children's /healthz; none without a metrics port (no endpoint).
     Its timings are read from the module now, not when it was imported (a test shortens them)."""
     if not config.metrics_port:

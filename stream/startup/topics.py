@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.errors import ConfigurationError
 from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 METADATA_POLL_S = 1.0
 
 
-def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: int) -> list[str]:
+def ensure_topics(config: ScorerSettings, partitions: int, replication_factor: int) -> list[str]:
     """Create the input, output and dead-letter topics (and the shadow topic, with a
     FRAUD_SHADOW_MODEL) where missing; return those created."""
     if partitions < 1 or replication_factor < 1:
@@ -39,7 +39,7 @@ def ensure_topics(config: ServiceConfig, partitions: int, replication_factor: in
     return create_missing(admin, topics)
 
 
-def ensure_changelog(config: ServiceConfig, errors: ClientErrors) -> None:
+def ensure_changelog(config: ScorerSettings, errors: ClientErrors) -> None:
     """Create the card state changelog if it is missing, with the input topic's partitions (a
     card's state lives in the partition of its transactions); check an existing one has them.
 
@@ -80,7 +80,7 @@ def ensure_changelog(config: ServiceConfig, errors: ClientErrors) -> None:
         ) from exc
 
 
-def _changelog(config: ServiceConfig, partitions: int, replication_factor: int) -> NewTopic:
+def _changelog(config: ScorerSettings, partitions: int, replication_factor: int) -> NewTopic:
     # -1: the broker's default.replication.factor.
     return NewTopic(
         config.changelog_topic,
@@ -90,7 +90,7 @@ def _changelog(config: ServiceConfig, partitions: int, replication_factor: int) 
     )
 
 
-def _admin(config: ServiceConfig, errors: ClientErrors | None = None) -> AdminClient:
+def _admin(config: ScorerSettings, errors: ClientErrors | None = None) -> AdminClient:
     settings: dict[str, Any] = {
         "bootstrap.servers": config.bootstrap_servers,
         **config.kafka_settings(),

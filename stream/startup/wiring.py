@@ -46,7 +46,7 @@ from stream.rules_table import RulesTable
 from stream.scoring import BatchScorer
 from stream.shadow import Shadow, ShadowOutput
 from stream.sink import KafkaSink, OutputSink
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors, create_shadow_producer
 from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink
@@ -69,7 +69,7 @@ class Collaborators:
     health: HealthState
     lag: LagMonitor
     metrics: ServiceMetrics
-    #: How scores become decisions (`ServiceConfig.decision_policy`).
+    #: How scores become decisions (`ScorerSettings.decision_policy`).
     policy: DecisionPolicy
     tracker: OffsetTracker = field(default_factory=OffsetTracker)
     #: Exactly-once mode: the sink, which also commits the transactions.
@@ -100,7 +100,7 @@ class Collaborators:
     recent_rows: RecentRows | None = None
 
 
-def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
+def batch_scorer(config: ScorerSettings, parts: Collaborators) -> BatchScorer:
     """The scoring stage of a replica, over its collaborators."""
     return BatchScorer(
         parts.scorer,
@@ -126,12 +126,12 @@ def batch_scorer(config: ServiceConfig, parts: Collaborators) -> BatchScorer:
     )
 
 
-def event_clock(config: ServiceConfig) -> EventClock:
+def event_clock(config: ScorerSettings) -> EventClock:
     """How far the state's clocks trust event times, from the configuration."""
     return EventClock(config.max_clock_skew_ms, config.history_time_scale)
 
 
-def retry_policy(config: ServiceConfig) -> RetryPolicy:
+def retry_policy(config: ScorerSettings) -> RetryPolicy:
     """The failure policy's retries, from the configuration."""
     return RetryPolicy(
         config.delivery_attempts,
@@ -140,13 +140,13 @@ def retry_policy(config: ServiceConfig) -> RetryPolicy:
     )
 
 
-def dead_letter_router(config: ServiceConfig) -> DeadLetterRouter:
+def dead_letter_router(config: ScorerSettings) -> DeadLetterRouter:
     """The router that names this replica in its dead letters."""
     return DeadLetterRouter(config.dlq_topic, f"{config.group_id}/{config.instance_id}")
 
 
 def build_collaborators(
-    config: ServiceConfig,
+    config: ScorerSettings,
     consumer: Consumer,
     new_producer: Callable[[], Producer],
     model: ServingModel,
@@ -288,7 +288,7 @@ def build_collaborators(
 
 
 def shadow_scoring(
-    config: ServiceConfig,
+    config: ScorerSettings,
     metrics: ServiceMetrics,
     errors: ClientErrors,
     recent: RecentRows | None = None,

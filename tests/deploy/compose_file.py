@@ -96,7 +96,7 @@ def environment(svc: dict[str, Any]) -> dict[str, str]:
 
 
 def metrics_port() -> int:
-    """The port the compose scorer serves metrics on: its env, else ServiceConfig's default."""
+    """The port the compose scorer serves metrics on: its env, else ScorerSettings's default."""
     return int(
         environment(service(SCORER)).get("FRAUD_METRICS_PORT", config_default("metrics_port"))
     )

@@ -1,5 +1,5 @@
 """What the deploy tests read: the repository's deploy files, and what the code declares (the
-settings ServiceConfig reads, the metrics stream/metrics.py defines). Shared by the modules of
+settings ScorerSettings reads, the metrics stream/metrics.py defines). Shared by the modules of
 tests/deploy; nothing here starts a process or needs the network."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import stream.metrics
 import terminals.metrics
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "ops" / "prometheus"
@@ -41,12 +41,12 @@ def load_yaml(path: Path) -> Any:
 
 
 def config_envs() -> set[str]:
-    """Every environment variable ServiceConfig reads."""
-    return {s.env for s in ServiceConfig.settings()}
+    """Every environment variable ScorerSettings reads."""
+    return {s.env for s in ScorerSettings.settings()}
 
 
 def config_default(name: str) -> Any:
-    return getattr(ServiceConfig(), name)
+    return getattr(ScorerSettings(), name)
 
 
 # ── metrics and PromQL ───────────────────────────────────────────────────────────────────────

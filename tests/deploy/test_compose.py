@@ -2,7 +2,7 @@
 compose-check override (the image they run: test_image.py).
 
 Nothing here needs Docker: the files are parsed and checked against what the code declares
-(ServiceConfig's and fraud-loadgen's settings and their environment variables, fraud-loadgen's
+(ScorerSettings's and fraud-loadgen's settings and their environment variables, fraud-loadgen's
 parser, the console scripts, packages and package data of pyproject.toml). Compose
 interpolation (`${NAME:-default}`) is resolved to its default, as on a machine with no .env.
 `make compose-check` runs the stack itself.
@@ -22,7 +22,7 @@ import yaml
 from loadgen import options as loadgen_options
 from loadgen.options import LoadgenSettings
 from stream.startup import cli as scorer_cli
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from tests.deploy.compose_file import (
     COMPOSE,
     GPU_OVERRIDE,
@@ -84,7 +84,7 @@ def test_fraud_scorer_services_set_only_variables_serviceconfig_reads(name: str)
     unknown = {k for k in env if k.startswith(("FRAUD_", "KAFKA_"))} - config_envs()
     assert not unknown, f"{name} sets {sorted(unknown)}, which stream/startup/config.py never reads"
     # The values are valid too: the same parsing and validation as `fraud-scorer run`.
-    ServiceConfig.from_sources({}, env)
+    ScorerSettings.from_sources({}, env)
 
 
 def test_loadgen_sets_only_variables_it_reads_with_valid_values() -> None:
@@ -159,7 +159,7 @@ def test_the_scorer_scales() -> None:
 def test_the_instance_id_default_comes_from_the_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
     # What the compose file relies on: each container has its own hostname.
     monkeypatch.setattr(socket, "gethostname", lambda: "c0ffee123456")
-    assert ServiceConfig().instance_id.startswith("c0ffee123456")
+    assert ScorerSettings().instance_id.startswith("c0ffee123456")
 
 
 def _seconds(duration: str) -> float:
@@ -335,7 +335,7 @@ def test_gpu_override_builds_one_cuda_image_of_the_locked_cuda_major() -> None:
     ), devices
     env = environment(scorer)
     assert env["FRAUD_DEVICE"] == "cuda"
-    ServiceConfig.from_sources({}, env)
+    ScorerSettings.from_sources({}, env)
     args = scorer["build"]["args"]
     assert set(args) <= set(build_args()), f"build args {set(args) - set(build_args())}"
     assert args["VARIANT"] in variants()

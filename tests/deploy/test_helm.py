@@ -17,9 +17,9 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from contracts.health import HealthServer, HealthState
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.supervisor import child_command
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 from terminals.health import STALL_AFTER_S, WorkerHealth
 from tests.deploy.repo import (
     ALERTS,
@@ -106,7 +106,7 @@ def test_every_variable_the_chart_sets_is_one_the_service_reads() -> None:
 @pytest.mark.parametrize("overlays", [(), ("values-gpu.yaml",)], ids=["default", "gpu"])
 def test_the_values_env_passes_the_services_validation(overlays: tuple[str, ...]) -> None:
     env = {k: str(v) for k, v in values(*overlays)["env"].items()}
-    config = ServiceConfig.from_sources({}, env)
+    config = ScorerSettings.from_sources({}, env)
     if overlays:
         assert config.device == "cuda"
 
@@ -123,7 +123,7 @@ def test_the_free_form_env_cannot_override_what_the_chart_derives() -> None:
 def test_every_variable_the_features_worker_gets_is_one_it_reads() -> None:
     set_there = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", template(FEATURES_TEMPLATE)))
     assert set_there, "the features worker gets no environment"
-    unknown = set_there - {setting.env for setting in WorkerConfig.settings()}
+    unknown = set_there - {setting.env for setting in FeaturesSettings.settings()}
     assert not unknown, f"the chart sets {sorted(unknown)}, which fraud-features never reads"
 
 
@@ -295,7 +295,7 @@ def test_the_features_worker_is_probed_where_it_serves_its_health() -> None:
 def test_every_process_has_its_metrics_port_scraped() -> None:
     # fraud-scorer run --processes N: process i serves metrics_port + i
     # (stream/startup/supervisor.py).
-    config = ServiceConfig(processes=3, metrics_port=9102)
+    config = ScorerSettings(processes=3, metrics_port=9102)
     served = []
     for index in range(config.processes):
         command = child_command([], config, index)
@@ -398,10 +398,10 @@ def test_the_schema_knows_what_the_templates_compare() -> None:
     # The schema refuses at install what the service would refuse at start, no more, no less.
     low, high = properties["processes"]["minimum"], properties["processes"]["maximum"]
     for accepted in (low, high):
-        ServiceConfig.from_sources({}, {"FRAUD_PROCESSES": str(accepted)})
+        ScorerSettings.from_sources({}, {"FRAUD_PROCESSES": str(accepted)})
     for refused in (low - 1, high + 1):
         with pytest.raises(ConfigurationError):
-            ServiceConfig.from_sources({}, {"FRAUD_PROCESSES": str(refused)})
+            ScorerSettings.from_sources({}, {"FRAUD_PROCESSES": str(refused)})
 
 
 def test_the_gpu_profile_asks_for_a_gpu_and_the_cuda_provider() -> None:

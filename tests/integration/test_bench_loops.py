@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench.loops import MODES, STATE_TOPIC_SUFFIX, run
 from scorer.card_record import STATE_BYTES
 from simulator.transactions import TransactionSimulator
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic
 from tests.support.records import value_of
 from tests.support.topics import create_topics, delete_topics
@@ -29,7 +29,7 @@ def test_the_floor_decides_every_transaction_and_writes_one_state_record_for_eac
     create_topics(admin, [NewTopic(state_topic, 3, 1)])
     sent = TransactionSimulator(5).generate(TRANSACTIONS).records
     produce(topics.input, [(str(r["card_id"]).encode(), encode(r)) for r in sent])
-    config = ServiceConfig(
+    config = ScorerSettings(
         bootstrap_servers=BOOTSTRAP,
         input_topic=topics.input,
         output_topic=topics.output,

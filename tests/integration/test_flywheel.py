@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flywheel.loop import Settings, run
+from flywheel.loop import FlywheelSettings, run
 from tests.integration.conftest import BOOTSTRAP
 from tests.support.network import free_port
 
 
 def test_v2_trained_from_the_topics_catches_the_new_pattern_v1_misses(tmp_path: Path):
     summary = run(
-        Settings(
+        FlywheelSettings(
             bootstrap=BOOTSTRAP,
             seed=5,
             cards=1_500,

@@ -171,7 +171,7 @@ def test_publish_and_a_replica_never_show_the_tracking_uris_password(
     from scorer.model_source import DirectorySource, MlflowSource
     from stream.metrics import ServiceMetrics
     from stream.model_reload import ModelReloader, load_serving_model
-    from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+    from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 
     secret = "s3cret"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", TRACKING_URI.replace("://", f"://alice:{secret}@"))
@@ -184,7 +184,7 @@ def test_publish_and_a_replica_never_show_the_tracking_uris_password(
     out, err = capsys.readouterr()
     assert f"as models:/{name}/1" in out and secret not in out + err
 
-    config = ServiceConfig(model_poll_s=60.0)
+    config = ScorerSettings(model_poll_s=60.0)
     serving = load_serving_model(config, DirectorySource(SHIPPED_MODEL_PATH))
     source = MlflowSource(f"models:/{name}@champion", cache=tmp_path / "cache")
     reloader = ModelReloader(config, ServiceMetrics(CollectorRegistry()), serving, source=source)

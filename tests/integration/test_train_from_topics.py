@@ -16,7 +16,7 @@ from scorer.model_source import DirectorySource
 from simulator.transactions import TransactionSimulator
 from stream.model_reload import load_serving_model
 from stream.package_check import sanity_check
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic
 from training.from_topics import main as fraud_train
 
@@ -94,7 +94,7 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
     assert code == 0, captured.err
     package = load_model_package(out)
     assert package.version == "challenger-1"
-    sanity_check(load_serving_model(ServiceConfig(), DirectorySource(out)).scorer)
+    sanity_check(load_serving_model(ScorerSettings(), DirectorySource(out)).scorer)
     frauds = sum(1 for label in batch.labels if label["fraud"])
     assert f"{frauds} frauds)" in package.manifest.training.data  # the late one is not counted
     assert f"{TRANSACTIONS} kept" in package.manifest.training.data

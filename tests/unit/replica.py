@@ -24,7 +24,7 @@ from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.startup.wiring import Collaborators, dead_letter_router
 from stream.transactional_sink import TransactionalSink
 from tests.unit.fakes import (
@@ -92,7 +92,7 @@ class Replica:
             "retry_backoff_max_ms": 5.0,
             "shutdown_timeout_s": 5.0,
         }
-        self.config = ServiceConfig(**{**defaults, **settings})  # type: ignore[arg-type]
+        self.config = ScorerSettings(**{**defaults, **settings})  # type: ignore[arg-type]
         self.consumer = FakeConsumer()
         router = dead_letter_router(self.config)
         self.metrics = ServiceMetrics(CollectorRegistry())

@@ -9,11 +9,11 @@ import pytest
 from contracts.errors import ConfigurationError
 from scorer.decisions import Thresholds
 from stream.startup.cli import main
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 
 def test_defaults_match_the_documented_contract() -> None:
-    config = ServiceConfig.from_sources({}, {})
+    config = ScorerSettings.from_sources({}, {})
     assert (config.input_topic, config.output_topic, config.dlq_topic) == (
         "transactions",
         "decisions",
@@ -30,7 +30,7 @@ def test_flag_beats_environment_beats_default() -> None:
         "FRAUD_MAX_WAIT_MS": "20",
         "KAFKA_BOOTSTRAP_SERVERS": "k:1",
     }
-    config = ServiceConfig.from_sources({"max_batch_size": "32"}, env)
+    config = ScorerSettings.from_sources({"max_batch_size": "32"}, env)
     assert (config.max_batch_size, config.max_wait_ms, config.bootstrap_servers) == (
         32,
         20.0,
@@ -40,7 +40,7 @@ def test_flag_beats_environment_beats_default() -> None:
 
 def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
     env = {"FRAUD_KAFKA_OPTIONS": "security.protocol=SASL_SSL,sasl.password=hunter2"}
-    config = ServiceConfig.from_sources({}, env)
+    config = ScorerSettings.from_sources({}, env)
     assert config.kafka_options["security.protocol"] == "SASL_SSL"
     assert config.redacted_kafka_settings()["sasl.password"] == "***"
     assert "hunter2" not in repr(config.redacted_kafka_settings())
@@ -71,14 +71,14 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
 )
 def test_bad_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message.replace(".", r"\.")):
-        ServiceConfig.from_sources({}, env)
+        ScorerSettings.from_sources({}, env)
 
 
 def test_wrong_type_in_code_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="max_batch_size"):
-        ServiceConfig(max_batch_size="8")  # type: ignore[arg-type]
+        ScorerSettings(max_batch_size="8")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="model_path"):
-        ServiceConfig(model_path=Path("/tmp"))  # type: ignore[arg-type]
+        ScorerSettings(model_path=Path("/tmp"))  # type: ignore[arg-type]
 
 
 def test_cli_rejects_bad_configuration_before_connecting(
@@ -112,7 +112,7 @@ def test_cli_help_documents_every_option_with_env_and_default(
 
 def test_model_path_is_a_package_directory_or_an_mlflow_model(tmp_path: Path) -> None:
     def model_path(value: str) -> str:
-        return ServiceConfig.from_sources({}, {"FRAUD_MODEL_PATH": value}).model_path
+        return ScorerSettings.from_sources({}, {"FRAUD_MODEL_PATH": value}).model_path
 
     assert model_path(str(tmp_path)) == str(tmp_path)
     assert model_path("models:/fraud@champion") == "models:/fraud@champion"
@@ -123,16 +123,16 @@ def test_model_path_is_a_package_directory_or_an_mlflow_model(tmp_path: Path) ->
         model_path("models:/fraud")
     shadow = {"FRAUD_SHADOW_MODEL": "models:/fraud@challenger/extra"}
     with pytest.raises(ConfigurationError, match="not models:/<name>@<alias>"):
-        ServiceConfig.from_sources({}, shadow)
+        ScorerSettings.from_sources({}, shadow)
 
 
 def test_thresholds_default_to_the_packages_and_each_may_be_set() -> None:
     package = Thresholds(0.3, 0.9)
-    assert ServiceConfig.from_sources({}, {}).decision_policy(package).thresholds == package
+    assert ScorerSettings.from_sources({}, {}).decision_policy(package).thresholds == package
     env = {"FRAUD_DECLINE_THRESHOLD": "0.7"}
-    policy = ServiceConfig.from_sources({}, env).decision_policy(package)
+    policy = ScorerSettings.from_sources({}, env).decision_policy(package)
     assert policy.thresholds == Thresholds(0.3, 0.7)
-    crossing = ServiceConfig.from_sources({}, {"FRAUD_REVIEW_THRESHOLD": "0.95"})
+    crossing = ScorerSettings.from_sources({}, {"FRAUD_REVIEW_THRESHOLD": "0.95"})
     with pytest.raises(ConfigurationError, match=r"review <= decline, got review 0\.95 and decl"):
         crossing.decision_policy(package)
 
@@ -143,16 +143,16 @@ def test_only_settings_known_to_be_safe_are_logged_in_clear(tmp_path: Path) -> N
     env = {
         "FRAUD_KAFKA_OPTIONS": "security.protocol=SASL_SSL,sasl.oauthbearer.config=clientSecret=s3",
     }
-    shown = ServiceConfig.from_sources({}, env).redacted_kafka_settings()
+    shown = ScorerSettings.from_sources({}, env).redacted_kafka_settings()
     assert shown == {"security.protocol": "SASL_SSL", "sasl.oauthbearer.config": "***"}
 
 
 def test_a_comma_inside_a_value_does_not_cut_it_and_errors_never_echo_values() -> None:
     env = {"FRAUD_KAFKA_OPTIONS": "sasl.username=svc,sasl.password=a,b=c,d;e,acks=all"}
-    options = ServiceConfig.from_sources({}, env).kafka_options
+    options = ScorerSettings.from_sources({}, env).kafka_options
     assert options == {"sasl.username": "svc", "sasl.password": "a,b=c,d;e", "acks": "all"}
     with pytest.raises(ConfigurationError) as caught:
-        ServiceConfig.from_sources({}, {"FRAUD_KAFKA_OPTIONS": "hunter2-no-equals-sign"})
+        ScorerSettings.from_sources({}, {"FRAUD_KAFKA_OPTIONS": "hunter2-no-equals-sign"})
     assert "hunter2" not in str(caught.value)
 
 
@@ -165,7 +165,7 @@ def test_settings_from_a_properties_file_are_overridden_by_options(tmp_path: Pat
         "\n"
         "acks=1\n"
     )
-    config = ServiceConfig.from_sources(
+    config = ScorerSettings.from_sources(
         {"kafka_config_file": str(secrets)}, {"FRAUD_KAFKA_OPTIONS": "acks=all"}
     )
     assert config.kafka_settings() == {
@@ -185,7 +185,7 @@ def test_schema_registry_settings_come_from_the_same_file_and_never_reach_librdk
         "schema.registry.basic.auth.user.info=team:registry-secret\n"
         "schema.registry.ssl.ca.location=/etc/ca.pem\n"
     )
-    config = ServiceConfig.from_sources(
+    config = ScorerSettings.from_sources(
         {"kafka_config_file": str(secrets)},
         {"FRAUD_INPUT_FORMAT": "avro", "FRAUD_SCHEMA_REGISTRY_URL": "https://registry:8081"},
     )
@@ -213,6 +213,6 @@ def test_a_rules_file_that_cannot_be_used_stops_the_start(tmp_path: Path) -> Non
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nname = "x"\nwhen = "__import__(\'os\')"\nthen = "review"\n')
     with pytest.raises(ConfigurationError, match=r"rules\.toml"):
-        ServiceConfig.from_sources({}, {"FRAUD_RULES": str(rules)})
+        ScorerSettings.from_sources({}, {"FRAUD_RULES": str(rules)})
     with pytest.raises(ConfigurationError, match="rules_topic must be a topic of its own"):
-        ServiceConfig.from_sources({}, {"FRAUD_RULES_TOPIC": "transactions"})
+        ScorerSettings.from_sources({}, {"FRAUD_RULES_TOPIC": "transactions"})

@@ -13,12 +13,12 @@ from faust.auth import SASLCredentials, SSLCredentials
 
 from contracts.errors import ConfigurationError
 from terminals import cli
-from terminals.config import WorkerConfig
+from terminals.config import FeaturesSettings
 from terminals.kafka_auth import faust_kafka_auth
 
 
 def test_defaults_match_the_scorers_topics_and_a_real_day() -> None:
-    config = WorkerConfig.from_sources({}, {})
+    config = FeaturesSettings.from_sources({}, {})
     assert (config.input_topic, config.labels_topic, config.dlq_topic) == (
         "transactions",
         "labels",
@@ -36,7 +36,7 @@ def test_environment_then_flags() -> None:
         "FRAUD_HISTORY_TIME_SCALE": "27000",
         "FRAUD_FEATURES_APP_ID": "ff-env",
     }
-    config = WorkerConfig.from_sources({"app_id": "ff-flag"}, env)
+    config = FeaturesSettings.from_sources({"app_id": "ff-flag"}, env)
     assert (config.labels_topic, config.table_partitions, config.app_id) == (
         "outcomes",
         4,
@@ -60,21 +60,21 @@ def test_environment_then_flags() -> None:
 )
 def test_bad_settings_name_the_flag_and_the_variable(flags: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named.replace("(", r"\(").replace(")", r"\)")):
-        WorkerConfig.from_sources(flags, {})
+        FeaturesSettings.from_sources(flags, {})
 
 
 def test_kafka_settings_come_from_the_file_then_the_options(tmp_path: Path) -> None:
     properties = tmp_path / "kafka.properties"
     properties.write_text("security.protocol=SASL_SSL\nsasl.password=secret\n")
     env = {"FRAUD_KAFKA_CONFIG_FILE": str(properties), "FRAUD_KAFKA_OPTIONS": "linger.ms=5"}
-    config = WorkerConfig.from_sources({}, env)
+    config = FeaturesSettings.from_sources({}, env)
     assert config.kafka_settings() == {
         "security.protocol": "SASL_SSL",
         "sasl.password": "secret",
         "linger.ms": "5",
     }
     assert config.redacted_kafka_settings()["sasl.password"] == "***"
-    flags_win = WorkerConfig.from_sources({"kafka_options": ["security.protocol=SSL"]}, env)
+    flags_win = FeaturesSettings.from_sources({"kafka_options": ["security.protocol=SSL"]}, env)
     assert flags_win.kafka_settings()["security.protocol"] == "SSL"
     assert "linger.ms" not in flags_win.kafka_settings()
 
@@ -160,7 +160,7 @@ def test_help_documents_every_option_with_its_variable(capsys: pytest.CaptureFix
             cli.main([command, "--help"])
         assert exited.value.code == 0
         text = " ".join(capsys.readouterr().out.split())
-        for setting in WorkerConfig.settings():
+        for setting in FeaturesSettings.settings():
             assert all(flag in text for flag in setting.flags)
             assert setting.env in text
         for variable in ("FRAUD_KAFKA_OPTIONS", "FRAUD_KAFKA_CONFIG_FILE", "-X KEY=VALUE"):
@@ -178,6 +178,6 @@ def test_a_missing_faust_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "faust.worker", None)  # import faust.worker fails
-    assert cli.run_worker(WorkerConfig()) == cli.EXIT_USAGE
+    assert cli.run_worker(FeaturesSettings()) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "faust-streaming is not installed" in err and "pip install" in err

@@ -36,7 +36,7 @@ from scorer.runtime import (
     node_placement,
     open_session,
 )
-from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 from tests.support.models import POISON, package, poison_model
 
 SHIPPED = load_model_package(SHIPPED_MODEL_PATH)
@@ -265,10 +265,10 @@ def test_pinned_memory_is_zeroed_and_writable() -> None:
 )
 def test_bad_gpu_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        ServiceConfig.from_sources({}, env)
+        ScorerSettings.from_sources({}, env)
 
 
 def test_gpu_settings_come_from_the_environment() -> None:
     env = {"FRAUD_DEVICE": "tensorrt", "FRAUD_DEVICE_ID": "1", "FRAUD_CPU_THREADS": "0"}
-    config = ServiceConfig.from_sources({}, env)
+    config = ScorerSettings.from_sources({}, env)
     assert (config.device, config.device_id, config.cpu_threads) == ("tensorrt", 1, 0)

@@ -29,7 +29,7 @@ from contracts.input_formats import (
 )
 from contracts.output_formats import DECISION_PROTO, decision_encoder, decision_message
 from contracts.transaction import decode_transaction
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 
 
 def failing(exc: BaseException) -> Any:
@@ -171,6 +171,6 @@ def test_a_protobuf_class_that_cannot_be_used_is_refused_with_the_fix(
 
 def test_protobuf_input_needs_its_message_class() -> None:
     with pytest.raises(ConfigurationError, match="go together"):
-        ServiceConfig.from_sources(
+        ScorerSettings.from_sources(
             {}, {"FRAUD_INPUT_FORMAT": "protobuf", "FRAUD_SCHEMA_REGISTRY_URL": "http://r"}
         )

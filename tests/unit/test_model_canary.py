@@ -34,7 +34,7 @@ from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel, load_serving_model
 from stream.package_check import sanity_check
 from stream.scoring import BatchScorer, PendingRecord
-from stream.startup.config import ServiceConfig
+from stream.startup.config import ScorerSettings
 from stream.typical_rows import typical_rows
 from tests.support.budget import MIB, Budget, within
 from tests.support.models import (
@@ -96,7 +96,7 @@ def link(tmp_path: Path) -> Path:
 def reloader_on(
     link: Path, registry: CollectorRegistry, recent: RecentRows | None = None
 ) -> tuple[ModelReloader, ServingModel, ServiceMetrics]:
-    config = ServiceConfig(model_path=str(link), model_poll_s=60.0)
+    config = ScorerSettings(model_path=str(link), model_poll_s=60.0)
     source = DirectorySource(link)
     serving = load_serving_model(config, source)
     metrics = ServiceMetrics(registry)
@@ -129,7 +129,7 @@ def test_a_model_that_returns_nan_for_any_card_with_history_is_refused_without_t
     reloader, _, _ = reloader_on(link, registry)
     bad = package(tmp_path / "history-nan", nan_on_history_model(), version="history-nan")
     with pytest.raises(ConfigurationError, match=r"typical transactions.*not a probability"):
-        sanity_check(load_serving_model(ServiceConfig(), DirectorySource(bad)).scorer)
+        sanity_check(load_serving_model(ScorerSettings(), DirectorySource(bad)).scorer)
     promote(bad, link)
     assert not reloader.check_now() and reloader.take() is None
     assert reloads(registry, "refused") == 1 and reloads(registry, "loaded") == 0
@@ -155,7 +155,7 @@ def test_a_model_that_fails_the_recent_real_rows_is_refused_before_it_serves(
 
 
 def test_the_sanity_score_names_the_rows_it_failed(link: Path, tmp_path: Path):
-    config = ServiceConfig()
+    config = ScorerSettings()
     model = load_serving_model(
         config, DirectorySource(package(tmp_path / "nan", nan_on_real_rows_model()))
     )
@@ -344,7 +344,7 @@ def test_a_model_that_fails_most_records_with_nothing_to_roll_back_to_is_unavail
     registry, sink = CollectorRegistry(), MemorySink()
     metrics = ServiceMetrics(registry)
     bad = package(tmp_path / "burst-nan", nan_on_burst_model(), version="burst-nan")
-    serving = load_serving_model(ServiceConfig(), DirectorySource(bad))
+    serving = load_serving_model(ScorerSettings(), DirectorySource(bad))
     sanity_check(serving.scorer)  # it passes the start-up check
     stage = scoring_stage(serving, None, metrics, sink)
     stage.process(batch_of(transactions(40)))

@@ -27,7 +27,7 @@ from scorer.model_source import DirectorySource, ModelSource
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, load_serving_model
 from stream.package_check import sanity_check
-from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 from tests.support.models import onnx_model, package
 
 
@@ -51,7 +51,7 @@ def source(tmp_path: Path) -> Path:
 def reloader_on(
     source: Path, model_source: ModelSource | None = None
 ) -> tuple[ModelReloader, CollectorRegistry]:
-    config = ServiceConfig(model_path=str(source), model_poll_s=60.0)
+    config = ScorerSettings(model_path=str(source), model_poll_s=60.0)
     registry = CollectorRegistry()
     watched = model_source or DirectorySource(source)
     serving = load_serving_model(config, watched)
@@ -108,7 +108,7 @@ def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
 ):
     # A configured review just under the shipped decline, and a package declining below it.
     review = 0.9 * load_model_package(source).manifest.thresholds.decline
-    config = ServiceConfig(model_path=str(source), review_threshold=review)
+    config = ScorerSettings(model_path=str(source), review_threshold=review)
     registry = CollectorRegistry()
     watched = DirectorySource(source)
     serving = load_serving_model(config, watched)
@@ -125,7 +125,7 @@ def test_a_package_whose_thresholds_cross_the_configured_ones_is_refused(
 
 
 def test_a_package_that_scores_outside_zero_one_fails_its_sanity_score(tmp_path: Path):
-    model = load_serving_model(ServiceConfig(), DirectorySource(package_copy(tmp_path / "p", "p")))
+    model = load_serving_model(ScorerSettings(), DirectorySource(package_copy(tmp_path / "p", "p")))
     sanity_check(model.scorer)  # the shipped graph scores its reference row as a probability
 
     class Doubling:

@@ -34,7 +34,7 @@ from stream.package_check import (
     check_package,
     manifest_digest,
 )
-from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 from tests.support.models import (
     holding_model,
     nan_on_burst_model,
@@ -119,7 +119,7 @@ def reloader_on(
     link: Path, served: Path, **settings: float
 ) -> tuple[ModelReloader, ServingModel, CollectorRegistry]:
     link.symlink_to(served)
-    config = ServiceConfig(model_path=str(link), model_poll_s=60.0, **settings)  # type: ignore[arg-type]
+    config = ScorerSettings(model_path=str(link), model_poll_s=60.0, **settings)  # type: ignore[arg-type]
     source = DirectorySource(link)
     serving = load_serving_model(config, source)
     registry = CollectorRegistry()

@@ -132,9 +132,9 @@ def test_the_reloader_logs_an_unreadable_mlflow_source_without_the_password(
     from scorer.model_source import DirectorySource, MlflowSource
     from stream.metrics import ServiceMetrics
     from stream.model_reload import ModelReloader, load_serving_model
-    from stream.startup.config import SHIPPED_MODEL_PATH, ServiceConfig
+    from stream.startup.config import SHIPPED_MODEL_PATH, ScorerSettings
 
-    config = ServiceConfig(model_poll_s=60.0)
+    config = ScorerSettings(model_poll_s=60.0)
     serving = load_serving_model(config, DirectorySource(SHIPPED_MODEL_PATH))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", UNREACHABLE)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -165,7 +165,7 @@ def test_the_scorers_start_line_shows_the_bootstrap_servers_without_a_password(
     capsys: pytest.CaptureFixture[str],
 ):
     from stream.startup import cli
-    from stream.startup.config import ServiceConfig
+    from stream.startup.config import ScorerSettings
 
     class Stop(Exception):
         pass
@@ -173,7 +173,7 @@ def test_the_scorers_start_line_shows_the_bootstrap_servers_without_a_password(
     def stop(_location: str) -> None:
         raise Stop
 
-    config = ServiceConfig(bootstrap_servers=f"SASL_SSL://bob:{SECRET}@broker:9093")
+    config = ScorerSettings(bootstrap_servers=f"SASL_SSL://bob:{SECRET}@broker:9093")
     configure_logging("INFO", "text")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "open_model_source", stop)  # nothing past the start line
@@ -254,10 +254,10 @@ def test_loadgen_names_an_unreadable_metrics_url_without_the_password():
 
 def test_a_refused_setting_is_shown_without_a_password():
     from contracts.errors import ConfigurationError
-    from stream.startup.config import ServiceConfig
+    from stream.startup.config import ScorerSettings
 
     with pytest.raises(ConfigurationError) as caught:
-        ServiceConfig.from_sources({}, {"FRAUD_METRICS_PORT": f"http://bob:{SECRET}@host:9100"})
+        ScorerSettings.from_sources({}, {"FRAUD_METRICS_PORT": f"http://bob:{SECRET}@host:9100"})
     message = str(caught.value)
     assert "FRAUD_METRICS_PORT" in message and "http://***@host:9100" in message
     assert SECRET not in message
