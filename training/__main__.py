@@ -1,5 +1,6 @@
-"""`python -m training`: train, evaluate and export the shipped model (see training/train.py)."""
+"""`python -m training`: train, evaluate and export the shipped model
+(training/simulator_run.py)."""
 
-from training.train import main
+from training.simulator_run import main
 
 raise SystemExit(main())

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from training.from_topics import train_from_topics
 
             return train_from_topics(parsed)
-        from training.train import train_on_simulator
+        from training.simulator_run import train_on_simulator
 
         return train_on_simulator(parsed)
     except ModuleNotFoundError as exc:

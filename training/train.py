@@ -28,13 +28,11 @@ The same seeds and days give a byte-identical model file and model card on the s
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import math
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -57,7 +55,6 @@ from scorer.model_package import (
     ModelOutput,
     ThresholdChoice,
     Training,
-    write_model_package,
 )
 from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.replay import Stream, simulate
@@ -66,7 +63,7 @@ from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin, Platt, fit_platt, reliability
 from training.fallback_fit import FallbackFit, fit_fallback
 from training.onnx_export import score_with_onnxruntime
-from training.options import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS, parse_args
+from training.options import DEFAULT_DAYS, DEFAULT_SEEDS, FOLDS
 from training.protocol import (
     DELAY_DAYS,
     TEST_DAYS,
@@ -599,38 +596,10 @@ def train_models(
         return list(map(train_model, seeds, repeat(days), repeat(folds), cards, first))
     # "spawn": a fresh interpreter per worker, never a fork of a process that holds threads.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_configure_logging) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=configure_logging) as pool:
         return list(pool.map(train_model, seeds, repeat(days), repeat(folds), cards, first))
 
 
-def _configure_logging() -> None:
+def configure_logging() -> None:
+    """INFO lines with their time and logger, for a training run and each of its processes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m training`: `fraud-train simulator`, its options alone."""
-    return train_on_simulator(parse_args(["simulator", *(sys.argv[1:] if argv is None else argv)]))
-
-
-def train_on_simulator(args: argparse.Namespace) -> int:
-    """`fraud-train simulator`: train every seed, write the first one's package and the card."""
-    from training.card import metrics_table, render_model_card
-
-    _configure_logging()
-    began = time.perf_counter()
-    runs = train_models(args.seeds, args.days, args.folds, args.jobs)
-    shipped = runs[0]
-    out = args.out or package_path(shipped.model_name)
-    write_model_package(out, shipped.model, manifest(shipped), render_model_card(runs))
-    logger.info(
-        "wrote package=%s model_bytes=%d elapsed_s=%.1f",
-        out,
-        len(shipped.model),
-        time.perf_counter() - began,
-    )
-    print(metrics_table(runs))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

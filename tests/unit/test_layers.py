@@ -4,7 +4,8 @@ A module may import its own package and the packages of lower layers, never a hi
 a sibling of its own layer. The scan reads every import statement (module level or not) of the
 project's packages, the tools (bench/, and ops/, whose Python tools run as `python -m ops.…`)
 and the tests, so a new upward import fails here before it can form a cycle: no service package
-imports bench, ops or tests, and bench and ops do not import each other.
+imports bench, ops or tests, and bench and ops do not import each other. Within a package, no
+modules import one another in a circle either (module by module, function-level imports too).
 """
 
 from __future__ import annotations
@@ -78,3 +79,90 @@ def test_the_scan_sees_a_service_module_import_a_tool_or_a_test(tmp_path: Path, 
     module.write_text(f"import {tool}.x\n")
     assert imported_packages(module) == {tool}
     assert LAYER_OF[tool] > max(LAYER_OF[p] for p in ("contracts", "stream", "loadgen"))
+
+
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The project modules `path` imports, anywhere in it: `from a.b import c` names a.b.c when
+    that is a module, else a.b (or the nearest package above it that is one)."""
+
+    def nearest(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(nearest(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                whole = f"{node.module}.{alias.name}"
+                found.add(whole if whole in known else nearest(node.module))
+    return {name for name in found if name is not None}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def import_graph(paths: list[Path], root: Path = REPO) -> dict[str, set[str]]:
+    """Module → the project modules it imports (a package's own __init__ left out: importing a
+    submodule runs it, which is no circle of the code's making)."""
+    names = {module_name(path, root): path for path in paths}
+    return {
+        name: {
+            other
+            for other in imported_modules(path, set(names))
+            if other != name and not name.startswith(f"{other}.")
+        }
+        for name, path in names.items()
+    }
+
+
+def test_no_modules_import_one_another_in_a_circle() -> None:
+    found = circles(import_graph([p for p in modules() if p.parts[len(REPO.parts)] != "tests"]))
+    assert not found, f"modules that import one another (a circle): {found}"
+
+
+def test_the_scan_sees_a_circle_through_a_function_level_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import thing\n")
+    (package / "b.py").write_text("def thing():\n    from pkg import a\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    paths = sorted(package.glob("*.py"))
+    assert circles(import_graph(paths, tmp_path)) == [["pkg.a", "pkg.b"]]

@@ -32,6 +32,7 @@ from training.protocol import (
     handbook_fold,
     roc_auc,
 )
+from training.simulator_run import main
 from training.thresholds import Chosen, decline_threshold, flagged_shares, review_threshold
 from training.train import (
     COLD_CHECK_DAYS,
@@ -40,7 +41,6 @@ from training.train import (
     HANDBOOK,
     KNOWN_COMPROMISED_FEATURE,
     TrainingResult,
-    main,
     manifest,
     mean_std,
     spread,
