@@ -94,7 +94,11 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         future.result(timeout=30)
     champion, challenger = out / "champion", out / "challenger"
     for link in (champion, challenger):
-        _cli(fraud_model, ["promote", str(SHIPPED_MODEL_PATH), "--source", str(link)])
+        _cli(
+            "fraud-model promote",
+            fraud_model,
+            ["promote", str(SHIPPED_MODEL_PATH), "--source", str(link)],
+        )
 
     days = settings.train_days + settings.late_days + settings.served_days
     rows_per_day = int(settings.cards * _ROWS_PER_DAY_PER_CARD)
@@ -127,6 +131,7 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         _say("4. v2 is trained from the topics")
         began = time.monotonic()
         _cli(
+            "fraud-train from-topics",
             fraud_train,
             [
                 "--bootstrap-servers",
@@ -141,7 +146,7 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         )
         trained_s = time.monotonic() - began
         _say(f"5. v2 ({_version(v2)}) runs in shadow for {settings.late_days} days")
-        _cli(fraud_model, ["promote", str(v2), "--source", str(challenger)])
+        _cli("fraud-model promote", fraud_model, ["promote", str(v2), "--source", str(challenger)])
         _wait_for_metric(
             service,
             settings.metrics_port,
@@ -156,7 +161,7 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         v1_window, v2_window, agreement = _compare(scored, late_ids, late)
 
         _say(f"6. v2 is promoted and serves {settings.served_days} days")
-        _cli(fraud_model, ["promote", str(v2), "--source", str(champion)])
+        _cli("fraud-model promote", fraud_model, ["promote", str(v2), "--source", str(champion)])
         _wait_for_metric(
             service,
             settings.metrics_port,
@@ -272,10 +277,10 @@ def _version(package: Path) -> str:
     return str(manifest["model"]["version"])
 
 
-def _cli(command: Any, argv: Sequence[str]) -> None:
+def _cli(name: str, command: Any, argv: Sequence[str]) -> None:
     code = command(list(argv))
     if code != 0:
-        raise RuntimeError(f"{' '.join(argv[:1])} exited with status {code}")
+        raise RuntimeError(f"{name} exited with status {code}")
 
 
 def _say(text: str) -> None:

@@ -22,8 +22,10 @@ DEFAULT_SEEDS = (7, 8, 9)
 WARMUP_DAYS = 45
 FOLDS = 4
 DEFAULT_DAYS = WARMUP_DAYS + days_needed(FOLDS)
-#: The mode flag of releases before the subcommands; still read, with a warning.
+#: The mode flag of releases before the subcommands; still read, with a warning, where no
+#: command comes first.
 LEGACY_FROM_TOPICS = "--from-topics"
+COMMANDS = ("simulator", "from-topics")
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -142,7 +144,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command and its options, checked; exits 2 with the problem on bad ones. The old
     `fraud-train --from-topics ...` still works, with a warning."""
     argv = list(argv)
-    if LEGACY_FROM_TOPICS in argv:
+    if argv and argv[0] not in COMMANDS and LEGACY_FROM_TOPICS in argv:
         print(
             f"{PROG}: {LEGACY_FROM_TOPICS} is deprecated: use `{PROG} from-topics`",
             file=sys.stderr,
@@ -164,7 +166,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
         parser.error(
             "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
-            f"least 10 %% of the rows for training, got {shares}"
+            f"least 10 % of the rows for training, got {shares}"
         )
     if args.delay < 0:
         parser.error(f"--delay must be >= 0, got {args.delay}")

@@ -79,9 +79,9 @@ class ServiceAcls:
     #: The SCRAM user name (or any principal name) without the `User:` prefix.
     principal: str = "fraud-scorer"
     input_topics: tuple[str, ...] = ("transactions", "labels")
-    #: What the features worker publishes and the scorer reads (READ, like the inputs). They are
-    #: compacted, and the worker creates them (`fraud-features create-topics`): `grant
-    #: --create-topics` leaves them alone.
+    #: Compacted topics the scorer reads and does not create (READ, like the inputs): what the
+    #: features worker publishes (it creates them: `fraud-features create-topics`), and a rules
+    #: topic. `grant --create-topics` leaves them alone.
     features_topics: tuple[str, ...] = ("terminal-risk", "terminal-risk-progress", "card-frauds")
     output_topics: tuple[str, ...] = ("decisions", "transactions.dlq")
     group: str = "fraud-scorer"
@@ -263,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--features-topic",
         action="append",
-        help="a topic the features worker publishes, read by the service; repeatable "
+        help="a compacted topic the service reads and does not create (the features worker's "
+        "outputs, a rules topic); `grant --create-topics` leaves it alone; repeatable "
         f"(default: {', '.join(defaults.features_topics)})",
     )
     parser.add_argument(

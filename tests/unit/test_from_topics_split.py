@@ -46,7 +46,8 @@ def test_shares_that_leave_no_training_rows_and_a_negative_delay_are_refused(fla
     with pytest.raises(SystemExit) as exit_:
         parse_args(["from-topics", "--out", "x", *flags])
     assert exit_.value.code == 2
-    assert "must" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "must" in error and "%%" not in error
 
 
 def test_fraud_train_help_names_every_command_and_each_has_its_own(capsys):
@@ -67,3 +68,9 @@ def test_a_missing_command_is_refused_and_the_old_flag_still_works_with_a_warnin
     args = parse_args(["--from-topics", "--out", "x"])
     assert args.command == "from-topics" and str(args.out) == "x"
     assert "deprecated: use `fraud-train from-topics`" in capsys.readouterr().err
+
+
+def test_the_old_flag_is_read_only_where_no_command_comes_first(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["simulator", "--from-topics"])
+    assert "unrecognized arguments: --from-topics" in capsys.readouterr().err
