@@ -73,7 +73,8 @@ def _percent(value: float) -> str:
 
 
 def _mean_std(values: tuple[float, float]) -> str:
-    return "{:.3f} ± {:.3f}".format(*values)
+    mean, std = values
+    return f"{mean:.3f}" if math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
 
 
 def metrics_table(runs: Sequence[TrainingResult]) -> str:
@@ -115,10 +116,12 @@ def _fresh_label_note(run: TrainingResult) -> str:
     return f"""
 Much of the difference comes from {len(FRESH_LABEL_COLUMNS)} columns that the handbook's setting
 has no counterpart for: {columns}, the frauds at the terminal and on the card confirmed so far,
-without the delay (the handbook assumes outcomes arrive after it). The chosen candidate trained
-and scored without them, on the same test folds of seed {run.seed} (mean ± standard deviation
-over its {len(run.test[HANDBOOK])} folds; its scores computed in numpy, the arithmetic of the
-exported graph, not exported):
+without the delay (the handbook assumes outcomes arrive after it). The assessed rows leave out
+every card with a fraud confirmed on the last 7 days, so the card's two columns are 0 on them
+and this mostly measures the terminal's. The chosen candidate trained and scored without them,
+on the same test folds of seed {run.seed} (mean ± standard deviation over its
+{len(run.test[HANDBOOK])} folds; its scores computed in numpy, the arithmetic of the exported
+graph, not exported):
 
 | model, seed {run.seed} | ROC-AUC | average precision | Card Precision@100 |
 | --- | ---: | ---: | ---: |
@@ -253,12 +256,25 @@ def _thresholds_by_seed(runs: Sequence[TrainingResult]) -> str:
 
 
 def _held_out(runs: Sequence[TrainingResult]) -> str:
-    held_out = [
-        str(run.seed + COLD_CHECK_SEED_OFFSET)
-        for run in runs
-        if run.seed + COLD_CHECK_SEED_OFFSET not in COLD_START_CHOSEN_ON
-    ]
-    return f", seed {' and '.join(held_out)}'s are" if held_out else ""
+    """Which cold-check streams shown were looked at when COLD_START_DAYS was chosen."""
+    shown = [run.seed + COLD_CHECK_SEED_OFFSET for run in runs]
+    looked = [str(seed) for seed in shown if seed in COLD_START_CHOSEN_ON]
+    held = [str(seed) for seed in shown if seed not in COLD_START_CHOSEN_ON]
+    if not looked:
+        return "Every column is held out: none of these streams was looked at for that choice."
+    return (
+        f"{COLD_START_DAYS} days were chosen looking at the streams of seeds "
+        f"{' and '.join(map(str, COLD_START_CHOSEN_ON))}: {_columns(looked)} not held out"
+        + (f"; {_columns(held)} held out." if held else ".")
+    )
+
+
+def _columns(seeds: list[str]) -> str:
+    return (
+        f"seed {seeds[0]}'s column is"
+        if len(seeds) == 1
+        else (f"the columns of seeds {' and '.join(seeds)} are")
+    )
 
 
 def _cold_start_table(runs: Sequence[TrainingResult]) -> str:
@@ -515,8 +531,9 @@ the test weeks (all rows, known-compromised cards removed):
 
 **Expected flag rate.** The manifest states the share of all decisions at review or decline
 that live traffic should stay within at these thresholds: {_percent(low)} to {_percent(high)}
-(`[thresholds] expected_flag_rate`), the validation weeks' lowest and highest daily share
-divided and multiplied by {FLAG_RATE_MARGIN:g} (`scorer/flag_rate.py`). A replica exports it as
+(`[thresholds] expected_flag_rate`), the lowest and highest daily share over every row of the
+validation weeks (known-compromised cards included, as serving sees them), divided and
+multiplied by {FLAG_RATE_MARGIN:g} (`scorer/flag_rate.py`). A replica exports it as
 `fraud_model_expected_flag_ratio`, and `FraudFlagRateUnexpected` fires when an hour's live share
 leaves it: a model put on traffic it does not fit flags far more, or far less, than it was
 chosen to (docs/runbooks.md).
@@ -533,8 +550,7 @@ over the first days. The validation and test weeks come after
 transactions on a new stream's first day and 3 % over its first 10 (1 % in steady state). Each
 seed's shipped-form model on a stream it never saw (seed + {COLD_CHECK_SEED_OFFSET}, every card
 and terminal new on day 0), day by day: legitimate ≥ review / legitimate ≥ decline / fraud
-recall at review. {COLD_START_DAYS} days were chosen looking at the streams of seeds
-{" and ".join(map(str, COLD_START_CHOSEN_ON))}: their columns are not held out{_held_out(runs)}.
+recall at review. {_held_out(runs)}
 
 {_cold_start_table(runs)}
 

@@ -250,12 +250,13 @@ def train_model(
     rules_test = fallback_scores(stream.features[tested.rows])
     latest = stream_fold(stream, schedule.test[0])
     legit_train = stream.features[latest.train][~stream.is_fraud[latest.train]]
-    validation_rows = stream.features[chosen.rows]
+    validation_rows = stream.features[chosen.served_rows]
     first, last = validation_days(schedule)
     drift = drift_reference(
-        f"the validation weeks' {len(chosen.rows)} rows (days {first}-{last}), scored by the "
-        "chosen candidate, calibrated, as the thresholds were chosen",
-        chosen.scores,
+        f"every row of the validation weeks ({len(chosen.served_rows)} rows, days {first}-{last}, "
+        "known-compromised cards included, as serving sees them), scored by the chosen "
+        "candidate, calibrated",
+        chosen.served_scores,
         validation_rows,
         FEATURE_NAMES,
         most_influential(
@@ -300,7 +301,7 @@ def train_model(
         reference=[float(v) for v in np.median(legit_train, axis=0)],
         drift=drift,
         expected_flag_rate=expected_flag_rate(
-            chosen.scores, stream.day[chosen.rows], chosen.thresholds.review
+            chosen.served_scores, stream.day[chosen.served_rows], chosen.thresholds.review
         ),
         train_rows=len(training_rows(stream, latest.train)),
         test_rows=len(latest.test),
@@ -331,8 +332,13 @@ class _Choices(NamedTuple):
 
     winner: str
     validation: dict[str, list[FoldResult]]
-    rows: _Ints  # the validation weeks' rows, fold after fold
+    rows: _Ints  # the validation weeks' assessed rows, fold after fold
     scores: _Floats  # the winner's calibrated scores of them
+    #: Every row of the validation weeks, known-compromised cards included, and the winner's
+    #: calibrated scores of them: the traffic serving sees, for the drift reference and the
+    #: expected flag rate (a known-compromised card's rows are flagged far more often).
+    served_rows: _Ints
+    served_scores: _Floats
     platt: Platt
     thresholds: Chosen
     decline_by_cost: dict[float, float]
@@ -343,17 +349,22 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
     """Both candidates and the handbook recipe on the validation folds; every choice."""
     validation: dict[str, list[FoldResult]] = {kind: [] for kind in (*MODEL_NAMES, HANDBOOK)}
     logits: dict[str, list[_Floats]] = {kind: [] for kind in MODEL_NAMES}
+    served_logits: dict[str, list[_Floats]] = {kind: [] for kind in MODEL_NAMES}
     assessed: list[_Ints] = []
+    served: list[_Ints] = []
     for start in schedule.validation:
         fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
         assessed.append(fold.test)
+        week = assessed_days(start)
+        served.append(np.flatnonzero((stream.day >= week[0]) & (stream.day <= week[-1])))
         for kind in MODEL_NAMES:
             model = _fit(kind, stream.features[train], stream.is_fraud[train], seed)
             exported, _ = _export(kind, model, seed, len(train))
             scores = score_with_onnxruntime(exported, stream.features[fold.test])
             validation[kind].append(_fold_result(stream, start, fold.test, scores))
             logits[kind].append(_logits(model, stream.features[fold.test]))
+            served_logits[kind].append(_logits(model, stream.features[served[-1]]))
         validation[HANDBOOK].append(_handbook_recipe(stream, start, train, fold.test))
         logger.info("validation fold train_start_day=%d seed=%d", start, seed)
     winner = max(MODEL_NAMES, key=lambda kind: mean_std(validation[kind], "average_precision")[0])
@@ -368,6 +379,8 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
         validation,
         rows,
         calibrated,
+        np.concatenate(served),
+        platt.apply(np.concatenate(served_logits[winner])),
         platt,
         Chosen(review, decline_threshold(calibrated, is_fraud, amount, floor=review)),
         {
