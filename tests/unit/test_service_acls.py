@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from confluent_kafka.admin import (
     AclOperation,
     AclPermissionType,
@@ -9,7 +12,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ops.kafka.acls import ServiceAcls, name_of
+from ops.kafka.acls import ServiceAcls, main, name_of
 
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
@@ -86,3 +89,23 @@ def test_resources_follow_the_settings() -> None:
     assert (TOPIC, "state.g1.", PREFIXED) in {
         (b.restype, b.name, b.resource_pattern_type) for b in custom.bindings()
     }
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read"),
+        (b"\xff\xfe not utf-8", "cannot read"),
+        (b"no equals sign\n", "line 1"),
+    ],
+)
+def test_a_config_that_cannot_be_read_is_refused_in_one_line_before_any_broker_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, problem: str
+) -> None:
+    config = tmp_path / "admin.properties"
+    if content is not None:
+        config.write_bytes(content)
+    # No broker listens on port 1: the tool must stop at its configuration, not try one.
+    code = main(["--config", str(config), "--bootstrap-servers", "127.0.0.1:1", "show"])
+    error = capsys.readouterr().err
+    assert code == 2 and problem in error and len(error.strip().splitlines()) == 1
