@@ -82,14 +82,20 @@ class HealthState:
         return self._ready, ("ok" if self._ready else self._reason)
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """A threading HTTP server that serves at most `MAX_CONNECTIONS` connections at once."""
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most `max_connections` connections at once; the
+    next are answered 503 at once (the review console's server too)."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._slots = threading.BoundedSemaphore(max_connections)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -123,7 +129,7 @@ class HealthServer:
         self, host: str, port: int, state: Probe, registry: CollectorRegistry = REGISTRY
     ) -> None:
         handler = _handler_for(state, registry)
-        self._server = _BoundedServer((host, port), handler)
+        self._server = BoundedHTTPServer((host, port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="health-http", daemon=True
         )

@@ -44,6 +44,9 @@ class Label(msgspec.Struct, frozen=True, gc=False):
     reported_at: _EpochMs
     #: The transaction's terminal; None (or empty) when it had none.
     terminal_id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] | None = None
+    #: Who confirmed it, when a person did (the review console, `fraud-review`); None for
+    #: chargebacks and other systems' reports.
+    reviewer: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] | None = None
 
 
 _decoder = msgspec.json.Decoder(Label)

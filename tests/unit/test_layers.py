@@ -24,7 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     # The simulator is below the service: a replica checks every model on a short simulated
     # stream before it serves (stream/typical_rows.py).
     frozenset({"deadletter", "simulator"}),
-    frozenset({"stream", "terminals"}),
+    frozenset({"stream", "terminals", "review"}),
     frozenset({"training", "loadgen", "faults"}),
     frozenset({"flywheel"}),
     # Tools that drive the service packages from outside: the benchmarks, and the operations

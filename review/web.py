@@ -1,0 +1,376 @@
+"""The console over HTTP: the page (`static/`), the JSON API it uses, and the probes.
+
+    GET  /                                   the queue (the login page without a session)
+    GET  /login, POST /login, POST /logout   a session cookie (HttpOnly, SameSite=Strict)
+    GET  /api/cases?status=open|closed       the queue by expected loss, or the closed cases
+    GET  /api/cases/{transaction_id}         one case, its card's timeline and its audit lines
+    POST /api/cases/{transaction_id}/verdict {"fraud": true|false, "note": "..."}
+    GET  /metrics, /healthz, /readyz         as every other process (no credentials)
+
+Every /api request needs a session (and, to change anything, its CSRF token) or HTTP Basic
+credentials; without them it gets 401. What is shown is attacker-controlled text (merchant
+names, reasons, notes): the page sets it with `textContent` only, and the Content-Security-Policy
+allows no inline script, so a script tag in a merchant name stays text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import json
+import logging
+import threading
+import urllib.parse
+from collections.abc import Callable
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler
+from importlib import resources
+from typing import Any
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from contracts.health import BoundedHTTPServer
+from contracts.transaction import MAX_ID_CHARS
+from review.auth import Authenticator, same_token
+from review.cases import CaseStore, User
+from review.metrics import ReviewMetrics
+from review.verdicts import CaseNotFound, LabelNotDelivered, ReversalRefused, VerdictDesk
+
+log = logging.getLogger(__name__)
+
+COOKIE = "fraud_review_session"
+#: The longest request body taken (a verdict with its note, a login form).
+MAX_BODY_BYTES = 16_384
+MAX_NOTE_CHARS = 2_000
+#: Connections served at once: a browser opens up to six, Prometheus and the probes three.
+MAX_CONNECTIONS = 32
+CONNECTION_TIMEOUT_S = 30.0
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+_STATIC = {
+    "/static/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/static/console.css": ("console.css", "text/css; charset=utf-8"),
+}
+
+
+class _Verdict(msgspec.Struct, forbid_unknown_fields=True):
+    fraud: bool
+    note: str = ""
+
+
+_decode_verdict = msgspec.json.Decoder(_Verdict).decode
+
+
+class Console:
+    """What the handler serves: the store, who is asking, the verdicts, and the probes."""
+
+    def __init__(
+        self,
+        store: CaseStore,
+        auth: Authenticator,
+        desk: VerdictDesk,
+        metrics: ReviewMetrics,
+        ready: Callable[[], tuple[bool, str]],
+        secure_cookies: bool,
+    ) -> None:
+        self.store, self.auth, self.desk, self.metrics = store, auth, desk, metrics
+        self.ready = ready
+        self.secure_cookies = secure_cookies
+
+
+class ConsoleServer:
+    """Serves a `Console` on host:port until `close()`."""
+
+    def __init__(self, host: str, port: int, console: Console) -> None:
+        self._server = BoundedHTTPServer((host, port), _handler_for(console), MAX_CONNECTIONS)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="review-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("review").joinpath("static", name).read_bytes()
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = CONNECTION_TIMEOUT_S
+        server_version = "fraud-review"
+        sys_version = ""
+
+        def do_GET(self) -> None:
+            self._serve(self._get)
+
+        def do_POST(self) -> None:
+            self._serve(self._post)
+
+        def _serve(self, route: Callable[[str], None]) -> None:
+            path = urllib.parse.urlsplit(self.path).path
+            try:
+                route(path)
+            except _Refused as refused:
+                self._json(refused.status, {"error": str(refused)}, refused.headers)
+            except Exception:
+                log.exception("request %s %s failed", self.command, path)
+                self._json(500, {"error": "internal error; see the console's log"})
+
+        # Routes
+
+        def _get(self, path: str) -> None:
+            if path == "/metrics":
+                self._send(200, generate_latest(console.metrics.registry), CONTENT_TYPE_LATEST)
+            elif path in ("/healthz", "/readyz"):
+                ok, why = console.ready() if path == "/readyz" else (True, "ok")
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path in _STATIC:
+                name, kind = _STATIC[path]
+                self._send(200, _asset(name), kind)
+            elif path == "/login":
+                self._page("login.html", {"error": ""})
+            elif path == "/":
+                session = self._session()
+                if session is None:
+                    self._redirect("/login")
+                else:
+                    user, csrf = session
+                    self._page("index.html", {"user": user.name, "role": user.role, "csrf": csrf})
+            elif path == "/api/cases":
+                self._user(changing=False)
+                query = self._query()
+                limit = _int(query.get("limit", "200"), "limit")
+                status = query.get("status", "open")
+                if status == "open":
+                    cases = console.store.list_cases("open", limit)
+                elif status == "closed":
+                    cases = console.store.list_cases("closed", limit)
+                else:
+                    raise _Refused(400, "status must be open or closed")
+                self._json(200, {"cases": cases})
+            elif path.startswith("/api/cases/"):
+                self._user(changing=False)
+                transaction_id = _transaction_id(path.removeprefix("/api/cases/"))
+                case = console.store.case(transaction_id)
+                if case is None:
+                    raise _Refused(404, f"no case for transaction {transaction_id!r}")
+                case["audit"] = console.store.audit(transaction_id)
+                self._json(200, case)
+            else:
+                raise _Refused(404, "not found")
+
+        def _post(self, path: str) -> None:
+            if path == "/login":
+                self._login()
+            elif path == "/logout":
+                form = self._form()
+                session = self._session()
+                if session is not None and same_token(form.get("csrf", ""), session[1]):
+                    console.auth.end_session(self._cookie())
+                self._redirect("/login", clear_cookie=True)
+            elif path.startswith("/api/cases/") and path.endswith("/verdict"):
+                user = self._user(changing=True)
+                transaction_id = _transaction_id(
+                    path.removeprefix("/api/cases/").removesuffix("/verdict")
+                )
+                try:
+                    verdict = _decode_verdict(self._body())
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise _Refused(
+                        400, f'a verdict is {{"fraud": true|false, "note": "..."}}: {exc}'
+                    ) from None
+                if len(verdict.note) > MAX_NOTE_CHARS:
+                    raise _Refused(400, f"a note has at most {MAX_NOTE_CHARS} characters")
+                try:
+                    result = console.desk.record(transaction_id, verdict.fraud, verdict.note, user)
+                except CaseNotFound as exc:
+                    raise _Refused(404, str(exc)) from None
+                except ReversalRefused as exc:
+                    raise _Refused(403, str(exc)) from None
+                except LabelNotDelivered as exc:
+                    raise _Refused(503, str(exc)) from None
+                self._json(200, {"result": result, "case": console.store.case(transaction_id)})
+            else:
+                raise _Refused(404, "not found")
+
+        # Who is asking
+
+        def _login(self) -> None:
+            form = self._form()
+            name, password = form.get("name", ""), form.get("password", "")
+            client = f"address:{self.client_address[0]}"
+            wait = console.auth.throttle.retry_after_s(f"name:{name}", client)
+            if wait > 0:
+                console.metrics.failed_logins.labels("throttled").inc()
+                self._page(
+                    "login.html",
+                    {"error": "Too many failed logins; try again later."},
+                    429,
+                    {"Retry-After": str(int(wait) + 1)},
+                )
+                return
+            user = console.auth.check_password(name, password)
+            if user is None:
+                console.auth.throttle.failed(f"name:{name}", client)
+                console.metrics.failed_logins.labels("wrong").inc()
+                self._page("login.html", {"error": "Wrong name or password."}, 401)
+                return
+            token, _csrf = console.auth.start_session(user)
+            self._redirect("/", cookie=token)
+
+        def _user(self, changing: bool) -> User:
+            """The user of a session (with its CSRF token when `changing`) or of Basic
+            credentials; 401 without either, 403 without the CSRF token, 429 when throttled."""
+            header = self.headers.get("Authorization", "")
+            if header.startswith("Basic "):
+                return self._basic_user(header.removeprefix("Basic "))
+            session = self._session()
+            if session is None:
+                raise _Refused(
+                    401,
+                    "log in, or send HTTP Basic credentials",
+                    {"WWW-Authenticate": 'Basic realm="fraud-review", charset="UTF-8"'},
+                )
+            user, csrf = session
+            if changing and not same_token(self.headers.get("X-CSRF-Token", ""), csrf):
+                raise _Refused(403, "missing or wrong X-CSRF-Token (reload the page)")
+            return user
+
+        def _basic_user(self, encoded: str) -> User:
+            try:
+                name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                raise _Refused(401, "malformed Basic credentials") from None
+            client = f"address:{self.client_address[0]}"
+            wait = console.auth.throttle.retry_after_s(f"name:{name}", client)
+            if wait > 0:
+                console.metrics.failed_logins.labels("throttled").inc()
+                raise _Refused(429, "too many failed logins", {"Retry-After": str(int(wait) + 1)})
+            user = console.auth.check_password(name, password)
+            if user is None:
+                console.auth.throttle.failed(f"name:{name}", client)
+                console.metrics.failed_logins.labels("wrong").inc()
+                raise _Refused(
+                    401,
+                    "wrong name or password",
+                    {"WWW-Authenticate": 'Basic realm="fraud-review", charset="UTF-8"'},
+                )
+            return user
+
+        def _session(self) -> tuple[User, str] | None:
+            return console.auth.session(self._cookie())
+
+        def _cookie(self) -> str:
+            try:
+                cookies = SimpleCookie(self.headers.get("Cookie", ""))
+            except CookieError:
+                return ""
+            morsel = cookies.get(COOKIE)
+            return "" if morsel is None else morsel.value
+
+        # Reading
+
+        def _query(self) -> dict[str, str]:
+            query = urllib.parse.urlsplit(self.path).query
+            return dict(urllib.parse.parse_qsl(query, max_num_fields=10))
+
+        def _body(self) -> bytes:
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                raise _Refused(411, "a request body needs its Content-Length") from None
+            if not 0 <= length <= MAX_BODY_BYTES:
+                raise _Refused(413, f"a request body has at most {MAX_BODY_BYTES} bytes")
+            return self.rfile.read(length)
+
+        def _form(self) -> dict[str, str]:
+            try:
+                text = self._body().decode()
+                return dict(urllib.parse.parse_qsl(text, max_num_fields=10))
+            except (UnicodeDecodeError, ValueError):
+                raise _Refused(400, "malformed form") from None
+
+        # Writing
+
+        def _page(
+            self,
+            name: str,
+            values: dict[str, str],
+            status: int = 200,
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            text = _asset(name).decode()
+            for key, value in values.items():
+                text = text.replace("{{" + key + "}}", html.escape(value, quote=True))
+            self._send(status, text.encode(), "text/html; charset=utf-8", headers)
+
+        def _redirect(self, to: str, cookie: str | None = None, clear_cookie: bool = False) -> None:
+            headers = {"Location": to}
+            secure = console.secure_cookies or (
+                self.headers.get("X-Forwarded-Proto", "") == "https"
+            )
+            attributes = "; Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
+            if cookie is not None:
+                headers["Set-Cookie"] = f"{COOKIE}={cookie}{attributes}"
+            elif clear_cookie:
+                headers["Set-Cookie"] = f"{COOKIE}={attributes}; Max-Age=0"
+            self._send(303, b"", "text/plain", headers)
+
+        def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(body, allow_nan=False).encode()
+            self._send(status, data, "application/json", headers)
+
+        def _send(
+            self, status: int, body: bytes, kind: str, headers: dict[str, str] | None = None
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            for key, value in {**_SECURITY_HEADERS, **(headers or {})}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Requests are not logged one by one (the page polls); failures are."""
+
+    return Handler
+
+
+def _transaction_id(text: str) -> str:
+    transaction_id = urllib.parse.unquote(text)
+    if not 1 <= len(transaction_id) <= MAX_ID_CHARS or "/" in transaction_id:
+        raise _Refused(404, "no such case")
+    return transaction_id
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise _Refused(400, f"{name} must be a whole number") from None
+    if value < 1:
+        raise _Refused(400, f"{name} must be at least 1")
+    return value

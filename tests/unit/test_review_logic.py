@@ -1,0 +1,69 @@
+"""The review console's pure logic: the join window's bound and restart offsets, and the
+failed-login throttle."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from review.auth import FAILURE_WINDOW_S, MAX_FAILURES, Throttle
+from review.cases import TransactionDetails
+from review.ingest import RecentTransactions
+
+DETAILS = TransactionDetails(1.0, "EUR", "m", None, "FR", "pos", None)
+
+
+@given(
+    capacity=st.integers(1, 20),
+    reads=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30)), max_size=200),
+)
+def test_the_window_holds_the_last_reads_and_a_restart_from_its_offsets_holds_them_again(
+    capacity, reads
+) -> None:
+    window = RecentTransactions(capacity)
+    offsets = {0: 0, 1: 0, 2: 0}
+    log: list[tuple[int, int, str]] = []  # what each partition holds, in order: the topic
+    for partition, tid in reads:
+        record = (partition, offsets[partition], f"t{tid}")
+        offsets[partition] += 1
+        log.append(record)
+        window.add(*record, DETAILS)
+    assert len(window) <= capacity
+    # What a replay from the committed offsets reads, partition by partition, in the order a
+    # consumer may interleave them (here: all of each partition in turn) holds every id the
+    # window holds now.
+    restart = window.restart_offsets()
+    replayed = RecentTransactions(capacity * 4 + 1)
+    for partition, offset, tid in log:
+        if partition in restart and offset >= restart[partition]:
+            replayed.add(partition, offset, tid, DETAILS)
+    held = {tid for _, _, tid in log if window.get(tid) is not None}
+    assert all(replayed.get(tid) is not None for tid in held)
+    # Without duplicates, a restart reads at most the window's capacity again, per partition.
+    if len({tid for _, tid in reads}) == len(reads):
+        for partition, start in restart.items():
+            assert offsets[partition] - start <= capacity
+
+
+def test_a_revoked_partition_leaves_the_window() -> None:
+    window = RecentTransactions(10)
+    window.add(0, 5, "a", DETAILS)
+    window.add(1, 7, "b", DETAILS)
+    window.forget_partitions({0})
+    assert window.get("a") is None and window.get("b") is not None
+    assert window.restart_offsets() == {1: 7}
+
+
+def test_failures_past_the_limit_are_refused_until_the_window_passes() -> None:
+    now = [1_000.0]
+    throttle = Throttle(clock=lambda: now[0])
+    for _ in range(MAX_FAILURES - 1):
+        throttle.failed("name:ana", "address:1.2.3.4")
+    assert throttle.retry_after_s("name:ana") == 0
+    throttle.failed("name:ana", "address:1.2.3.4")
+    assert throttle.retry_after_s("name:ana") == FAILURE_WINDOW_S
+    # The address is throttled too, for any name; another address and name are not.
+    assert throttle.retry_after_s("name:bob", "address:1.2.3.4") == FAILURE_WINDOW_S
+    assert throttle.retry_after_s("name:bob", "address:5.6.7.8") == 0
+    now[0] += FAILURE_WINDOW_S
+    assert throttle.retry_after_s("name:ana") == 0
