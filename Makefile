@@ -85,17 +85,21 @@ kafka-status-secure:
 # registry about 10 s (and its 150 MB download once). MLflow (about 10 s, and its install, about
 # 70 s, once) starts in the background meanwhile, its output shown once it is up: pip, not
 # Maven, whose local repository two concurrent downloads of the same artifact could corrupt.
+# So does the install of Debian's Chromium and chromedriver for the review console's browser
+# test (ops/tools/browser.sh; apt, once).
 # The tests create their own topics, users, ACLs and schemas.
 test: venv
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then plain=0; else plain=1; fi; \
 	if ops/kafka/kafka.sh status --secure >/dev/null 2>&1; then secure=0; else secure=1; fi; \
 	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
 	if ops/mlflow/mlflow.sh status >/dev/null 2>&1; then mlflow=0; else mlflow=1; fi; \
-	status=0; mkdir -p .mlflow; \
+	status=0; mkdir -p .mlflow $(TOOLS); \
 	ops/mlflow/mlflow.sh up >.mlflow/up.log 2>&1 & mlflow_up=$$!; \
+	ops/tools/browser.sh >$(TOOLS)/browser.log 2>&1 & browser_up=$$!; \
 	ops/kafka/kafka.sh up && ops/kafka/kafka.sh up --secure && ops/registry/registry.sh up \
 		|| status=$$?; \
 	wait $$mlflow_up || status=$$?; cat .mlflow/up.log; \
+	wait $$browser_up || status=$$?; cat $(TOOLS)/browser.log; \
 	if [ $$status = 0 ]; then $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; fi; \
 	if [ $$mlflow = 1 ]; then ops/mlflow/mlflow.sh down; fi; \
 	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \

@@ -247,11 +247,7 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
                 return self._basic_user(header.removeprefix("Basic "))
             session = self._session()
             if session is None:
-                raise _Refused(
-                    401,
-                    "log in, or send HTTP Basic credentials",
-                    {"WWW-Authenticate": 'Basic realm="fraud-review", charset="UTF-8"'},
-                )
+                raise _Refused(401, "log in, or send HTTP Basic credentials", self._challenge())
             user, csrf = session
             if changing and not same_token(self.headers.get("X-CSRF-Token", ""), csrf):
                 raise _Refused(403, "missing or wrong X-CSRF-Token (reload the page)")
@@ -271,12 +267,15 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
             if user is None:
                 console.auth.throttle.failed(f"name:{name}", client)
                 console.metrics.failed_logins.labels("wrong").inc()
-                raise _Refused(
-                    401,
-                    "wrong name or password",
-                    {"WWW-Authenticate": 'Basic realm="fraud-review", charset="UTF-8"'},
-                )
+                raise _Refused(401, "wrong name or password", self._challenge())
             return user
+
+        def _challenge(self) -> dict[str, str]:
+            """The Basic challenge, for API clients only: a browser (which says so in
+            Sec-Fetch-Mode) would answer it with its own password dialog over the page."""
+            if self.headers.get("Sec-Fetch-Mode"):
+                return {}
+            return {"WWW-Authenticate": 'Basic realm="fraud-review", charset="UTF-8"'}
 
         def _session(self) -> tuple[User, str] | None:
             return console.auth.session(self._cookie())
