@@ -56,13 +56,14 @@ COPY contracts /src/contracts
 COPY simulator /src/simulator
 COPY stream /src/stream
 COPY terminals /src/terminals
+COPY review /src/review
 COPY scorer /src/scorer
 COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen
 COPY training /src/training
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src \
     && /opt/venv/bin/python -c 'from stream.startup.config import SHIPPED_MODEL_PATH as p; from scorer.model_package import load_model_package as load; load(p)' \
-    && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, numba, msgspec, prometheus_client, tenacity'
+    && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, numba, msgspec, prometheus_client, tenacity, argon2'
 
 FROM base
 COPY --from=build /opt/venv /opt/venv
@@ -76,7 +77,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN groupadd --system --gid 10001 scorer \
     && useradd --system --uid 10001 --gid scorer --create-home --home-dir /home/scorer \
         --shell /usr/sbin/nologin scorer \
-    && install -d -o 10001 -g 10001 /reports
+    && install -d -o 10001 -g 10001 /reports /var/lib/fraud-review
 USER 10001:10001
 WORKDIR /home/scorer
 

@@ -23,12 +23,12 @@ class ReviewMetrics:
             "Age of the oldest open case (since it was opened); 0 when none is open",
             registry=self.registry,
         )
-        slo = Gauge(
+        self.case_slo = Gauge(
             "fraud_review_case_slo_seconds",
             "How old the oldest open case may grow (FRAUD_REVIEW_CASE_SLO_S)",
             registry=self.registry,
         )
-        slo.set(case_slo_s)
+        self.case_slo.set(case_slo_s)
         self.cases_opened = Counter(
             "fraud_review_cases_opened_total",
             "Cases opened from flagged decisions",

@@ -2,8 +2,9 @@
 # `make lock`: regenerate requirements/cpu.txt and requirements/gpu.txt, the locks the images
 # install their dependencies from (Dockerfile, VARIANT=cpu|gpu).
 #
-# Each lock is pyproject.toml's runtime dependencies resolved once for every Linux platform and
-# Python 3.11+ (uv's universal resolution: markers where versions differ), with the hashes of
+# Each lock is pyproject.toml's runtime dependencies and its review extra (the console runs from
+# the same image) resolved once for every Linux platform and Python 3.11+ (uv's universal
+# resolution: markers where versions differ), with the hashes of
 # every wheel, plus setuptools to build the project itself without network access. The variants
 # differ in the ONNX Runtime build only: pyproject.toml picks it by platform for a plain
 # `pip install`; here the variant decides, so the CPU image never carries the CUDA wheel and the
@@ -24,8 +25,11 @@ echo "onnxruntime>=1.20,<2" >"$work/cpu.in"
 echo "onnxruntime-gpu>=1.30,<2 ; sys_platform == 'linux'" >"$work/gpu.in"
 
 lock() {  # VARIANT OVERRIDE
+  # The current lock as uv's preferences: a new dependency adds its packages and moves no pin
+  # that still satisfies pyproject.toml (delete requirements/*.txt to upgrade everything).
+  if [[ -f "requirements/$1.txt" ]]; then cp "requirements/$1.txt" "$work/$1.txt"; fi
   "$uv" pip compile --quiet --universal --python-version 3.11 --generate-hashes \
-    --no-header --no-annotate --override "$work/$2" \
+    --no-header --no-annotate --override "$work/$2" --extra review \
     pyproject.toml "$work/build.in" "$work/$1.in" -o "$work/$1.txt"
   {
     echo "# The $1 image's Python packages (Dockerfile: VARIANT=$1), for linux/amd64 and"

@@ -19,8 +19,10 @@ from packaging.requirements import Requirement
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+import review.metrics
 import stream.metrics
 import terminals.metrics
+from review.settings import ReviewSettings
 from stream.startup.config import ScorerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,11 +56,15 @@ def config_default(name: str) -> Any:
 
 @cache
 def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Every metric of stream/metrics.py (the scorer) and terminals/metrics.py (the features
-    worker): name → (type, label names)."""
+    """Every metric of stream/metrics.py (the scorer), terminals/metrics.py (the features
+    worker) and review/metrics.py (the review console): name → (type, label names)."""
     families: dict[str, tuple[str, tuple[str, ...]]] = {}
     registry = CollectorRegistry()
-    owners = (stream.metrics.ServiceMetrics(registry), terminals.metrics.WorkerMetrics(registry))
+    owners = (
+        stream.metrics.ServiceMetrics(registry),
+        terminals.metrics.WorkerMetrics(registry),
+        review.metrics.ReviewMetrics(ReviewSettings().case_slo_s),
+    )
     for owner in owners:
         for value in vars(owner).values():
             if isinstance(value, MetricWrapperBase):
@@ -74,9 +80,12 @@ def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
 def job_selector(family: str) -> str:
     """The job matcher a rule on a metric family must carry: the scorer's series come from the
     job fraud-scorer everywhere; the worker's from fraud-features in compose and fraud-scorer
-    under the chart's monitors (they label every pod of the release by its name)."""
+    under the chart's monitors (they label every pod of the release by its name); the review
+    console's likewise from fraud-review or fraud-scorer."""
     if family.startswith("fraud_features_"):
         return 'job=~"fraud-(scorer|features)"'
+    if family.startswith("fraud_review_"):
+        return 'job=~"fraud-(scorer|review)"'
     return 'job="fraud-scorer"'
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from contracts.health import HealthServer, HealthState
+from review.settings import ReviewSettings
 from stream.startup.config import ScorerSettings
 from stream.startup.supervisor import child_command
 from terminals.config import FeaturesSettings
@@ -61,10 +62,13 @@ def all_templates() -> str:
 
 #: The fraud-features worker's Deployment: the worker's settings, not the scorer's.
 FEATURES_TEMPLATE = "features.yaml"
+REVIEW_TEMPLATE = "review.yaml"
 
 
 def scorer_templates() -> str:
-    paths = sorted(p for p in TEMPLATES.glob("*") if p.name != FEATURES_TEMPLATE)
+    paths = sorted(
+        p for p in TEMPLATES.glob("*") if p.name not in (FEATURES_TEMPLATE, REVIEW_TEMPLATE)
+    )
     return "\n".join(path.read_text() for path in paths)
 
 
@@ -125,6 +129,23 @@ def test_every_variable_the_features_worker_gets_is_one_it_reads() -> None:
     assert set_there, "the features worker gets no environment"
     unknown = set_there - {setting.env for setting in FeaturesSettings.settings()}
     assert not unknown, f"the chart sets {sorted(unknown)}, which fraud-features never reads"
+
+
+def test_every_variable_the_review_console_gets_is_one_it_reads() -> None:
+    set_there = set(re.findall(r"- name: ((?:FRAUD|KAFKA)_\w+)", template(REVIEW_TEMPLATE)))
+    assert {"FRAUD_OUTPUT_TOPIC", "FRAUD_REVIEW_DB"} <= set_there
+    unknown = set_there - {setting.env for setting in ReviewSettings.settings()}
+    assert not unknown, f"the chart sets {sorted(unknown)}, which fraud-review never reads"
+    # What the chart's values allow, the console accepts.
+    review = values()["review"]
+    ReviewSettings.from_sources(
+        {},
+        {
+            "FRAUD_REVIEW_PORT": str(review["port"]),
+            "FRAUD_REVIEW_CASE_SLO_S": str(review["caseSloSeconds"]),
+            "FRAUD_REVIEW_SECURE_COOKIES": review["secureCookies"],
+        },
+    )
 
 
 # ── KEDA ─────────────────────────────────────────────────────────────────────────────────────
