@@ -79,6 +79,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_REASONS": ("fraud-scorer",),
     "FRAUD_RETRY_BACKOFF_MAX_MS": ("fraud-scorer",),
     "FRAUD_RETRY_BACKOFF_MS": ("fraud-scorer",),
+    "FRAUD_REVIEW_AUTO_OFFSET_RESET": ("fraud-review",),
     "FRAUD_REVIEW_CASE_SLO_S": ("fraud-review",),
     "FRAUD_REVIEW_DB": ("fraud-review",),
     "FRAUD_REVIEW_DECLINES": ("fraud-review",),

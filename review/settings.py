@@ -54,6 +54,14 @@ class ReviewSettings(ServiceSettings, frozen=True, kw_only=True):
             "consumer group of the console; consoles sharing one database share one group",
         ),
     ] = "fraud-review"
+    auto_offset_reset: Annotated[
+        Literal["earliest", "latest"],
+        meta(
+            "FRAUD_REVIEW_AUTO_OFFSET_RESET",
+            "where a new consumer group starts: earliest reads every decision still on the "
+            "topic (nothing missed), latest only those produced from then on (a demo)",
+        ),
+    ] = "earliest"
     review_declines: Annotated[
         Literal["on", "off"],
         meta(
