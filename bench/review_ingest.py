@@ -1,18 +1,19 @@
 """What the review console keeps up with, and how many open cases it holds (issue 47).
 
     python -m bench.review_ingest [--rate 5000] [--flagged 0.05] [--duration 30]
-                                  [--backlog 200000] [--open-cases 1000000]
+                                  [--backlog 200000] [--open-cases 1000000] [--runs 3]
 
 Live: `fraud-review serve` on fresh topics; each transaction, then its decision (the scorer's
 order; `--flagged` of them at review, with three reasons and a rule), produced open loop at
 `--rate` a second for `--duration` seconds. The phase ends once every flagged decision is a case
-(`fraud_review_cases_opened_total`) and every case has its transaction's fields. Reported: how
+(`fraud_review_cases_opened_total`). Reported: how
 long after the last record that took (the console kept up when it is about a poll), the
 console's CPU over the phase per 1,000 transactions, and its resident memory.
 Backlog: `--backlog` more pairs produced at once while it reads: how many transactions a second
 it drains. Store: `--open-cases` open cases written into a fresh store in batches of 500 (as the
 ingest writes them): how fast, the file's size, and how long the page's queue (the top 200 by
-expected loss) and the open-case count take at that size. Results go to
+expected loss) and the open-case count take at that size. Live and backlog run `--runs` times,
+each on fresh topics and a fresh console; every run and the median of each figure go to
 bench/results/review-ingest.json.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,7 +142,9 @@ def console_run(broker: Broker, args: Any, tmp: Path) -> dict[str, Any]:
         "--group-id", broker.group("review"),
     ]  # fmt: skip
     log = (tmp / "review.log").open("wb")
-    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         wait_ready(process, f"http://127.0.0.1:{port}/readyz", 60)
         pairs = Pairs(broker.bootstrap, transactions, decisions, args.flagged)
@@ -246,25 +250,36 @@ def main() -> int:
     parser.add_argument(
         "--open-cases", type=int, default=1_000_000, help="store size (default 1,000,000)"
     )
+    parser.add_argument("--runs", type=int, default=3, help="live and backlog runs (default 3)")
     args = parser.parse_args()
     broker = connect("bench.review_ingest", args.bootstrap_servers)
     if broker is None:
         return 1
+    result: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} cores",
+        "load_average_before": load_average(),
+        "args": vars(args),
+        "runs": [],
+    }
+    for run in range(args.runs):
+        print(f"run {run + 1}/{args.runs}: {args.rate:.0f} tx/s for {args.duration:.0f} s, "
+              f"then a backlog of {args.backlog:,}", flush=True)  # fmt: skip
+        broker = Broker(args.bootstrap_servers)
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                result["runs"].append(console_run(broker, args, Path(folder)))
+            finally:
+                broker.delete_topics()
+    result["median"] = {
+        phase: {
+            key: statistics.median(run[phase][key] for run in result["runs"])
+            for key in result["runs"][0][phase]
+        }
+        for phase in ("live", "backlog")
+    }
+    print(f"store: {args.open_cases:,} open cases", flush=True)
     with tempfile.TemporaryDirectory() as folder:
-        tmp = Path(folder)
-        try:
-            print(f"live: {args.rate:.0f} tx/s for {args.duration:.0f} s, then a backlog of "
-                  f"{args.backlog:,}", flush=True)  # fmt: skip
-            result: dict[str, Any] = {
-                "machine": f"{os.cpu_count()} cores",
-                "load_average_before": load_average(),
-                "args": vars(args),
-                **console_run(broker, args, tmp),
-            }
-        finally:
-            broker.delete_topics()
-        print(f"store: {args.open_cases:,} open cases", flush=True)
-        result["store"] = store_run(args.open_cases, tmp)
+        result["store"] = store_run(args.open_cases, Path(folder))
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

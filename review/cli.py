@@ -101,11 +101,18 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
     )
     ingest = Ingest(config, store, metrics)
 
-    def ready() -> tuple[bool, str]:
+    def alive() -> tuple[bool, str]:
         if not ingest.alive():
             return False, f"ingest stopped: {ingest.failure}"
-        if time.monotonic() - ingest.last_beat > STALL_AFTER_S:
-            return False, "ingest loop silent"
+        silent_s = time.monotonic() - ingest.last_beat
+        if silent_s > STALL_AFTER_S:
+            return False, f"ingest loop silent for {silent_s:.0f}s"
+        return True, "ok"
+
+    def ready() -> tuple[bool, str]:
+        ok, why = alive()
+        if not ok:
+            return ok, why
         if not ingest.assigned.is_set():
             return False, "waiting for the decisions' partitions"
         return True, "ok"
@@ -115,6 +122,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
         Authenticator(store),
         VerdictDesk(store, publisher, metrics),
         metrics,
+        alive,
         ready,
         config.secure_cookies == "on",
     )

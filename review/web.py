@@ -76,11 +76,13 @@ class Console:
         auth: Authenticator,
         desk: VerdictDesk,
         metrics: ReviewMetrics,
+        alive: Callable[[], tuple[bool, str]],
         ready: Callable[[], tuple[bool, str]],
         secure_cookies: bool,
     ) -> None:
         self.store, self.auth, self.desk, self.metrics = store, auth, desk, metrics
-        self.ready = ready
+        #: What /healthz and /readyz answer: (ok, why).
+        self.alive, self.ready = alive, ready
         self.secure_cookies = secure_cookies
 
 
@@ -143,7 +145,7 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
             if path == "/metrics":
                 self._send(200, generate_latest(console.metrics.registry), CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/readyz"):
-                ok, why = console.ready() if path == "/readyz" else (True, "ok")
+                ok, why = console.ready() if path == "/readyz" else console.alive()
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
             elif path in _STATIC:
                 name, kind = _STATIC[path]

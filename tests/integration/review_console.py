@@ -68,13 +68,14 @@ class ReviewConsole:
     port: int = field(default_factory=free_port)
     group: str = field(default_factory=lambda: f"fraud-review-{uuid.uuid4().hex[:8]}")
     process: subprocess.Popen[bytes] | None = None
+    bootstrap: str = BOOTSTRAP
 
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "review", *args]
 
     def settings(self) -> list[str]:
         return [
-            "--bootstrap-servers", BOOTSTRAP,
+            "--bootstrap-servers", self.bootstrap,
             "--db", str(self.db),
             "--output-topic", self.decisions,
             "--input-topic", self.transactions,
@@ -147,10 +148,12 @@ class ReviewConsole:
         path = f"/api/cases/{urllib.parse.quote(transaction_id, safe='')}/verdict"
         return self.post(path, {"fraud": fraud, "note": note}, basic(user))
 
-    def wait_for_cases(self, count: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    def wait_for_cases(
+        self, count: int, timeout_s: float = 30.0, user: tuple[str, str] = ANALYST
+    ) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
         while True:
-            cases = self.cases()
+            cases = self.cases(user=user)
             if len(cases) >= count or time.monotonic() > deadline:
                 return cases
             time.sleep(0.2)
