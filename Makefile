@@ -23,7 +23,7 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 help:
 	@echo "make demo        local Kafka + scorer + features worker + 70 s of simulated load, then a summary"
 	@echo "                 (under 2 min; make demo DEMO_DURATION=300: the five-minute run)"
-	@echo "make test        install, start both brokers and the registry, run every test tier, stop them"
+	@echo "make test        install, start the brokers, registry, MLflow and PostgreSQL, run every test tier, stop them"
 	@echo "make test-secure the secured-broker tests only (starts and stops that broker)"
 	@echo "make unit        unit tests only (no Kafka)"
 	@echo "make check       format, lint and type checks; the docs site built --strict"
@@ -86,22 +86,25 @@ kafka-status-secure:
 # 70 s, once) starts in the background meanwhile, its output shown once it is up: pip, not
 # Maven, whose local repository two concurrent downloads of the same artifact could corrupt.
 # So does the install of Debian's Chromium and chromedriver for the review console's browser
-# test (ops/tools/browser.sh; apt, once).
+# test (ops/tools/browser.sh; apt, once). A PostgreSQL server (Debian's, about 3 s) serves the
+# review console's shared-store tests (ops/postgres/postgres.sh, 127.0.0.1:15432).
 # The tests create their own topics, users, ACLs and schemas.
 test: venv
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then plain=0; else plain=1; fi; \
 	if ops/kafka/kafka.sh status --secure >/dev/null 2>&1; then secure=0; else secure=1; fi; \
 	if ops/registry/registry.sh status >/dev/null 2>&1; then registry=0; else registry=1; fi; \
 	if ops/mlflow/mlflow.sh status >/dev/null 2>&1; then mlflow=0; else mlflow=1; fi; \
+	if ops/postgres/postgres.sh status >/dev/null 2>&1; then postgres=0; else postgres=1; fi; \
 	status=0; mkdir -p .mlflow $(TOOLS); \
 	ops/mlflow/mlflow.sh up >.mlflow/up.log 2>&1 & mlflow_up=$$!; \
 	ops/tools/browser.sh >$(TOOLS)/browser.log 2>&1 & browser_up=$$!; \
 	ops/kafka/kafka.sh up && ops/kafka/kafka.sh up --secure && ops/registry/registry.sh up \
-		|| status=$$?; \
+		&& ops/postgres/postgres.sh up || status=$$?; \
 	wait $$mlflow_up || status=$$?; cat .mlflow/up.log; \
 	wait $$browser_up || status=$$?; cat $(TOOLS)/browser.log; \
 	if [ $$status = 0 ]; then $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; fi; \
 	if [ $$mlflow = 1 ]; then ops/mlflow/mlflow.sh down; fi; \
+	if [ $$postgres = 1 ]; then ops/postgres/postgres.sh down; fi; \
 	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
 	if [ $$secure = 1 ]; then ops/kafka/kafka.sh down --secure; fi; \
 	if [ $$plain = 1 ]; then ops/kafka/kafka.sh down; fi; \
@@ -231,9 +234,10 @@ flywheel: venv
 
 clean:
 	-ops/mlflow/mlflow.sh down
+	-ops/postgres/postgres.sh down
 	-ops/registry/registry.sh down
 	-ops/kafka/kafka.sh down
 	-ops/kafka/kafka.sh down --secure
 	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
-	rm -rf $(VENV) $(QUIX_VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow $(TOOLS) .pytest_cache \
+	rm -rf $(VENV) $(QUIX_VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow .postgres $(TOOLS) .pytest_cache \
 		.mypy_cache .ruff_cache *.egg-info

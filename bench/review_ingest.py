@@ -190,7 +190,7 @@ def console_run(broker: Broker, args: Any, tmp: Path) -> dict[str, Any]:
 
 
 def store_run(open_cases: int, tmp: Path) -> dict[str, Any]:
-    store = CaseStore(tmp / "store.db")
+    store = CaseStore(str(tmp / "store.db"))
     details = TransactionDetails(120.5, "EUR", "merch-00001", "merch-00001-t1", "FR", "ecom", 60)
     reasons = [{"feature": "card_testing_velocity", "label": "6 small online payments in minutes",
                 "contribution": 0.28}] * 3  # fmt: skip

@@ -141,7 +141,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
         config.output_topic,
         config.input_topic,
         config.labels_topic,
-        config.db,
+        redact_urls(config.db),
         config.redacted_kafka_settings(),
     )
     while not stop.wait(1.0) and ingest.alive():
@@ -169,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "add-user":
             password = sys.stdin.readline().rstrip("\r\n")
             add_user(config, args.name, args.role, password)
-            print(f"fraud-review: user {args.name!r} ({args.role}) saved in {config.db}")
+            print(
+                f"fraud-review: user {args.name!r} ({args.role}) saved in {redact_urls(config.db)}"
+            )
             return EXIT_OK
         stop = threading.Event()
 

@@ -3,7 +3,6 @@ variables, `--help` and the configuration reference come from these declarations
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
@@ -17,13 +16,15 @@ class ReviewSettings(ServiceSettings, frozen=True, kw_only=True):
     """The console's settings; the topics use the scorer's names for the same topics."""
 
     db: Annotated[
-        Path,
+        str,
         meta(
             "FRAUD_REVIEW_DB",
-            "the SQLite file holding users, cases and the audit log (created if missing); "
-            "keep it on a persistent volume",
+            "where users, cases and the audit log live: a SQLite file (created if missing; keep "
+            "it on a persistent volume), or postgresql://USER:PASSWORD@HOST/DB for several "
+            "consoles sharing their cases",
+            min_length=1,
         ),
-    ] = Path("review.db")
+    ] = "review.db"
     host: Annotated[str, meta("FRAUD_REVIEW_HOST", "address the console listens on")] = "127.0.0.1"
     port: Annotated[
         int,

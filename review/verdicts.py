@@ -99,21 +99,20 @@ class ReversalRefused(FraudScorerError):
 class VerdictDesk:
     """The rules of a verdict: an open case takes anyone's; the same verdict again changes
     nothing; a different verdict on a closed case is a reversal, which only a lead may make.
-    Each recorded verdict is produced as a label first, then written with its audit line."""
+    Each recorded verdict is produced as a label first, then written with its audit line, while
+    the case is held against any other verdict (`CaseStore.deciding`): two analysts on one case
+    never both publish."""
 
     def __init__(self, store: CaseStore, publisher: LabelPublisher, metrics: ReviewMetrics):
         self._store = store
         self._publisher = publisher
         self._metrics = metrics
-        #: One verdict at a time: two analysts on one case must not both publish.
-        self._lock = threading.Lock()
 
     def record(self, transaction_id: str, fraud: bool, note: str, user: User) -> str:
         """Record a verdict; return what happened: "closed", "reversed" or "unchanged".
 
         Raises CaseNotFound, ReversalRefused, or LabelNotDelivered (nothing recorded)."""
-        with self._lock:
-            case = self._store.case(transaction_id)
+        with self._store.deciding(transaction_id) as case:
             if case is None:
                 raise CaseNotFound(f"no case for transaction {transaction_id!r}")
             if case["status"] == "closed":
@@ -130,8 +129,8 @@ class VerdictDesk:
                 action, before = "closed", None
             self._publisher.publish(label_of(case, fraud, user.name, int(time.time() * 1000)))
             self._store.close_case(transaction_id, fraud, note, user, action, before)
-            self._metrics.verdicts.labels(_verdict(fraud), action).inc()
-            return action
+        self._metrics.verdicts.labels(_verdict(fraud), action).inc()
+        return action
 
 
 def _verdict(fraud: bool) -> str:

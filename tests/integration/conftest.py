@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import psycopg
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -39,6 +40,24 @@ def admin() -> AdminClient:
     except Exception as exc:
         pytest.fail(f"no Kafka broker at {BOOTSTRAP} ({exc}); start one with `make kafka-up`")
     return client
+
+
+#: The PostgreSQL server `make test` starts (ops/postgres/postgres.sh), for the review console.
+POSTGRES = "postgresql://postgres@127.0.0.1:15432"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh database of its own on the PostgreSQL server, dropped after the test."""
+    name = f"review_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(f"{POSTGRES}/postgres", autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"no PostgreSQL at {POSTGRES} ({exc}); start it: ops/postgres/postgres.sh up")
+    admin.execute(f"CREATE DATABASE {name}")
+    yield f"{POSTGRES}/{name}"
+    admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    admin.close()
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ class ReviewConsole:
     decisions: str
     transactions: str
     labels: str
-    db: Path
+    #: A SQLite file, or a postgresql:// URL.
+    db: Path | str
     log_path: Path
     extra: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)

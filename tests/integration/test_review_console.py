@@ -228,6 +228,36 @@ def test_a_restart_keeps_cases_verdicts_and_the_join(console_factory) -> None:
     assert len(read_topic(console.labels, 1, timeout_s=10)) == 1
 
 
+def test_two_consoles_on_one_postgres_share_their_cases(
+    admin: AdminClient, postgres_url: str, tmp_path: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:10]
+    names = (f"decisions-{suffix}", f"tx-{suffix}", f"labels-{suffix}")
+    create_topics(admin, [NewTopic(name, 2, 1) for name in names])
+    consoles = [
+        ReviewConsole(*names, postgres_url, tmp_path / f"review-{i}.log", group="shared")
+        for i in range(2)
+    ]
+    try:
+        assert consoles[0].add_user(*ANALYST, "analyst").returncode == 0
+        for console in consoles:
+            console.start()
+        # Keys spread the decisions over both partitions, so over both consoles' assignments.
+        produce(names[0], [(f"k{i}".encode(), encode(decision(f"t-{i}", f"c-{i}", 0.1 * i + 0.1)))
+                           for i in range(6)])  # fmt: skip
+        for console in consoles:
+            assert len(console.wait_for_cases(6)) == 6
+        assert consoles[0].verdict("t-3", True).status == 200
+        (closed,) = consoles[1].cases("closed")
+        assert (closed["transaction_id"], closed["reviewer"]) == ("t-3", ANALYST[0])
+        assert consoles[1].verdict("t-3", True).json()["result"] == "unchanged"
+        assert len(read_topic(names[2], 1, timeout_s=10, settle_s=2)) == 1
+    finally:
+        for console in consoles:
+            console.kill()
+        delete_topics(admin, list(names))
+
+
 def test_the_page_escapes_what_it_shows(console_factory) -> None:
     console = console_factory()
     hostile = ('<script>alert("x")</script>', "lead password 12")
