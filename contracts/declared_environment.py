@@ -83,6 +83,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_REVIEW_CASE_SLO_S": ("fraud-review",),
     "FRAUD_REVIEW_DB": ("fraud-review",),
     "FRAUD_REVIEW_DECLINES": ("fraud-review",),
+    "FRAUD_REVIEW_FORWARDED_FOR": ("fraud-review",),
     "FRAUD_REVIEW_GROUP_ID": ("fraud-review",),
     "FRAUD_REVIEW_HOST": ("fraud-review",),
     "FRAUD_REVIEW_JOIN_WINDOW": ("fraud-review",),

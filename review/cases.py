@@ -111,6 +111,8 @@ class CaseStore:
                 "password_hash = excluded.password_hash, role = excluded.role",
                 (name, password_hash, role, _now_ms()),
             )
+            # A new password or role ends the sessions opened with the old one.
+            db.execute('DELETE FROM sessions WHERE "user" = ?', (name,))
 
     def password_hash(self, name: str) -> tuple[str, Role] | None:
         rows = self._db.execute("SELECT password_hash, role FROM users WHERE name = ?", (name,))
@@ -170,12 +172,14 @@ class CaseStore:
             )
 
     def awaiting_details(self, limit: int) -> list[str]:
-        """Open cases still without their transaction's fields (at most `limit`)."""
+        """Open cases still without their transaction's fields: the newest `limit`, oldest
+        first."""
         rows = self._db.execute(
-            "SELECT transaction_id FROM cases WHERE status = 'open' AND amount IS NULL LIMIT ?",
+            "SELECT transaction_id FROM cases WHERE status = 'open' AND amount IS NULL "
+            "ORDER BY opened_at DESC LIMIT ?",
             (limit,),
         )
-        return [row["transaction_id"] for row in rows]
+        return [row["transaction_id"] for row in reversed(rows)]
 
     def purge_closed(self, retention_ms: int) -> int:
         """Delete the closed cases closed more than `retention_ms` ago; return how many."""

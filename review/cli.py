@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "user's password and role. The password is read from standard input (one line), "
         "never from a flag, which other users could see in the process list.",
     )
-    add_user.add_argument("name", help="the user's login name (1 to 200 characters)")
+    add_user.add_argument(
+        "name", help="the user's login name, also each verdict's reviewer (1 to 64 characters)"
+    )
     add_user.add_argument(
         "--password-stdin",
         action="store_true",
@@ -71,11 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_user(config: ReviewSettings, name: str, role: str, password: str) -> None:
     """Create or update a user. Raises ValueError for a bad name, role or password."""
-    from review.auth import hash_password, role_of
+    from review.auth import MAX_NAME_CHARS, hash_password, role_of
     from review.cases import CaseStore
 
-    if not 1 <= len(name) <= 200 or not name.isprintable():
-        raise ValueError("a user name has 1 to 200 printable characters")
+    if not 1 <= len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        # The name is each verdict's `reviewer`, which the label contract bounds.
+        raise ValueError(f"a user name has 1 to {MAX_NAME_CHARS} printable characters")
     store = CaseStore(config.db)
     try:
         store.add_user(name, hash_password(password), role_of(role))
@@ -94,7 +97,6 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
 
     store = CaseStore(config.db)
     metrics = ReviewMetrics(config.case_slo_s)
-    metrics.watch(store)
     publisher = LabelPublisher(
         {"bootstrap.servers": config.bootstrap_servers, **config.kafka_settings()},
         config.labels_topic,
@@ -103,7 +105,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
 
     def alive() -> tuple[bool, str]:
         if not ingest.alive():
-            return False, f"ingest stopped: {ingest.failure}"
+            return False, "ingest stopped (see the console's log)"
         silent_s = time.monotonic() - ingest.last_beat
         if silent_s > STALL_AFTER_S:
             return False, f"ingest loop silent for {silent_s:.0f}s"
@@ -125,6 +127,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
         alive,
         ready,
         config.secure_cookies == "on",
+        config.forwarded_for == "on",
     )
     try:
         server = ConsoleServer(config.host, config.port, console)

@@ -177,7 +177,11 @@ class Ingest:
         self._metrics = metrics
         self._recent = RecentTransactions(config.join_window)
         self._timelines = CardTimelines()
-        self._awaiting: set[str] = set(store.awaiting_details(config.join_window))
+        #: Open cases whose transaction was not read yet, oldest first, at most join_window: a
+        #: transaction that never comes leaves this set as newer ones arrive.
+        self._awaiting: OrderedDict[str, None] = OrderedDict.fromkeys(
+            store.awaiting_details(config.join_window)
+        )
         self._opens_cases = config.case_decisions
         self._consumer = consumer_factory(
             {
@@ -244,28 +248,32 @@ class Ingest:
             raise
 
     def _apply_backpressure(self) -> None:
-        # Counting open cases scans their index (about 0.1 s at a million): once a second.
+        # Counting open cases scans their index (about 0.1 s at a million): once a second, and
+        # the metrics read this count rather than run their own.
         now = time.monotonic()
         if now < self._next_queue_check:
             return
         self._next_queue_check = now + QUEUE_CHECK_S
-        open_cases, _ = self._store.queue_state()
+        open_cases, oldest = self._store.queue_state()
+        self._metrics.queue_state(open_cases, oldest)
         full = open_cases >= self._config.max_open_cases
         if full != self._paused:
-            assignment = self._consumer.assignment()
-            decisions = [tp for tp in assignment if tp.topic == self._config.output_topic]
             if full:
-                self._consumer.pause(decisions)
                 log.warning(
-                    "%d open cases (FRAUD_REVIEW_MAX_OPEN_CASES): reading decisions paused "
-                    "until some are closed",
+                    "%d open cases (FRAUD_REVIEW_MAX_OPEN_CASES): reading paused until some "
+                    "are closed",
                     open_cases,
                 )
             else:
-                self._consumer.resume(decisions)
-                log.info("reading decisions resumed (%d open cases)", open_cases)
+                log.info("reading resumed (%d open cases)", open_cases)
             self._paused = full
             self._metrics.ingest_paused.set(int(full))
+        # Both topics together, so the join window still holds what a decision read on resume
+        # needs; applied to every partition each time, so a partition assigned since (a
+        # rebalance) follows the same state.
+        assignment = self._consumer.assignment()
+        if assignment:
+            (self._consumer.pause if full else self._consumer.resume)(assignment)
 
     def _handle(self, messages: list[Message]) -> None:
         cases: list[NewCase] = []
@@ -321,7 +329,7 @@ class Ingest:
         )
         self._recent.add(partition, offset, tx.transaction_id, details)
         if tx.transaction_id in self._awaiting:
-            self._awaiting.discard(tx.transaction_id)
+            del self._awaiting[tx.transaction_id]
             found.append((tx.transaction_id, details))
 
     def _read_decision(self, message: Message) -> NewCase | None:
@@ -338,8 +346,10 @@ class Ingest:
         if decision.decision not in self._opens_cases:
             return None
         details = self._recent.get(decision.transaction_id)
-        if details is None and len(self._awaiting) < self._config.join_window:
-            self._awaiting.add(decision.transaction_id)
+        if details is None:
+            self._awaiting[decision.transaction_id] = None
+            if len(self._awaiting) > self._config.join_window:
+                self._awaiting.popitem(last=False)
         return NewCase(
             decision.transaction_id,
             decision.card_id,

@@ -1,13 +1,12 @@
-"""The console's metrics (`/metrics`): the queue's state, read from the store at each scrape,
-and counters of what was opened, decided and skipped."""
+"""The console's metrics (`/metrics`): the queue's state, as the ingest counted it last (once a
+second: a count scans the open cases' index), and counters of what was opened, decided and
+skipped."""
 
 from __future__ import annotations
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-
-from review.cases import CaseStore
 
 
 class ReviewMetrics:
@@ -53,18 +52,19 @@ class ReviewMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self._oldest_opened_ms: int | None = None
+        self.oldest_open_case_age.set_function(self._oldest_age_s)
         self.ingest_paused = Gauge(
             "fraud_review_ingest_paused",
             "1 while reading decisions is paused at FRAUD_REVIEW_MAX_OPEN_CASES open cases",
             registry=self.registry,
         )
 
-    def watch(self, store: CaseStore) -> None:
-        """Read the open cases and the oldest one's age from `store` at every scrape."""
-        self.open_cases.set_function(lambda: store.queue_state()[0])
+    def queue_state(self, open_cases: int, oldest_opened_ms: int | None) -> None:
+        """The ingest's latest count of open cases and when the oldest was opened."""
+        self.open_cases.set(open_cases)
+        self._oldest_opened_ms = oldest_opened_ms
 
-        def oldest_age_s() -> float:
-            _, oldest = store.queue_state()
-            return 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)
-
-        self.oldest_open_case_age.set_function(oldest_age_s)
+    def _oldest_age_s(self) -> float:
+        oldest = self._oldest_opened_ms
+        return 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)

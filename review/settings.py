@@ -108,6 +108,14 @@ class ReviewSettings(ServiceSettings, frozen=True, kw_only=True):
             ge=1_000,
         ),
     ] = 200_000
+    forwarded_for: Annotated[
+        Literal["on", "off"],
+        meta(
+            "FRAUD_REVIEW_FORWARDED_FOR",
+            "on behind a reverse proxy: the failed-login limit counts per client as the proxy's "
+            "X-Forwarded-For names it (its last entry), not per proxy",
+        ),
+    ] = "off"
     secure_cookies: Annotated[
         Literal["on", "off"],
         meta(

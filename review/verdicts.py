@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.errors import FraudScorerError
-from contracts.label import Label
+from contracts.errors import FraudScorerError, ValidationError
+from contracts.label import Label, decode_label
 from review.cases import CaseStore, User
 from review.metrics import ReviewMetrics
 
@@ -61,6 +61,11 @@ class LabelPublisher:
         """Produce `label` keyed by its card and wait for the acknowledgement.
 
         Raises LabelNotDelivered when the broker refused it or did not answer in time."""
+        value = _encode(label)
+        try:  # what the features worker will accept, checked before anything is sent
+            decode_label(value)
+        except ValidationError as exc:
+            raise LabelNotDelivered(f"the label breaks the label contract: {exc}") from exc
         outcome: list[KafkaError | None] = []
 
         def delivered(error: KafkaError | None, _message: Message) -> None:
@@ -68,7 +73,7 @@ class LabelPublisher:
 
         with self._lock:
             self._producer.produce(
-                self._topic, _encode(label), label.card_id.encode(), on_delivery=delivered
+                self._topic, value, label.card_id.encode(), on_delivery=delivered
             )
             deadline = time.monotonic() + DELIVERY_TIMEOUT_S + 1
             while not outcome and time.monotonic() < deadline:

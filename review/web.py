@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from contracts.health import BoundedHTTPServer
 from contracts.transaction import MAX_ID_CHARS
-from review.auth import Authenticator, same_token
+from review.auth import Authenticator, Throttled, client_key, same_token
 from review.cases import CaseStore, User
 from review.metrics import ReviewMetrics
 from review.verdicts import CaseNotFound, LabelNotDelivered, ReversalRefused, VerdictDesk
@@ -79,11 +79,14 @@ class Console:
         alive: Callable[[], tuple[bool, str]],
         ready: Callable[[], tuple[bool, str]],
         secure_cookies: bool,
+        forwarded_for: bool,
     ) -> None:
         self.store, self.auth, self.desk, self.metrics = store, auth, desk, metrics
         #: What /healthz and /readyz answer: (ok, why).
         self.alive, self.ready = alive, ready
         self.secure_cookies = secure_cookies
+        #: Whether a proxy's X-Forwarded-For names the client (FRAUD_REVIEW_FORWARDED_FOR).
+        self.forwarded_for = forwarded_for
 
 
 class ConsoleServer:
@@ -183,16 +186,24 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
                 raise _Refused(404, "not found")
 
         def _post(self, path: str) -> None:
+            self._same_origin()
             if path == "/login":
                 self._login()
             elif path == "/logout":
                 form = self._form()
                 session = self._session()
-                if session is not None and same_token(form.get("csrf", ""), session[1]):
-                    console.auth.end_session(self._cookie())
+                if session is None or not same_token(form.get("csrf", ""), session[1]):
+                    raise _Refused(403, "missing or wrong csrf field (reload the page)")
+                console.auth.end_session(self._cookie())
                 self._redirect("/login", clear_cookie=True)
             elif path.startswith("/api/cases/") and path.endswith("/verdict"):
                 user = self._user(changing=True)
+                # A JSON body only: a form another site posts (with credentials the browser
+                # remembered) is text/plain or urlencoded, and JSON would need a CORS preflight
+                # this console never answers.
+                kind = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+                if kind != "application/json":
+                    raise _Refused(415, "a verdict is sent as Content-Type: application/json")
                 transaction_id = _transaction_id(
                     path.removeprefix("/api/cases/").removesuffix("/verdict")
                 )
@@ -221,20 +232,18 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
         def _login(self) -> None:
             form = self._form()
             name, password = form.get("name", ""), form.get("password", "")
-            client = f"address:{self.client_address[0]}"
-            wait = console.auth.throttle.retry_after_s(f"name:{name}", client)
-            if wait > 0:
+            try:
+                user = console.auth.login(name, password, self._client())
+            except Throttled as exc:
                 console.metrics.failed_logins.labels("throttled").inc()
                 self._page(
                     "login.html",
                     {"error": "Too many failed logins; try again later."},
                     429,
-                    {"Retry-After": str(int(wait) + 1)},
+                    {"Retry-After": str(int(exc.retry_after_s) + 1)},
                 )
                 return
-            user = console.auth.check_password(name, password)
             if user is None:
-                console.auth.throttle.failed(f"name:{name}", client)
                 console.metrics.failed_logins.labels("wrong").inc()
                 self._page("login.html", {"error": "Wrong name or password."}, 401)
                 return
@@ -260,17 +269,37 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
                 name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 raise _Refused(401, "malformed Basic credentials") from None
-            client = f"address:{self.client_address[0]}"
-            wait = console.auth.throttle.retry_after_s(f"name:{name}", client)
-            if wait > 0:
+            try:
+                user = console.auth.login(name, password, self._client())
+            except Throttled as exc:
                 console.metrics.failed_logins.labels("throttled").inc()
-                raise _Refused(429, "too many failed logins", {"Retry-After": str(int(wait) + 1)})
-            user = console.auth.check_password(name, password)
+                retry = {"Retry-After": str(int(exc.retry_after_s) + 1)}
+                raise _Refused(429, "too many failed logins", retry) from None
             if user is None:
-                console.auth.throttle.failed(f"name:{name}", client)
                 console.metrics.failed_logins.labels("wrong").inc()
                 raise _Refused(401, "wrong name or password", self._challenge())
             return user
+
+        def _client(self) -> str:
+            """The failed-login key of the client: behind a proxy (FRAUD_REVIEW_FORWARDED_FOR),
+            the address the proxy added last to X-Forwarded-For (earlier ones are the
+            client's to forge); else the connection's."""
+            address = self.client_address[0]
+            if console.forwarded_for:
+                forwarded = self.headers.get("X-Forwarded-For", "")
+                address = forwarded.rsplit(",", 1)[-1].strip() or address
+            return client_key(address)
+
+        def _same_origin(self) -> None:
+            """Refuse a POST a browser sends from another site (login and logout included):
+            its Sec-Fetch-Site says so, or its Origin names another host."""
+            if self.headers.get("Sec-Fetch-Site", "") == "cross-site":
+                raise _Refused(403, "cross-site request refused")
+            origin = self.headers.get("Origin")
+            if origin and origin != "null":
+                host = urllib.parse.urlsplit(origin).netloc
+                if host != self.headers.get("Host", ""):
+                    raise _Refused(403, f"request from another origin refused ({origin[:100]})")
 
         def _challenge(self) -> dict[str, str]:
             """The Basic challenge, for API clients only: a browser (which says so in
@@ -282,19 +311,30 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
         def _session(self) -> tuple[User, str] | None:
             return console.auth.session(self._cookie())
 
+        def _secure(self) -> bool:
+            return console.secure_cookies or self.headers.get("X-Forwarded-Proto", "") == "https"
+
+        def _cookie_name(self) -> str:
+            # __Host-: a browser takes it only over HTTPS, for this host and path /, so no
+            # subdomain can plant or overwrite it.
+            return f"__Host-{COOKIE}" if self._secure() else COOKIE
+
         def _cookie(self) -> str:
             try:
                 cookies = SimpleCookie(self.headers.get("Cookie", ""))
             except CookieError:
                 return ""
-            morsel = cookies.get(COOKIE)
+            morsel = cookies.get(self._cookie_name())
             return "" if morsel is None else morsel.value
 
         # Reading
 
         def _query(self) -> dict[str, str]:
             query = urllib.parse.urlsplit(self.path).query
-            return dict(urllib.parse.parse_qsl(query, max_num_fields=10))
+            try:
+                return dict(urllib.parse.parse_qsl(query, max_num_fields=10))
+            except ValueError:
+                raise _Refused(400, "at most 10 query parameters") from None
 
         def _body(self) -> bytes:
             try:
@@ -328,14 +368,14 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
 
         def _redirect(self, to: str, cookie: str | None = None, clear_cookie: bool = False) -> None:
             headers = {"Location": to}
-            secure = console.secure_cookies or (
-                self.headers.get("X-Forwarded-Proto", "") == "https"
+            name = self._cookie_name()
+            attributes = "; Path=/; HttpOnly; SameSite=Strict" + (
+                "; Secure" if self._secure() else ""
             )
-            attributes = "; Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
             if cookie is not None:
-                headers["Set-Cookie"] = f"{COOKIE}={cookie}{attributes}"
+                headers["Set-Cookie"] = f"{name}={cookie}{attributes}"
             elif clear_cookie:
-                headers["Set-Cookie"] = f"{COOKIE}={attributes}; Max-Age=0"
+                headers["Set-Cookie"] = f"{name}={attributes}; Max-Age=0"
             self._send(303, b"", "text/plain", headers)
 
         def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
@@ -360,9 +400,13 @@ def _handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _transaction_id(text: str) -> str:
-    transaction_id = urllib.parse.unquote(text)
-    if not 1 <= len(transaction_id) <= MAX_ID_CHARS or "/" in transaction_id:
+def _transaction_id(segment: str) -> str:
+    """The transaction id of a path segment as sent: a literal `/` ends the segment (no such
+    route), an encoded one (%2F) is part of the id."""
+    if "/" in segment:
+        raise _Refused(404, "not found")
+    transaction_id = urllib.parse.unquote(segment)
+    if not 1 <= len(transaction_id) <= MAX_ID_CHARS:
         raise _Refused(404, "no such case")
     return transaction_id
 

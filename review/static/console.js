@@ -6,6 +6,9 @@ const csrf = document.querySelector('meta[name="csrf-token"]').content;
 let cases = [];
 let selected = 0;
 let current = null;
+// One request at a time: a key pressed while a case loads or a verdict is sent would apply to
+// the case on screen, which may not be the one the analyst is looking at any more.
+let busy = false;
 
 function text(tag, value, className) {
   const element = document.createElement(tag);
@@ -91,7 +94,8 @@ async function openCase() {
 }
 
 async function verdict(fraud) {
-  if (!current) return;
+  if (!current || busy) return;
+  busy = true;
   const id = current.transaction_id;
   try {
     await api(`/api/cases/${encodeURIComponent(id)}/verdict`, {
@@ -101,20 +105,30 @@ async function verdict(fraud) {
     });
   } catch (error) {
     document.getElementById("message").textContent = error.message;
+    busy = false;
     return;
   }
   cases = cases.filter((c) => c.transaction_id !== id);
   selected = Math.min(selected, Math.max(cases.length - 1, 0));
   renderQueue();
-  await openCase();
+  try {
+    await openCase();
+  } finally {
+    busy = false;
+  }
   document.getElementById("message").textContent = `${id}: ${fraud ? "fraud" : "legitimate"}`;
 }
 
-function move(step) {
-  if (!cases.length) return;
+async function move(step) {
+  if (!cases.length || busy) return;
+  busy = true;
   selected = Math.max(0, Math.min(cases.length - 1, selected + step));
   renderQueue();
-  openCase();
+  try {
+    await openCase();
+  } finally {
+    busy = false;
+  }
 }
 
 document.addEventListener("keydown", (event) => {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,6 @@ MODE_TIMEOUT_S = 600
 #: The short suite's scenarios (1 kill -9 a replica, 3 zombie, 4 rebalance storm, 5 dead-letter
 #: topic deleted), each in one mode.
 SCENARIOS = {"at-least-once": ("1", "5"), "exactly-once": ("3", "4")}
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[Broker]:
-    broker = Broker()
-    started = not broker.running
-    broker.up()
-    yield broker
-    if started:
-        broker.down()
 
 
 @pytest.mark.timeout(MODE_TIMEOUT_S + 60)

@@ -1,14 +1,12 @@
 """The review console through a broker restart (kill -9, then up again on the same state), on
-the fault suite's broker (127.0.0.1:9292, which this module starts and stops when it is not
-running): the console stays up, reads the decisions made after the restart, and a verdict given
-then reaches the labels topic."""
+the fault tier's broker (127.0.0.1:9292, tests/faults/conftest.py): the console stays up, reads
+the decisions made after the restart, and a verdict given then reaches the labels topic."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +17,6 @@ from faults.broker import Broker
 from tests.integration.review_console import ANALYST, ReviewConsole
 from tests.integration.test_review_console import decision, transaction
 from tests.support.topics import create_topics
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[Broker]:
-    broker = Broker()
-    started = not broker.running
-    broker.up()
-    yield broker
-    if started:
-        broker.down()
 
 
 def send(bootstrap: str, topic: str, value: dict[str, object]) -> None:

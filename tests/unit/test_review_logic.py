@@ -3,10 +3,13 @@ failed-login throttle."""
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from review.auth import FAILURE_WINDOW_S, MAX_FAILURES, Throttle
+from review.auth import FAILURE_WINDOW_S, MAX_FAILURES, Throttle, Throttled, client_key
 from review.cases import TransactionDetails
 from review.ingest import RecentTransactions
 
@@ -57,13 +60,46 @@ def test_a_revoked_partition_leaves_the_window() -> None:
 def test_failures_past_the_limit_are_refused_until_the_window_passes() -> None:
     now = [1_000.0]
     throttle = Throttle(clock=lambda: now[0])
-    for _ in range(MAX_FAILURES - 1):
-        throttle.failed("name:ana", "address:1.2.3.4")
-    assert throttle.retry_after_s("name:ana") == 0
-    throttle.failed("name:ana", "address:1.2.3.4")
-    assert throttle.retry_after_s("name:ana") == FAILURE_WINDOW_S
+    for _ in range(MAX_FAILURES):
+        throttle.begin("name:ana", "address:1.2.3.4")  # each a failure: none succeeded
+    with pytest.raises(Throttled) as refused:
+        throttle.begin("name:ana", "address:9.9.9.9")
+    assert refused.value.retry_after_s == FAILURE_WINDOW_S
     # The address is throttled too, for any name; another address and name are not.
-    assert throttle.retry_after_s("name:bob", "address:1.2.3.4") == FAILURE_WINDOW_S
-    assert throttle.retry_after_s("name:bob", "address:5.6.7.8") == 0
+    with pytest.raises(Throttled):
+        throttle.begin("name:bob", "address:1.2.3.4")
+    throttle.begin("name:bob", "address:5.6.7.8")
     now[0] += FAILURE_WINDOW_S
-    assert throttle.retry_after_s("name:ana") == 0
+    throttle.begin("name:ana", "address:1.2.3.4")
+
+
+def test_a_success_does_not_count_and_attempts_at_once_cannot_pass_the_limit_together() -> None:
+    throttle = Throttle()
+    for _ in range(3 * MAX_FAILURES):
+        throttle.begin("name:ana")
+        throttle.succeeded("name:ana")
+    throttle.begin("name:ana")  # never refused for attempts that succeeded
+    # Attempts begun at once (none finished yet) count until they succeed.
+    started = threading.Barrier(32)
+    refused: list[bool] = []
+
+    def attempt() -> None:
+        started.wait()
+        try:
+            throttle.begin("name:bob")
+            refused.append(False)
+        except Throttled:
+            refused.append(True)
+
+    threads = [threading.Thread(target=attempt) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert refused.count(False) == MAX_FAILURES
+
+
+def test_an_ipv6_client_is_its_64_and_an_ipv4_client_its_address() -> None:
+    assert client_key("2001:db8::1") == client_key("2001:db8::ffff:1") == "address:2001:db8::/64"
+    assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
+    assert client_key("10.0.0.1") == "address:10.0.0.1"
