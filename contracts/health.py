@@ -122,17 +122,21 @@ _BUSY = (
 )
 
 
-class HealthServer:
-    """Serves the endpoints on host:port until `close()`."""
+class BackgroundHTTPServer:
+    """Serves `handler` on host:port from a daemon thread until `close()`, at most
+    `max_connections` connections at once (`BoundedHTTPServer`). Binding happens at
+    construction: an address in use raises OSError there."""
 
     def __init__(
-        self, host: str, port: int, state: Probe, registry: CollectorRegistry = REGISTRY
+        self,
+        host: str,
+        port: int,
+        handler: type[BaseHTTPRequestHandler],
+        max_connections: int = MAX_CONNECTIONS,
+        name: str = "health-http",
     ) -> None:
-        handler = _handler_for(state, registry)
-        self._server = BoundedHTTPServer((host, port), handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="health-http", daemon=True
-        )
+        self._server = BoundedHTTPServer((host, port), handler, max_connections)
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
 
     @property
     def port(self) -> int:
@@ -140,11 +144,23 @@ class HealthServer:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("serving /metrics /healthz /readyz on port=%s", self.port)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class HealthServer(BackgroundHTTPServer):
+    """Serves the endpoints on host:port until `close()`."""
+
+    def __init__(
+        self, host: str, port: int, state: Probe, registry: CollectorRegistry = REGISTRY
+    ) -> None:
+        super().__init__(host, port, _handler_for(state, registry))
+
+    def start(self) -> None:
+        super().start()
+        log.info("serving /metrics /healthz /readyz on port=%s", self.port)
 
 
 def serve(host: str, port: int, probe: Probe, registry: CollectorRegistry) -> HealthServer | None:

@@ -13,10 +13,9 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.environment import check_environment
+from contracts.command_line import configured
 from contracts.errors import ConfigurationError
 from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
 from review.settings import ReviewSettings
 
 log = logging.getLogger("review.cli")
@@ -93,7 +92,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
     from review.ingest import Ingest
     from review.metrics import ReviewMetrics
     from review.verdicts import LabelPublisher, VerdictDesk
-    from review.web import Console, ConsoleServer
+    from review.web import Console, console_server
 
     store = CaseStore(config.db)
     metrics = ReviewMetrics(config.case_slo_s)
@@ -130,7 +129,7 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
         config.forwarded_for == "on",
     )
     try:
-        server = ConsoleServer(config.host, config.port, console)
+        server = console_server(config.host, config.port, console)
     except OSError as exc:
         raise ConfigurationError(
             f"cannot serve on {config.host}:{config.port}: {exc}; choose another --port"
@@ -159,15 +158,9 @@ def serve(config: ReviewSettings, stop: threading.Event) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    try:
-        warnings = check_environment("fraud-review")
-        config = ReviewSettings.from_args(args)
-    except ConfigurationError as exc:
-        print(f"fraud-review: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
+    config = configured("fraud-review", ReviewSettings, args)
+    if config is None:
         return EXIT_USAGE
-    configure_logging(config.log_level, config.log_format)
-    for warning in warnings:
-        log.warning("%s", warning)
     try:
         if args.command == "add-user":
             password = sys.stdin.readline().rstrip("\r\n")

@@ -20,7 +20,6 @@ import binascii
 import html
 import json
 import logging
-import threading
 import urllib.parse
 from collections.abc import Callable
 from http.cookies import CookieError, SimpleCookie
@@ -31,7 +30,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from contracts.health import BoundedHTTPServer
+from contracts.health import BackgroundHTTPServer
 from contracts.transaction import MAX_ID_CHARS
 from review.auth import Authenticator, Throttled, client_key, same_token
 from review.cases import CaseStore, User
@@ -89,25 +88,12 @@ class Console:
         self.forwarded_for = forwarded_for
 
 
-class ConsoleServer:
-    """Serves a `Console` on host:port until `close()`."""
-
-    def __init__(self, host: str, port: int, console: Console) -> None:
-        self._server = BoundedHTTPServer((host, port), _handler_for(console), MAX_CONNECTIONS)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="review-http", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+def console_server(host: str, port: int, console: Console) -> BackgroundHTTPServer:
+    """A server of `console` on host:port (started by its `start()`); OSError when the address
+    cannot be bound."""
+    return BackgroundHTTPServer(
+        host, port, _handler_for(console), MAX_CONNECTIONS, name="review-http"
+    )
 
 
 def _asset(name: str) -> bytes:

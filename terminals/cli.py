@@ -16,11 +16,10 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
 
-from contracts.environment import check_environment
+from contracts.command_line import configured
 from contracts.errors import ConfigurationError
 from contracts.health import serve
 from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
 from terminals.config import FeaturesSettings
 from terminals.health import WorkerHealth
 from terminals.metrics import WorkerMetrics
@@ -158,15 +157,9 @@ def _route(router: Router, stop: threading.Event, health: WorkerHealth) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    try:
-        warnings = check_environment("fraud-features")
-        config = FeaturesSettings.from_args(args)
-    except ConfigurationError as exc:
-        print(f"fraud-features: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
+    config = configured("fraud-features", FeaturesSettings, args)
+    if config is None:
         return EXIT_USAGE
-    configure_logging(config.log_level, config.log_format)
-    for warning in warnings:
-        log.warning("%s", warning)
     try:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)

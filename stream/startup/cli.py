@@ -12,11 +12,10 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.environment import check_environment
+from contracts.command_line import configured
 from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
 from contracts.health import HealthState, serve
 from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
 from scorer.flag_rate import range_in_use
 from scorer.model_source import open_model_source
 from stream.lag import LagMonitor
@@ -69,12 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ScorerSettings.add_arguments(topics)
     return parser
-
-
-def _load_config(args: argparse.Namespace) -> ScorerSettings:
-    config = ScorerSettings.from_args(args)
-    config.kafka_settings()  # a missing or malformed config file stops us here, exit 2
-    return config
 
 
 class StopRequest:
@@ -176,15 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopRequest()
     if args.command == "run":
         stop.install()
-    try:
-        warnings = check_environment("fraud-scorer")
-        config = _load_config(args)
-    except ConfigurationError as exc:
-        print(f"fraud-scorer: configuration error: {redact_urls(str(exc))}", file=sys.stderr)
+    config = configured("fraud-scorer", ScorerSettings, args)
+    if config is None:
         return EXIT_USAGE
-    configure_logging(config.log_level, config.log_format)
-    for warning in warnings:
-        log.warning("%s", warning)
     try:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)
