@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.harness import (
@@ -27,6 +26,8 @@ from bench.harness import (
     produce_backlog,
     stop,
 )
+from contracts.metrics_text import scrape as scrape_text
+from contracts.metrics_text import totals
 from loadgen.time_scale import time_scale
 
 SAMPLE_EVERY_S = 0.25
@@ -42,15 +43,8 @@ def rss_mb(pid: int) -> float:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The replica's unlabelled samples and label-summed counters, by name."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("fraud_") and " " in line:
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return values
+    """The replica's samples by name, each summed over its label values."""
+    return totals(scrape_text(f"http://127.0.0.1:{port}/metrics"))
 
 
 def main() -> int:

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,8 @@ from bench.harness import (
     tool_parser,
     wait_ready,
 )
+from contracts.metrics_text import by_key
+from contracts.metrics_text import scrape as scrape_text
 from review.cases import CaseStore, NewCase, TransactionDetails
 
 RESULTS = REPO / "bench" / "results" / "review-ingest.json"
@@ -104,11 +105,8 @@ class Pairs:
 
 
 def scrape(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    raise RuntimeError(f"{name} not exposed")
+    """The value of an unlabelled sample of the console's /metrics."""
+    return by_key(scrape_text(f"http://127.0.0.1:{port}/metrics"))[name]
 
 
 def rss_mb(pid: int) -> float:

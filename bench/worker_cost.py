@@ -32,12 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import (
     BACKLOG_EVENT_RATE,
@@ -56,6 +54,8 @@ from bench.harness import (
     wait_ready,
 )
 from bench.profiling import py_spy, py_spy_prefix, render, summarize
+from contracts.metrics_text import samples
+from contracts.metrics_text import scrape as scrape_text
 from loadgen.time_scale import time_scale
 from terminals.topics import events_topic_name
 
@@ -75,15 +75,12 @@ FOCUS = ("Router.run", "run_until_complete", "run_forever")
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The worker's samples, by name and labels ("name{a=b,...}") and summed by name."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    """The worker's samples, by name and labels ("name{a=b,...}", sorted) and summed by name."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}"] = sample.value
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    for sample in samples(scrape_text(f"http://127.0.0.1:{port}/metrics")):
+        labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+        values[f"{sample.name}{{{labels}}}"] = sample.value
+        values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from contracts.metrics_text import by_key
 from faults.broker import Broker
 from faults.load import OpenLoopLoad
 from faults.reading import (
@@ -33,7 +34,7 @@ from faults.reading import (
     read_decisions,
     read_inputs,
 )
-from faults.replicas import Replica, Sampler, samples_of
+from faults.replicas import Replica, Sampler, lag_samples
 from faults.results import Result, Settings
 from faults.verifier import DeadLetter, Decision, FaultWindow, InputRecord, verify
 
@@ -320,20 +321,20 @@ class ScenarioRun:
         for replica in self.live():
 
             def settled(r: Replica = replica) -> bool:
-                metrics = r.metrics()
-                lags = [v for _, v in samples_of(metrics, "fraud_consumer_lag_records")]
-                return metrics["fraud_paused_partitions"] == 0 and not any(lags)
+                exposition = r.exposition()
+                lags = [v for _, v in lag_samples(exposition)]
+                return by_key(exposition)["fraud_paused_partitions"] == 0 and not any(lags)
 
             try:
                 self.wait_until(settled, SETTLE_TIMEOUT_S, f"{replica.name} settled")
                 self.result.check(f"{replica.name}: nothing paused, lag 0", True, "")
             except TimeoutError:
-                metrics = replica.metrics()
+                exposition = replica.exposition()
                 lags = {
-                    labels["partition"]: int(value)
-                    for labels, value in samples_of(metrics, "fraud_consumer_lag_records")
+                    labels["partition"]: int(value) for labels, value in lag_samples(exposition)
                 }
-                detail = f"paused={metrics.get('fraud_paused_partitions')} lag={lags}"
+                paused = by_key(exposition).get("fraud_paused_partitions")
+                detail = f"paused={paused} lag={lags}"
                 self.result.check(f"{replica.name}: nothing paused, lag 0", False, detail)
 
     def _check_memory(self) -> None:

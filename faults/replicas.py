@@ -8,7 +8,6 @@ readiness.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import socket
@@ -22,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
+
+from contracts.metrics_text import by_key, samples, scrape
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +38,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {'name{labels}': value} for every sample line."""
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                samples[name] = float(value)
-    return samples
-
-
-def samples_of(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of one labelled metric: (labels, value) each."""
-    found = []
-    for sample, value in metrics.items():
-        if sample.startswith(name + "{"):
-            pairs = sample[len(name) + 1 : -1].split(",")
-            labels = dict(pair.split("=", 1) for pair in pairs)
-            found.append(({k: v.strip('"') for k, v in labels.items()}, value))
-    return found
+def lag_samples(exposition: str) -> list[tuple[dict[str, str], float]]:
+    """The consumer lag per partition a replica exposes: (labels, value) each."""
+    return [
+        (s.labels, s.value) for s in samples(exposition) if s.name == "fraud_consumer_lag_records"
+    ]
 
 
 @dataclass
@@ -109,10 +95,13 @@ class Replica:
         assert self.process is not None
         return self.process.wait(timeout=timeout_s)
 
+    def exposition(self) -> str:
+        """Its /metrics, as served."""
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", SCRAPE_TIMEOUT_S)
+
     def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-            return parse_metrics(response.read().decode())
+        """Its samples' values by `name{labels}`."""
+        return by_key(self.exposition())
 
     def ready(self) -> bool:
         """Whether /readyz answers 200 (503: not ready)."""
@@ -140,10 +129,7 @@ class Replica:
     def lags(self) -> dict[int, float]:
         """Consumer lag per input partition, for the partitions this replica owns (as its
         last statistics report said)."""
-        return {
-            int(labels["partition"]): value
-            for labels, value in samples_of(self.metrics(), "fraud_consumer_lag_records")
-        }
+        return {int(labels["partition"]): value for labels, value in lag_samples(self.exposition())}
 
     def log_tail(self, chars: int = 4_000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]

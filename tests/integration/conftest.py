@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from contracts.metrics_text import by_key, samples
 from loadgen.options import DEFAULT_SEED
 from loadgen.time_scale import time_scale
 from tests.support.network import free_port
@@ -265,19 +266,15 @@ class ServiceProcess:
             return str(r.read().decode())
 
     def metric(self, name: str) -> float:
-        """The value of one sample line (name with labels, exactly as exposed)."""
-        for line in self.metrics().splitlines():
-            if line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"metric {name} not exposed")
+        """The value of one sample, named as its line names it (`name{labels}`)."""
+        values = by_key(self.metrics())
+        if name not in values:
+            raise AssertionError(f"metric {name} not exposed")
+        return values[name]
 
     def metric_total(self, name: str) -> float:
         """The sum of a metric's samples over all label values."""
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in self.metrics().splitlines()
-            if line.startswith((name + " ", name + "{"))
-        )
+        return sum(s.value for s in samples(self.metrics()) if s.name == name)
 
     def wait_for_metric(
         self,

@@ -17,6 +17,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from contracts.card_frauds import decode_card_frauds
+from contracts.metrics_text import Sample, samples, scrape
 from contracts.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
 from contracts.worker_progress import progress_topic_name
 from tests.integration.conftest import (
@@ -98,17 +99,15 @@ class WorkerProcess:
             return exc.code
 
     def metric(self, sample: str) -> float:
-        for line in self.samples():
-            if line.startswith(sample + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{sample} not exposed")
+        """One sample's value, named as its line names it (`name{labels}`)."""
+        values = {s.key: s.value for s in self.samples()}
+        assert sample in values, f"{sample} not exposed"
+        return values[sample]
 
-    def samples(self, prefix: str = "") -> list[str]:
-        """The /metrics sample lines whose name starts with `prefix`."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            lines = response.read().decode().splitlines()
-        return [line for line in lines if line.startswith(prefix)]
+    def samples(self, prefix: str = "") -> list[Sample]:
+        """The /metrics samples whose name starts with `prefix`."""
+        exposition = scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        return [sample for sample in samples(exposition) if sample.name.startswith(prefix)]
 
     def kill(self) -> None:
         self.process.kill()

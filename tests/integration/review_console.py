@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.metrics_text import by_key
 from tests.integration.conftest import BOOTSTRAP, REPO
 from tests.support.network import free_port
 
@@ -174,7 +175,7 @@ class ReviewConsole:
         return cookie, match.group(1).decode()
 
     def metric(self, name: str) -> float:
-        for line in self.get("/metrics").body.decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"metric {name} not exposed")
+        """The value of one sample, named as its line names it (`name{labels}`)."""
+        values = by_key(self.get("/metrics").body.decode())
+        assert name in values, f"metric {name} not exposed"
+        return values[name]

@@ -13,6 +13,7 @@ import numpy as np
 from confluent_kafka import Message
 from onnx import helper
 
+from contracts.metrics_text import samples
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic
@@ -149,11 +150,7 @@ def test_paused_partitions_all_resume_when_a_replica_joins_and_leaves(
     assert set(counts) == sent
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        lags = [
-            float(line.rsplit(" ", 1)[1])
-            for line in first.metrics().splitlines()
-            if line.startswith("fraud_consumer_lag_records{")
-        ]
+        lags = [s.value for s in samples(first.metrics()) if s.name == "fraud_consumer_lag_records"]
         if len(lags) == 4 and max(lags) == 0 and first.metric("fraud_paused_partitions") == 0:
             break
         time.sleep(0.5)

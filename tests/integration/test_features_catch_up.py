@@ -317,10 +317,8 @@ def _read(latest: dict[str, _Published | None], final_day: int) -> dict[str, _Pu
 
 def _metric(worker: WorkerProcess, sample: str) -> float:
     """A counter's value; 0 while it has no sample (a labelled counter never incremented)."""
-    for line in worker.samples(sample.split("{")[0]):
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    values = {s.key: s.value for s in worker.samples(sample.split("{")[0])}
+    return values.get(sample, 0.0)
 
 
 STALE = (

@@ -190,7 +190,7 @@ def test_late_labels_change_the_published_risk_and_the_table_survives_a_kill(
             )
         except AssertionError as exc:  # seen twice in CI: keep what the worker did meanwhile
             tail = restarted.log()[-6000:]
-            counts = "\n".join(restarted.samples("fraud_features_"))
+            counts = "\n".join(f"{s.key} {s.value}" for s in restarted.samples("fraud_features_"))
             raise AssertionError(
                 f"{exc}\nthe restarted worker's counts:\n{counts}\nits log:\n{tail}"
             ) from None
@@ -278,11 +278,10 @@ def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
             lags = worker.samples("fraud_features_")
         except urllib.error.URLError:  # its health server is not up yet
             continue
-        for line in lags:
-            name, value = line.rsplit(" ", 1)
-            if name.endswith("_lag_records"):
-                which = name.removeprefix("fraud_features_").split("_")[0]
-                most_behind[which] = max(most_behind[which], float(value))
+        for sample in lags:
+            if sample.name.endswith("_lag_records"):
+                which = sample.name.removeprefix("fraud_features_").split("_")[0]
+                most_behind[which] = max(most_behind[which], sample.value)
         state_ages.append(scorer.metric("fraud_terminal_risk_state_age_seconds"))
     counted_when_ready = _transactions_counted(worker)
     assert counted_when_ready >= backlog - 2 * bound, counted_when_ready
@@ -305,8 +304,8 @@ def test_a_worker_catching_up_is_not_ready_until_it_has_counted_the_backlog(
 
 def _transactions_counted(worker: WorkerProcess) -> float:
     """The transactions the worker's table took (counted, duplicate or stale)."""
-    taken = worker.samples("fraud_features_terminal_events_total{")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in taken if 'source="transaction"' in line)
+    taken = worker.samples("fraud_features_terminal_events_total")
+    return sum(s.value for s in taken if s.labels.get("source") == "transaction")
 
 
 def _probe(n: int, day: int, terminal: str) -> tuple[bytes, bytes]:
