@@ -100,7 +100,7 @@ class Database:
         if inside is not None:
             return _rows(inside.execute(self._sql(sql), parameters))
         with self._lock:
-            return _rows(self._connection.execute(self._sql(sql), parameters))
+            return _rows(self._main().execute(self._sql(sql), parameters))
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -109,8 +109,12 @@ class Database:
         if inside is not None:  # already in `exclusive`'s transaction: part of it
             yield Transaction(inside, self._sql)
             return
-        with self._lock, self._in_transaction(self._connection) as transaction:
+        with self._lock, self._in_transaction(self._main()) as transaction:
             yield transaction
+
+    def _main(self) -> Any:
+        """The shared connection (held under `_lock`)."""
+        return self._connection
 
     @contextmanager
     def _in_transaction(self, connection: Any) -> Iterator[Transaction]:
@@ -190,6 +194,9 @@ class PostgresDatabase(Database):
         def connect() -> Any:
             return psycopg.connect(url, autocommit=True, row_factory=dict_row)
 
+        self._connect = connect
+        self._lost = psycopg.OperationalError
+
         try:
             connection = connect()
             with connection.transaction():
@@ -205,15 +212,36 @@ class PostgresDatabase(Database):
             ) from exc
         super().__init__(connection, "%s")
 
+    def _main(self) -> Any:
+        # A connection the server dropped (a restart, a failover) fails the call that found it
+        # out; the next call gets a new one. (The ingest stops on its failure: exit 1.)
+        if self._connection.broken:
+            self._connection = self._connect()
+        return self._connection
+
+    def _live_verdicts(self) -> Any:
+        """The verdicts' connection, checked first: a verdict must not fail on a connection
+        the server dropped while no one used it."""
+        try:
+            if not self._verdicts.broken:
+                self._verdicts.execute("SELECT 1")
+                return self._verdicts
+        except self._lost:
+            pass
+        self._verdicts = self._connect()
+        return self._verdicts
+
     @contextmanager
     def exclusive(self, lock_sql: str, parameters: Sequence[Any]) -> Iterator[list[dict[str, Any]]]:
-        with self._verdict_lock, self._in_transaction(self._verdicts):
-            self._local.connection = self._verdicts
-            try:
-                sql = self._sql(lock_sql + " FOR UPDATE")
-                yield _rows(self._verdicts.execute(sql, parameters))
-            finally:
-                self._local.connection = None
+        with self._verdict_lock:
+            connection = self._live_verdicts()
+            with self._in_transaction(connection):
+                self._local.connection = connection
+                try:
+                    sql = self._sql(lock_sql + " FOR UPDATE")
+                    yield _rows(connection.execute(sql, parameters))
+                finally:
+                    self._local.connection = None
 
     def close(self) -> None:
         super().close()

@@ -181,3 +181,24 @@ def test_two_consoles_on_one_postgres_never_both_decide_a_case(
         for store in stores:
             store.close()
         delete_topics(admin, [labels])
+
+
+def test_a_postgres_connection_the_server_dropped_is_replaced(postgres_url: str) -> None:
+    store = CaseStore(postgres_url)
+    try:
+        store.open_cases([case("t-1", 0.5)])
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        # A verdict checks its connection first: it does not fail on the dropped one.
+        with store.deciding("t-1") as found:
+            assert found is not None
+            store.close_case("t-1", True, "", User("ana", "analyst"), "closed", None)
+        # The shared connection fails the call that finds it dropped; the next gets a new one.
+        with pytest.raises(psycopg.OperationalError):
+            store.queue_state()
+        assert store.queue_state() == (0, None)
+    finally:
+        store.close()
