@@ -76,8 +76,8 @@ class NewCase(NamedTuple):
     reasons: list[dict[str, Any]]
     rules: list[str]
     details: TransactionDetails | None
-    #: The card's decisions before this one: [{"transaction_id", "event_time", "score",
-    #: "decision"}…], oldest first.
+    #: The card's decisions before this one: [{"event_time", "score", "decision"}…], oldest
+    #: first.
     timeline: list[dict[str, Any]]
 
 

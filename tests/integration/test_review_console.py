@@ -112,7 +112,8 @@ def test_flagged_decisions_become_cases_queued_by_expected_loss(console_factory)
         {"feature": "amount", "label": "amount of t-2", "contribution": 0.3}
     ]
     assert first["rules"] == ["night_ecom"]
-    assert [d["transaction_id"] for d in first["timeline"]] == ["t-0", "t-1"]
+    assert [d["decision"] for d in first["timeline"]] == ["approve", "review"]
+    assert [d["score"] for d in first["timeline"]] == [pytest.approx(0.01), pytest.approx(0.5)]
     assert {c["transaction_id"] for c in first["card_cases"]} == {"t-1"}
     assert console.metric("fraud_review_cases_opened_total") == 4
     skipped = console.get("/metrics").body.decode()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from review.auth import FAILURE_WINDOW_S, MAX_FAILURES, Throttle, Throttled, client_key
 from review.cases import TransactionDetails
-from review.ingest import RecentTransactions
+from review.ingest import TIMELINE_LENGTH, CardTimelines, RecentTransactions, _Decision
 
 DETAILS = TransactionDetails(1.0, "EUR", "m", None, "FR", "pos", None)
 
@@ -103,3 +103,14 @@ def test_an_ipv6_client_is_its_64_and_an_ipv4_client_its_address() -> None:
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff:1") == "address:2001:db8::/64"
     assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
     assert client_key("10.0.0.1") == "address:10.0.0.1"
+
+
+def test_a_timeline_keeps_the_cards_last_decisions_in_order() -> None:
+    timelines = CardTimelines()
+    for n in range(TIMELINE_LENGTH + 5):
+        verdict = "review" if n % 2 else "approve"
+        timelines.before(_Decision(f"t{n}", "card", n / 100, verdict, "m", 1_000 + n, 1_000 + n))
+    earlier = timelines.before(_Decision("last", "card", 0.9, "decline", "m", 9_999, 9_999))
+    assert [d["event_time"] for d in earlier] == [1_000 + n for n in range(5, TIMELINE_LENGTH + 5)]
+    assert earlier[-1] == {"event_time": 1_014, "score": 0.14, "decision": "approve"}
+    assert timelines.before(_Decision("x", "other", 0.1, "approve", "m", 1, 1)) == []
