@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from faults.broker import Broker
@@ -47,8 +47,16 @@ def test_the_console_survives_a_broker_restart(broker: Broker, tmp_path: Path) -
 
         send(broker.bootstrap, console.transactions, transaction("t-2", "card", 60.0))
         send(broker.bootstrap, console.decisions, decision("t-2", "card", 0.4))
-        cases = console.wait_for_cases(2, timeout_s=90)
-        assert [c["transaction_id"] for c in cases] == ["t-2", "t-1"], console.log()
+        # Both cases, each joined with its transaction (the two topics are read side by side,
+        # so t-2's decision may come before its transaction: its case then waits for it).
+        deadline = time.monotonic() + 90
+        while True:
+            cases = console.cases()
+            if len(cases) == 2 and all(c["amount"] is not None for c in cases):
+                break
+            assert time.monotonic() < deadline, (cases, console.log()[-4000:])
+            time.sleep(0.5)
+        assert [c["transaction_id"] for c in cases] == ["t-2", "t-1"]
         deadline = time.monotonic() + 60
         while (answer := console.verdict("t-1", True)).status == 503:
             assert time.monotonic() < deadline, answer.body
@@ -57,7 +65,10 @@ def test_the_console_survives_a_broker_restart(broker: Broker, tmp_path: Path) -
         reader = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": suffix,
                            "auto.offset.reset": "earliest"})  # fmt: skip
         reader.subscribe([console.labels])
-        found = [m for m in reader.consume(10, timeout=20) if m.error() is None]
+        found: list[Message] = []
+        deadline = time.monotonic() + 60
+        while not found and time.monotonic() < deadline:
+            found = [m for m in reader.consume(10, timeout=1) if m.error() is None]
         reader.close()
         assert [json.loads(m.value() or b"")["reviewer"] for m in found] == [ANALYST[0]]
         assert console.process is not None and console.process.poll() is None
