@@ -145,20 +145,25 @@ class CardTimelines:
     def __init__(self) -> None:
         self._cards: OrderedDict[str, bytes] = OrderedDict()
 
-    def before(self, decision: _Decision) -> list[dict[str, Any]]:
-        """The card's decisions read before this one, oldest first; then remember this one."""
+    def record(self, decision: _Decision) -> bytes:
+        """Remember this decision; return the card's decisions before it, packed (`unpack`
+        them for a case only: most decisions open none)."""
         packed = self._cards.pop(decision.card_id, b"")
-        earlier = [
-            {"event_time": event_time, "score": round(score, 6), "decision": _decision_name(code)}
-            for event_time, score, code in _TIMELINE_ENTRY.iter_unpack(packed)
-        ]
         entry = _TIMELINE_ENTRY.pack(
             decision.event_time, decision.score, _DECISION_CODES.get(decision.decision, 255)
         )
         self._cards[decision.card_id] = (packed + entry)[-TIMELINE_LENGTH * _TIMELINE_ENTRY.size :]
         if len(self._cards) > TIMELINE_CARDS:
             self._cards.popitem(last=False)
-        return earlier
+        return packed
+
+    @staticmethod
+    def unpack(packed: bytes) -> list[dict[str, Any]]:
+        """Decisions `record` returned, oldest first."""
+        return [
+            {"event_time": event_time, "score": round(score, 6), "decision": _decision_name(code)}
+            for event_time, score, code in _TIMELINE_ENTRY.iter_unpack(packed)
+        ]
 
 
 #: A timeline entry: event time (ms), score, decision (its index in DECISIONS; 255: another).
@@ -208,6 +213,8 @@ class Ingest:
         self._stop = threading.Event()
         self._paused = False
         self._next_queue_check = 0.0
+        #: The reading state last applied, and to which partitions.
+        self._flow_applied: tuple[bool, set[tuple[str, int]]] = (False, set())
         self.assigned = threading.Event()
         self.last_beat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="review-ingest", daemon=True)
@@ -278,11 +285,13 @@ class Ingest:
             self._paused = full
             self._metrics.ingest_paused.set(int(full))
         # Both topics together, so the join window still holds what a decision read on resume
-        # needs; applied to every partition each time, so a partition assigned since (a
-        # rebalance) follows the same state.
-        assignment = self._consumer.assignment()
-        if assignment:
-            (self._consumer.pause if full else self._consumer.resume)(assignment)
+        # needs; applied again when the assignment changed (a rebalance), so a partition
+        # assigned since follows the same state.
+        assignment = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        if assignment and (full, assignment) != self._flow_applied:
+            partitions = [TopicPartition(topic, partition) for topic, partition in assignment]
+            (self._consumer.pause if full else self._consumer.resume)(partitions)
+            self._flow_applied = (full, assignment)
 
     def _handle(self, messages: list[Message]) -> None:
         cases: list[NewCase] = []
@@ -351,7 +360,7 @@ class Ingest:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             self._skip(self._config.output_topic, "invalid")
             return None
-        earlier = self._timelines.before(decision)
+        earlier = self._timelines.record(decision)
         if decision.decision not in self._opens_cases:
             return None
         details = self._recent.get(decision.transaction_id)
@@ -370,7 +379,7 @@ class Ingest:
             [msgspec.structs.asdict(reason) for reason in decision.reasons],
             list(decision.rules),
             details,
-            earlier,
+            CardTimelines.unpack(earlier),
         )
 
     def _skip(self, topic: str, reason: str) -> None:

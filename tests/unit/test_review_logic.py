@@ -109,8 +109,10 @@ def test_a_timeline_keeps_the_cards_last_decisions_in_order() -> None:
     timelines = CardTimelines()
     for n in range(TIMELINE_LENGTH + 5):
         verdict = "review" if n % 2 else "approve"
-        timelines.before(_Decision(f"t{n}", "card", n / 100, verdict, "m", 1_000 + n, 1_000 + n))
-    earlier = timelines.before(_Decision("last", "card", 0.9, "decline", "m", 9_999, 9_999))
+        timelines.record(_Decision(f"t{n}", "card", n / 100, verdict, "m", 1_000 + n, 1_000 + n))
+    earlier = timelines.unpack(
+        timelines.record(_Decision("last", "card", 0.9, "decline", "m", 9_999, 9_999))
+    )
     assert [d["event_time"] for d in earlier] == [1_000 + n for n in range(5, TIMELINE_LENGTH + 5)]
     assert earlier[-1] == {"event_time": 1_014, "score": 0.14, "decision": "approve"}
-    assert timelines.before(_Decision("x", "other", 0.1, "approve", "m", 1, 1)) == []
+    assert timelines.record(_Decision("x", "other", 0.1, "approve", "m", 1, 1)) == b""
