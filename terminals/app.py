@@ -64,7 +64,6 @@ then all leave the windows, gets its tombstone when it is forgotten as idle.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -73,7 +72,6 @@ from typing import Any, cast
 import faust
 import numpy as np
 import numpy.typing as npt
-from aiokafka.errors import KafkaError
 from faust.types import StreamT
 
 from contracts.card_frauds import encode_card_frauds
@@ -86,6 +84,7 @@ from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
 from terminals.router import ROUTE_BATCH, newest_transaction_time
 from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
+from terminals.table_lag import EndOffsets, table_lag
 from terminals.topics import CARD_TABLE_NAME, TABLE_NAME, events_topic_name
 
 log = logging.getLogger(__name__)
@@ -100,8 +99,6 @@ GAUGE_INTERVAL_S = 10.0
 HEALTH_INTERVAL_S = 1.0
 #: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
 MAX_DECODED = 100_000
-#: How long the health timer waits for the internal topic's end offsets.
-END_OFFSETS_TIMEOUT_S = 5.0
 #: `_Writes.commit_bound` of a partition that may commit nothing yet.
 NO_COMMIT = -1
 #: Internal records held, per table partition, until its entries are written: a catch-up
@@ -178,6 +175,7 @@ def build_app(
     guarded = False
     counted = _NewestCounted(metrics)
     progress = _Progress(app, progress_topic_name(config.terminal_risk_topic), config)
+    end_offsets = EndOffsets(app)
 
     @app.agent(terminal_events, name="update_terminals")
     async def update_terminals(stream: StreamT[bytes]) -> None:
@@ -246,7 +244,7 @@ def build_app(
         recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
         health.recovered(recovery.completed.is_set() and not app.rebalancing)
         owned = [tp for tp in app.assignor.assigned_actives() if tp.topic == events_topic]
-        ends = await _end_offsets(app, owned)
+        ends = end_offsets.latest(owned)
         behind = table_lag({tp.partition: ends.get(tp) for tp in owned}, applied)
         # Only partitions it has applied records of: one recovering its table waits rightly.
         waiting = any(
@@ -274,39 +272,6 @@ def build_app(
     app.timer(GAUGE_INTERVAL_S)(count_entries)
     app.timer(HEALTH_INTERVAL_S)(report_progress)
     return app
-
-
-async def _end_offsets(app: faust.App, partitions: list[Any]) -> dict[Any, int | None]:
-    """The partitions' end offsets, asked of the broker; None for each when it does not answer
-    within END_OFFSETS_TIMEOUT_S. Not the consumer's own high watermark: that is its last
-    fetch's, which stops while its buffer is full (a catch-up), and a lag read from it looked
-    small while thousands of records waited."""
-    if not partitions:
-        return {}
-    try:
-        found = await asyncio.wait_for(app.consumer.highwaters(*partitions), END_OFFSETS_TIMEOUT_S)
-    except (TimeoutError, KafkaError) as exc:
-        log.debug("end offsets of the internal topic not read: %s", exc)
-        return dict.fromkeys(partitions)
-    return {tp: found.get(tp) for tp in partitions}
-
-
-def table_lag(ends: dict[int, int | None], applied: dict[int, int]) -> int | None:
-    """How many internal records the owned table partitions (`ends`: each one's end offset,
-    None where the broker did not say) hold past what the agent applied (`applied`: the next
-    offset to apply); None, so not ready, while that is not known: an end not known, or a
-    partition with records that the agent has applied none of yet (the router sends every
-    partition a record every few seconds)."""
-    behind = 0
-    for partition, high in ends.items():
-        if high is None:
-            return None
-        if partition not in applied:
-            if high > 0:
-                return None
-            continue
-        behind += max(high - applied[partition], 0)
-    return behind
 
 
 class _Writes:

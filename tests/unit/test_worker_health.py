@@ -11,9 +11,9 @@ from typing import Any, cast
 
 import pytest
 
-from terminals import app
-from terminals.app import table_lag
+from terminals import table_lag as lag
 from terminals.health import STALL_AFTER_S, WorkerHealth
+from terminals.table_lag import EndOffsets, table_lag
 
 
 class Clock:
@@ -130,7 +130,7 @@ def test_end_offsets_the_broker_does_not_give_in_time_are_unknown(
 ) -> None:
     # The fallback to the consumer's last fetch said 0 behind during a catch-up whose fetches
     # had stopped.
-    monkeypatch.setattr(app, "END_OFFSETS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(lag, "END_OFFSETS_TIMEOUT_S", 0.05)
 
     class Consumer:
         async def highwaters(self, *partitions: str) -> dict[str, int]:
@@ -141,5 +141,54 @@ def test_end_offsets_the_broker_does_not_give_in_time_are_unknown(
             return 0
 
     fake = SimpleNamespace(consumer=Consumer())
-    ends = asyncio.run(app._end_offsets(cast(Any, fake), ["tp0", "tp1"]))
+    ends = asyncio.run(lag.end_offsets(cast(Any, fake), ["tp0", "tp1"]))
     assert ends == {"tp0": None, "tp1": None}
+
+
+class SlowBroker:
+    """Answers each question for end offsets once `answer` is set, with `ends`."""
+
+    def __init__(self) -> None:
+        self.questions = 0
+        self.answer = asyncio.Event()
+        self.ends = {"tp0": 10, "tp1": 20}
+
+    async def highwaters(self, *partitions: str) -> dict[str, int]:
+        self.questions += 1
+        await self.answer.wait()
+        self.answer.clear()
+        return {tp: self.ends[tp] for tp in partitions if tp in self.ends}
+
+
+def test_the_health_timer_takes_the_newest_answer_and_never_waits_for_the_broker() -> None:
+    # The timer awaited each question: one took over a second under load, and the 1 s timer
+    # overlapped itself.
+    async def scenario() -> None:
+        clock = Clock()
+        broker = SlowBroker()
+        offsets = EndOffsets(cast(Any, SimpleNamespace(consumer=broker)), 5.0, clock)
+        assert offsets.latest(["tp0", "tp1"]) == {"tp0": None, "tp1": None}, "nothing asked yet"
+        await asyncio.sleep(0.01)
+        assert offsets.latest(["tp0", "tp1"]) == {"tp0": None, "tp1": None}, "not answered yet"
+        assert broker.questions == 1, "a question in flight is not asked again"
+        broker.answer.set()
+        await asyncio.sleep(0.01)
+        assert offsets.latest(["tp0", "tp1", "tp2"]) == {"tp0": 10, "tp1": 20, "tp2": None}
+        await asyncio.sleep(0.01)
+        assert broker.questions == 2, "the next question starts with the next call"
+        # The broker stops answering: the answer ages, then it is unknown (not ready).
+        clock.now += 4.0
+        assert offsets.latest(["tp0"]) == {"tp0": 10}
+        clock.now += 2.0
+        assert offsets.latest(["tp0"]) == {"tp0": None}
+        broker.ends = {"tp0": 30}
+        broker.answer.set()
+        await asyncio.sleep(0.01)
+        assert offsets.latest(["tp0"]) == {"tp0": None}, "an answer to a question 6 s old"
+        await asyncio.sleep(0.01)
+        broker.answer.set()
+        await asyncio.sleep(0.01)
+        assert offsets.latest(["tp0"]) == {"tp0": 30}
+        assert broker.questions == 3
+
+    asyncio.run(scenario())
