@@ -446,8 +446,11 @@ class _EntityTable:
         #: Per table partition: when idle entries were last looked for.
         self._last_eviction: dict[int, float] = {}
         #: Per table partition: entry → its newest day, for the idle ones to be found without
-        #: reading every entry (filled from the table once per assignment, then kept).
+        #: reading every entry: kept as events are applied, and filled once per assignment
+        #: from the table with the entries not changed since (`_scanned`). Kept from the days
+        #: events counted on, not from the buckets (a numpy reduction per entry changed).
         self._newest_days: dict[int, dict[str, int]] = {}
+        self._scanned: set[int] = set()
         #: Per table partition: the entries with changes not published at once, each with the
         #: oldest day they counted on (published once due: the day close).
         self._unpublished: dict[int, Unpublished] = {}
@@ -473,6 +476,7 @@ class _EntityTable:
         from the table (and what a round published but the table does not say is published
         again in the first round: `_due_of`)."""
         self._newest_days.clear()
+        self._scanned.clear()
         self._unpublished.clear()
         self._due.clear()
         self._decoded.clear()
@@ -546,6 +550,7 @@ class _EntityTable:
             self._keep(key, state)
         changed = publish = False
         oldest = NO_DAY  # the oldest day a change not published at once counted on
+        newest = NO_DAY  # and the newest day any change counted on
         for event in events:
             applied = state.apply(event, clock)
             counted = (event.source, applied.result)
@@ -556,9 +561,17 @@ class _EntityTable:
             publish |= applied.publish
             if applied.changed and applied.day != NO_DAY:
                 oldest = applied.day if oldest == NO_DAY else min(oldest, applied.day)
+                newest = max(newest, applied.day)
         if not changed:
             return
-        self._newest_days.setdefault(partition, {})[key] = state.newest_day
+        # A bucket takes only a day an event counted on, so the newest day known so far, the
+        # days counted on now and the entry's day bound its newest day. A stale day counted
+        # on may exceed it, but then the entry is idle either way.
+        newest_days = self._newest_days.setdefault(partition, {})
+        known = newest_days.get(key)
+        newest_days[key] = (
+            state.newest_day if known is None else max(known, newest, state.as_of_day)
+        )
         self._unwritten.setdefault(partition, set()).add(key)
         waiting = self._unpublished.setdefault(partition, Unpublished())
         if publish:
@@ -633,9 +646,13 @@ class _EntityTable:
         if now - self._last_eviction.get(partition, 0.0) < self._config.evict_interval_s:
             return
         self._last_eviction[partition] = now
-        known = self._newest_days.get(partition)
-        if known is None:
-            known = self._newest_days[partition] = self._scan(partition, _newest_day)
+        known = self._newest_days.setdefault(partition, {})
+        if partition not in self._scanned:
+            # What another replica, or this one before a restart, left: the entries not
+            # changed since the assignment (the table may hold an older value of the others).
+            self._scanned.add(partition)
+            for key, day in self._scan(partition, _newest_day).items():
+                known.setdefault(key, day)
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
         waiting = self._unpublished.get(partition, Unpublished())

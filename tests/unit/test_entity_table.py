@@ -1,0 +1,109 @@
+"""The worker's table side without faust (terminals/app.py `_EntityTable`): which entries it
+forgets as idle. The table is a dict and the producer keeps what it is sent; the faust table and
+the broker are exercised by tests/integration/test_features_worker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from terminals.app import _Clocks, _EntityTable
+from terminals.config import FeaturesSettings
+from terminals.events import InputMarks, TerminalEvent
+from terminals.metrics import WorkerMetrics
+
+DAY_MS = 86_400_000
+NOW_MS = int(time.time() * 1000)
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes | None]] = []
+
+    async def send(self, _topic: str, key: bytes, value: bytes | None, **_: Any) -> None:
+        self.sent.append((key, value))
+
+
+class App:
+    def __init__(self) -> None:
+        self.producer = Producer()
+
+
+def table_of(table: dict[str, bytes]) -> tuple[_EntityTable, _Clocks, App]:
+    config = FeaturesSettings(table_partitions=1, evict_interval_s=0.001)
+    clocks = _Clocks(config)
+    app = App()
+    metrics = WorkerMetrics(CollectorRegistry())
+    entities = _EntityTable(cast(Any, app), table, config, metrics, clocks, card=False)
+    return entities, clocks, app
+
+
+def marks(time_ms: int) -> InputMarks:
+    return InputMarks((1, 1), {"t0": (time_ms, False), "l0": (time_ms, True)})
+
+
+def evict(entities: _EntityTable) -> None:
+    time.sleep(0.002)  # past the eviction interval
+    asyncio.run(entities.evict_if_due(0))
+
+
+def test_an_entry_idle_since_before_a_reassignment_is_forgotten() -> None:
+    # An entry changed after the reassignment made the table's entries unseen: those left idle
+    # by the replica before were never forgotten (nor tombstoned) again.
+    table: dict[str, bytes] = {}
+    entities, clocks, app = table_of(table)
+    old = NOW_MS - 100 * DAY_MS
+    clocks.of(0).follow(marks(old))
+    entities.apply(0, [("OLD", TerminalEvent("t", 0, 1, old))])
+    entities.write(0)
+    entities.reset()  # a restart, or partitions moved
+    clocks.reset()
+    clocks.of(0).follow(marks(NOW_MS))
+    entities.apply(0, [("NEW", TerminalEvent("t", 0, 2, NOW_MS))])
+    evict(entities)
+    assert "OLD" not in table
+    assert app.producer.sent == [(b"OLD", None)]
+    entities.write(0)
+    assert list(table) == ["NEW"], "the entry changed since is kept"
+
+
+@st.composite
+def events(draw: st.DrawFn) -> list[tuple[str, TerminalEvent]]:
+    """A batch of transactions and labels of three terminals, days up to 60 apart."""
+    batch = []
+    for offset in range(draw(st.integers(1, 12))):
+        key = draw(st.sampled_from(["A", "B", "C"]))
+        day = draw(st.integers(0, 60))
+        time_ms = NOW_MS - day * DAY_MS
+        if draw(st.booleans()):
+            event = TerminalEvent("t", 0, draw(st.integers(0, 10_000)) + offset, time_ms)
+        else:
+            reported = time_ms + draw(st.integers(-2, 10)) * DAY_MS
+            fraud = draw(st.booleans())
+            tx = draw(st.sampled_from(["x", "y"]))
+            event = TerminalEvent("l", 0, offset, time_ms, fraud, reported, tx)
+        batch.append((key, event))
+    return batch
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(events(), min_size=1, max_size=6), st.integers(0, 60))
+def test_the_newest_day_kept_per_entry_makes_the_eviction_the_buckets_make(
+    batches: list[list[tuple[str, TerminalEvent]]], clock_back_days: int
+) -> None:
+    # The newest day is kept from the days events counted on (not reduced from the buckets
+    # at every change): it may only err high on a stale day, where the entry is idle anyway.
+    entities, clocks, _ = table_of({})
+    clock = clocks.of(0)
+    clock.follow(marks(NOW_MS - clock_back_days * DAY_MS))
+    for batch in batches:
+        entities.apply(0, batch)
+        for key, kept in entities._newest_days.get(0, {}).items():
+            state = entities._decoded[key]
+            assert kept >= state.newest_day
+            assert clock.idle_since(kept) == clock.idle_since(state.newest_day), key
