@@ -52,14 +52,17 @@ def py_spy() -> str | None:
     return str(beside_python) if beside_python.is_file() else shutil.which("py-spy")
 
 
-def py_spy_prefix(executable: str, output: Path) -> list[str]:
-    """The command words that run a command under py-spy, recording raw stacks to `output`."""
+def py_spy_prefix(executable: str, output: Path, *, gil: bool = False) -> list[str]:
+    """The command words that run a command under py-spy, recording raw stacks to `output`;
+    with `gil`, only the thread holding the GIL is sampled: its Python CPU, where a process
+    whose loops mostly wait (an event loop in `select`) would otherwise show its waits."""
     return [
         executable,
         "record",
         "--format",
         "raw",
         "--threads",
+        *(["--gil"] if gil else []),
         "--rate",
         str(PY_SPY_RATE_HZ),
         "--output",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,8 +71,9 @@ TABLE_PARTITIONS = 6
 LIVE, CATCH_UP = "live", "catch-up"
 MODES = (LIVE, CATCH_UP)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-#: The profile's focus: the router's loop and faust's event loop.
-FOCUS = ("Router.run", "run_until_complete", "run_forever")
+#: The profile's focus: the router's loop and faust's event loops (its own, and its consumer
+#: thread's); the profile samples the thread holding the GIL (`py_spy_prefix`).
+FOCUS = ("Router.run", "BaseEventLoop.run_forever")
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -155,7 +157,7 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
         spy = py_spy()
         if spy is None:
             raise RuntimeError("--profile needs py-spy: `make bench` installs the bench extra")
-        command = [*py_spy_prefix(spy, profile), *command]
+        command = [*py_spy_prefix(spy, profile, gil=True), *command]
     log_path = data_dir / "worker.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -179,8 +181,9 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
         result["mode"], result["load_average_before"] = mode, load_before
     finally:
         stop(process)
-    if profile is not None and profile.exists():
-        note(render(summarize(profile.read_text(), focus=FOCUS)))
+        if profile is not None and profile.exists():
+            note(render(summarize(profile.read_text(), focus=FOCUS)))
+        shutil.rmtree(data_dir, ignore_errors=True)
     return result
 
 
