@@ -26,11 +26,10 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import (
     BACKLOG_EVENT_RATE,
@@ -49,6 +48,7 @@ from bench.harness import (
     wait_ready,
 )
 from bench.loops import STATE_TOPIC_SUFFIX
+from contracts.metrics_text import by_key, samples, scrape
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
 from loadgen.scrape import read_page
@@ -89,6 +89,8 @@ PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
 LATENCY_RATE = 5_000.0
 #: How long `fraud-features` may take to be ready before a whole-system latency run.
 WORKER_READY_S = 120.0
+#: How long the features worker may take, after the load, to count all of it.
+WORKER_COUNT_TIMEOUT_S = 600.0
 #: How long the latency run's service may take to be assigned its partitions.
 ASSIGNMENT_TIMEOUT_S = 60.0
 #: How long fraud-loadgen waits for the last decisions after sending: long enough for the
@@ -346,6 +348,7 @@ def latency(
         "--quiet",
     ]
     worker = None
+    counted_s: float | None = None
     if worker_command is not None:
         worker_port = int(worker_command[worker_command.index("--metrics-port") + 1])
         worker = _start(worker_command, run.logs / f"{role}-features.log")
@@ -369,8 +372,11 @@ def latency(
             check=False,
             timeout=run.latency_duration_s + DRAIN_TIMEOUT_S + LOADGEN_GRACE_S,
         )
-        for name, measured in processes.items():
-            cpu[name] += process_cpu_s(measured.pid)
+        cpu["scorer"] += process_cpu_s(service.pid)
+        if worker is not None:
+            sent = _sent(loadgen.stdout)
+            counted_s = _wait_counted(worker, f"http://127.0.0.1:{worker_port}/metrics", sent)
+            cpu["features_worker"] += process_cpu_s(worker.pid)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"fraud-loadgen did not finish within {exc.timeout} s") from exc
     else:
@@ -395,11 +401,51 @@ def latency(
         **{key: summary.get(key) for key in keys},
         "stage_mean_ms": stages,
         "features_worker": features_worker,
+        "worker_counted_after_s": counted_s,
         "cpu_s_per_1k": {
             name: round(seconds * 1000 / max(summary.get("decided") or 0, 1), 4)
             for name, seconds in cpu.items()
         },
     }
+
+
+def _sent(loadgen_stdout: str) -> int:
+    """How many transactions fraud-loadgen's summary (its last line) says it sent."""
+    lines = loadgen_stdout.strip().splitlines()
+    return int(json.loads(lines[-1]).get("sent") or 0) if lines else 0
+
+
+def _wait_counted(worker: subprocess.Popen[bytes], metrics_url: str, sent: int) -> float:
+    """Wait until the features worker has read all `sent` transactions and its table has
+    counted every one it routed, so that its CPU is what the load needed, not what it was
+    given while the load ran; return how many seconds that took after the load."""
+    started = time.monotonic()
+    while True:
+        if worker.poll() is not None:
+            raise RuntimeError(f"fraud-features exited (status {worker.returncode})")
+        waited = time.monotonic() - started
+        try:
+            values = by_key(scrape(metrics_url))
+        except OSError:
+            values = {}
+        read = sum(
+            v for k, v in values.items() if k.startswith("fraud_features_transactions_total{")
+        )
+        routed = values.get('fraud_features_transactions_total{outcome="routed"}', 0.0)
+        counted = sum(
+            v
+            for k, v in values.items()
+            if k.startswith("fraud_features_terminal_events_total{") and 'source="transaction"' in k
+        )
+        if read >= sent and counted >= routed:
+            return round(waited, 1)
+        if waited > WORKER_COUNT_TIMEOUT_S:
+            raise RuntimeError(
+                f"fraud-features had read {read:,.0f} of {sent:,} transactions and counted "
+                f"{counted:,.0f} of {routed:,.0f} routed, {WORKER_COUNT_TIMEOUT_S:.0f} s after "
+                "the load"
+            )
+        time.sleep(0.5)
 
 
 def _start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -441,11 +487,10 @@ def stage_means_of(text: str) -> dict[str, float]:
     """`stage_means_ms` of a /metrics page's text."""
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            stage = sample.labels.get("stage")
-            if sample.name == "fraud_stage_seconds_sum" and stage:
-                sums[stage] = sample.value
-            elif sample.name == "fraud_stage_seconds_count" and stage:
-                counts[stage] = sample.value
+    for sample in samples(text):
+        stage = sample.labels.get("stage")
+        if sample.name == "fraud_stage_seconds_sum" and stage:
+            sums[stage] = sample.value
+        elif sample.name == "fraud_stage_seconds_count" and stage:
+            counts[stage] = sample.value
     return {stage: 1000 * sums[stage] / n for stage, n in counts.items() if n and stage in sums}
