@@ -66,22 +66,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, cast
 
 import faust
-import numpy as np
-import numpy.typing as npt
 from faust.types import StreamT
 
-from contracts.card_frauds import encode_card_frauds
-from contracts.terminal_risk import encode_terminal_risk
 from contracts.worker_progress import WorkerProgress, encode_progress, progress_topic_name
 from terminals.config import FeaturesSettings
 from terminals.events import InputMarks, TerminalEvent, decode_batch, partition_of
 from terminals.health import WorkerHealth
 from terminals.kafka_auth import FaustKafkaAuth
 from terminals.metrics import WorkerMetrics
+from terminals.publication import encode_publications
 from terminals.router import ROUTE_BATCH, newest_transaction_time
 from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from terminals.table_lag import EndOffsets, table_lag
@@ -449,11 +447,11 @@ class _EntityTable:
         #: reading every entry: kept as events are applied, and filled once per assignment
         #: from the table with the entries not changed since (`_scanned`). Kept from the days
         #: events counted on, not from the buckets (a numpy reduction per entry changed).
-        self._newest_days: dict[int, dict[str, int]] = {}
+        self._newest_days: defaultdict[int, dict[str, int]] = defaultdict(dict)
         self._scanned: set[int] = set()
         #: Per table partition: the entries with changes not published at once, each with the
         #: oldest day they counted on (published once due: the day close).
-        self._unpublished: dict[int, Unpublished] = {}
+        self._unpublished: defaultdict[int, Unpublished] = defaultdict(Unpublished)
         #: Per table partition: the entries to publish in its next round (in order; after an
         #: assignment, every entry whose record is not the one last published).
         self._due: dict[int, dict[str, None]] = {}
@@ -466,7 +464,7 @@ class _EntityTable:
         #: Per table partition: the entries changed (counted, or published by a round) since
         #: their last write (`write`). Never dropped from `_decoded`: the table holds an older
         #: value of them.
-        self._unwritten: dict[int, set[str]] = {}
+        self._unwritten: defaultdict[int, set[str]] = defaultdict(set)
         #: Counts the assignments and revocations: a round stops when one comes while it waits
         #: on a send.
         self._generation = 0
@@ -499,7 +497,7 @@ class _EntityTable:
     def close_days(self, partition: int) -> None:
         """Once the partition's clock followed a record's marks: the entries with counts not
         published whose publication is due (`publication_due`) are due."""
-        waiting = self._unpublished.setdefault(partition, Unpublished())
+        waiting = self._unpublished[partition]
         due = self._due_of(partition)
         for key in waiting.take_due(self._clocks.of(partition).watermark_day):
             due[key] = None
@@ -567,13 +565,13 @@ class _EntityTable:
         # A bucket takes only a day an event counted on, so the newest day known so far, the
         # days counted on now and the entry's day bound its newest day. A stale day counted
         # on may exceed it, but then the entry is idle either way.
-        newest_days = self._newest_days.setdefault(partition, {})
+        newest_days = self._newest_days[partition]
         known = newest_days.get(key)
         newest_days[key] = (
             state.newest_day if known is None else max(known, newest, state.as_of_day)
         )
-        self._unwritten.setdefault(partition, set()).add(key)
-        waiting = self._unpublished.setdefault(partition, Unpublished())
+        self._unwritten[partition].add(key)
+        waiting = self._unpublished[partition]
         if publish:
             self._due_of(partition)[key] = None
             waiting.discard(key)
@@ -601,36 +599,33 @@ class _EntityTable:
 
     async def publish_due(self) -> None:
         """One round (every FRAUD_FEATURES_PUBLISH_INTERVAL_MS): publish each due entry once,
-        as it is now, however many records changed it since the last round."""
+        as it is now, however many records changed it since the last round. A partition's
+        records are all taken and encoded before the first is sent (no event is applied in
+        between, so each record is its entry as one moment saw it), its terminals' features in
+        one call (`terminals/publication.py`)."""
         generation = self._generation
         for partition, due in list(self._due.items()):
+            if self._generation != generation:
+                return  # partitions moved meanwhile: their new owner publishes them
             keys = list(due)
             due.clear()
+            taken = []
             for key in keys:
-                if self._generation != generation:
-                    return  # partitions moved meanwhile: their new owner publishes them
                 try:
                     state = self._load(key)
                 except ValueError:
                     continue
                 if state is None:  # forgotten meanwhile
                     continue
-                publish, features = state.to_publish()
-                if publish:
-                    self._unwritten.setdefault(partition, set()).add(key)
-                    await self._publish(key, state, features)
-
-    async def _publish(
-        self, key: str, state: TerminalState, features: npt.NDArray[np.float32] | None
-    ) -> None:
-        """The entry's record, or its tombstone (`features` None)."""
-        value = None
-        if features is not None and self._card:
-            days, counts = state.risk.buckets()
-            value = encode_card_frauds(key, state.as_of_day, days, counts[:, 1])
-        elif features is not None:
-            value = encode_terminal_risk(key, state.as_of_day, features, state.risk.buckets())
-        await self._send(key, value)
+                publication = state.take_publication()
+                if publication is not None:
+                    self._unwritten[partition].add(key)
+                    taken.append((key, publication))
+            values = encode_publications(taken, card=self._card)
+            for (key, _), value in zip(taken, values, strict=True):
+                if self._generation != generation:
+                    return  # their new owner publishes them (`_due_of`: not in its table)
+                await self._send(key, value)
 
     async def _send(self, key: str, value: bytes | None) -> None:
         """Through the producer itself, so records and tombstones keep their order (a topic's
@@ -646,7 +641,7 @@ class _EntityTable:
         if now - self._last_eviction.get(partition, 0.0) < self._config.evict_interval_s:
             return
         self._last_eviction[partition] = now
-        known = self._newest_days.setdefault(partition, {})
+        known = self._newest_days[partition]
         if partition not in self._scanned:
             # What another replica, or this one before a restart, left: the entries not
             # changed since the assignment (the table may hold an older value of the others).
@@ -655,7 +650,7 @@ class _EntityTable:
                 known.setdefault(key, day)
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
-        waiting = self._unpublished.get(partition, Unpublished())
+        waiting = self._unpublished[partition]
         due = self._due.get(partition, {})
         unwritten = self._unwritten.get(partition, set())
         generation = self._generation

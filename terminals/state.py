@@ -100,7 +100,7 @@ class Applied(NamedTuple):
     #: The entry changed (counts, day or positions): write it to the table.
     changed: bool
     #: The published record must change now (a label was counted, or a transaction on a day
-    #: some window reads): see `to_publish`.
+    #: some window reads): see `take_publication`.
     publish: bool
     #: The event's time was past the clock's bound and counted at it.
     clamped: bool = False
@@ -252,6 +252,17 @@ class TerminalClock:
         return self.stale(newest_day)
 
 
+_Ints = npt.NDArray[np.int64]
+
+
+class Publication(NamedTuple):
+    """What a round publishes of an entry (`TerminalState.take_publication`): its day and
+    copies of its buckets (days [38], counts [38, 2]); no buckets: a tombstone."""
+
+    as_of_day: int
+    buckets: tuple[_Ints, _Ints] | None
+
+
 class _Stored(msgspec.Struct, frozen=True):
     as_of_day: int
     positions: dict[str, int]
@@ -347,34 +358,36 @@ class TerminalState:
         """TERMINAL_FEATURE_NAMES as of `as_of_day`."""
         return self.risk.features(max(self.as_of_day, 0))
 
-    def to_publish(self) -> tuple[bool, npt.NDArray[np.float32] | None]:
-        """Whether to publish, and the features as of `as_of_day` to publish with the buckets
-        (`risk.buckets()`): when the day or the buckets differ from the last published ones
-        (which they then become); None (a tombstone) when no count is left that a window will
-        read, after having been published. Such a terminal is never published as such."""
-        current = self._publication()
+    def take_publication(self) -> Publication | None:
+        """What to publish now, which then counts as published: the day and the buckets when
+        they differ from the last published ones; a tombstone (no buckets) when no count is
+        left that a window will read, after having been published (such a terminal is never
+        published as such); None when there is nothing to publish. The features go with the
+        buckets (`terminals/publication.py`, a round's at once)."""
+        days, counts = self.risk.buckets()
+        current = self._publication(days, counts)
         if current is None:
             if self.published is None:
-                return False, None
+                return None
             self.published = None
-            return True, None
+            return Publication(self.as_of_day, None)
         if current == self.published:
-            return False, None
+            return None
         self.published = current
-        return True, self.features()
+        return Publication(self.as_of_day, (days, counts))
 
     def unpublished(self) -> bool:
         """Whether the day or the buckets differ from what was last published (the worker
-        publishes such a terminal once `publication_due`: `to_publish`)."""
-        return self._publication() != self.published
+        publishes such a terminal once `publication_due`: `take_publication`)."""
+        return self._publication(*self.risk.buckets()) != self.published
 
-    def _publication(self) -> list[float] | None:
+    def _publication(self, days: _Ints, counts: _Ints) -> list[float] | None:
         """What a publication now would say (the day and the buckets), or None when no count
         is left that a window will read."""
-        days, counts = self.risk.buckets()
         if not counts[days >= self.as_of_day - HORIZON_DAYS].any():
             return None
-        return [float(v) for v in (self.as_of_day, *days, *counts.reshape(-1))]
+        buckets = np.concatenate((days, counts.reshape(-1))).astype(np.float64).tolist()
+        return [float(self.as_of_day), *buckets]
 
     def to_bytes(self) -> bytes:
         """The table value (JSON)."""

@@ -5,7 +5,7 @@ Serving here is the service's own code, in the order a live system runs it: the 
 state (`stream.card_state.CardState`, batches of 256 across partitions as the consumer makes
 them), the features worker's per-terminal state (`terminals.state.TerminalState`: each
 transaction and each fraud label at its report time, publishing what it decides to publish), the
-`terminal-risk` record as it goes over Kafka (`encode_terminal_risk` / `decode_terminal_risk`),
+`terminal-risk` record as the worker encodes it (`encode_publications`) and the scorer decodes it,
 and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs); and
 the same for each card's confirmed frauds (the worker's per-card state fed with the labels, the
 `card-frauds` record, `card_features`, what `CardFraudsTable` runs).
@@ -28,7 +28,6 @@ from contracts.card_frauds import (
     CARD_FRAUD_FEATURE_NAMES,
     CardFraudsRecord,
     decode_card_frauds,
-    encode_card_frauds,
 )
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
@@ -37,7 +36,6 @@ from contracts.terminal_risk import (
     TERMINAL_FEATURE_NAMES,
     TerminalRiskRecord,
     decode_terminal_risk,
-    encode_terminal_risk,
 )
 from contracts.transaction import Transaction
 from scorer.card_frauds import card_features
@@ -49,6 +47,7 @@ from simulator.transactions import DEFAULT_START_TIME_MS, TransactionSimulator
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
+from terminals.publication import encode_publications
 from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from tests.unit.fakes import MemoryChangelog
 
@@ -118,33 +117,28 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
     )
     offsets = {TRANSACTION: 0, LABEL: 0}
 
-    def publish_terminal(terminal_id: str, state: TerminalState, features: np.ndarray) -> None:
-        value = encode_terminal_risk(terminal_id, state.as_of_day, features, state.risk.buckets())
-        scorer_copy[terminal_id] = decode_terminal_risk(value)
-
-    def publish_card(card_id: str, state: TerminalState, _features: np.ndarray) -> None:
-        days, counts = state.risk.buckets()
-        card_copy[card_id] = decode_card_frauds(
-            encode_card_frauds(card_id, state.as_of_day, days, counts[:, 1])
-        )
-
     class Table:
-        """What the worker's agent does with one table's events (terminals/app.py)."""
+        """What the worker's agent does with one table's events (terminals/app.py), and its
+        records as they go over Kafka (terminals/publication.py)."""
 
-        def __init__(self, copy: dict[str, Any], send: Any) -> None:
+        def __init__(self, copy: dict[str, Any], card: bool) -> None:
             self.states: dict[str, TerminalState] = {}
             self.unpublished = Unpublished()
-            self.copy, self.send = copy, send
+            self.copy, self.card = copy, card
 
         def publish(self, key: str, state: TerminalState) -> None:
             nonlocal publications
-            publish, features = state.to_publish()
-            if publish:
-                publications += 1
-                if features is None:
-                    self.copy.pop(key, None)
-                else:
-                    self.send(key, state, features)
+            publication = state.take_publication()
+            if publication is None:
+                return
+            publications += 1
+            [value] = encode_publications([(key, publication)], card=self.card)
+            if value is None:
+                self.copy.pop(key, None)
+            elif self.card:
+                self.copy[key] = decode_card_frauds(value)
+            else:
+                self.copy[key] = decode_terminal_risk(value)
 
         def apply(self, key: str, event: TerminalEvent) -> None:
             state = self.states.setdefault(key, TerminalState())
@@ -163,7 +157,7 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
             for due in self.unpublished.take_due(worker_clock.watermark_day):  # the day close
                 self.publish(due, self.states[due])
 
-    terminals, cards = Table(scorer_copy, publish_terminal), Table(card_copy, publish_card)
+    terminals, cards = Table(scorer_copy, card=False), Table(card_copy, card=True)
 
     next_label = 0
     for start in range(0, n, BATCH):

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import TransientDeliveryError
 from contracts.event_time import EventClock
 from contracts.offsets import OffsetTracker, SourceOffset
-from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY
+from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY, decode_terminal_risk
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
@@ -36,6 +36,7 @@ from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery
 from stream.sink import Output
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
+from terminals.publication import encode_publications
 from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
 from tests.unit.fakes import MemoryChangelog, changes, message
 
@@ -357,9 +358,12 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
 
     def publish_now(terminal: str) -> None:
         waiting.discard(terminal)
-        publish, features = held[terminal].to_publish()
-        if publish:
-            published[terminal] = None if features is None else features.tolist()
+        publication = held[terminal].take_publication()
+        if publication is not None:
+            [value] = encode_publications([(terminal, publication)], card=False)
+            published[terminal] = (
+                None if value is None else decode_terminal_risk(value).features.tolist()
+            )
             table[terminal] = held[terminal].to_bytes()  # the entry's next write says so
 
     for terminal, source, partition, event_time, delay, fraud, tx, step in events:

@@ -35,6 +35,7 @@ from terminals.state import (
     PUBLISH_WITHIN_DAYS,
     REPEATED,
     STALE,
+    Publication,
     TerminalClock,
     TerminalState,
     Unpublished,
@@ -182,7 +183,7 @@ def test_a_transaction_waits_until_a_day_before_a_window_reads_its_day() -> None
     assert waiting.take_due(DAY0 + PUBLISH_WITHIN_DAYS) == ["T"], "due by its oldest change"
     assert "T" not in waiting and waiting.take_due(DAY0 + 100) == []
     assert PUBLISH_WITHIN_DAYS < DELAY_DAYS, "published before the first window reads it"
-    assert state.to_publish()[0] and not state.unpublished()
+    assert state.take_publication() is not None and not state.unpublished()
 
 
 @settings(max_examples=200, deadline=None)
@@ -239,13 +240,13 @@ def test_a_fraud_inside_the_delay_is_published_at_once_and_read_from_its_day_on(
     clock = TerminalClock(MS_PER_DAY)
     state = TerminalState()
     state.apply(tx(0, DAY0 + 10), clock)
-    assert state.to_publish()[0]
+    assert state.take_publication() is not None
     applied = state.apply(lab(0, DAY0 + 8, DAY0 + 10), clock)
     # Its day is inside the delay: no window reads it today, but the published buckets carry
     # it to the scorer, which reads it as of each transaction's own day.
     assert applied.result == COUNTED and applied.publish
-    publish, features = state.to_publish()
-    assert publish and features is not None and features[2] == 0.0
+    assert state.take_publication() is not None
+    assert state.features()[2] == 0.0
     days, counts = state.risk.buckets()
     assert counts[days == DAY0 + 8].tolist() == [[0, 1]]
     # A transaction today changes no window's count: the fraud is published already.
@@ -397,18 +398,18 @@ def test_a_terminal_with_nothing_left_to_read_is_never_published_or_becomes_a_to
     # terminal is published while some window reads, or will read, one of its counts.
     clock = clock_at(DAY0 + 60)
     state = TerminalState()
-    assert state.to_publish() == (False, None), "nothing counted"
+    assert state.take_publication() is None, "nothing counted"
     state.apply(tx(0, DAY0), clock)
-    publish, features = state.to_publish()
-    assert publish and features is not None and not features.any(), "read from DAY0 + 7 on"
-    assert state.to_publish() == (False, None), "published already"
+    publication = state.take_publication()
+    assert publication is not None and publication.buckets is not None
+    assert not state.features().any(), "read from DAY0 + 7 on"
+    assert state.take_publication() is None, "published already"
     state = risky(clock_at(DAY0 + 9))
-    publish, features = state.to_publish()
-    assert publish and features is not None and features[RISK_7D] > 0
+    assert state.take_publication() is not None and state.features()[RISK_7D] > 0
     # A legitimate label reported 60 days on moves the day past every window of DAY0.
     state.apply(lab(9, DAY0 + 30, DAY0 + 60, fraud=False), clock_at(DAY0 + 60))
-    assert state.to_publish() == (True, None), "a tombstone"
-    assert state.to_publish() == (False, None)
+    assert state.take_publication() == Publication(DAY0 + 60, None), "a tombstone"
+    assert state.take_publication() is None
 
 
 def test_a_terminal_is_idle_once_no_window_reads_its_days() -> None:
