@@ -48,7 +48,7 @@ from bench.harness import (
     wait_ready,
 )
 from bench.loops import STATE_TOPIC_SUFFIX
-from contracts.metrics_text import by_key, samples, scrape
+from contracts.metrics_text import Sample, by_key, samples, scrape
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
 from loadgen.scrape import read_page
@@ -89,6 +89,12 @@ PIPELINE_FLAGS: dict[str, tuple[str, ...]] = {
 LATENCY_RATE = 5_000.0
 #: How long `fraud-features` may take to be ready before a whole-system latency run.
 WORKER_READY_S = 120.0
+#: The features worker's totals a whole-system run reports beside its CPU.
+WORKER_FIGURES = (
+    "fraud_features_risk_published_total",
+    "fraud_features_card_frauds_published_total",
+    "fraud_features_transactions_total",
+)
 #: How long the features worker may take, after the load, to count all of it.
 WORKER_COUNT_TIMEOUT_S = 600.0
 #: How long the latency run's service may take to be assigned its partitions.
@@ -349,6 +355,7 @@ def latency(
     ]
     worker = None
     counted_s: float | None = None
+    worker_samples: list[Sample] = []
     if worker_command is not None:
         worker_port = int(worker_command[worker_command.index("--metrics-port") + 1])
         worker = _start(worker_command, run.logs / f"{role}-features.log")
@@ -375,8 +382,10 @@ def latency(
         cpu["scorer"] += process_cpu_s(service.pid)
         if worker is not None:
             sent = _sent(loadgen.stdout)
-            counted_s = _wait_counted(worker, f"http://127.0.0.1:{worker_port}/metrics", sent)
+            worker_metrics = f"http://127.0.0.1:{worker_port}/metrics"
+            counted_s = _wait_counted(worker, worker_metrics, sent)
             cpu["features_worker"] += process_cpu_s(worker.pid)
+            worker_samples = samples(scrape(worker_metrics))
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"fraud-loadgen did not finish within {exc.timeout} s") from exc
     else:
@@ -385,6 +394,15 @@ def latency(
         for started in (service, worker):
             if started is not None:
                 stop(started)
+    worker_totals: dict[str, float] = {}
+    for sample in worker_samples:
+        if sample.name in WORKER_FIGURES:
+            worker_totals[sample.name] = worker_totals.get(sample.name, 0.0) + sample.value
+    worker_stages = {
+        sample.labels["stage"]: round(sample.value, 3)
+        for sample in worker_samples
+        if sample.name == "fraud_features_stage_cpu_seconds_total"
+    }
     if not loadgen.stdout.strip():
         raise RuntimeError(f"fraud-loadgen printed no summary:\n{loadgen.stderr[-2000:]}")
     summary: dict[str, Any] = json.loads(loadgen.stdout.strip().splitlines()[-1])
@@ -402,6 +420,9 @@ def latency(
         "stage_mean_ms": stages,
         "features_worker": features_worker,
         "worker_counted_after_s": counted_s,
+        # What the worker's own metrics say of its work: CPU-s by stage, records published.
+        "worker_totals": worker_totals,
+        "worker_stage_cpu_s": worker_stages,
         "cpu_s_per_1k": {
             name: round(seconds * 1000 / max(summary.get("decided") or 0, 1), 4)
             for name, seconds in cpu.items()
