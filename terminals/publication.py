@@ -2,9 +2,8 @@
 (`terminal-risk`), a card's confirmed frauds by day (`card-frauds`), or a tombstone.
 
 Why a round at a time: `window_features` is vectorised over terminals, and called for one it
-spends its time in numpy's per-call set-up. In the whole-system benchmark, where the worker
-publishes about one terminal for every six transactions, the features of one terminal at a time
-took 13 % of the worker's event loop (docs/benchmarks.md); one call per round computes them for
+spends its time in numpy's per-call set-up, which made the features the largest part of a
+round (docs/benchmarks.md, "A round's features at once"). One call per round computes them for
 every terminal it publishes, with the same arithmetic row by row.
 """
 

@@ -80,11 +80,10 @@ ROUTE_WITHIN_S = 0.2
 #: How long the producer waits to fill a batch.
 LINGER_MS = 20
 #: The broker answers a fetch once it has this much for the router, or after FETCH_WAIT_MS:
-#: larger, rarer fetches. At librdkafka's default (answer at the first byte) a live stream of
-#: 5,000 tx/s on 12 partitions came a few records a fetch, and librdkafka's threads cost 0.019 to
-#: 0.023 CPU-s per 1,000 transactions, a quarter of the worker; with these, 0.001
-#: (docs/benchmarks.md). A record is routed at most FETCH_WAIT_MS later for it; a counted label
-#: already waited up to a publication round (FRAUD_FEATURES_PUBLISH_INTERVAL_MS, 1 s).
+#: larger, rarer fetches. At librdkafka's default (answer at the first byte) a live stream came
+#: a few records a fetch, and librdkafka's threads were a quarter of the worker's CPU
+#: (docs/benchmarks.md, "Fewer, larger fetches"). A record is routed at most FETCH_WAIT_MS
+#: later for it; a counted label already waited up to a publication round (1 s by default).
 FETCH_MIN_BYTES = 256 * 1024
 FETCH_WAIT_MS = 500
 #: One wait for acknowledgements: the loop beats between waits.
