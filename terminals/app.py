@@ -242,11 +242,11 @@ def build_app(
         recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
         health.recovered(recovery.completed.is_set() and not app.rebalancing)
         owned = [tp for tp in app.assignor.assigned_actives() if tp.topic == events_topic]
-        ends = end_offsets.latest(owned)
-        behind = table_lag({tp.partition: ends.get(tp) for tp in owned}, applied)
+        ends, applied_then = end_offsets.latest(owned, applied)
+        behind = table_lag({tp.partition: ends.get(tp) for tp in owned}, applied_then)
         # Only partitions it has applied records of: one recovering its table waits rightly.
         waiting = any(
-            high is not None and tp.partition in applied and high > applied[tp.partition]
+            high is not None and tp.partition in applied_then and high > applied_then[tp.partition]
             for tp, high in ends.items()
         )
         health.agent_progress(waiting, progressed)

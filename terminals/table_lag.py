@@ -44,7 +44,11 @@ async def end_offsets(app: faust.App, partitions: Sequence[Any]) -> dict[Any, in
 
 class EndOffsets:
     """The newest answer to `end_offsets`, asked again in the background whenever `latest` is
-    called with no question in flight. Call it from the event loop."""
+    called with no question in flight, with what the agent had applied when it was asked: the
+    lag is the answer's ends against that, both of one moment. Against what is applied by the
+    time the answer is read, a catch-up, whose ends grow while the question is out, looked
+    caught up early (a worker was ready with 35,000 transactions of a 500,000 backlog still to
+    count). Call it from the event loop."""
 
     def __init__(
         self,
@@ -57,22 +61,26 @@ class EndOffsets:
         self._clock = clock
         self._asking: asyncio.Task[None] | None = None
         self._answer: dict[Any, int | None] = {}
+        self._applied: dict[int, int] = {}
         #: When the answer held was asked for (monotonic).
         self._asked_at = -float("inf")
 
-    def latest(self, partitions: Sequence[Any]) -> dict[Any, int | None]:
-        """Each partition's end offset as the newest answer says it; None where that answer
-        does not name it or was asked for more than `max_age_s` ago."""
+    def latest(
+        self, partitions: Sequence[Any], applied: dict[int, int]
+    ) -> tuple[dict[Any, int | None], dict[int, int]]:
+        """Each partition's end offset as the newest answer says it (None where that answer
+        does not name it or was asked for more than `max_age_s` ago), and `applied` (per table
+        partition, the next offset to apply) as it was when that answer was asked for."""
         if self._asking is None or self._asking.done():
-            self._asking = asyncio.ensure_future(self._ask(list(partitions)))
+            self._asking = asyncio.ensure_future(self._ask(list(partitions), dict(applied)))
         if self._clock() - self._asked_at > self._max_age_s:
-            return dict.fromkeys(partitions)
-        return {tp: self._answer.get(tp) for tp in partitions}
+            return dict.fromkeys(partitions), dict(applied)
+        return {tp: self._answer.get(tp) for tp in partitions}, self._applied
 
-    async def _ask(self, partitions: list[Any]) -> None:
+    async def _ask(self, partitions: list[Any], applied: dict[int, int]) -> None:
         asked_at = self._clock()
         answer = await end_offsets(self._app, partitions)
-        self._answer, self._asked_at = answer, asked_at
+        self._answer, self._applied, self._asked_at = answer, applied, asked_at
 
 
 def table_lag(ends: dict[int, int | None], applied: dict[int, int]) -> int | None:

@@ -167,28 +167,33 @@ def test_the_health_timer_takes_the_newest_answer_and_never_waits_for_the_broker
         clock = Clock()
         broker = SlowBroker()
         offsets = EndOffsets(cast(Any, SimpleNamespace(consumer=broker)), 5.0, clock)
-        assert offsets.latest(["tp0", "tp1"]) == {"tp0": None, "tp1": None}, "nothing asked yet"
+        unknown = {"tp0": None, "tp1": None}
+        assert offsets.latest(["tp0", "tp1"], {}) == (unknown, {}), "nothing asked yet"
         await asyncio.sleep(0.01)
-        assert offsets.latest(["tp0", "tp1"]) == {"tp0": None, "tp1": None}, "not answered yet"
+        assert offsets.latest(["tp0", "tp1"], {0: 3}) == (unknown, {0: 3}), "not answered yet"
         assert broker.questions == 1, "a question in flight is not asked again"
         broker.answer.set()
         await asyncio.sleep(0.01)
-        assert offsets.latest(["tp0", "tp1", "tp2"]) == {"tp0": 10, "tp1": 20, "tp2": None}
+        # The answer comes with what was applied when it was asked ({}), not now: in a
+        # catch-up the ends grow while the question is out.
+        ends, applied = offsets.latest(["tp0", "tp1", "tp2"], {0: 9, 1: 20})
+        assert ends == {"tp0": 10, "tp1": 20, "tp2": None} and applied == {}
         await asyncio.sleep(0.01)
         assert broker.questions == 2, "the next question starts with the next call"
         # The broker stops answering: the answer ages, then it is unknown (not ready).
         clock.now += 4.0
-        assert offsets.latest(["tp0"]) == {"tp0": 10}
+        assert offsets.latest(["tp0"], {0: 10})[0] == {"tp0": 10}
         clock.now += 2.0
-        assert offsets.latest(["tp0"]) == {"tp0": None}
+        assert offsets.latest(["tp0"], {0: 10})[0] == {"tp0": None}
         broker.ends = {"tp0": 30}
         broker.answer.set()
         await asyncio.sleep(0.01)
-        assert offsets.latest(["tp0"]) == {"tp0": None}, "an answer to a question 6 s old"
+        assert offsets.latest(["tp0"], {0: 30})[0] == {"tp0": None}, "a question 6 s old"
         await asyncio.sleep(0.01)
         broker.answer.set()
         await asyncio.sleep(0.01)
-        assert offsets.latest(["tp0"]) == {"tp0": 30}
+        # Asked at the call before, when 30 were applied: caught up.
+        assert offsets.latest(["tp0"], {0: 31}) == ({"tp0": 30}, {0: 30})
         assert broker.questions == 3
 
     asyncio.run(scenario())
