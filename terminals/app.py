@@ -445,10 +445,10 @@ class _EntityTable:
         self._last_eviction: dict[int, float] = {}
         #: Per table partition: entry → its newest day, for the idle ones to be found without
         #: reading every entry: kept as events are applied, and filled once per assignment
-        #: from the table with the entries not changed since (`_scanned`). Kept from the days
-        #: events counted on, not from the buckets (a numpy reduction per entry changed).
+        #: from the table with the entries not changed since (`_take_over`).
         self._newest_days: defaultdict[int, dict[str, int]] = defaultdict(dict)
-        self._scanned: set[int] = set()
+        #: The table partitions whose entries were looked at since the last assignment.
+        self._taken_over: set[int] = set()
         #: Per table partition: the entries with changes not published at once, each with the
         #: oldest day they counted on (published once due: the day close).
         self._unpublished: defaultdict[int, Unpublished] = defaultdict(Unpublished)
@@ -474,7 +474,7 @@ class _EntityTable:
         from the table (and what a round published but the table does not say is published
         again in the first round: `_due_of`)."""
         self._newest_days.clear()
-        self._scanned.clear()
+        self._taken_over.clear()
         self._unpublished.clear()
         self._due.clear()
         self._decoded.clear()
@@ -548,7 +548,6 @@ class _EntityTable:
             self._keep(key, state)
         changed = publish = False
         oldest = NO_DAY  # the oldest day a change not published at once counted on
-        newest = NO_DAY  # and the newest day any change counted on
         for event in events:
             applied = state.apply(event, clock)
             counted = (event.source, applied.result)
@@ -559,17 +558,9 @@ class _EntityTable:
             publish |= applied.publish
             if applied.changed and applied.day != NO_DAY:
                 oldest = applied.day if oldest == NO_DAY else min(oldest, applied.day)
-                newest = max(newest, applied.day)
         if not changed:
             return
-        # A bucket takes only a day an event counted on, so the newest day known so far, the
-        # days counted on now and the entry's day bound its newest day. A stale day counted
-        # on may exceed it, but then the entry is idle either way.
-        newest_days = self._newest_days[partition]
-        known = newest_days.get(key)
-        newest_days[key] = (
-            state.newest_day if known is None else max(known, newest, state.as_of_day)
-        )
+        self._newest_days[partition][key] = state.newest_day
         self._unwritten[partition].add(key)
         waiting = self._unpublished[partition]
         if publish:
@@ -592,10 +583,30 @@ class _EntityTable:
         return key in self._unwritten.get(partition, ())
 
     def _due_of(self, partition: int) -> dict[str, None]:
-        due = self._due.get(partition)
-        if due is None:
-            due = self._due[partition] = dict.fromkeys(self._scan(partition, _unpublished_day))
-        return due
+        self._take_over(partition)
+        return self._due[partition]
+
+    def _take_over(self, partition: int) -> None:
+        """Once per table partition after an assignment, one pass over the entries the table
+        holds of it (what another replica, or this one before a restart, left): each one whose
+        record is not the one last published is due, and each one's newest day is known for
+        the idle ones to be found. An entry changed since keeps what the change said (the
+        table holds an older value of it)."""
+        if partition in self._taken_over:
+            return
+        self._taken_over.add(partition)
+        due = self._due.setdefault(partition, {})
+        newest_days = self._newest_days[partition]
+        for key, value in self.table.items():
+            if partition_of(key, self._config.table_partitions) != partition:
+                continue
+            try:
+                state = TerminalState.from_bytes(value)
+            except ValueError:
+                continue
+            if state.unpublished():
+                due.setdefault(key, None)
+            newest_days.setdefault(key, state.newest_day)
 
     async def publish_due(self) -> None:
         """One round (every FRAUD_FEATURES_PUBLISH_INTERVAL_MS): publish each due entry once,
@@ -641,13 +652,8 @@ class _EntityTable:
         if now - self._last_eviction.get(partition, 0.0) < self._config.evict_interval_s:
             return
         self._last_eviction[partition] = now
+        self._take_over(partition)
         known = self._newest_days[partition]
-        if partition not in self._scanned:
-            # What another replica, or this one before a restart, left: the entries not
-            # changed since the assignment (the table may hold an older value of the others).
-            self._scanned.add(partition)
-            for key, day in self._scan(partition, _newest_day).items():
-                known.setdefault(key, day)
         clock = self._clocks.of(partition)
         idle = [key for key, day in known.items() if clock.idle_since(day)]
         waiting = self._unpublished[partition]
@@ -671,29 +677,3 @@ class _EntityTable:
         if idle:
             self._metrics.evicted(len(idle), card=self._card)
             log.info("forgot %s idle %ss of partition %s", len(idle), self._what, partition)
-
-    def _scan(
-        self, partition: int, day_of: Callable[[TerminalState], int | None]
-    ) -> dict[str, int]:
-        """Each entry of the partition held in the table for which `day_of(state)` gives a
-        day (after an assignment: what another replica, or this one before a restart, left)."""
-        days = {}
-        for key, value in self.table.items():
-            if partition_of(key, self._config.table_partitions) != partition:
-                continue
-            try:
-                day = day_of(TerminalState.from_bytes(value))
-            except ValueError:
-                continue
-            if day is not None:
-                days[key] = day
-        return days
-
-
-def _unpublished_day(state: TerminalState) -> int | None:
-    """An entry's day, when its counts are not all published."""
-    return state.as_of_day if state.unpublished() else None
-
-
-def _newest_day(state: TerminalState) -> int | None:
-    return state.newest_day

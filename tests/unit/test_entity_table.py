@@ -96,8 +96,8 @@ def events(draw: st.DrawFn) -> list[tuple[str, TerminalEvent]]:
 def test_the_newest_day_kept_per_entry_makes_the_eviction_the_buckets_make(
     batches: list[list[tuple[str, TerminalEvent]]], clock_back_days: int
 ) -> None:
-    # The newest day is kept from the days events counted on (not reduced from the buckets
-    # at every change): it may only err high on a stale day, where the entry is idle anyway.
+    # The newest day kept per entry, which eviction reads instead of decoding every entry,
+    # never falls behind its buckets, and decides idleness as they do.
     entities, clocks, _ = table_of({})
     clock = clocks.of(0)
     clock.follow(marks(NOW_MS - clock_back_days * DAY_MS))
