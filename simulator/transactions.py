@@ -57,6 +57,19 @@ DEFAULT_CARDS, DEFAULT_TERMINALS = 5_000, 10_000
 MAX_FRAUD_SCALE = 10.0
 #: Room left in a transaction_id for "-" and the counter (at most 20 digits, as a uint64).
 MAX_ID_PREFIX_CHARS = MAX_ID_CHARS - 21
+DEFAULT_ID_PREFIX = "tx"
+
+
+def transaction_id(counter: int, prefix: str = DEFAULT_ID_PREFIX) -> str:
+    """The id of a simulator's `counter`-th transaction (counted from 0)."""
+    return f"{prefix}-{counter}"
+
+
+def row_of(transaction: str) -> int:
+    """The counter of a simulated transaction's id (`transaction_id` read back)."""
+    return int(transaction.rsplit("-", 1)[1])
+
+
 #: Time of day of transactions: normal around noon, as in the handbook.
 TIME_OF_DAY_MEAN_S, TIME_OF_DAY_SD_S = 43_200.0, 20_000.0
 #: Legitimate micro purchases (apps, games) among digital-goods purchases, which card testing
@@ -130,7 +143,7 @@ class TransactionSimulator:
         num_cards: int = DEFAULT_CARDS,
         num_terminals: int = DEFAULT_TERMINALS,
         start_time_ms: int = DEFAULT_START_TIME_MS,
-        id_prefix: str = "tx",
+        id_prefix: str = DEFAULT_ID_PREFIX,
         label_delay_scale: float = 1.0,
     ) -> None:
         """Build the population of cards, merchants and terminals.
@@ -237,7 +250,7 @@ class TransactionSimulator:
         )
         first = self._counter
         self._counter += n
-        ids = [f"{self._id_prefix}-{first + i}" for i in range(n)]
+        ids = [transaction_id(first + i, self._id_prefix) for i in range(n)]
         records = _records(ids, columns) if with_records else []
         self._queue_labels(ids, columns, rows, event_time, scale)
         labels: list[dict[str, object]] = []

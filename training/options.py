@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from simulator.label_regimes import AUDIT_SHARE, SHIPPED_REGIMES, LabelRegime
 from training.protocol import days_needed, fold_schedule
 
 PROG = "fraud-train"
@@ -71,6 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_regimes(text: str) -> tuple[LabelRegime, ...]:
+    names = [part.strip() for part in text.split(",")]
+    known = ", ".join(regime.value for regime in LabelRegime)
+    try:
+        regimes = tuple(LabelRegime(name) for name in names)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--regimes takes comma-separated names among {known}, got {text!r}"
+        ) from None
+    if len(set(regimes)) != len(regimes):
+        raise argparse.ArgumentTypeError(f"--regimes names a regime twice: {text!r}")
+    return regimes
+
+
+def parse_share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return share
+
+
 def add_stream_options(parser: argparse.ArgumentParser) -> None:
     """--seeds, --days and --folds: the simulated streams a study trains and evaluates on."""
     parser.add_argument(
@@ -96,6 +121,23 @@ def _add_simulator(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seeds trained at once, each in a process of its own (default: one per CPU, at "
         "most one per seed)",
+    )
+    parser.add_argument(
+        "--regimes",
+        type=parse_regimes,
+        default=",".join(SHIPPED_REGIMES),
+        help="label regimes (how outcomes are reported, simulator/label_regimes.py), "
+        "comma-separated; the first trains the shipped model and heads the card, each other "
+        "one is trained the same way for the card's regime table. today: the simulator's "
+        "optimistic outcomes; chargebacks: every fraud by chargeback, median 7 days; "
+        "capacity: analysts review what the rules flag, 100 a day, highest expected loss "
+        "first, plus random audits, the rest by chargeback",
+    )
+    parser.add_argument(
+        "--audit-share",
+        type=parse_share,
+        default=AUDIT_SHARE,
+        help="capacity regime: the share of unflagged transactions reviewed at random",
     )
     parser.add_argument(
         "--out",

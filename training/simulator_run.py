@@ -1,7 +1,7 @@
 """`fraud-train simulator` (and `python -m training`, `make model`): train every seed on the
-simulator, write the first one's model package with the model card of all of them, and print
-the card's main table. Apart from training/train.py, which the card reads, so that neither
-imports the other."""
+simulator under each label regime, write the first seed's model package of the first regime
+with the model card of all of them, and print the card's main table and its regime table.
+Apart from training/train.py, which the card reads, so that neither imports the other."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ import time
 from collections.abc import Sequence
 
 from scorer.model_package import write_model_package
-from training.card import metrics_table, render_model_card
+from simulator.label_regimes import LabelRegime
+from training.card import metrics_table, regime_table, render_model_card
 from training.options import parse_args
-from training.train import configure_logging, manifest, package_path, train_models
+from training.train import (
+    TrainingResult,
+    configure_logging,
+    manifest,
+    package_path,
+    train_models,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +32,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train_on_simulator(args: argparse.Namespace) -> int:
-    """Train every seed, write the first one's package and the card; print the main table."""
+    """Train every seed under every regime, write the first one's package and the card; print
+    the main table and the regime table."""
     configure_logging()
     began = time.perf_counter()
-    runs = train_models(args.seeds, args.days, args.folds, args.jobs)
+    by_regime: dict[LabelRegime, Sequence[TrainingResult]] = {}
+    for regime in args.regimes:
+        by_regime[regime] = train_models(
+            args.seeds,
+            args.days,
+            args.folds,
+            args.jobs,
+            regime,
+            args.audit_share,
+            without_fresh_labels=not by_regime,  # the shipped regime's first seed only
+        )
+        logger.info("regime=%s elapsed_s=%.1f", regime.value, time.perf_counter() - began)
+    runs = by_regime[args.regimes[0]]
     shipped = runs[0]
     out = args.out or package_path(shipped.model_name)
-    write_model_package(out, shipped.model, manifest(shipped), render_model_card(runs))
+    card = render_model_card(runs, by_regime)
+    write_model_package(out, shipped.model, manifest(shipped), card)
     logger.info(
         "wrote package=%s model_bytes=%d elapsed_s=%.1f",
         out,
@@ -39,6 +60,7 @@ def train_on_simulator(args: argparse.Namespace) -> int:
         time.perf_counter() - began,
     )
     print(metrics_table(runs))
+    print(regime_table(by_regime))
     return 0
 
 

@@ -1,12 +1,16 @@
 """Train the shipped fraud model on the simulated stream and export it to ONNX with its card.
 
-    python -m training [--seeds 7,8,9] [--days 122] [--folds 4] [--jobs N] [--out PACKAGE_DIR]
+    python -m training [--seeds 7,8,9] [--days 122] [--folds 4] [--jobs N]
+                       [--regimes capacity,chargebacks,today] [--out PACKAGE_DIR]
 
-For each seed (the first seed's model ships; the others show how far the figures move with the
-simulated world; seeds run in parallel processes, `--jobs` at once):
+For each label regime and each seed (the first regime's first seed's model ships; the others
+show how far the figures move with the simulated world and with how outcomes are reported;
+seeds run in parallel processes, `--jobs` at once):
 
-1. Simulate the handbook world for `days` days and replay it through the service's own state
-   and feature code (`simulator/replay.py`): no train/serve skew.
+1. Simulate the handbook world for `days` days, its outcomes reported under the regime
+   (`simulator/label_regimes.py`), and replay it through the service's own state and feature
+   code (`simulator/replay.py`): no train/serve skew. Under the realistic regimes a fold's
+   model learns only the frauds reported before it goes live (`training_targets`).
 2. Validation folds (`training/protocol.py`: the handbook's chapter 5 schedule, every validation
    week before every test week). Both candidates, a gradient-boosted ensemble compiled to tensor
    operations (`training/gbdt.py`) and an MLP (`training/mlp.py`), are trained on each fold's
@@ -43,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from contracts.terminal_risk import FRESH_WINDOWS_DAYS
+from contracts.terminal_risk import FRESH_WINDOWS_DAYS, MS_PER_DAY
 from scorer.drift import DriftReference, drift_reference, most_influential
 from scorer.fallback import fallback_scores
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
@@ -57,8 +61,9 @@ from scorer.model_package import (
     Training,
 )
 from simulator.fraud import DEFAULT_SCENARIOS
+from simulator.label_regimes import AUDIT_SHARE, LabelRegime
 from simulator.replay import Stream, simulate
-from simulator.transactions import DEFAULT_CARDS
+from simulator.transactions import DEFAULT_CARDS, DEFAULT_START_TIME_MS
 from training import gbdt, handbook_recipe, mlp
 from training.calibration import Bin, Platt, fit_platt, reliability
 from training.fallback_fit import FallbackFit, fit_fallback
@@ -92,7 +97,7 @@ logger = logging.getLogger(__name__)
 MODEL_NAMES = {"gbdt": "fraud-gbdt", "mlp": "fraud-mlp"}
 #: The handbook's recipe, reported beside the candidates under this kind.
 HANDBOOK = "handbook"
-MODEL_RELEASE = "2.4.0"
+MODEL_RELEASE = "2.5.0"
 #: Every fold also trains on the stream's first days, when every card and terminal is new: the
 #: service meets such cards at start-up and for every new card, and a model trained on steady
 #: state only flagged 6-8 % of their legitimate transactions on day 0 (3 % over a new stream's
@@ -188,6 +193,8 @@ class TrainingResult(NamedTuple):
     #: Mean calibrated score and fraud rate of all test rows.
     test_mean_score: float
     test_fraud_rate: float
+    #: Of all test rows' frauds, the share at or above the review threshold.
+    test_review_recall: float
     validation_outcomes: Outcomes
     test_outcomes: Outcomes
     fallback: FallbackReport
@@ -202,6 +209,10 @@ class TrainingResult(NamedTuple):
     #: Per day of a new stream (another seed, every card new on day 0): the shares of legitimate
     #: transactions at or above review and decline, and the fraud recall at review.
     cold_start: list[ColdStartDay]
+    #: How outcomes were reported (`simulator/label_regimes.py`) and the capacity regime's
+    #: audit share.
+    regime: LabelRegime
+    audit_share: float
 
 
 class ColdStartDay(NamedTuple):
@@ -216,17 +227,20 @@ def train_model(
     folds: int = FOLDS,
     cards: int = DEFAULT_CARDS,
     without_fresh_labels: bool = False,
+    regime: LabelRegime = LabelRegime.TODAY,
+    audit_share: float = AUDIT_SHARE,
 ) -> TrainingResult:
     """Simulate and replay one seed's stream; choose, calibrate and test. Writes nothing.
 
     `cards` below the handbook's 5,000 makes a quick, smaller run (the tests' reduced
     configuration); the shipped model uses the default. `without_fresh_labels` also tests the
-    chosen candidate without FRESH_LABEL_COLUMNS.
+    chosen candidate without FRESH_LABEL_COLUMNS. `regime` and `audit_share`: how outcomes are
+    reported (`simulator/label_regimes.py`).
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     schedule = fold_schedule(days, folds)
-    stream = simulate(seed, days, cards)
+    stream = simulate(seed, days, cards, regime, audit_share)
     began = time.perf_counter()
     chosen = _validate(stream, schedule, seed)
     logger.info(
@@ -244,7 +258,7 @@ def train_model(
         else []
     )
     logger.info("tested seed=%d elapsed_s=%.1f", seed, time.perf_counter() - began)
-    cold_start = _cold_start(tested.model, seed, cards, chosen.thresholds)
+    cold_start = _cold_start(tested.model, seed, cards, chosen.thresholds, regime, audit_share)
     valid_fraud = stream.is_fraud[chosen.rows]
     test_fraud = stream.is_fraud[tested.rows]
     rules_test = fallback_scores(stream.features[tested.rows])
@@ -285,6 +299,7 @@ def train_model(
         test_reliability=reliability(tested.scores, test_fraud),
         test_mean_score=float(tested.scores.astype(np.float64).mean()),
         test_fraud_rate=float(test_fraud.mean()),
+        test_review_recall=float((tested.scores[test_fraud] >= chosen.thresholds.review).mean()),
         validation_outcomes=_outcomes(stream, chosen.rows, chosen.scores, chosen.thresholds),
         test_outcomes=_outcomes(stream, tested.rows, tested.scores, chosen.thresholds),
         fallback=FallbackReport(
@@ -306,12 +321,21 @@ def train_model(
         train_rows=len(training_rows(stream, latest.train)),
         test_rows=len(latest.test),
         cold_start=cold_start,
+        regime=regime,
+        audit_share=audit_share,
     )
 
 
-def _cold_start(model: bytes, seed: int, cards: int, thresholds: Chosen) -> list[ColdStartDay]:
+def _cold_start(
+    model: bytes,
+    seed: int,
+    cards: int,
+    thresholds: Chosen,
+    regime: LabelRegime,
+    audit_share: float,
+) -> list[ColdStartDay]:
     """The shipped model on a new stream's first COLD_CHECK_DAYS days, day by day."""
-    stream = simulate(seed + COLD_CHECK_SEED_OFFSET, COLD_CHECK_DAYS, cards)
+    stream = simulate(seed + COLD_CHECK_SEED_OFFSET, COLD_CHECK_DAYS, cards, regime, audit_share)
     scores = score_with_onnxruntime(model, stream.features)
     days = []
     for day in range(COLD_CHECK_DAYS):
@@ -359,7 +383,7 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
         week = assessed_days(start)
         served.append(np.flatnonzero((stream.day >= week[0]) & (stream.day <= week[-1])))
         for kind in MODEL_NAMES:
-            model = _fit(kind, stream.features[train], stream.is_fraud[train], seed)
+            model = _fit(kind, stream.features[train], training_targets(stream, start, train), seed)
             exported, _ = _export(kind, model, seed, len(train))
             scores = score_with_onnxruntime(exported, stream.features[fold.test])
             validation[kind].append(_fold_result(stream, start, fold.test, scores))
@@ -410,7 +434,7 @@ def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Pla
     for start in schedule.test:
         fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
-        fitted = _fit(winner, stream.features[train], stream.is_fraud[train], seed)
+        fitted = _fit(winner, stream.features[train], training_targets(stream, start, train), seed)
         model = _calibrated(fitted, platt)
         exports.append(_export(winner, model, seed, len(train)))
         scores = score_with_onnxruntime(exports[-1][0], stream.features[fold.test])
@@ -432,7 +456,8 @@ def _test_without_fresh_labels(
     for start in schedule.test:
         fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
-        model = _fit(winner, stream.features[train][:, keep], stream.is_fraud[train], seed)
+        targets = training_targets(stream, start, train)
+        model = _fit(winner, stream.features[train][:, keep], targets, seed)
         logits = _logits(model, stream.features[fold.test][:, keep])
         results.append(_fold_result(stream, start, fold.test, logits))
     return results
@@ -452,6 +477,21 @@ def training_rows(stream: Stream, week: _Ints) -> _Ints:
     return np.concatenate([cold, week[stream.day[week] >= COLD_START_DAYS]])
 
 
+def training_targets(stream: Stream, train_start_day: int, rows: _Ints) -> npt.NDArray[np.bool_]:
+    """What a model trained on these rows of the fold learns as fraud.
+
+    Under the ``today`` regime, every fraud, as the handbook's protocol assumes (its outcomes
+    are known after the delay week). Under the others, only the frauds reported before the
+    model goes live, on the first day of the week it is assessed on: a fraud not yet reported
+    reads as legitimate, as it does to a team that retrains. Assessment always reads every
+    outcome (the truth the simulator knows).
+    """
+    if stream.regime is LabelRegime.TODAY:
+        return stream.is_fraud[rows]
+    go_live_ms = DEFAULT_START_TIME_MS + assessed_days(train_start_day)[0] * MS_PER_DAY
+    return stream.is_fraud[rows] & (stream.reported_at[rows] < go_live_ms)
+
+
 def _fold_result(
     stream: Stream, start: int, rows: _Ints, scores: npt.NDArray[np.floating]
 ) -> FoldResult:
@@ -468,7 +508,7 @@ def _metrics(stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating]) -> M
 
 
 def _handbook_recipe(stream: Stream, start: int, train: _Ints, assessed: _Ints) -> FoldResult:
-    model = handbook_recipe.fit(stream.features[train], stream.is_fraud[train])
+    model = handbook_recipe.fit(stream.features[train], training_targets(stream, start, train))
     return _fold_result(
         stream, start, assessed, handbook_recipe.scores(model, stream.features[assessed])
     )
@@ -583,7 +623,8 @@ def manifest(result: TrainingResult) -> Manifest:
         ),
         training=Training(
             data=f"simulated stream: seed {result.seed}, {result.days} days, {result.rows} "
-            f"transactions ({result.fraud_rows} fraud), {result.labels} labels",
+            f"transactions ({result.fraud_rows} fraud), {result.labels} labels reported under "
+            f"the {result.regime.value} label regime",
             window=f"days 0-{COLD_START_DAYS - 1} (cold start) and {start}-"
             f"{start + TRAIN_DAYS - 1} ({result.train_rows} rows), the training week of the "
             f"latest of {len(result.schedule.test)} test folds; chosen, "
@@ -597,20 +638,35 @@ def manifest(result: TrainingResult) -> Manifest:
 
 
 def train_models(
-    seeds: Sequence[int], days: int = DEFAULT_DAYS, folds: int = FOLDS, jobs: int | None = None
+    seeds: Sequence[int],
+    days: int = DEFAULT_DAYS,
+    folds: int = FOLDS,
+    jobs: int | None = None,
+    regime: LabelRegime = LabelRegime.TODAY,
+    audit_share: float = AUDIT_SHARE,
+    without_fresh_labels: bool = True,
 ) -> list[TrainingResult]:
-    """`train_model` of each seed, in that order, the first one also without fresh labels; up
-    to `jobs` seeds at once, each in a process of its own (the results are the same either
-    way)."""
+    """`train_model` of each seed, in that order, the first one also without fresh labels
+    (unless `without_fresh_labels` is False); up to `jobs` seeds at once, each in a process of
+    its own (the results are the same either way)."""
     jobs = min(jobs or os.cpu_count() or 1, len(seeds))
-    cards = repeat(DEFAULT_CARDS)
-    first = [i == 0 for i in range(len(seeds))]  # the shipped seed: also without fresh labels
+    # The shipped seed: also without fresh labels.
+    first = [without_fresh_labels and i == 0 for i in range(len(seeds))]
+    args = (
+        seeds,
+        repeat(days),
+        repeat(folds),
+        repeat(DEFAULT_CARDS),
+        first,
+        repeat(regime),
+        repeat(audit_share),
+    )
     if jobs == 1:
-        return list(map(train_model, seeds, repeat(days), repeat(folds), cards, first))
+        return list(map(train_model, *args))
     # "spawn": a fresh interpreter per worker, never a fork of a process that holds threads.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=configure_logging) as pool:
-        return list(pool.map(train_model, seeds, repeat(days), repeat(folds), cards, first))
+        return list(pool.map(train_model, *args))
 
 
 def configure_logging() -> None:

@@ -14,6 +14,7 @@ import pytest
 from scorer.fallback import CUTOFFS, red_flags
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package, write_model_package
+from simulator.label_regimes import LabelRegime
 from simulator.replay import replay_history, simulate
 from stream.startup.config import SHIPPED_MODEL_PATH
 from training import gbdt, handbook_recipe
@@ -57,6 +58,7 @@ SMALL: dict[str, Any] = {
     "folds": 1,
     "cards": 600,
     "without_fresh_labels": True,
+    "regime": LabelRegime.CAPACITY,
 }
 #: Operators with CUDA kernels in ONNX Runtime that the exported graphs may use.
 CUDA_OPS = {
@@ -122,7 +124,7 @@ def test_reduced_run_calibrates_and_chooses_thresholds_on_validation(
 
 
 def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
-    card = render_model_card([small])
+    card = render_model_card([small], {LabelRegime.CAPACITY: [small]})
     if small.winner == "gbdt":
         shape = gbdt.graph_shape(small.model)
         assert shape.trees == gbdt.NUM_TREES
@@ -140,7 +142,9 @@ def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
 def test_training_is_deterministic(small: TrainingResult) -> None:
     again = train_model(**SMALL)
     assert again.model == small.model
-    assert render_model_card([again]) == render_model_card([small])
+    assert render_model_card([again], {small.regime: [again]}) == render_model_card(
+        [small], {small.regime: [small]}
+    )
 
 
 def test_compiled_trees_score_exactly_as_lightgbm() -> None:
@@ -287,6 +291,10 @@ def test_a_training_run_writes_a_package_the_service_reads(
         ["--seeds", "9", "--folds", "0"],
         ["--seeds", "7,7"],
         ["--seeds", "7,x"],
+        ["--regimes", "capacity,weekly"],
+        ["--regimes", "today,today"],
+        ["--audit-share", "1.5"],
+        ["--audit-share", "some"],
     ],
 )
 def test_main_refuses_what_cannot_run(tmp_path: Path, args: list[str]) -> None:
