@@ -37,7 +37,7 @@ from bench.payment_pb2 import Payment
 from contracts.decision import Decision, Reason
 from contracts.field_mapping import FieldMapping
 from contracts.input_formats import INPUT_FORMATS, transaction_decoder
-from contracts.output_formats import OUTPUT_FORMATS, decision_encoder
+from contracts.output_formats import OUTPUT_FORMATS, decision_encoder, topic_subject
 from simulator.team_shapes import checkout_event
 from simulator.transactions import TransactionSimulator
 
@@ -72,8 +72,8 @@ def encoded(
     avro_schema, json_schema = _schemas(records[0])
     context = SerializationContext(TOPIC, MessageField.VALUE)
     serializers: dict[str, Callable[[Any, SerializationContext], bytes | None]] = {
-        "avro": AvroSerializer(registry, avro_schema),
-        "json-schema": JSONSerializer(json_schema, registry),
+        "avro": AvroSerializer(registry, avro_schema, conf=topic_subject()),
+        "json-schema": JSONSerializer(json_schema, registry, conf=topic_subject()),
         "protobuf": _protobuf(registry),
     }
     out = {"json": [msgspec.json.encode(r) for r in records]}
@@ -85,7 +85,9 @@ def encoded(
 def _protobuf(
     registry: SchemaRegistryClient,
 ) -> Callable[[Any, SerializationContext], bytes | None]:
-    serialize = ProtobufSerializer(Payment, registry, {"use.deprecated.format": False})
+    serialize = ProtobufSerializer(
+        Payment, registry, {"use.deprecated.format": False, **topic_subject()}
+    )
     return lambda record, context: serialize(Payment(**record), context)
 
 

@@ -197,23 +197,37 @@ def decision_encoder(
     return encode
 
 
+def topic_subject() -> dict[str, Any]:
+    """A registry serializer's setting that names the contract's subject: the topic's own
+    (`<topic>-value`). Named, because confluent-kafka 2.16.2's default first asks the registry
+    for the topic's "associations" (Apicurio answers 404): one more registry call per topic, for
+    nothing this contract uses."""
+    from confluent_kafka.schema_registry import topic_subject_name_strategy
+
+    return {"subject.name.strategy": topic_subject_name_strategy}
+
+
 def _serializer(output_format: str, client: Any) -> _Serialize:
     """The registry serializer of a decision in `output_format` (registering its schema)."""
     if output_format == "avro":
         from confluent_kafka.schema_registry.avro import AvroSerializer
 
         # A decision leaves out its empty fields; every Avro field needs a value.
-        return AvroSerializer(client, DECISION_AVRO_SCHEMA, _full_record)  # type: ignore[no-any-return]
+        return AvroSerializer(  # type: ignore[no-any-return]
+            client, DECISION_AVRO_SCHEMA, _full_record, topic_subject()
+        )
     if output_format == "json-schema":
         from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
         return JSONSerializer(  # type: ignore[no-any-return]
-            DECISION_JSON_SCHEMA, client, _full_record, {"validate": False}
+            DECISION_JSON_SCHEMA, client, _full_record, {"validate": False, **topic_subject()}
         )
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
     message = decision_message()
-    protobuf = ProtobufSerializer(message, client, {"use.deprecated.format": False})
+    protobuf = ProtobufSerializer(
+        message, client, {"use.deprecated.format": False, **topic_subject()}
+    )
 
     def serialize(decision: Decision, context: Any) -> bytes | None:
         record = _full_record(decision, context)

@@ -39,7 +39,14 @@ from contracts.input_formats import (
 from contracts.transaction import Transaction
 from simulator.transactions import TransactionSimulator
 from tests.integration.test_registry_hostile import zigzag
-from tests.integration.test_registry_input import AVRO_V1, JSON_SCHEMA, PROTO_MODULE, REGISTRY_URL
+from tests.integration.test_registry_input import (
+    AVRO_V1,
+    JSON_SCHEMA,
+    PROTO_MODULE,
+    REGISTRY_CLIENT,
+    REGISTRY_URL,
+    TOPIC_SUBJECT,
+)
 from tests.support.budget import MIB, Budget, within
 
 #: A record of at most FRAUD_MAX_RECORD_BYTES. The worst Avro shape found, an array of
@@ -126,7 +133,7 @@ def _outcome(decode: TransactionDecoder, value: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[SchemaRegistryClient]:
-    with SchemaRegistryClient({"url": REGISTRY_URL}) as registry:
+    with SchemaRegistryClient(REGISTRY_CLIENT) as registry:
         try:
             registry.get_subjects()
         except Exception as exc:
@@ -237,7 +244,9 @@ def test_a_protobuf_record_is_decided_or_refused_within_budget(
     client: SchemaRegistryClient, payment_class: Any, payload: bytes
 ) -> None:
     topic = "tx-budget-proto"
-    serializer = ProtobufSerializer(payment_class.Payment, client, {"use.deprecated.format": False})
+    serializer = ProtobufSerializer(
+        payment_class.Payment, client, {"use.deprecated.format": False, **TOPIC_SUBJECT}
+    )
     context = SerializationContext(topic, MessageField.VALUE)
     valid = serializer(
         payment_class.Payment(**{k: v for k, v in VALID[0].items() if v is not None}), context

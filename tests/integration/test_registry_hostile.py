@@ -24,6 +24,7 @@ from tests.integration.test_registry_input import (
     _FIELDS,
     AVRO_V1,
     REGISTRY_URL,
+    TOPIC_SUBJECT,
     decided,
     registry,  # noqa: F401 (a fixture)
     serialize,
@@ -82,7 +83,7 @@ def test_a_twelve_byte_record_claiming_two_to_the_forty_items_is_dead_lettered(
         topics, "--input-format", "avro", "--schema-registry-url", REGISTRY_URL
     )
     valid = transactions(200, "behind")
-    serializer = AvroSerializer(registry, json.dumps(AVRO_V1))
+    serializer = AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT)
     produce(topics.input, serialize(serializer, topics.input, valid[:1]))
     service.wait_for_metric("fraud_records_consumed_total", 1)
 
@@ -136,7 +137,9 @@ def test_a_404_that_is_not_the_registrys_own_holds_the_input(
     records = transactions(20, "misrouted")
     produce(
         topics.input,
-        serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, records),
+        serialize(
+            AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT), topics.input, records
+        ),
     )
     wait_until(lambda: "holding topic=" in service.log(), timeout_s=60, what="a hold")
     time.sleep(3)  # a few more tries of each partition
@@ -179,7 +182,7 @@ def test_avro_logical_timestamps_and_decimals_are_read_exactly(
         }
         for r in records
     ]
-    serializer = AvroSerializer(registry, json.dumps(LOGICAL_V1))
+    serializer = AvroSerializer(registry, json.dumps(LOGICAL_V1), conf=TOPIC_SUBJECT)
     produce(topics.input, serialize(serializer, topics.input, written))
     decisions = [json.loads(value_of(m)) for m in read_topic(topics.output, len(records))]
     event_times = {r["transaction_id"]: r["event_time"] for r in records}

@@ -29,6 +29,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from contracts.output_formats import topic_subject
 from simulator.team_shapes import ENTRY_MODES, authorization, checkout_event
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, Topics, produce, read_topic
@@ -38,6 +39,10 @@ from tests.support.records import raw_headers, value_of
 REGISTRY_URL = os.environ.get(
     "FRAUD_TEST_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18081/apis/ccompat/v7"
 )
+#: The test clients' registry settings: a stuck request fails in seconds, not at pytest's timeout.
+REGISTRY_CLIENT = {"url": REGISTRY_URL, "timeout": 10}
+#: Every serializer writes under the topic's own subject, as the service reads it.
+TOPIC_SUBJECT = topic_subject()
 
 _FIELDS: list[dict[str, Any]] = [
     {"name": "transaction_id", "type": "string"},
@@ -81,7 +86,7 @@ def registry() -> Iterator[SchemaRegistryClient]:
             pass
     except OSError as exc:
         pytest.fail(f"no Schema Registry at {REGISTRY_URL} ({exc}): run `make registry-up`")
-    with SchemaRegistryClient({"url": REGISTRY_URL}) as client:
+    with SchemaRegistryClient(REGISTRY_CLIENT) as client:
         yield client
 
 
@@ -144,15 +149,20 @@ def test_avro_input_evolves_without_a_restart_and_dead_letters_what_the_registry
     )
     v1 = transactions(200, "avro1")
     produce(
-        topics.input, serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, v1)
+        topics.input,
+        serialize(
+            AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT), topics.input, v1
+        ),
     )
     service.wait_for_metric("fraud_records_consumed_total", 200)
 
     # Mid-run, the producer moves to v2 (an added optional field): a new schema id.
     v2 = [{**r, "device_id": f"d-{i}"} for i, r in enumerate(transactions(100, "avro2"))]
-    v2_serializer = AvroSerializer(registry, json.dumps(AVRO_V2))
+    v2_serializer = AvroSerializer(registry, json.dumps(AVRO_V2), conf=TOPIC_SUBJECT)
     v2_records = serialize(v2_serializer, topics.input, v2)
-    v1_value = serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, v1[:1])[0][1]
+    v1_value = serialize(
+        AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT), topics.input, v1[:1]
+    )[0][1]
     v2_value = v2_records[0][1]
     assert v2_value is not None and v1_value is not None and v2_value[1:5] != v1_value[1:5], (
         "v2 has a schema id of its own"
@@ -168,7 +178,7 @@ def test_json_schema_input_is_decided(
     topics = topics_factory()
     service_factory(topics, "--input-format", "json-schema", "--schema-registry-url", REGISTRY_URL)
     records = transactions(150, "jsons")
-    serializer = JSONSerializer(json.dumps(JSON_SCHEMA), registry)
+    serializer = JSONSerializer(json.dumps(JSON_SCHEMA), registry, conf=TOPIC_SUBJECT)
     produce(topics.input, serialize(serializer, topics.input, records))
     counts = decided(topics, 150)
     assert set(counts) == {r["transaction_id"] for r in records}
@@ -235,7 +245,9 @@ def test_a_registry_that_is_down_holds_the_input_and_loses_nothing(
     records = transactions(100, "down")
     produce(
         topics.input,
-        serialize(AvroSerializer(registry, json.dumps(AVRO_V1)), topics.input, records),
+        serialize(
+            AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT), topics.input, records
+        ),
     )
     time.sleep(10)  # the registry is down for 10 s: nothing decided, nothing dead-lettered
     assert read_topic(topics.output, 1, timeout_s=1, settle_s=0) == []
@@ -267,7 +279,7 @@ def test_the_card_processor_example_runs_end_to_end(
     ]
     schema = (EXAMPLES / "iso8583" / "schema.avsc").read_text()
     values = serialize(
-        AvroSerializer(registry, schema),
+        AvroSerializer(registry, schema, conf=TOPIC_SUBJECT),
         topics.input,
         [authorization(r) for r in records],
         [r["card_id"] for r in records],
@@ -293,7 +305,7 @@ def test_the_checkout_example_runs_end_to_end(
     topics = topics_factory()
     records = transactions(200, "shop")
     schema = (EXAMPLES / "checkout" / "schema.json").read_text()
-    serializer = JSONSerializer(schema, registry)
+    serializer = JSONSerializer(schema, registry, conf=TOPIC_SUBJECT)
     service_factory(
         topics, "--input-format", "json-schema", "--schema-registry-url", REGISTRY_URL,
         "--input-mapping", str(EXAMPLES / "checkout" / "mapping.toml"),
@@ -318,7 +330,12 @@ def test_a_mapping_that_does_not_fit_the_registered_schema_stops_the_start(
     record = authorization(transactions(1, "typo")[0] | {"channel": "pos", "card_present": True})
     produce(
         topics.input,
-        serialize(AvroSerializer(registry, schema), topics.input, [record], [record["pan_token"]]),
+        serialize(
+            AvroSerializer(registry, schema, conf=TOPIC_SUBJECT),
+            topics.input,
+            [record],
+            [record["pan_token"]],
+        ),
     )
     mapping = tmp_path / "mapping.toml"
     mapping.write_text(
@@ -378,13 +395,15 @@ def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
         team = importlib.import_module("team_payment_pb2")
 
         flags += ["--input-protobuf-message", "team_payment_pb2:Payment"]
-        protobuf = ProtobufSerializer(team.Payment, registry, {"use.deprecated.format": False})
+        protobuf = ProtobufSerializer(
+            team.Payment, registry, {"use.deprecated.format": False, **TOPIC_SUBJECT}
+        )
         records = [{k: v for k, v in r.items() if v is not None} for r in records]
         serializer: Any = lambda r, c: protobuf(team.Payment(**r), c)  # noqa: E731
     elif registry_format == "json-schema":
-        serializer = JSONSerializer(json.dumps(JSON_SCHEMA), registry)
+        serializer = JSONSerializer(json.dumps(JSON_SCHEMA), registry, conf=TOPIC_SUBJECT)
     else:
-        serializer = AvroSerializer(registry, json.dumps(AVRO_V1))
+        serializer = AvroSerializer(registry, json.dumps(AVRO_V1), conf=TOPIC_SUBJECT)
     topics = topics_factory()
     service_factory(topics, *flags, "--schema-registry-url", REGISTRY_URL)
     produce(topics.input, serialize(serializer, topics.input, records))
@@ -410,6 +429,7 @@ def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
 #: A team's generated protobuf module (simulator/team_shapes.py builds its classes as protoc's
 #: output would); the service imports v1 by name.
 PROTO_MODULE = """
+from contracts.output_formats import topic_subject
 from simulator.team_shapes import payment_message
 
 Payment = payment_message(1)
@@ -445,7 +465,9 @@ def test_protobuf_input_evolves_and_dead_letters_what_it_cannot_read(
     def payments(
         kind: Any, records: list[dict[str, Any]]
     ) -> list[tuple[bytes | None, bytes | None]]:
-        serializer = ProtobufSerializer(kind, registry, {"use.deprecated.format": False})
+        serializer = ProtobufSerializer(
+            kind, registry, {"use.deprecated.format": False, **TOPIC_SUBJECT}
+        )
         return serialize(lambda r, c: serializer(kind(**r), c), topics.input, records)
 
     v1 = transactions(150, "proto1")
