@@ -193,8 +193,9 @@ class TrainingResult(NamedTuple):
     #: Mean calibrated score and fraud rate of all test rows.
     test_mean_score: float
     test_fraud_rate: float
-    #: Of all test rows' frauds, the share at or above the review threshold.
-    test_review_recall: float
+    #: By kind (the chosen candidate's and HANDBOOK), what its review threshold, chosen on the
+    #: validation weeks, flags on all test rows.
+    test_at_review: dict[str, AtReview]
     validation_outcomes: Outcomes
     test_outcomes: Outcomes
     fallback: FallbackReport
@@ -213,6 +214,15 @@ class TrainingResult(NamedTuple):
     #: audit share.
     regime: LabelRegime
     audit_share: float
+
+
+class AtReview(NamedTuple):
+    """A review threshold (at most REVIEW_LEGIT_SHARE of validation legitimate rows at or
+    above it) and what it flags on the test rows."""
+
+    threshold: float
+    fraud_recall: float
+    legit_share: float
 
 
 class ColdStartDay(NamedTuple):
@@ -299,7 +309,10 @@ def train_model(
         test_reliability=reliability(tested.scores, test_fraud),
         test_mean_score=float(tested.scores.astype(np.float64).mean()),
         test_fraud_rate=float(test_fraud.mean()),
-        test_review_recall=float((tested.scores[test_fraud] >= chosen.thresholds.review).mean()),
+        test_at_review={
+            chosen.winner: _at_review(stream, tested.rows, tested.scores, chosen.thresholds.review),
+            HANDBOOK: _at_review(stream, tested.rows, tested.recipe_scores, chosen.recipe_review),
+        },
         validation_outcomes=_outcomes(stream, chosen.rows, chosen.scores, chosen.thresholds),
         test_outcomes=_outcomes(stream, tested.rows, tested.scores, chosen.thresholds),
         fallback=FallbackReport(
@@ -367,6 +380,8 @@ class _Choices(NamedTuple):
     thresholds: Chosen
     decline_by_cost: dict[float, float]
     fallback: FallbackFit
+    #: The handbook recipe's review threshold, by the same rule as ours.
+    recipe_review: float
 
 
 def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
@@ -376,6 +391,7 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
     served_logits: dict[str, list[_Floats]] = {kind: [] for kind in MODEL_NAMES}
     assessed: list[_Ints] = []
     served: list[_Ints] = []
+    recipe_scores: list[npt.NDArray[np.floating]] = []
     for start in schedule.validation:
         fold = stream_fold(stream, start)
         train = training_rows(stream, fold.train)
@@ -389,7 +405,9 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
             validation[kind].append(_fold_result(stream, start, fold.test, scores))
             logits[kind].append(_logits(model, stream.features[fold.test]))
             served_logits[kind].append(_logits(model, stream.features[served[-1]]))
-        validation[HANDBOOK].append(_handbook_recipe(stream, start, train, fold.test))
+        result, scores = _handbook_recipe(stream, start, train, fold.test)
+        validation[HANDBOOK].append(result)
+        recipe_scores.append(scores)
         logger.info("validation fold train_start_day=%d seed=%d", start, seed)
     winner = max(MODEL_NAMES, key=lambda kind: mean_std(validation[kind], "average_precision")[0])
     rows = np.concatenate(assessed)
@@ -412,6 +430,7 @@ def _validate(stream: Stream, schedule: Schedule, seed: int) -> _Choices:
             for cost in OTHER_FALSE_DECLINE_COSTS
         },
         fit_fallback(stream.features[rows], is_fraud),
+        review_threshold(np.concatenate(recipe_scores)[~is_fraud]),
     )
 
 
@@ -423,6 +442,7 @@ class _Tested(NamedTuple):
     scores: npt.NDArray[np.float32]  # the chosen model's, from its exported graphs
     model: bytes  # the latest fold's exported model: the one that ships
     version: str
+    recipe_scores: npt.NDArray[np.floating]  # the handbook recipe's, of the same rows
 
 
 def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Platt) -> _Tested:
@@ -430,6 +450,7 @@ def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Pla
     folds: dict[str, list[FoldResult]] = {winner: [], HANDBOOK: []}
     tested: list[_Ints] = []
     test_scores: list[npt.NDArray[np.float32]] = []
+    recipe_scores: list[npt.NDArray[np.floating]] = []
     exports: list[tuple[bytes, str]] = []
     for start in schedule.test:
         fold = stream_fold(stream, start)
@@ -439,12 +460,21 @@ def _test(stream: Stream, schedule: Schedule, seed: int, winner: str, platt: Pla
         exports.append(_export(winner, model, seed, len(train)))
         scores = score_with_onnxruntime(exports[-1][0], stream.features[fold.test])
         folds[winner].append(_fold_result(stream, start, fold.test, scores))
-        folds[HANDBOOK].append(_handbook_recipe(stream, start, train, fold.test))
+        result, recipe = _handbook_recipe(stream, start, train, fold.test)
+        folds[HANDBOOK].append(result)
+        recipe_scores.append(recipe)
         tested.append(fold.test)
         test_scores.append(scores)
         logger.info("test fold train_start_day=%d seed=%d", start, seed)
     shipped, version = exports[0]
-    return _Tested(folds, np.concatenate(tested), np.concatenate(test_scores), shipped, version)
+    return _Tested(
+        folds,
+        np.concatenate(tested),
+        np.concatenate(test_scores),
+        shipped,
+        version,
+        np.concatenate(recipe_scores),
+    )
 
 
 def _test_without_fresh_labels(
@@ -507,11 +537,21 @@ def _metrics(stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating]) -> M
     return protocol_metrics(stream.day[rows], stream.card[rows], stream.is_fraud[rows], scores)
 
 
-def _handbook_recipe(stream: Stream, start: int, train: _Ints, assessed: _Ints) -> FoldResult:
+def _handbook_recipe(
+    stream: Stream, start: int, train: _Ints, assessed: _Ints
+) -> tuple[FoldResult, npt.NDArray[np.floating]]:
+    """The handbook's recipe trained on `train`: its figures on `assessed`, and its scores."""
     model = handbook_recipe.fit(stream.features[train], training_targets(stream, start, train))
-    return _fold_result(
-        stream, start, assessed, handbook_recipe.scores(model, stream.features[assessed])
-    )
+    scores = handbook_recipe.scores(model, stream.features[assessed])
+    return _fold_result(stream, start, assessed, scores), scores
+
+
+def _at_review(
+    stream: Stream, rows: _Ints, scores: npt.NDArray[np.floating], review: float
+) -> AtReview:
+    flagged = scores >= review
+    is_fraud = stream.is_fraud[rows]
+    return AtReview(review, float(flagged[is_fraud].mean()), float(flagged[~is_fraud].mean()))
 
 
 def _outcomes(

@@ -118,6 +118,15 @@ def test_reduced_run_calibrates_and_chooses_thresholds_on_validation(
     rows = sum(b.rows for b in small.test_reliability)
     frauds = sum(b.frauds for b in small.test_reliability)
     assert rows > 0 and frauds / rows == pytest.approx(small.test_fraud_rate)
+    assert set(small.test_at_review) == {small.winner, HANDBOOK}
+    ours = small.test_at_review[small.winner]
+    assert ours.threshold == small.thresholds.review
+    assert ours.legit_share == pytest.approx(small.test_outcomes["legit"][0])
+    # On the test weeks a threshold need not flag the share it was chosen for on the validation
+    # weeks: in this 600-card world, 18 % of legitimate rows reach our review threshold.
+    recipe = small.test_at_review[HANDBOOK]
+    for at in (ours, recipe):
+        assert 0.0 < at.fraud_recall <= 1.0 and 0.0 <= at.legit_share <= 1.0
     written = manifest(small)
     assert written.output.calibration == "platt"
     assert (written.thresholds.review, written.thresholds.decline) == small.thresholds
@@ -125,6 +134,9 @@ def test_reduced_run_calibrates_and_chooses_thresholds_on_validation(
 
 def test_the_card_describes_the_compiled_trees(small: TrainingResult) -> None:
     card = render_model_card([small], {LabelRegime.CAPACITY: [small]})
+    recipe_line = next(line for line in card.splitlines() if line.startswith("| capacity | hand"))
+    recall = small.test_at_review[HANDBOOK].fraud_recall
+    assert f"| {recall:.3f} |" in recipe_line, "the recipe's recall at its own review threshold"
     if small.winner == "gbdt":
         shape = gbdt.graph_shape(small.model)
         assert shape.trees == gbdt.NUM_TREES
