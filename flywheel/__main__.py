@@ -9,7 +9,10 @@ from pathlib import Path
 
 from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
-from flywheel.loop import FlywheelSettings, run
+from flywheel.loop import run
+from flywheel.settings import FlywheelSettings
+from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
+from training.options import parse_share
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +42,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=2_000.0,
         help="event-time transactions a second (how compressed simulated time is)",
     )
+    parser.add_argument(
+        "--label-regime",
+        type=LabelRegime,
+        choices=list(LabelRegime),
+        default=LabelRegime.CAPACITY,
+        help="how outcomes are reported (simulator/label_regimes.py). capacity: analysts "
+        "review what v1 flags, --reviews-per-day a day, highest expected loss first, and "
+        "audit --audit-share of what it approves; the rest by chargeback (median 7 days). "
+        "chargebacks: every fraud by chargeback. today: the simulator's optimistic outcomes",
+    )
+    parser.add_argument(
+        "--audit-share",
+        type=parse_share,
+        default=0.0,
+        help="capacity regime: the share of v1's approved transactions audited (by a hash of "
+        "the transaction id); v2 is trained with the same `fraud-train from-topics "
+        "--audit-share`",
+    )
+    parser.add_argument(
+        "--audit-weight",
+        type=float,
+        default=1.0,
+        help="what each audited fraud weighs in v2's training (`fraud-train from-topics "
+        "--audit-weight`; 1/--audit-share is the inverse-propensity weight)",
+    )
+    parser.add_argument(
+        "--reviews-per-day",
+        type=int,
+        default=REVIEWS_PER_DAY,
+        help="capacity regime: flagged cases the analysts review a simulated day",
+    )
     parser.add_argument("--metrics-port", type=int, default=9104, help="the scorer's metrics port")
     parser.add_argument(
         "--out", type=Path, default=Path(".kafka/flywheel"), help="packages, logs, summary.json"
@@ -55,10 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"python -m flywheel: configuration error: {exc}", file=sys.stderr)
         return 2
-    if not 0 < args.drift_day < args.train_days or min(args.late_days, args.served_days) < 1:
+    if (
+        not 0 < args.drift_day < args.train_days
+        or min(args.late_days, args.served_days) < 1
+        or args.reviews_per_day < 0
+        or not args.audit_weight > 0
+    ):
         print(
-            "python -m flywheel: need 0 < --drift-day < --train-days, and --late-days and "
-            "--served-days >= 1",
+            "python -m flywheel: need 0 < --drift-day < --train-days, --late-days and "
+            "--served-days >= 1, --reviews-per-day >= 0 and --audit-weight > 0",
             file=sys.stderr,
         )
         return 2
@@ -73,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate=args.rate,
         out=args.out,
         metrics_port=args.metrics_port,
+        regime=args.label_regime,
+        audit_share=args.audit_share,
+        audit_weight=args.audit_weight,
+        reviews_per_day=args.reviews_per_day,
     )
     try:
         run(settings)

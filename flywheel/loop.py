@@ -5,9 +5,14 @@
 2. **The world drifts.** After `drift_day` simulated days the simulator switches a fraud pattern
    on that v1 was never trained on (account takeover: night-time e-commerce purchases abroad at
    the card's usual amounts, `simulator/fraud.py`).
-3. **Labels arrive**: the outcomes the simulator reported so far go to the labels topic.
-4. **v2 is trained from the topics** (`fraud-train from-topics`): decisions joined to labels
-   as of now.
+3. **Labels arrive**: the outcomes reported so far go to the labels topic, as the label regime
+   reports them (`simulator/label_regimes.py`). Under `capacity` (the default) analysts review
+   what v1 flagged (its review and decline decisions), `reviews_per_day` cases a day, highest
+   expected loss (v1's score x amount) first, and the approved transactions of the audit sample
+   (`audit_share`); every other fraud waits for its chargeback. Under `chargebacks` every fraud
+   waits for its chargeback; under `today` the simulator's own outcomes arrive.
+4. **v2 is trained from the topics** (`fraud-train from-topics --audit-share --audit-weight`):
+   decisions joined to labels as of now.
 5. **v2 runs in shadow**: promoted into the challenger link, the replica reloads it and scores
    the next `late_days` days with both; v1 still decides.
 6. **v2 is promoted** into the champion link and serves the days after, without a restart.
@@ -16,7 +21,10 @@ It prints recall at a fixed false-positive rate (the share of legitimate transac
 for v1 and v2 on the same late window, overall and on the new pattern, from the shadow topic
 (both models' scores of every transaction) and the simulator's truth, and writes them to
 `--out`/summary.json. Simulated time runs compressed (`--rate` event-time transactions a
-second); there is no features worker, so terminal risk is neutral for both models.
+second), the label regime's hours and days with it; there is no features worker, so terminal
+risk is neutral for both models. The summary also counts the labels by how they came (review,
+audit, chargeback), on the new pattern too, the reviews a day they cost, and the share of
+approved transactions the audits found fraud before and after the drift.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import numpy.typing as npt
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from flywheel.labels import reported_labels
+from flywheel.settings import FlywheelSettings
 from scorer.model_cli import main as fraud_model
 from simulator.transactions import SimulatedBatch, TransactionSimulator
 from stream.startup.config import SHIPPED_MODEL_PATH
@@ -50,22 +60,6 @@ FPR = 0.01
 #: Simulated transactions per day of the default population (5,000 cards, U(0, 4) a day each).
 _ROWS_PER_DAY_PER_CARD = 2.0
 WAIT_S = 300.0
-
-
-class FlywheelSettings(NamedTuple):
-    bootstrap: str
-    seed: int
-    cards: int
-    #: Days of v1 alone: the new pattern switches on after `drift_day` of them.
-    train_days: int
-    drift_day: int
-    #: Days scored in shadow (the late window), then days served by v2.
-    late_days: int
-    served_days: int
-    #: Event-time transactions per second: how compressed simulated time is.
-    rate: float
-    out: Path
-    metrics_port: int
 
 
 class Window(NamedTuple):
@@ -103,11 +97,12 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
     days = settings.train_days + settings.late_days + settings.served_days
     rows_per_day = int(settings.cards * _ROWS_PER_DAY_PER_CARD)
     span_ms = int(days * rows_per_day / settings.rate * 1000)
+    start_ms = time.time_ns() // 1_000_000 - span_ms - 60_000
     simulator = TransactionSimulator(
         settings.seed,
         num_cards=settings.cards,
         num_terminals=2 * settings.cards,
-        start_time_ms=time.time_ns() // 1_000_000 - span_ms - 60_000,
+        start_time_ms=start_ms,
         id_prefix=f"fw{run_id}",
     )
     warm = simulator.generate(settings.drift_day * rows_per_day, rate_per_s=settings.rate)
@@ -122,9 +117,12 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         )
         _produce(settings.bootstrap, topics["tx"], drifted)
         decided = len(warm.records) + len(drifted.records)
-        _read(settings.bootstrap, topics["decisions"], decided)
-        labels = [*warm.labels, *drifted.labels]
-        _say(f"3. labels arrive: {len(labels)} outcomes reported so far")
+        v1_decisions = _decode(_read(settings.bootstrap, topics["decisions"], decided))
+        labels, sources = reported_labels(settings, start_ms, warm, drifted, v1_decisions)
+        _say(
+            f"3. labels arrive ({settings.regime}): {len(labels)} outcomes reported so far, "
+            f"{sources['reviews']} reviewed, {sources['audits']} of them audits"
+        )
         _produce_labels(settings.bootstrap, topics["labels"], labels)
 
         v2 = out / "v2"
@@ -140,6 +138,10 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
                 topics["decisions"],
                 "--labels-topic",
                 topics["labels"],
+                "--audit-share",
+                str(settings.audit_share),
+                "--audit-weight",
+                str(settings.audit_weight),
                 "--out",
                 str(v2),
             ],
@@ -186,6 +188,7 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
         "v2": _version(v2),
         "transactions": total,
         "labels_used": len(labels),
+        "labels": sources,
         "train_seconds": round(trained_s, 1),
         "late_window": {
             "transactions": len(scored),

@@ -18,14 +18,19 @@ evaluated under a named regime:
   within REVIEW_WORK_MS after the hour of its review. Every other fraud is reported as under
   ``chargebacks``.
 
-The flags come from the rules, not from a trained model: the regime must exist before the
-model it trains, and a rule set is what a team runs before it has a model.
+In training (`simulator/replay.py`) the flags come from the rules, not from a trained model:
+the regime must exist before the model it trains, and a rule set is what a team runs before it
+has a model. The flywheel (`make flywheel`) flags with the served model's own decisions
+(`capacity_reports`), and audits the transactions of the `audit_sample`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from collections.abc import Sequence
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +65,9 @@ AUDIT_SHARE = 0.001
 REVIEW_WORK_MS = 3_600_000
 #: The queue is worked hour by hour.
 SHIFT_MS = 3_600_000
+
+#: A report time that never comes: the outcome is not reported.
+NEVER = np.iinfo(np.int64).max
 
 #: Expired cases are swept out of the queue once it holds more than this many.
 _PRUNE_ABOVE = 10_000
@@ -138,12 +146,15 @@ class Reviewers:
         flagged: npt.NDArray[np.bool_],
         at_ms: _Ints,
         expected_loss: _Floats,
+        audited: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """This shift's transactions `rows` (at `at_ms`): the `flagged` ones queue with their
-        `expected_loss` (one per flagged row), and the audit draws among the others."""
+        `expected_loss` (one per flagged row), and the others in the audit are reviewed too:
+        those `audited` (an `audit_sample`), or else a random draw of the audit share."""
         self._queue.add(rows[flagged], at_ms[flagged], expected_loss)
-        drawn = self._rng.random(len(rows)) < self._audit_share
-        self._audited.extend(rows[drawn & ~flagged].tolist())
+        if audited is None:
+            audited = self._rng.random(len(rows)) < self._audit_share
+        self._audited.extend(rows[audited & ~flagged].tolist())
 
     def end_shift(self, shift_end_ms: int) -> tuple[list[int], list[int]]:
         """The rows reviewed in the shift that ends at `shift_end_ms`, and when each one's
@@ -154,3 +165,70 @@ class Reviewers:
         self._shifts += 1
         done = shift_end_ms + self._rng.integers(0, REVIEW_WORK_MS, len(reviewed))
         return reviewed, done.tolist()
+
+
+def audit_sample(transaction_ids: Sequence[str], share: float) -> npt.NDArray[np.bool_]:
+    """Which of these transactions are in the audit sample of `share`: those whose id hashes
+    below it. A hash, not a draw, so that the analysts who audit and the trainer that weighs
+    the audits (`fraud-train from-topics --audit-share`) agree on the sample without a field on
+    the wire."""
+    if share <= 0.0:
+        return np.zeros(len(transaction_ids), np.bool_)
+    cut = int(share * 2.0**64)
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") < cut
+            for t in transaction_ids
+        ),
+        np.bool_,
+        len(transaction_ids),
+    )
+
+
+class Reports(NamedTuple):
+    """When each transaction's outcome is reported, and whether an analyst reviewed it."""
+
+    #: ms; NEVER: not reported (a legitimate transaction nobody reviewed).
+    reported_at: _Ints
+    reviewed: npt.NDArray[np.bool_]
+
+
+def capacity_reports(
+    at_ms: _Ints,
+    flagged: npt.NDArray[np.bool_],
+    expected_loss: _Floats,
+    is_fraud: npt.NDArray[np.bool_],
+    audited: npt.NDArray[np.bool_],
+    rng: np.random.Generator,
+    reviews_per_day: int = REVIEWS_PER_DAY,
+) -> Reports:
+    """The capacity regime over transactions in time order whose flags are already known (a
+    served model's decisions): hour by hour the flagged ones queue (with their `expected_loss`,
+    one per row), the hour's share of reviews is taken off the queue, the `audited` unflagged
+    ones are reviewed, and every fraud not reviewed first is reported by chargeback."""
+    n = len(at_ms)
+    reported_at = np.full(n, NEVER, np.int64)
+    frauds = np.flatnonzero(is_fraud)
+    reported_at[frauds] = at_ms[frauds] + chargeback_delays_ms(rng, len(frauds))
+    reviewed = np.zeros(n, np.bool_)
+    if not n:
+        return Reports(reported_at, reviewed)
+    reviewers = Reviewers(rng, reviews_per_day=reviews_per_day)
+    first_shift, last_shift = int(at_ms[0]) // SHIFT_MS, int(at_ms[-1]) // SHIFT_MS
+    bounds = np.searchsorted(
+        at_ms, np.arange(first_shift, last_shift + 2, dtype=np.int64) * SHIFT_MS
+    ).tolist()
+    for k, shift in enumerate(range(first_shift, last_shift + 1)):
+        begin, end = bounds[k], bounds[k + 1]
+        reviewers.see(
+            np.arange(begin, end, dtype=np.int64),
+            flagged[begin:end],
+            at_ms[begin:end],
+            expected_loss[begin:end][flagged[begin:end]],
+            audited[begin:end],
+        )
+        rows, done = reviewers.end_shift((shift + 1) * SHIFT_MS)
+        picked = np.asarray(rows, np.int64)
+        reviewed[picked] = True
+        reported_at[picked] = np.minimum(reported_at[picked], np.asarray(done, np.int64))
+    return Reports(reported_at, reviewed)

@@ -44,6 +44,7 @@ from scorer.terminal_risk import (
 )
 from simulator.label_regimes import (
     AUDIT_SHARE,
+    NEVER,
     SHIFT_MS,
     LabelRegime,
     Reviewers,
@@ -66,8 +67,6 @@ REPLAY_PARTITIONS = 3
 #: Transactions simulated per call: at most this, and about one day's for a small population (a
 #: short stream then costs milliseconds, not 50,000 rows' worth); the cut changes no row.
 _CHUNK = 50_000
-#: The report time of an outcome never reported within the stream.
-NEVER = np.iinfo(np.int64).max
 #: Separates the label regime's random stream from the simulator's for the same seed.
 _REGIME_STREAM = 2
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import resource
 import sys
 import time
@@ -54,6 +55,7 @@ from scorer.model_package import (
     Training,
     write_model_package,
 )
+from simulator.label_regimes import audit_sample
 from training import gbdt
 from training.calibration import Platt, fit_platt
 from training.options import parse_args
@@ -86,6 +88,7 @@ class _LoggedDecision(msgspec.Struct, frozen=True):
     """The fields of a decision this reads (the rest are skipped by the decoder)."""
 
     transaction_id: str
+    decision: str
     score: float
     model_version: str
     event_time: int
@@ -99,8 +102,9 @@ class Decisions(NamedTuple):
     transaction_ids: list[str]
     features: npt.NDArray[np.float32]
     event_time: npt.NDArray[np.int64]
-    #: The served model's score, and its version.
+    #: The served model's score, whether it approved, and its version.
     score: npt.NDArray[np.float32]
+    approved: npt.NDArray[np.bool_]
     model_version: list[str]
     #: Decisions read but not kept: made after the cut-off, without features, repeated, or not
     #: a JSON decision.
@@ -117,10 +121,32 @@ class Comparison(NamedTuple):
     served_versions: list[str]
 
 
+class Audit(NamedTuple):
+    """The audit sample among the approved decisions kept (`--audit-share`)."""
+
+    share: float
+    #: Approved decisions in the sample, and the frauds among them reported by the cut-off.
+    audited: int
+    frauds: int
+    #: What each of those frauds weighed in training (`--audit-weight`).
+    weight: float
+
+    def approved_fraud_rate(self) -> tuple[float, float, float]:
+        """The share of approved transactions that were frauds, with its 95 % Wilson interval
+        (NaN without any audited)."""
+        if not self.audited:
+            return (float("nan"),) * 3
+        n, p, z = self.audited, self.frauds / self.audited, 1.96
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
 class Retrained(NamedTuple):
     path: Path
     version: str
     comparison: Comparison
+    audit: Audit
     training_rows: int
     training_frauds: int
     seconds: float
@@ -137,6 +163,7 @@ def read_decisions(bootstrap: str, topic: str, until_ms: int) -> Decisions:
     filled = 0
     event_time: list[int] = []
     score: list[float] = []
+    approved: list[bool] = []
     version: list[str] = []
     skipped = {"after_cut_off": 0, "without_features": 0, "repeated": 0, "unreadable": 0}
     for message in _read_to_end(bootstrap, topic):
@@ -164,6 +191,7 @@ def read_decisions(bootstrap: str, topic: str, until_ms: int) -> Decisions:
             chunk, filled = np.empty((READ_BATCH, NUM_FEATURES), np.float32), 0
         event_time.append(decision.event_time)
         score.append(decision.score)
+        approved.append(decision.decision == "approve")
         version.append(decision.model_version)
     chunks.append(chunk[:filled])
     return Decisions(
@@ -171,6 +199,7 @@ def read_decisions(bootstrap: str, topic: str, until_ms: int) -> Decisions:
         np.concatenate(chunks),
         np.asarray(event_time, np.int64),
         np.asarray(score, np.float32),
+        np.asarray(approved, np.bool_),
         version,
         skipped,
     )
@@ -191,6 +220,17 @@ def read_labels(bootstrap: str, topic: str, until_ms: int) -> dict[str, bool]:
         if known is None or label.reported_at >= known[0]:
             latest[label.transaction_id] = (label.reported_at, label.fraud)
     return {transaction: fraud for transaction, (_, fraud) in latest.items()}
+
+
+def audit_weights(
+    decisions: Decisions, is_fraud: npt.NDArray[np.bool_], share: float, fraud_weight: float
+) -> tuple[npt.NDArray[np.float64], Audit]:
+    """Each row's training weight, and the audit sample's count: an approved decision in the
+    `audit_sample` of `share` that was a fraud weighs `fraud_weight`, every other row 1."""
+    sampled = decisions.approved & audit_sample(decisions.transaction_ids, share)
+    weight = np.ones(len(is_fraud), np.float64)
+    weight[sampled & is_fraud] = fraud_weight
+    return weight, Audit(share, int(sampled.sum()), int((sampled & is_fraud).sum()), fraud_weight)
 
 
 def _read_to_end(bootstrap: str, topic: str) -> Iterator[Message]:
@@ -327,8 +367,9 @@ def retrain(args: argparse.Namespace) -> Retrained:
             f"{MIN_TRAINING_FRAUDS} are needed) and the validation rows "
             f"{int(is_fraud[split.validation].sum())}: wait for more labels, or move --until"
         )
+    weight, audit = audit_weights(decisions, is_fraud, args.audit_share, args.audit_weight)
     x = decisions.features
-    trees = gbdt.fit(x[split.train], is_fraud[split.train], args.seed)
+    trees = gbdt.fit(x[split.train], is_fraud[split.train], args.seed, weight[split.train])
     platt = fit_platt(_raw_scores(trees, x[split.validation]), is_fraud[split.validation])
     validation_scores = _calibrated_scores(trees, platt, x[split.validation])
     validation_fraud = is_fraud[split.validation]
@@ -382,11 +423,13 @@ def retrain(args: argparse.Namespace) -> Retrained:
         reference=[float(v) for v in np.median(legit_train, axis=0)],
         drift=drift,
     )
-    write_model_package(args.out, onnx, manifest, _card(args, version, comparison, split, is_fraud))
+    card = _card(args, version, comparison, split, is_fraud, audit)
+    write_model_package(args.out, onnx, manifest, card)
     return Retrained(
         args.out,
         version,
         comparison,
+        audit,
         len(split.train),
         train_frauds,
         time.perf_counter() - began,
@@ -465,6 +508,7 @@ def _card(
     comparison: Comparison,
     split: Split,
     is_fraud: npt.NDArray[np.bool_],
+    audit: Audit,
 ) -> str:
     frauds = [int(is_fraud[part].sum()) for part in split]
     rows = "\n".join(
@@ -484,6 +528,8 @@ shadow (FRAUD_SHADOW_MODEL), then `fraud-model promote`.
 | validation (calibration, thresholds) | {len(split.validation)} | {frauds[1]} |
 | evaluation (most recent) | {comparison.rows} | {comparison.frauds} |
 
+{_audit_line(audit)}
+
 ## Against the served model on the evaluation rows
 
 The served model's figures are its scores as decided ({", ".join(comparison.served_versions)}).
@@ -492,6 +538,21 @@ The served model's figures are its scores as decided ({", ".join(comparison.serv
 | --- | ---: | ---: |
 {rows}
 """
+
+
+def _audit_line(audit: Audit) -> str:
+    if not audit.share:
+        return (
+            "No audit sample (`--audit-share 0`): the frauds among approved transactions are "
+            "known only as chargebacks report them, weeks later."
+        )
+    rate, low, high = audit.approved_fraud_rate()
+    return (
+        f"Audit sample ({audit.share:g} of approved decisions): {audit.audited} audited, "
+        f"{audit.frauds} frauds: {rate:.2%} of approved transactions were frauds the served "
+        f"model let through (95 % interval {low:.2%}-{high:.2%}); each audited fraud weighed "
+        f"{audit.weight:g} in training."
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -513,6 +574,7 @@ def train_from_topics(args: argparse.Namespace) -> int:
         f"  trained on {result.training_rows} decisions ({result.training_frauds} frauds) in "
         f"{result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB"
     )
+    print(f"  {_audit_line(result.audit)}")
     print(f"  evaluation rows {comparison.rows} ({comparison.frauds} frauds):")
     for name in comparison.challenger:
         print(

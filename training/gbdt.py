@@ -101,10 +101,17 @@ class Trees(NamedTuple):
         return self.node_split[:, (1 << depth) - 1 : (2 << depth) - 1]
 
 
-def fit(features: npt.NDArray[np.float32], is_fraud: npt.NDArray[np.bool_], seed: int) -> Trees:
-    """Train the ensemble and return it as tensors."""
+def fit(
+    features: npt.NDArray[np.float32],
+    is_fraud: npt.NDArray[np.bool_],
+    seed: int,
+    weight: npt.NDArray[np.float64] | None = None,
+) -> Trees:
+    """Train the ensemble (each row weighing `weight`, 1 by default) and return it as tensors."""
     params = {**PARAMS, "seed": seed}
-    data = lightgbm.Dataset(features, is_fraud.astype(np.float64), params=DATASET_PARAMS)
+    data = lightgbm.Dataset(
+        features, is_fraud.astype(np.float64), weight=weight, params=DATASET_PARAMS
+    )
     booster = lightgbm.train(params, data, num_boost_round=NUM_TREES)
     return compile_trees(booster.dump_model())
 

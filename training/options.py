@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -166,6 +167,23 @@ def _add_from_topics(parser: argparse.ArgumentParser) -> None:
         "mostly not reported yet)",
     )
     parser.add_argument(
+        "--audit-share",
+        type=parse_share,
+        default=0.0,
+        help="the share of approved transactions your analysts audit at random, the sample "
+        "chosen by a hash of the transaction id (simulator/label_regimes.audit_sample): the "
+        "card states the share of approved transactions that were frauds, from the audited "
+        "ones, with its interval. 0: no audit (docs/flywheel.md, selective labels)",
+    )
+    parser.add_argument(
+        "--audit-weight",
+        type=float,
+        default=1.0,
+        help="what each audited fraud weighs in training. 1/share (the inverse of the chance "
+        "to be audited) stands it for the approved frauds not reported yet; measured, it made "
+        "the retrained model worse (docs/flywheel.md)",
+    )
+    parser.add_argument(
         "--validation-share", type=float, default=0.2, help="share of rows for calibration"
     )
     parser.add_argument(
@@ -212,4 +230,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         )
     if args.delay < 0:
         parser.error(f"--delay must be >= 0, got {args.delay}")
+    if not (math.isfinite(args.audit_weight) and args.audit_weight > 0):
+        parser.error(f"--audit-weight must be a positive number, got {args.audit_weight}")
     return args

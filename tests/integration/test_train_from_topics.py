@@ -11,8 +11,9 @@ import msgspec
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from scorer.model_package import load_model_package
+from scorer.model_package import CARD_FILE, load_model_package
 from scorer.model_source import DirectorySource
+from simulator.label_regimes import audit_sample
 from simulator.transactions import TransactionSimulator
 from stream.model_reload import load_serving_model
 from stream.package_check import sanity_check
@@ -75,7 +76,8 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
         "--history-time-scale",
         str(batch.time_scale),
     )
-    assert len(read_topic(topics.output, TRANSACTIONS)) == TRANSACTIONS
+    decisions = [msgspec.json.decode(m.value()) for m in read_topic(topics.output, TRANSACTIONS)]
+    assert len(decisions) == TRANSACTIONS
     until = time.time_ns() // 1_000_000
     # One more outcome, reported after the cut-off: it must not count.
     legit = next(label for label in batch.labels if not label["fraud"])
@@ -104,6 +106,23 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
     assert "evaluation rows 4800" in printed
     low, high = package.manifest.thresholds.expected_flag_rate
     assert 0.0 <= low < high <= 1.0, "the flag rate the alert compares with is stated"
+    assert "No audit sample" in (out / CARD_FILE).read_text()
+
+    # The same topics with an audit sample: the approved decisions whose ids hash into it.
+    audited_out = tmp_path / "audited"
+    code = train_from(
+        topics, labels_topic, audited_out, "--until", str(until), "--audit-share", "0.2"
+    )
+    assert code == 0, capsys.readouterr().err
+    approved = [d["transaction_id"] for d in decisions if d["decision"] == "approve"]
+    sampled = {t for t, s in zip(approved, audit_sample(approved, 0.2), strict=True) if s}
+    fraud_ids = {str(label["transaction_id"]) for label in batch.labels if label["fraud"]}
+    assert 0.15 * len(approved) < len(sampled) < 0.25 * len(approved)
+    assert (
+        f"Audit sample (0.2 of approved decisions): {len(sampled)} audited, "
+        f"{len(sampled & fraud_ids)} frauds:"
+    ) in (audited_out / CARD_FILE).read_text()
+    assert len(sampled & fraud_ids) > 0, "some audited fraud was weighted"
 
 
 def test_decisions_without_features_are_refused_with_what_to_do(

@@ -1,12 +1,15 @@
-"""The pure parts of `fraud-train from-topics` (training/from_topics.py): the split by event time
-and the recall at a fixed false-positive rate the models are compared by."""
+"""The pure parts of `fraud-train from-topics` (training/from_topics.py): the split by event time,
+the recall at a fixed false-positive rate the models are compared by, the audit sample's
+training weights, and the LightGBM fit they go to."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from training.from_topics import recall_at_fpr, split_by_time
+from simulator.label_regimes import audit_sample
+from training import gbdt
+from training.from_topics import Audit, Decisions, audit_weights, recall_at_fpr, split_by_time
 from training.options import parse_args
 
 
@@ -74,3 +77,56 @@ def test_the_old_flag_is_read_only_where_no_command_comes_first(capsys):
     with pytest.raises(SystemExit):
         parse_args(["simulator", "--from-topics"])
     assert "unrecognized arguments: --from-topics" in capsys.readouterr().err
+
+
+def _decisions(ids: list[str], approved: np.ndarray) -> Decisions:
+    n = len(ids)
+    return Decisions(
+        ids,
+        np.zeros((n, 1), np.float32),
+        np.arange(n, dtype=np.int64),
+        np.zeros(n, np.float32),
+        approved,
+        ["v1"] * n,
+        {},
+    )
+
+
+def test_an_audited_approved_fraud_weighs_the_audit_weight_and_nothing_else_does():
+    ids = [f"tx-{i}" for i in range(20_000)]
+    rng = np.random.default_rng(1)
+    approved = rng.random(len(ids)) < 0.9
+    is_fraud = rng.random(len(ids)) < 0.05
+    in_sample = audit_sample(ids, 0.05)
+
+    weight, audit = audit_weights(_decisions(ids, approved), is_fraud, 0.05, 20.0)
+
+    heavy = approved & in_sample & is_fraud
+    assert heavy.sum() > 20
+    assert (weight[heavy] == 20.0).all() and (weight[~heavy] == 1.0).all()
+    assert (audit.audited, audit.frauds) == (int((approved & in_sample).sum()), int(heavy.sum()))
+    rate, low, high = audit.approved_fraud_rate()
+    assert low < rate < high and abs(rate - 0.05) < 0.02
+    weight, audit = audit_weights(_decisions(ids, approved), is_fraud, 0.0, 20.0)
+    assert (weight == 1.0).all() and (audit.audited, audit.frauds) == (0, 0)
+
+
+def test_the_approved_fraud_rates_interval_is_wilsons():
+    audit = Audit(0.01, audited=100, frauds=0, weight=1.0)
+    assert audit.approved_fraud_rate() == pytest.approx((0.0, 0.0, 0.03699), abs=1e-5)
+    rate, low, high = Audit(0.01, 1_000, 50, 1.0).approved_fraud_rate()
+    assert (rate, low, high) == pytest.approx((0.05, 0.03813, 0.06531), abs=1e-5)
+
+
+def test_a_heavier_fraud_row_raises_the_ensembles_score_there():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(4_000, 3)).astype(np.float32)
+    is_fraud = rng.random(4_000) < 0.02
+    x[:40, 0] = 6.0  # a region of its own, one fraud in it
+    is_fraud[:40] = False
+    is_fraud[0] = True
+    weight = np.ones(4_000)
+    weight[0] = 200.0
+    plain = gbdt.raw_scores(gbdt.fit(x, is_fraud, 7), x[:40]).mean()
+    weighted = gbdt.raw_scores(gbdt.fit(x, is_fraud, 7, weight), x[:40]).mean()
+    assert weighted > plain + 1.0

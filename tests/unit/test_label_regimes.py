@@ -14,16 +14,19 @@ from simulator.label_regimes import (
     CASE_EXPIRY_MS,
     CHARGEBACK_DELAY_S,
     MAX_CHARGEBACK_DELAY_S,
+    NEVER,
     REVIEW_WORK_MS,
     REVIEWS_PER_DAY,
     SHIFT_MS,
     LabelRegime,
     Reviewers,
     ReviewQueue,
+    audit_sample,
+    capacity_reports,
     chargeback_delays_ms,
     reviews_in_shift,
 )
-from simulator.replay import NEVER, Stream, simulate
+from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_START_TIME_MS
 from training.train import assessed_days, training_targets
 
@@ -185,3 +188,54 @@ def test_training_learns_only_the_frauds_reported_before_going_live(
 def test_an_audit_share_outside_zero_to_one_is_refused(share: float) -> None:
     with pytest.raises(ValueError, match="audit_share"):
         simulate(SEED, 1, 100, LabelRegime.CAPACITY, audit_share=share)
+
+
+def test_the_audit_sample_is_the_share_of_ids_and_grows_with_it() -> None:
+    ids = [f"tx-{i}" for i in range(100_000)]
+    small, large = audit_sample(ids, 0.001), audit_sample(ids, 0.01)
+    # Binomial: 100 and 1,000 expected, each within 5 standard deviations.
+    assert abs(int(small.sum()) - 100) < 5 * 10
+    assert abs(int(large.sum()) - 1_000) < 5 * 31.5
+    assert not (small & ~large).any(), "raising the share keeps the earlier audits"
+    assert (audit_sample(ids[:500], 0.01) == large[:500]).all(), "a hash of the id alone"
+    assert not audit_sample(ids, 0.0).any()
+    assert audit_sample(ids[:1_000], 1.0).all()
+
+
+def _day_of_flags(rng: np.random.Generator, n: int = 4_800) -> tuple[np.ndarray, ...]:
+    """`n` transactions over two days, a quarter flagged, a tenth frauds."""
+    at_ms = np.sort(rng.integers(0, 2 * MS_PER_DAY, n)).astype(np.int64)
+    flagged = rng.random(n) < 0.25
+    is_fraud = rng.random(n) < 0.1
+    return at_ms, flagged, rng.random(n) * 100.0, is_fraud
+
+
+def test_capacity_reports_review_the_flags_within_capacity_and_the_audit() -> None:
+    at_ms, flagged, loss, is_fraud = _day_of_flags(np.random.default_rng(5))
+    audited = ~flagged & (np.arange(len(at_ms)) % 50 == 0)
+    reports = capacity_reports(
+        at_ms, flagged, loss, is_fraud, audited, np.random.default_rng(6), reviews_per_day=48
+    )
+    reviewed = reports.reviewed
+    assert (reviewed & flagged).sum() == 2 * 48, "two days of capacity, the queue never empty"
+    assert (reviewed[audited]).all() and not (reviewed & ~flagged & ~audited).any()
+    # A review reports its outcome within the hour after its shift; a fraud nobody reviewed
+    # waits for its chargeback; a legitimate one nobody reviewed is never reported.
+    late = reports.reported_at[reviewed] - at_ms[reviewed]
+    assert (late <= CASE_EXPIRY_MS + SHIFT_MS + REVIEW_WORK_MS).all()
+    missed = is_fraud & ~reviewed
+    assert (reports.reported_at[missed] - at_ms[missed] >= 1).all()
+    assert (reports.reported_at[~is_fraud & ~reviewed] == NEVER).all()
+    # Each hour's reviews take the highest expected loss first: the reviewed flags outweigh,
+    # on average, those left to chargebacks.
+    assert loss[reviewed & flagged].mean() > loss[flagged & ~reviewed].mean() + 10.0
+
+
+def test_capacity_reports_without_flags_or_audits_are_chargebacks_alone() -> None:
+    at_ms, _, loss, is_fraud = _day_of_flags(np.random.default_rng(7))
+    none = np.zeros(len(at_ms), np.bool_)
+    reports = capacity_reports(at_ms, none, loss, is_fraud, none, np.random.default_rng(8))
+    assert not reports.reviewed.any()
+    assert ((reports.reported_at != NEVER) == is_fraud).all()
+    median_s = np.median(reports.reported_at[is_fraud] - at_ms[is_fraud]) / 1000.0
+    assert 0.8 * CHARGEBACK_DELAY_S[0] < median_s < 1.25 * CHARGEBACK_DELAY_S[0]

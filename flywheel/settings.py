@@ -1,0 +1,34 @@
+"""The flywheel's settings (`python -m flywheel -h` explains each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
+
+
+class FlywheelSettings(NamedTuple):
+    """One run: the broker, the simulated world and its drift, how outcomes are reported, the
+    scorer's metrics port and where the run writes."""
+
+    bootstrap: str
+    seed: int
+    cards: int
+    #: Days of v1 alone: the new pattern switches on after `drift_day` of them.
+    train_days: int
+    drift_day: int
+    #: Days scored in shadow (the late window), then days served by v2.
+    late_days: int
+    served_days: int
+    #: Event-time transactions per second: how compressed simulated time is.
+    rate: float
+    out: Path
+    metrics_port: int
+    #: How outcomes are reported (simulator/label_regimes.py).
+    regime: LabelRegime = LabelRegime.CAPACITY
+    #: Capacity regime: approved transactions audited (`audit_sample`), and the reviews a day.
+    audit_share: float = 0.0
+    #: What each audited fraud weighs in v2's training (`fraud-train from-topics --audit-weight`).
+    audit_weight: float = 1.0
+    reviews_per_day: int = REVIEWS_PER_DAY
