@@ -5,10 +5,12 @@ later confirmed, read back from Kafka; it promotes nothing.
    keeping the decisions made by the cut-off `--until` that carry the feature row they were
    scored with (`FRAUD_DECISION_FEATURES=on`): training sees exactly what serving saw, fresh-label
    and terminal features included, as of each decision. A transaction decided twice (a
-   redelivery) counts once, its first decision.
+   redelivery) counts once, its first decision (training/logged_decisions.py).
 2. **Join** the labels topic, counting only labels reported by the cut-off, as the handbook's
    delay does: a fraud reported after `--until` is not known yet, so its transaction trains as
    legitimate. Where a transaction has several labels, the last one reported by then counts.
+   With `--audit-share`, the approved decisions of the audit sample say how many frauds the
+   served model approved, and their frauds weigh `--audit-weight` (training/audit.py).
 3. **Split** by event time, oldest first: training rows, then `--validation-share` of the rows
    (the GBDT's Platt calibration and both thresholds are fitted there, by the shipped model's
    goals: docs/models.md), then the most recent `--evaluation-share`, on which the challenger
@@ -26,22 +28,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import resource
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
-from contracts.decision import decode_features
 from contracts.errors import ConfigurationError
-from contracts.label import decode_label
 from contracts.terminal_risk import MS_PER_DAY
 from scorer.drift import drift_reference, most_influential
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
@@ -55,9 +53,10 @@ from scorer.model_package import (
     Training,
     write_model_package,
 )
-from simulator.label_regimes import audit_sample
 from training import gbdt
+from training.audit import Audit, audit_line, audit_weights
 from training.calibration import Platt, fit_platt
+from training.logged_decisions import Decisions, read_decisions, read_labels
 from training.options import parse_args
 from training.protocol import average_precision, roc_auc
 from training.thresholds import (
@@ -75,40 +74,9 @@ PROG = "fraud-train from-topics"
 MIN_TRAINING_FRAUDS = 20
 #: The false-positive rate recall is compared at (the share of legitimate rows flagged).
 COMPARE_AT_FPR = 0.01
-READ_BATCH = 10_000
 #: Rows scored at once in numpy (a [rows, splits] matrix of about 4,500 splits).
 SCORE_CHUNK = 20_000
-READ_TIMEOUT_S = 1.0
-#: A read that gets nothing this long, with partitions still short of their end, fails.
-STALL_TIMEOUT_S = 30.0
 _LOG_AMOUNT = FEATURE_NAMES.index("log_amount")
-
-
-class _LoggedDecision(msgspec.Struct, frozen=True):
-    """The fields of a decision this reads (the rest are skipped by the decoder)."""
-
-    transaction_id: str
-    decision: str
-    score: float
-    model_version: str
-    event_time: int
-    decided_at: int
-    features: str = ""
-
-
-class Decisions(NamedTuple):
-    """The decisions kept, one row each, in the order read."""
-
-    transaction_ids: list[str]
-    features: npt.NDArray[np.float32]
-    event_time: npt.NDArray[np.int64]
-    #: The served model's score, whether it approved, and its version.
-    score: npt.NDArray[np.float32]
-    approved: npt.NDArray[np.bool_]
-    model_version: list[str]
-    #: Decisions read but not kept: made after the cut-off, without features, repeated, or not
-    #: a JSON decision.
-    skipped: dict[str, int]
 
 
 class Comparison(NamedTuple):
@@ -121,27 +89,6 @@ class Comparison(NamedTuple):
     served_versions: list[str]
 
 
-class Audit(NamedTuple):
-    """The audit sample among the approved decisions kept (`--audit-share`)."""
-
-    share: float
-    #: Approved decisions in the sample, and the frauds among them reported by the cut-off.
-    audited: int
-    frauds: int
-    #: What each of those frauds weighed in training (`--audit-weight`).
-    weight: float
-
-    def approved_fraud_rate(self) -> tuple[float, float, float]:
-        """The share of approved transactions that were frauds, with its 95 % Wilson interval
-        (NaN without any audited)."""
-        if not self.audited:
-            return (float("nan"),) * 3
-        n, p, z = self.audited, self.frauds / self.audited, 1.96
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return p, max(0.0, centre - half), min(1.0, centre + half)
-
-
 class Retrained(NamedTuple):
     path: Path
     version: str
@@ -151,130 +98,6 @@ class Retrained(NamedTuple):
     training_frauds: int
     seconds: float
     peak_rss_mb: float
-
-
-def read_decisions(bootstrap: str, topic: str, until_ms: int) -> Decisions:
-    """The decisions on `topic` made by `until_ms` that carry their features."""
-    decoder = msgspec.json.Decoder(_LoggedDecision)
-    ids: list[str] = []
-    seen: set[str] = set()
-    chunks: list[npt.NDArray[np.float32]] = []
-    chunk = np.empty((READ_BATCH, NUM_FEATURES), np.float32)
-    filled = 0
-    event_time: list[int] = []
-    score: list[float] = []
-    approved: list[bool] = []
-    version: list[str] = []
-    skipped = {"after_cut_off": 0, "without_features": 0, "repeated": 0, "unreadable": 0}
-    for message in _read_to_end(bootstrap, topic):
-        try:
-            decision = decoder.decode(message.value() or b"")
-            row = decode_features(decision.features) if decision.features else None
-        except (msgspec.DecodeError, ValueError):
-            skipped["unreadable"] += 1
-            continue
-        if decision.decided_at > until_ms:
-            skipped["after_cut_off"] += 1
-            continue
-        if row is None or len(row) != NUM_FEATURES:
-            skipped["without_features"] += 1
-            continue
-        if decision.transaction_id in seen:
-            skipped["repeated"] += 1
-            continue
-        seen.add(decision.transaction_id)
-        ids.append(decision.transaction_id)
-        chunk[filled] = row
-        filled += 1
-        if filled == READ_BATCH:
-            chunks.append(chunk)
-            chunk, filled = np.empty((READ_BATCH, NUM_FEATURES), np.float32), 0
-        event_time.append(decision.event_time)
-        score.append(decision.score)
-        approved.append(decision.decision == "approve")
-        version.append(decision.model_version)
-    chunks.append(chunk[:filled])
-    return Decisions(
-        ids,
-        np.concatenate(chunks),
-        np.asarray(event_time, np.int64),
-        np.asarray(score, np.float32),
-        np.asarray(approved, np.bool_),
-        version,
-        skipped,
-    )
-
-
-def read_labels(bootstrap: str, topic: str, until_ms: int) -> dict[str, bool]:
-    """Each labelled transaction's outcome as known at `until_ms`: its last label reported by
-    then."""
-    latest: dict[str, tuple[int, bool]] = {}
-    for message in _read_to_end(bootstrap, topic):
-        try:
-            label = decode_label(message.value())
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue  # the features worker dead-letters these; they say nothing here
-        if label.reported_at > until_ms:
-            continue
-        known = latest.get(label.transaction_id)
-        if known is None or label.reported_at >= known[0]:
-            latest[label.transaction_id] = (label.reported_at, label.fraud)
-    return {transaction: fraud for transaction, (_, fraud) in latest.items()}
-
-
-def audit_weights(
-    decisions: Decisions, is_fraud: npt.NDArray[np.bool_], share: float, fraud_weight: float
-) -> tuple[npt.NDArray[np.float64], Audit]:
-    """Each row's training weight, and the audit sample's count: an approved decision in the
-    `audit_sample` of `share` that was a fraud weighs `fraud_weight`, every other row 1."""
-    sampled = decisions.approved & audit_sample(decisions.transaction_ids, share)
-    weight = np.ones(len(is_fraud), np.float64)
-    weight[sampled & is_fraud] = fraud_weight
-    return weight, Audit(share, int(sampled.sum()), int((sampled & is_fraud).sum()), fraud_weight)
-
-
-def _read_to_end(bootstrap: str, topic: str) -> Iterator[Message]:
-    """Every record of `topic` up to its end as it is now, partition by partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fraud-train-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ConfigurationError(f"topic {topic!r} is not on the broker at {bootstrap}")
-        ends = {}
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
-            if high > low:
-                ends[partition] = high
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        last_progress = time.monotonic()
-        while ends:
-            messages = consumer.consume(READ_BATCH, READ_TIMEOUT_S)
-            if not messages and time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                raise ConfigurationError(
-                    f"reading {topic!r} stalled {STALL_TIMEOUT_S:g} s short of its end "
-                    f"(partitions {sorted(ends)})"
-                )
-            for message in messages:
-                if message.error() is not None:
-                    raise ConfigurationError(f"reading {topic!r}: {message.error()}")
-                last_progress = time.monotonic()
-                partition, offset = message.partition(), message.offset()
-                if partition not in ends or offset is None or offset >= ends[partition]:
-                    continue
-                yield message
-                if offset + 1 >= ends[partition]:
-                    del ends[partition]
-    except KafkaException as exc:
-        raise ConfigurationError(f"reading {topic!r}: {exc}") from exc
-    finally:
-        consumer.close()
 
 
 class Split(NamedTuple):
@@ -528,7 +351,7 @@ shadow (FRAUD_SHADOW_MODEL), then `fraud-model promote`.
 | validation (calibration, thresholds) | {len(split.validation)} | {frauds[1]} |
 | evaluation (most recent) | {comparison.rows} | {comparison.frauds} |
 
-{_audit_line(audit)}
+{audit_line(audit)}
 
 ## Against the served model on the evaluation rows
 
@@ -538,21 +361,6 @@ The served model's figures are its scores as decided ({", ".join(comparison.serv
 | --- | ---: | ---: |
 {rows}
 """
-
-
-def _audit_line(audit: Audit) -> str:
-    if not audit.share:
-        return (
-            "No audit sample (`--audit-share 0`): the frauds among approved transactions are "
-            "known only as chargebacks report them, weeks later."
-        )
-    rate, low, high = audit.approved_fraud_rate()
-    return (
-        f"Audit sample ({audit.share:g} of approved decisions): {audit.audited} audited, "
-        f"{audit.frauds} frauds: {rate:.2%} of approved transactions were frauds the served "
-        f"model let through (95 % interval {low:.2%}-{high:.2%}); each audited fraud weighed "
-        f"{audit.weight:g} in training."
-    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -574,7 +382,7 @@ def train_from_topics(args: argparse.Namespace) -> int:
         f"  trained on {result.training_rows} decisions ({result.training_frauds} frauds) in "
         f"{result.seconds:.1f} s, peak RSS {result.peak_rss_mb:.0f} MB"
     )
-    print(f"  {_audit_line(result.audit)}")
+    print(f"  {audit_line(result.audit)}")
     print(f"  evaluation rows {comparison.rows} ({comparison.frauds} frauds):")
     for name in comparison.challenger:
         print(

@@ -9,7 +9,9 @@ import pytest
 
 from simulator.label_regimes import audit_sample
 from training import gbdt
-from training.from_topics import Audit, Decisions, audit_weights, recall_at_fpr, split_by_time
+from training.audit import Audit, audit_weights
+from training.from_topics import recall_at_fpr, split_by_time
+from training.logged_decisions import Decisions
 from training.options import parse_args
 
 
