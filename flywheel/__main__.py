@@ -12,7 +12,7 @@ from contracts.errors import ConfigurationError
 from flywheel.loop import run
 from flywheel.settings import FlywheelSettings
 from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
-from training.options import parse_share
+from training.options import check_shares, parse_share
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--audit-weight`; 1/--audit-share is the inverse-propensity weight)",
     )
     parser.add_argument(
+        "--validation-share",
+        type=float,
+        default=0.2,
+        help="v2's rows for calibration and thresholds (`fraud-train from-topics`); v2 does "
+        "not train on them",
+    )
+    parser.add_argument(
+        "--evaluation-share",
+        type=float,
+        default=0.2,
+        help="the most recent of v2's rows, where `fraud-train from-topics` compares it with "
+        "v1; v2 does not train on them",
+    )
+    parser.add_argument(
         "--reviews-per-day",
         type=int,
         default=REVIEWS_PER_DAY,
@@ -101,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = check_shares(args.validation_share, args.evaluation_share)
+    if problem:
+        print(f"python -m flywheel: {problem}", file=sys.stderr)
+        return 2
     settings = FlywheelSettings(
         bootstrap=args.bootstrap_servers,
         seed=args.seed,
@@ -116,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         audit_share=args.audit_share,
         audit_weight=args.audit_weight,
         reviews_per_day=args.reviews_per_day,
+        validation_share=args.validation_share,
+        evaluation_share=args.evaluation_share,
     )
     try:
         run(settings)

@@ -32,3 +32,7 @@ class FlywheelSettings(NamedTuple):
     #: What each audited fraud weighs in v2's training (`fraud-train from-topics --audit-weight`).
     audit_weight: float = 1.0
     reviews_per_day: int = REVIEWS_PER_DAY
+    #: v2's rows for calibration and thresholds, and the most recent for its comparison with v1
+    #: (`fraud-train from-topics`): v2 trains on none of them.
+    validation_share: float = 0.2
+    evaluation_share: float = 0.2

@@ -200,6 +200,17 @@ def _add_from_topics(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="package directory to write")
 
 
+def check_shares(validation_share: float, evaluation_share: float) -> str | None:
+    """What is wrong with these `from-topics` shares of the rows, or None."""
+    shares = (validation_share, evaluation_share)
+    if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
+        return (
+            "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
+            f"least 10 % of the rows for training, got {shares}"
+        )
+    return None
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command and its options, checked; exits 2 with the problem on bad ones. The old
     `fraud-train --from-topics ...` still works, with a warning."""
@@ -222,12 +233,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         return args
     if args.until is None:
         args.until = time.time_ns() // 1_000_000
-    shares = (args.validation_share, args.evaluation_share)
-    if not all(0.0 < share < 1.0 for share in shares) or sum(shares) >= 0.9:
-        parser.error(
-            "--validation-share and --evaluation-share must each be in (0, 1) and leave at "
-            f"least 10 % of the rows for training, got {shares}"
-        )
+    problem = check_shares(args.validation_share, args.evaluation_share)
+    if problem:
+        parser.error(problem)
     if args.delay < 0:
         parser.error(f"--delay must be >= 0, got {args.delay}")
     if not (math.isfinite(args.audit_weight) and args.audit_weight > 0):
