@@ -46,9 +46,11 @@ def reported_labels(
             if row is not None:
                 flagged[row] = decision["decision"] != "approve"
                 score[row] = decision["score"]
-    audited = ~flagged & audit_sample(ids, settings.audit_share)
-    if settings.regime is LabelRegime.CHARGEBACKS:
-        audited = nothing
+    audited = (
+        nothing
+        if settings.regime is LabelRegime.CHARGEBACKS
+        else ~flagged & audit_sample(ids, settings.audit_share)
+    )
     event_time = np.concatenate([warm.columns.event_time, drifted.columns.event_time])
     amount = np.concatenate([warm.columns.amount, drifted.columns.amount])
     # The regime's hours and days are simulated time: compressed event time scaled back.
