@@ -36,7 +36,8 @@ def test_v2_trained_from_the_topics_catches_the_new_pattern_v1_misses(tmp_path: 
     labels = summary["labels"]
     # The analysts' work: at most their capacity of v1's flags a day, plus the audits; frauds
     # found both ways, and the rest only as chargebacks report them.
-    assert labels["reviews"] - labels["audits"] <= 30 * 24
+    # (24 simulated days of rows at the mean rate span a little more than 24 days of capacity.)
+    assert labels["reviews"] - labels["audits"] <= 30 * 25
     assert 0.005 * 24 * 3_000 < labels["audits"] < 0.02 * 24 * 3_000
     assert labels["frauds_by_review"] > 0 and labels["frauds_by_audit"] >= 0
     assert labels["frauds_by_review"] + labels["frauds_by_audit"] < labels["frauds_reported"]

@@ -76,7 +76,9 @@ def test_a_challenger_is_trained_from_the_decisions_and_the_labels_reported_by_t
         "--history-time-scale",
         str(batch.time_scale),
     )
-    decisions = [msgspec.json.decode(m.value()) for m in read_topic(topics.output, TRANSACTIONS)]
+    decisions = [
+        msgspec.json.decode(m.value() or b"") for m in read_topic(topics.output, TRANSACTIONS)
+    ]
     assert len(decisions) == TRANSACTIONS
     until = time.time_ns() // 1_000_000
     # One more outcome, reported after the cut-off: it must not count.
