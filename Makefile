@@ -17,7 +17,7 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
 	kafka-status-secure registry-up registry-down mlflow-up mlflow-down test test-secure unit check docs docs-serve demo model bench \
-	faults flywheel clean \
+	faults flywheel flywheel-audit clean \
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
@@ -41,6 +41,7 @@ help:
 	@echo "make bench       decoding per input format; service vs pass-through, faust, Quix Streams and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
 	@echo "make flywheel    v1 serves, the world drifts, v2 trained from the topics, shadowed, promoted"
+	@echo "make flywheel-audit  what a random audit buys the flywheel, 3 seeds (about 45 min)"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
 	@echo "make lock              regenerate requirements/{cpu,gpu}.txt (the images' locks)"
 	@echo "make resolve-check     resolve pip install -e . for linux/macOS, x86_64/arm64"
@@ -231,6 +232,12 @@ faults: venv
 flywheel: venv
 	ops/kafka/kafka.sh status >/dev/null 2>&1 || ops/kafka/kafka.sh up
 	$(PY) -m flywheel $(FLYWHEEL_ARGS)
+
+# What a random audit buys the flywheel: 12 arms x 3 seeds, about 45 minutes (python -m
+# flywheel.audit_study -h); FLYWHEEL_AUDIT_ARGS, e.g. --seeds 17,18 --arms cap-d20-a0,today-d20.
+flywheel-audit: venv
+	ops/kafka/kafka.sh status >/dev/null 2>&1 || ops/kafka/kafka.sh up
+	$(PY) -m flywheel.audit_study $(FLYWHEEL_AUDIT_ARGS)
 
 clean:
 	-ops/mlflow/mlflow.sh down

@@ -11,8 +11,11 @@ from contracts.environment import check_environment
 from contracts.errors import ConfigurationError
 from flywheel.loop import run
 from flywheel.settings import FlywheelSettings
-from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
+from simulator.label_regimes import LabelRegime
 from training.options import check_shares, parse_share
+
+#: Each option's default is the settings' own.
+DEFAULTS = FlywheelSettings._field_defaults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,30 +26,41 @@ def build_parser() -> argparse.ArgumentParser:
         "the same late window. Needs a running broker (make kafka-up).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka brokers")
-    parser.add_argument("--seed", type=int, default=17, help="simulator seed")
-    parser.add_argument("--cards", type=int, default=5_000, help="simulated cards")
+    parser.add_argument("--bootstrap-servers", default=DEFAULTS["bootstrap"], help="Kafka brokers")
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="simulator seed")
+    parser.add_argument("--cards", type=int, default=DEFAULTS["cards"], help="simulated cards")
     parser.add_argument(
-        "--train-days", type=int, default=40, help="simulated days v1 serves before v2 is trained"
+        "--train-days",
+        type=int,
+        default=DEFAULTS["train_days"],
+        help="simulated days v1 serves before v2 is trained",
     )
     parser.add_argument(
-        "--drift-day", type=int, default=20, help="the day the new fraud pattern switches on"
+        "--drift-day",
+        type=int,
+        default=DEFAULTS["drift_day"],
+        help="the day the new fraud pattern switches on",
     )
     parser.add_argument(
-        "--late-days", type=int, default=10, help="days scored by both, v2 in shadow"
+        "--late-days",
+        type=int,
+        default=DEFAULTS["late_days"],
+        help="days scored by both, v2 in shadow",
     )
-    parser.add_argument("--served-days", type=int, default=2, help="days v2 serves after")
+    parser.add_argument(
+        "--served-days", type=int, default=DEFAULTS["served_days"], help="days v2 serves after"
+    )
     parser.add_argument(
         "--rate",
         type=float,
-        default=2_000.0,
+        default=DEFAULTS["rate"],
         help="event-time transactions a second (how compressed simulated time is)",
     )
     parser.add_argument(
         "--label-regime",
         type=LabelRegime,
         choices=list(LabelRegime),
-        default=LabelRegime.CAPACITY,
+        default=DEFAULTS["regime"],
         help="how outcomes are reported (simulator/label_regimes.py). capacity: analysts "
         "review what v1 flags, --reviews-per-day a day, highest expected loss first, and "
         "audit --audit-share of what it approves; the rest by chargeback (median 7 days). "
@@ -55,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--audit-share",
         type=parse_share,
-        default=0.0,
+        default=DEFAULTS["audit_share"],
         help="capacity regime: the share of v1's approved transactions audited (by a hash of "
         "the transaction id); v2 is trained with the same `fraud-train from-topics "
         "--audit-share`",
@@ -63,33 +77,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--audit-weight",
         type=float,
-        default=1.0,
+        default=DEFAULTS["audit_weight"],
         help="what each audited fraud weighs in v2's training (`fraud-train from-topics "
         "--audit-weight`; 1/--audit-share is the inverse-propensity weight)",
     )
     parser.add_argument(
         "--validation-share",
         type=float,
-        default=0.2,
+        default=DEFAULTS["validation_share"],
         help="v2's rows for calibration and thresholds (`fraud-train from-topics`); v2 does "
         "not train on them",
     )
     parser.add_argument(
         "--evaluation-share",
         type=float,
-        default=0.2,
+        default=DEFAULTS["evaluation_share"],
         help="the most recent of v2's rows, where `fraud-train from-topics` compares it with "
         "v1; v2 does not train on them",
     )
     parser.add_argument(
         "--reviews-per-day",
         type=int,
-        default=REVIEWS_PER_DAY,
+        default=DEFAULTS["reviews_per_day"],
         help="capacity regime: flagged cases the analysts review a simulated day",
     )
-    parser.add_argument("--metrics-port", type=int, default=9104, help="the scorer's metrics port")
     parser.add_argument(
-        "--out", type=Path, default=Path(".kafka/flywheel"), help="packages, logs, summary.json"
+        "--metrics-port",
+        type=int,
+        default=DEFAULTS["metrics_port"],
+        help="the scorer's metrics port",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULTS["out"], help="packages, logs, summary.json"
     )
     return parser
 

@@ -12,19 +12,22 @@ class FlywheelSettings(NamedTuple):
     """One run: the broker, the simulated world and its drift, how outcomes are reported, the
     scorer's metrics port and where the run writes."""
 
-    bootstrap: str
-    seed: int
-    cards: int
+    bootstrap: str = "127.0.0.1:9092"
+    #: The simulator's seed and population.
+    seed: int = 17
+    cards: int = 5_000
     #: Days of v1 alone: the new pattern switches on after `drift_day` of them.
-    train_days: int
-    drift_day: int
+    train_days: int = 40
+    drift_day: int = 20
     #: Days scored in shadow (the late window), then days served by v2.
-    late_days: int
-    served_days: int
+    late_days: int = 10
+    served_days: int = 2
     #: Event-time transactions per second: how compressed simulated time is.
-    rate: float
-    out: Path
-    metrics_port: int
+    rate: float = 2_000.0
+    #: Packages, logs and summary.json.
+    out: Path = Path(".kafka/flywheel")
+    #: The scorer replica's metrics port.
+    metrics_port: int = 9104
     #: How outcomes are reported (simulator/label_regimes.py).
     regime: LabelRegime = LabelRegime.CAPACITY
     #: Capacity regime: approved transactions audited (`audit_sample`), and the reviews a day.

@@ -1,10 +1,15 @@
-"""`python -m flywheel`'s options: a bad one is refused before anything runs, with what is wrong."""
+"""`python -m flywheel`'s and `python -m flywheel.audit_study`'s options (a bad one is refused
+before anything runs, with what is wrong), and how the study compares its arms."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from flywheel.__main__ import build_parser, main
+from flywheel.audit_study import aggregate
+from flywheel.audit_study import main as audit_study_main
 from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
 
 
@@ -38,3 +43,38 @@ def test_the_default_run_is_the_capacity_regime_without_audits():
         1.0,
         REVIEWS_PER_DAY,
     )
+
+
+def _summary(takeovers: float, everything: float, audited: int = 0) -> dict[str, Any]:
+    window = {"recall_new_pattern": takeovers, "recall_all": everything}
+    return {
+        "late_window": {"v2": window},
+        "labels": {"reviews_a_day": 70.0, "new_pattern_by_audit": audited},
+    }
+
+
+def test_the_audit_study_compares_each_arm_with_its_groups_baseline_on_the_same_seed():
+    rows = aggregate(
+        {
+            "cap-d20-a0": {17: _summary(0.80, 0.50), 18: _summary(0.70, 0.40)},
+            "cap-d20-a0.01-w1": {17: _summary(0.85, 0.52, 3), 18: _summary(0.71, 0.40, 5)},
+            "today-d33": {17: _summary(0.01, 0.30)},
+        }
+    )
+    by_arm = {row["arm"]: row for row in rows}
+    assert set(by_arm) == {"cap-d20-a0", "cap-d20-a0.01-w1", "today-d33"}
+    assert by_arm["cap-d20-a0"]["change_takeovers"] is None, "the baseline itself"
+    change = by_arm["cap-d20-a0.01-w1"]["change_takeovers"]
+    assert change == pytest.approx({"mean": 0.03, "std": 0.028284}, abs=1e-6)
+    assert by_arm["cap-d20-a0.01-w1"]["takeovers_audited"]["mean"] == 4.0
+    assert by_arm["today-d33"]["change_takeovers"] is None, "no baseline run to pair with"
+
+
+@pytest.mark.parametrize(
+    "flags", [["--seeds", "17"], ["--seeds", "17,x"], ["--arms", "cap-d20-a0,weekly"]]
+)
+def test_the_audit_study_refuses_one_seed_and_unknown_arms(flags: list[str], capsys):
+    with pytest.raises(SystemExit) as exited:
+        audit_study_main(flags)
+    assert exited.value.code == 2
+    assert flags[0] in capsys.readouterr().err
