@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m flywheel",
         description="v1 serves, the world drifts, labels arrive, v2 is trained from the topics, "
-        "runs in shadow and is promoted; prints recall at a 1%% false-positive rate of both on "
+        "runs in shadow and is promoted; prints recall at a 1 % false-positive rate of both on "
         "the same late window. Needs a running broker (make kafka-up).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

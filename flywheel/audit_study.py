@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{len(ARMS)} arms x 3 seeds take about 45 minutes) and prints what a random audit "
         "buys v2 on the new pattern, and what it costs in reviews. Needs a running broker. An "
         "arm's name says its settings: cap or today, the label regime; d20 or d33, the drift "
-        "day; B, the drift on day 26 with 10 %% of the rows for validation and 10 %% for "
+        "day; B, the drift on day 26 with 10 % of the rows for validation and 10 % for "
         "evaluation; a, the audit share; w1 or winv, audited frauds weighing 1 or 1/share.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
