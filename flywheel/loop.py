@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ import numpy.typing as npt
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from contracts.metrics_text import by_key, scrape
 from flywheel.labels import reported_labels
 from flywheel.settings import FlywheelSettings
 from scorer.model_cli import main as fraud_model
@@ -342,26 +342,21 @@ def _start_service(
     return service
 
 
-def _metrics(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
 def _wait_for_metric(
-    service: subprocess.Popen[bytes], port: int, name: str, at_least: float = 1
+    service: subprocess.Popen[bytes], port: int, key: str, at_least: float = 1
 ) -> None:
+    """Wait until the scorer's sample `key` (`Sample.key`: name and labels) reaches `at_least`."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         if service.poll() is not None:
             raise RuntimeError(f"the scorer exited with status {service.returncode}")
         try:
-            for line in _metrics(port).splitlines():
-                if line.startswith(name + " ") and float(line.rsplit(" ", 1)[1]) >= at_least:
-                    return
+            if by_key(scrape(f"http://127.0.0.1:{port}/metrics")).get(key, -1.0) >= at_least:
+                return
         except OSError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"{name} did not reach {at_least} within {WAIT_S:g} s")
+    raise RuntimeError(f"{key} did not reach {at_least} within {WAIT_S:g} s")
 
 
 def _stop(service: subprocess.Popen[bytes]) -> None:
