@@ -16,7 +16,8 @@
 #         there a local CA and the broker's certificate (tls/ca.pem is what clients trust), local
 #         dev passwords for the users `admin` (super user) and `fraud-scorer`, and one librdkafka
 #         properties file per user (clients/<user>.properties). They are dev values, never real
-#         secrets; delete the folder to start over.
+#         secrets; delete the folder to start over. Its readiness check connects as admin with
+#         confluent-kafka: it needs the virtualenv (make venv; or KAFKA_READY_PYTHON).
 # Both use the broker jars in $KAFKA_STATE_DIR/libs (resolved once).
 # A further plain broker beside them (the fault-injection suite's) takes other ports and its own
 # state:  KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh up
@@ -103,9 +104,12 @@ java_run() { java -cp "$libs/*" "$@"; }
 ready() {
   local timeout_s="$1"
   if [[ $secure == 1 ]]; then
-    # Ready means: TLS verifies against our CA, admin authenticates, metadata lists the broker.
-    python3 "$here/kafka_ready.py" --bootstrap "$bootstrap" --timeout "$timeout_s" \
-      --config "$clients/admin.properties"
+    # Ready means: TLS verifies against our CA, admin authenticates, metadata lists the broker,
+    # checked as the service's clients connect (confluent-kafka, from the virtualenv).
+    local python="${KAFKA_READY_PYTHON:-$repo/.venv/bin/python}"
+    [[ -x $python ]] || die "no virtualenv Python at $python: run \`make venv\` first (the secured broker's readiness check uses confluent-kafka), or set KAFKA_READY_PYTHON"
+    (cd "$repo" && "$python" -m ops.kafka.secure_ready --bootstrap "$bootstrap" \
+      --timeout "$timeout_s" --config "$clients/admin.properties")
   else
     python3 "$here/kafka_ready.py" --bootstrap "$bootstrap" --timeout "$timeout_s"
   fi

@@ -41,10 +41,12 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from contracts.errors import ConfigurationError
+from contracts.kafka_settings import read_kafka_config_file
 from contracts.worker_progress import progress_topic_name
 from ops.kafka import acls as acl_tools
 from ops.kafka.acls import ServiceAcls
-from ops.kafka.kafka_ready import AuthenticationError, broker_count, read_properties
+from ops.kafka.secure_ready import Refused, brokers_listed
 from tests.integration.conftest import ServiceProcess
 from tests.support.network import free_port
 from tests.support.topics import ADMIN_TIMEOUT_S, create_topics, delete_topics
@@ -126,8 +128,8 @@ class SecureTopics:
 def _admin_credentials() -> Credentials:
     path = SECURE_STATE_DIR / "clients" / "admin.properties"
     try:
-        settings = read_properties(path)
-    except OSError as exc:
+        settings = read_kafka_config_file(path)
+    except ConfigurationError as exc:
         pytest.fail(
             f"no secured broker state at {SECURE_STATE_DIR} ({exc}); "
             "start one with `make kafka-up-secure` (or run `make test`)"
@@ -141,10 +143,9 @@ def secure_broker() -> SecureBroker:
     broker = SecureBroker(
         SECURE_BOOTSTRAP, SECURE_STATE_DIR / "tls" / "ca.pem", _admin_credentials()
     )
-    host, _, port = broker.bootstrap.rpartition(":")
     try:
-        broker_count(host, int(port), 10.0, broker.security_settings(broker.admin))
-    except (OSError, AuthenticationError) as exc:
+        brokers_listed(broker.client_config(broker.admin), 10.0)
+    except (TimeoutError, Refused) as exc:
         pytest.fail(
             f"no secured Kafka broker at {broker.bootstrap} ({exc}); "
             "start one with `make kafka-up-secure` (or run `make test`)"
@@ -159,11 +160,10 @@ def secure_admin(secure_broker: SecureBroker) -> AdminClient:
 
 
 def can_authenticate(broker: SecureBroker, user: Credentials) -> bool:
-    """Whether the broker lets `user` in now (one TLS + SCRAM handshake, no retry)."""
-    host, _, port = broker.bootstrap.rpartition(":")
+    """Whether the broker lets `user` in now (a refusal is not retried)."""
     try:
-        broker_count(host, int(port), 10.0, broker.security_settings(user))
-    except AuthenticationError:
+        brokers_listed(broker.client_config(user), 10.0)
+    except Refused:
         return False
     return True
 

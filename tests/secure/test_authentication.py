@@ -83,7 +83,7 @@ def test_the_client_listener_accepts_no_plaintext(secure_broker: SecureBroker) -
 
 
 def _ready(bootstrap: str, config: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "ops/kafka/kafka_ready.py", "--bootstrap", bootstrap]
+    command = [sys.executable, "-m", "ops.kafka.secure_ready", "--bootstrap", bootstrap]
     return subprocess.run(
         [*command, "--config", str(config), "--timeout", str(timeout_s)],
         cwd=REPO,
