@@ -167,6 +167,18 @@ class Reviewers:
         return reviewed, done.tolist()
 
 
+def shifts(at_ms: _Ints) -> list[tuple[int, int, int]]:
+    """The shifts of transactions at `at_ms` (in time order): every hour from the first one's to
+    the last one's, empty hours included, each as (its first row, the row after its last, the
+    time it ends)."""
+    if not len(at_ms):
+        return []
+    first, last = int(at_ms[0]) // SHIFT_MS, int(at_ms[-1]) // SHIFT_MS
+    hours = np.arange(first, last + 2, dtype=np.int64) * SHIFT_MS
+    bounds = np.searchsorted(at_ms, hours).tolist()
+    return [(bounds[k], bounds[k + 1], (first + k + 1) * SHIFT_MS) for k in range(last - first + 1)]
+
+
 def audit_sample(transaction_ids: Sequence[str], share: float) -> npt.NDArray[np.bool_]:
     """Which of these transactions are in the audit sample of `share`: those whose id hashes
     below it. A hash, not a draw, so that the analysts who audit and the trainer that weighs
@@ -211,15 +223,8 @@ def capacity_reports(
     frauds = np.flatnonzero(is_fraud)
     reported_at[frauds] = at_ms[frauds] + chargeback_delays_ms(rng, len(frauds))
     reviewed = np.zeros(n, np.bool_)
-    if not n:
-        return Reports(reported_at, reviewed)
     reviewers = Reviewers(rng, reviews_per_day=reviews_per_day)
-    first_shift, last_shift = int(at_ms[0]) // SHIFT_MS, int(at_ms[-1]) // SHIFT_MS
-    bounds = np.searchsorted(
-        at_ms, np.arange(first_shift, last_shift + 2, dtype=np.int64) * SHIFT_MS
-    ).tolist()
-    for k, shift in enumerate(range(first_shift, last_shift + 1)):
-        begin, end = bounds[k], bounds[k + 1]
+    for begin, end, shift_end in shifts(at_ms):
         reviewers.see(
             np.arange(begin, end, dtype=np.int64),
             flagged[begin:end],
@@ -227,7 +232,7 @@ def capacity_reports(
             expected_loss[begin:end][flagged[begin:end]],
             audited[begin:end],
         )
-        rows, done = reviewers.end_shift((shift + 1) * SHIFT_MS)
+        rows, done = reviewers.end_shift(shift_end)
         picked = np.asarray(rows, np.int64)
         reviewed[picked] = True
         reported_at[picked] = np.minimum(reported_at[picked], np.asarray(done, np.int64))

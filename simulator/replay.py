@@ -45,10 +45,10 @@ from scorer.terminal_risk import (
 from simulator.label_regimes import (
     AUDIT_SHARE,
     NEVER,
-    SHIFT_MS,
     LabelRegime,
     Reviewers,
     chargeback_delays_ms,
+    shifts,
 )
 from simulator.transactions import (
     DEFAULT_CARDS,
@@ -306,14 +306,7 @@ def _replay_capacity(
     pending = list(zip(reported_at[fraud_rows].tolist(), fraud_rows.tolist(), strict=True))
     heapq.heapify(pending)
     reviewers = Reviewers(rng, audit_share)
-    first_shift = int(event_time[0]) // SHIFT_MS if n else 0
-    last_shift = int(event_time[-1]) // SHIFT_MS if n else -1
-    bounds = np.searchsorted(
-        event_time, np.arange(first_shift, last_shift + 2, dtype=np.int64) * SHIFT_MS
-    ).tolist()
-    for k, shift in enumerate(range(first_shift, last_shift + 1)):
-        begin, end = bounds[k], bounds[k + 1]
-        shift_end = (shift + 1) * SHIFT_MS
+    for begin, end, shift_end in shifts(event_time):
         if end > begin:
             last = int(event_time[end - 1])
             known: list[tuple[int, int]] = []
