@@ -47,7 +47,8 @@ from contracts.errors import RulesUpdateError
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionFields
 from scorer.decisions import Thresholds
-from scorer.rules import MAX_KEY_CHARS, Rules, RulesError
+from scorer.rule_sources import MAX_KEY_CHARS
+from scorer.rules import Rules, RulesError
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 from stream.rules_guard import MIN_SAMPLE_ROWS, Held, RulesGuard

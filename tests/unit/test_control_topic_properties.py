@@ -29,7 +29,8 @@ from contracts.terminal_risk import (
 )
 from contracts.worker_progress import MAX_RECORD_BYTES as MAX_PROGRESS_BYTES
 from contracts.worker_progress import decode_progress
-from scorer.rules import MAX_NAMED_ENTRIES, MAX_UPDATE_BYTES, Rules
+from scorer.rule_sources import MAX_NAMED_ENTRIES, MAX_UPDATE_BYTES
+from scorer.rules import Rules
 from stream.metrics import ServiceMetrics
 from stream.rules_table import RulesTable
 from stream.worker_tables import MAX_RECORD_BYTES, CardFraudsTable, TerminalRiskTable

@@ -590,7 +590,7 @@ def test_list_updates_layer_over_the_file(
     topic_ids: set[str] = set()
     current = Rules.parse({"deny": {"cards": sorted(file_ids)}}, "test")
     # Rebuild the id sets' base on every few changes, so that path is exercised too.
-    with patch("scorer.rules._MIN_CHANGES_KEPT", 0):
+    with patch("scorer.rule_sources._MIN_CHANGES_KEPT", 0):
         for card, present in updates:
             current = current.with_update(f"deny:card:{card}", b"{}" if present else None)
             (topic_ids.add if present else topic_ids.discard)(card)

@@ -15,17 +15,11 @@ import pytest
 
 from contracts.errors import ConfigurationError
 from contracts.transaction import MAX_ID_CHARS
-from scorer import rules as rules_module
+from scorer import rule_sources
 from scorer.decisions import Thresholds
-from scorer.rules import (
-    MAX_EXPRESSION_NODES,
-    MAX_MEMBERS,
-    MAX_NAMED_ENTRIES,
-    MAX_RULES_FILE_BYTES,
-    MAX_UPDATE_BYTES,
-    Rules,
-    RulesError,
-)
+from scorer.rule_expressions import MAX_EXPRESSION_NODES, MAX_MEMBERS
+from scorer.rule_sources import MAX_NAMED_ENTRIES, MAX_RULES_FILE_BYTES, MAX_UPDATE_BYTES
+from scorer.rules import Rules, RulesError
 from tests.support.budget import MIB, Budget, within
 from tests.unit.test_rules import columns, features
 
@@ -164,4 +158,4 @@ def test_the_bounds_are_what_the_docs_say() -> None:
     for bound in (MAX_UPDATE_BYTES, MAX_MEMBERS, MAX_NAMED_ENTRIES, MAX_EXPRESSION_NODES):
         assert f"{bound:,}" in text, bound
     assert f"{MAX_RULES_FILE_BYTES // MIB} MiB" in text
-    assert rules_module.MAX_KEY_CHARS
+    assert rule_sources.MAX_KEY_CHARS
