@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from bench.harness import REPO, connect, tool_parser
 from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_state import CardState, KafkaChangelog
+from stream.card_changelog import KafkaChangelog
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.startup.kafka_clients import READER_DEFAULTS
 

@@ -28,7 +28,8 @@ from bench.harness import BACKLOG_TEMPLATES, REPO, Broker, backlog_templates, co
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
-from stream.card_state import CardState, KafkaChangelog
+from stream.card_changelog import KafkaChangelog
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.startup.kafka_clients import READER_DEFAULTS
 

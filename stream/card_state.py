@@ -18,8 +18,8 @@ Responsibilities:
 - say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
-- The changelog partition is the input partition: a card's state lives where its transactions
-  are, and moves with them on a rebalance.
+- The changelog (`stream/card_changelog.py`) is partitioned as the input: a card's state
+  moves with its transactions on a rebalance.
 - One store for every owned partition, not one per partition: a batch's cards are updated in
   one vectorised pass, so its cost does not grow with the partitions it spans (one history
   per partition cost over three times as much a record: docs/benchmarks.md, "Figures behind
@@ -39,11 +39,9 @@ Key design decisions:
   time its cards applied, so what was stale before a rebalance is stale after it.
 - A batch with records of a partition that is not loaded (revoked or lost while the batch was
   formed) gives those records neutral features and updates the others as usual.
-- The restore reads with isolation.level=read_committed, so it sees only what committed, and
-  stops at the end the partition had when it started: a replica that still believes it owns a
-  partition (a zombie reloading after an abort) must not chase the new owner's writes. Per card
-  it keeps the state with the highest input offset; a tombstone forgets the card, and a state
-  after it starts the card anew (`CardStore.restore`).
+- A restore keeps, per card, the state with the highest input offset; a tombstone forgets the
+  card, and a state after it starts the card anew (`CardStore.restore`). What it reads, and up
+  to where: `stream/card_changelog.py`.
 - Exactly-once undo: before a batch changes its cards (and before an eviction forgets some), their
   rows are copied; an abort puts back the copies of every batch past the committed offsets,
   newest first. Its cost is the batches' size, not the state's (a reload read every owned
@@ -73,21 +71,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import tenacity
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from contracts.event_time import EventClock
-from contracts.kafka_errors import leader_unknown
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
 from scorer.card_store import CardSnapshot
 from scorer.columns import TransactionColumns
 from scorer.history import CardHistory, neutral_history
+from stream.card_changelog import Changelog, ChangelogBatch, ChangelogTailGone
 from stream.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -95,15 +91,10 @@ log = logging.getLogger(__name__)
 #: How often, in wall-clock seconds, each partition looks for idle cards to evict (default of
 #: FRAUD_STATE_EVICT_INTERVAL_S).
 EVICT_INTERVAL_S = 60.0
-#: A restore's reads give up after this long without progress.
-RESTORE_IDLE_TIMEOUT_S = 30.0
-RESTORE_BATCH = 10_000
 #: Changelog records loaded per hold of the state lock. Each batch of the partitions kept waits
 #: for the hold under way: a whole read (10,000 records) held it 20 ms (median; up to 100 ms
 #: when the store grows) on an idle core, 1,000 records 1.7 ms, for the same total.
 RESTORE_APPLY_CHUNK = 1_000
-#: The pause before asking a partition whose leader is not known yet again.
-LEADER_RETRY_S = 0.1
 #: Exactly-once: the most card rows copied for undo between two commits (about 150 bytes each).
 #: A transaction holds at most FRAUD_TRANSACTION_MAX_RECORDS records (10,000 by default), so
 #: this is reached only with a much larger setting; an abort then reloads instead.
@@ -111,9 +102,6 @@ UNDO_MAX_CARDS = 200_000
 #: How long, in seconds, the cards of a partition revoked cleanly stay in memory in case it comes
 #: back (default of FRAUD_STATE_RETAIN_S).
 RETAIN_S = 600.0
-
-#: A changelog chunk: (card id, state or None for a tombstone), in changelog order.
-Chunk = list[tuple[str, bytes | None]]
 
 
 def _nothing() -> None:
@@ -127,43 +115,6 @@ class StatefulRecord(Protocol):
     def transaction(self) -> Transaction: ...
     @property
     def position(self) -> SourceOffset: ...
-
-
-class ChangelogBatch(NamedTuple):
-    """A batch's changelog records of one input partition, as they are produced: each card's
-    state, or None (a tombstone), keyed by its card id. Lists, not an object per card: a batch
-    of a backlog changes a card per record."""
-
-    partition: int
-    #: Index, in the batch, of the partition's last record (whose output group they join).
-    batch_index: int
-    card_ids: list[bytes]
-    states: list[bytes | None]
-
-
-class ChangelogTailGone(Exception):
-    """The changelog no longer holds the offset a tail read starts from: read it whole."""
-
-
-class Changelog(Protocol):
-    """Where the card states are read back from: the changelog topic (or a test's list)."""
-
-    @property
-    def topic(self) -> str: ...
-
-    def read(self, partition: int, progress: Callable[[], None], start: int = 0) -> Iterator[Chunk]:
-        """The partition's records from offset `start` (0: all of them) up to the end it has
-        now, in chunks; `progress` is called after every read (a long restore is not a stuck
-        replica). Raises `ChangelogTailGone` when a `start` past 0 is not in the partition."""
-        ...
-
-    def end(self, partition: int) -> int:
-        """The offset the partition's next record will get."""
-        ...
-
-    def partition_ids(self) -> list[int]:
-        """The topic's partitions."""
-        ...
 
 
 class CardOwnership(NamedTuple):
@@ -678,110 +629,3 @@ def _select(snapshot: CardSnapshot, keep: list[bool]) -> CardSnapshot:
         snapshot.held[mask],
         snapshot.records[held_kept],
     )
-
-
-class KafkaChangelog:
-    """The changelog topic, read partition by partition for a restore."""
-
-    def __init__(self, kafka: Mapping[str, Any], topic: str) -> None:
-        self._kafka = dict(kafka)
-        self.topic = topic
-
-    def partition_ids(self) -> list[int]:
-        consumer = Consumer({**self._kafka, "group.id": f"{self.topic}-restore"})
-        try:
-            metadata = consumer.list_topics(self.topic, timeout=RESTORE_IDLE_TIMEOUT_S)
-        finally:
-            consumer.close()
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            raise RuntimeError(
-                f"changelog {self.topic} cannot be listed: {None if topic is None else topic.error}"
-            )
-        return sorted(topic.partitions)
-
-    def end(self, partition: int) -> int:
-        consumer = Consumer({**self._kafka, "group.id": f"{self.topic}-restore"})
-        try:
-            return watermarks(consumer, TopicPartition(self.topic, partition))[1]
-        finally:
-            consumer.close()
-
-    def read(self, partition: int, progress: Callable[[], None], start: int = 0) -> Iterator[Chunk]:
-        consumer = Consumer(
-            {
-                **self._kafka,
-                "group.id": f"{self.topic}-restore",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            }
-        )
-        try:
-            assigned = TopicPartition(self.topic, partition)
-            low, high = watermarks(consumer, assigned)
-            if start > 0 and not low <= start <= high:
-                raise ChangelogTailGone(
-                    f"changelog {self.topic}[{partition}] holds offsets {low} to {high}, "
-                    f"not {start}"
-                )
-            if high <= max(low, start):
-                return
-            consumer.assign(
-                [TopicPartition(self.topic, partition, start if start > 0 else OFFSET_BEGINNING)]
-            )
-            idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
-            while True:
-                # consume() waits its whole timeout unless the batch fills: keep it short, and
-                # stop on the position (it moves past transaction markers) without waiting for
-                # end-of-partition, so a small partition restores in milliseconds, not a second.
-                messages = consumer.consume(RESTORE_BATCH, 0.05)
-                progress()
-                if not messages and time.monotonic() > idle_until:
-                    raise TimeoutError(f"changelog {self.topic}[{partition}] stalled")
-                chunk, done = _restorable(messages, high)
-                yield chunk
-                if messages:
-                    idle_until = time.monotonic() + RESTORE_IDLE_TIMEOUT_S
-                if done or consumer.position([assigned])[0].offset >= high:
-                    return
-        finally:
-            consumer.close()
-
-
-def watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]:
-    """The partition's low and high watermarks. A partition whose leader is not elected or
-    known yet (its changelog just created, a broker restarting) answers "not leader" for a
-    moment: that is asked again, for up to RESTORE_IDLE_TIMEOUT_S."""
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception(leader_unknown),
-        wait=tenacity.wait_fixed(LEADER_RETRY_S),
-        stop=tenacity.stop_after_delay(RESTORE_IDLE_TIMEOUT_S),
-        before_sleep=lambda state: log.info(
-            "changelog partition %s: %s; asking again",
-            partition.partition,
-            state.outcome.exception() if state.outcome else None,
-        ),
-        reraise=True,
-    )
-    low, high = retrying(consumer.get_watermark_offsets, partition, RESTORE_IDLE_TIMEOUT_S)
-    return low, high
-
-
-def _restorable(messages: Sequence[Message], end: int) -> tuple[Chunk, bool]:
-    """The card records among `messages` that precede offset `end`, and whether the
-    partition's end (end-of-partition, or a record at `end` or past it) was reached."""
-    chunk: Chunk = []
-    for message in messages:
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return chunk, True
-            raise RuntimeError(f"reading the card state changelog: {error.str()}")
-        offset = message.offset()
-        if offset is not None and offset >= end:  # written since the restore began
-            return chunk, True
-        key = message.key()
-        if key is not None:
-            chunk.append((key.decode("utf-8", "replace"), message.value()))
-    return chunk, False

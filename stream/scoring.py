@@ -37,7 +37,8 @@ from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from stream.batcher import Batch
-from stream.card_state import CardState, ChangelogBatch
+from stream.card_changelog import ChangelogBatch
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel
 from stream.observed_precision import ObservedPrecision

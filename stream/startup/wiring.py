@@ -30,7 +30,8 @@ from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
-from stream.card_state import CardState, KafkaChangelog
+from stream.card_changelog import KafkaChangelog
+from stream.card_state import CardState
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.model_reload import (

@@ -7,7 +7,8 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_state import RESTORE_BATCH, CardState, KafkaChangelog
+from stream.card_changelog import RESTORE_BATCH, KafkaChangelog
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from tests.integration.conftest import BOOTSTRAP, produce
 

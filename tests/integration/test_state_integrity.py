@@ -19,7 +19,8 @@ from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from scorer.columns import TransactionColumns
 from simulator.transactions import TransactionSimulator
-from stream.card_state import CardState, KafkaChangelog
+from stream.card_changelog import KafkaChangelog
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery

@@ -14,7 +14,7 @@ import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
-from stream.card_state import ChangelogBatch, ChangelogTailGone
+from stream.card_changelog import ChangelogBatch, ChangelogTailGone
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output
 from tests.support.records import offset_of

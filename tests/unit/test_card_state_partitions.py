@@ -22,8 +22,10 @@ from scorer.card_store import CardStore, Restored
 from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
+from stream import card_changelog
 from stream import card_state as card_state_module
-from stream.card_state import CardState, watermarks
+from stream.card_changelog import watermarks
+from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from tests.unit.fakes import MemoryChangelog, changes
 
@@ -199,7 +201,7 @@ class LeaderElection:
 def test_a_changelog_without_a_leader_yet_is_asked_again(
     monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    monkeypatch.setattr(card_state_module, "LEADER_RETRY_S", 0.0)
+    monkeypatch.setattr(card_changelog, "LEADER_RETRY_S", 0.0)
     consumer = LeaderElection(refusals=3, code=code)
     assert watermarks(consumer, TopicPartition("changelog", 0)) == (0, 42)  # type: ignore[arg-type]
     assert consumer.asked == 4
