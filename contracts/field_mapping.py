@@ -163,6 +163,12 @@ class FieldMapping:
             raise fail(
                 f"time_format must be one of {', '.join(TIME_FORMATS)}, got {_shown(time_format)}"
             )
+        if time_format == "iso8601" and "event_time" in sections["constants"]:
+            # The time parsed from each record (with its UTC offset) is what iso8601 converts.
+            raise fail(
+                "time_format iso8601 reads each record's event_time: map it in [fields], not "
+                "in [constants]"
+            )
         return cls(paths, dict(sections["constants"]), float(scale), values, time_format)
 
     def apply(self, record: Mapping[str, Any]) -> dict[str, Any]:

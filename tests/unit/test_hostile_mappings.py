@@ -225,6 +225,15 @@ def test_a_hostile_mapping_decides_or_refuses_hostile_records_within_budget(data
         assert isinstance(decided, Transaction)
 
 
+@pytest.mark.parametrize("constant", ["", False, "2026-12-07T10:00:00Z"])
+def test_an_iso8601_event_time_given_as_a_constant_is_refused(constant: object) -> None:
+    # It once reached `apply`, which unpacked the constant as a parsed (time, offset) pair.
+    with pytest.raises(ConfigurationError, match=r"iso8601 reads each record's event_time"):
+        FieldMapping.from_document(
+            {"time_format": "iso8601", "constants": {"event_time": constant}}
+        )
+
+
 @pytest.mark.parametrize("depth", [MAX_PATH_SEGMENTS + 1, 10_000])
 def test_a_path_deeper_than_the_bound_is_refused_naming_the_field(depth: int) -> None:
     with pytest.raises(ConfigurationError, match=r"\[fields\] card_id.*segments"):
