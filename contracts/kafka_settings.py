@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from contracts.bounded_read import read_bounded
 from contracts.errors import ConfigurationError
 
 #: Keys whose values are safe to log: names, paths, protocols and tuning. Anything else
@@ -108,11 +109,18 @@ def split_kafka_options(text: str) -> list[str]:
     return _SETTING_START.split(text) if text.strip() else []
 
 
+#: A librdkafka properties file holds a few dozen settings; one past this many bytes is refused
+#: before it is read (a path to a device or a log by mistake).
+MAX_CONFIG_FILE_BYTES = 1 << 20
+
+
 def read_kafka_config_file(path: Path) -> dict[str, str]:
     """librdkafka settings from a properties file: one `key=value` per line, blank lines and
     lines starting with `#` or `!` ignored, whitespace around key and value stripped."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_CONFIG_FILE_BYTES, f"kafka config file {str(path)!r}").decode(
+            "utf-8"
+        )
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"cannot read kafka config file {str(path)!r}: {exc}") from exc
     settings: dict[str, str] = {}

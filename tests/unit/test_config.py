@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ConfigurationError
+from contracts.kafka_settings import MAX_CONFIG_FILE_BYTES, read_kafka_config_file
 from scorer.decisions import Thresholds
 from stream.startup.cli import main
 from stream.startup.config import ScorerSettings
@@ -207,6 +208,22 @@ def test_a_missing_or_malformed_config_file_stops_the_cli_with_exit_2(
         assert code == 2
         err = capsys.readouterr().err
         assert "kafka config file" in err and "sasl.password" not in err.split(":", 1)[0]
+
+
+def test_a_config_file_past_its_bound_is_refused_before_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    huge = tmp_path / "huge.properties"
+    with huge.open("wb") as file:  # sparse: the size on disk says it all, nothing is read
+        file.truncate(MAX_CONFIG_FILE_BYTES + 1)
+    with pytest.raises(ConfigurationError, match=r"larger than 1,048,576 bytes"):
+        read_kafka_config_file(huge)
+    undecodable = tmp_path / "latin1.properties"
+    undecodable.write_bytes(b"sasl.password=caf\xe9\n")
+    with pytest.raises(ConfigurationError, match="cannot read kafka config file"):
+        read_kafka_config_file(undecodable)
+    code = main(["run", "--kafka-config-file", str(huge), "--bootstrap-servers", "127.0.0.1:1"])
+    assert code == 2 and "larger than" in capsys.readouterr().err
 
 
 def test_a_rules_file_that_cannot_be_used_stops_the_start(tmp_path: Path) -> None:
