@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import Any, NamedTuple
 from flywheel.loop import run
 from flywheel.settings import FlywheelSettings
 from simulator.label_regimes import LabelRegime
+from training.train import spread
 
 
 class Arm(NamedTuple):
@@ -57,9 +57,9 @@ _Summary = dict[str, Any]
 
 
 def mean_std(values: Sequence[float]) -> dict[str, float]:
-    """The mean and the sample standard deviation (NaN with fewer than two)."""
-    spread = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return {"mean": round(statistics.fmean(values), 6), "std": round(spread, 6)}
+    """The mean and the sample standard deviation (NaN with fewer than two), for results.json."""
+    mean, std = spread(values)
+    return {"mean": round(mean, 6), "std": round(std, 6)}
 
 
 def _takeover_recall(summary: _Summary) -> float:
@@ -200,7 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             except RuntimeError as exc:
                 print(f"flywheel.audit_study: {arm.name} seed {seed}: {exc}", file=sys.stderr)
                 return 1
-        summaries.setdefault(arm.name, {})[seed] = json.loads(summary_path.read_text())
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            print(
+                f"flywheel.audit_study: cannot read {summary_path} ({exc}): delete {out} to run "
+                "that arm again",
+                file=sys.stderr,
+            )
+            return 1
+        summaries.setdefault(arm.name, {})[seed] = summary
         print(
             f"flywheel.audit_study: {done}/{len(todo)} runs ({arm.name}, seed {seed}), "
             f"{time.monotonic() - began:.0f} s",

@@ -3,6 +3,7 @@ before anything runs, with what is wrong), and how the study compares its arms."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,3 +79,16 @@ def test_the_audit_study_refuses_one_seed_and_unknown_arms(flags: list[str], cap
         audit_study_main(flags)
     assert exited.value.code == 2
     assert flags[0] in capsys.readouterr().err
+
+
+def test_the_audit_study_stops_on_a_run_it_cannot_read_and_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "cap-d20-a0-s17"
+    broken.mkdir()
+    (broken / "summary.json").write_text("{", encoding="utf-8")
+    code = audit_study_main(["--seeds", "17,18", "--arms", "cap-d20-a0", "--out", str(tmp_path)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "cannot read" in err and f"delete {broken}" in err
+    assert not (tmp_path / "results.json").exists()
