@@ -135,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     problem = check_shares(args.validation_share, args.evaluation_share)
+    if args.audit_share and args.label_regime is not LabelRegime.CAPACITY:
+        # Only the capacity regime's analysts audit: elsewhere the trainer would weigh and count
+        # as audited a sample that nobody reviewed.
+        problem = f"--audit-share needs --label-regime capacity, got {args.label_regime}"
     if problem:
         print(f"python -m flywheel: {problem}", file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ from contracts.metrics_text import by_key, scrape
 from flywheel.labels import reported_labels
 from flywheel.settings import FlywheelSettings
 from scorer.model_cli import main as fraud_model
+from simulator.label_regimes import LabelRegime
 from simulator.transactions import SimulatedBatch, TransactionSimulator
 from stream.startup.config import SHIPPED_MODEL_PATH
 from training.from_topics import fpr_cut, recall_at_fpr
@@ -139,7 +140,8 @@ def run(settings: FlywheelSettings) -> dict[str, Any]:
                 "--labels-topic",
                 topics["labels"],
                 "--audit-share",
-                str(settings.audit_share),
+                # Only the capacity regime's analysts audit: the trainer is told what happened.
+                str(settings.audit_share if settings.regime is LabelRegime.CAPACITY else 0.0),
                 "--audit-weight",
                 str(settings.audit_weight),
                 "--validation-share",

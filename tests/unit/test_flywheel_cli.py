@@ -21,6 +21,7 @@ from simulator.label_regimes import REVIEWS_PER_DAY, LabelRegime
         (["--reviews-per-day", "-1"], "--reviews-per-day >= 0"),
         (["--audit-weight", "0"], "--audit-weight > 0"),
         (["--drift-day", "40"], "0 < --drift-day < --train-days"),
+        (["--label-regime", "today", "--audit-share", "0.01"], "--audit-share needs"),
     ],
 )
 def test_bad_settings_are_refused_before_the_run(flags: list[str], problem: str, capsys):
