@@ -45,6 +45,9 @@ def test_recall_at_fpr_counts_the_frauds_above_the_legitimate_quantile():
         ["--validation-share", "0.5", "--evaluation-share", "0.45"],
         ["--validation-share", "0", "--evaluation-share", "0.2"],
         ["--delay", "-1"],
+        ["--audit-weight", "0"],
+        ["--audit-weight", "nan"],
+        ["--audit-weight", "inf"],
     ],
 )
 def test_shares_that_leave_no_training_rows_and_a_negative_delay_are_refused(flags, capsys):
@@ -53,6 +56,14 @@ def test_shares_that_leave_no_training_rows_and_a_negative_delay_are_refused(fla
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "must" in error and "%%" not in error
+
+
+@pytest.mark.parametrize("share", ["-0.1", "1.5", "nan", "all"])
+def test_an_audit_share_outside_zero_to_one_is_refused_by_from_topics(share: str, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["from-topics", "--out", "x", "--audit-share", share])
+    assert exit_.value.code == 2
+    assert "--audit-share" in capsys.readouterr().err
 
 
 def test_fraud_train_help_names_every_command_and_each_has_its_own(capsys):
