@@ -8,9 +8,13 @@ import time
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from contracts.decision import encode_features
+from contracts.errors import ConfigurationError
+from scorer.features import NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package
 from scorer.model_source import DirectorySource
 from simulator.label_regimes import audit_sample
@@ -19,13 +23,17 @@ from stream.model_reload import load_serving_model
 from stream.package_check import sanity_check
 from stream.startup.config import ScorerSettings
 from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic
+from tests.support.budget import MIB, Budget, within
 from training.from_topics import main as fraud_train
+from training.logged_decisions import read_decisions
 
 CARDS = 1_000
 TRANSACTIONS = 24_000
 RATE_PER_S = 100.0
 #: Outcome delays shrunk so that most frauds are reported within the stream.
 LABEL_DELAY_SCALE = 0.05
+#: Reading a topic of seven records of up to a megabyte each: a few times their bytes.
+READ_BUDGET = Budget(peak_bytes=64 * MIB, seconds=30.0)
 
 
 def train_from(topics: Topics, labels_topic: str, out: Path, *args: str) -> int:
@@ -139,3 +147,41 @@ def test_decisions_without_features_are_refused_with_what_to_do(
     assert code == 2
     assert "FRAUD_DECISION_FEATURES=on" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_hostile_decisions_are_skipped_and_counted_within_a_bound_and_a_missing_topic_refused(
+    admin: AdminClient,
+):
+    name = f"decisions-hostile-{time.time_ns()}"
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+    try:
+        row = encode_features(np.zeros(NUM_FEATURES, np.float32))
+        good = {
+            "transaction_id": "t-1",
+            "decision": "approve",
+            "score": 0.1,
+            "model_version": "v1",
+            "event_time": 1,
+            "decided_at": 2,
+            "features": row,
+        }
+        big = 900_000  # under the broker's default message bound
+        hostile = [
+            b"not json",
+            b"[" * 100_000 + b"]" * 100_000,  # nesting: the decoder's depth bound refuses it
+            msgspec.json.encode({k: v for k, v in good.items() if k != "decision"}),
+            msgspec.json.encode({**good, "transaction_id": "t-2", "features": "A" * big}),
+            msgspec.json.encode({**good, "transaction_id": "t-3", "features": "%" * big}),
+            msgspec.json.encode({**good, "transaction_id": "t-4", "extra": [[[0]] * 50_000]}),
+        ]
+        produce(name, [(b"k", value) for value in [*hostile, msgspec.json.encode(good)]])
+        with within(READ_BUDGET, "six hostile decisions and a good one"):
+            decisions = read_decisions(BOOTSTRAP, name, until_ms=10)
+        assert decisions.transaction_ids == ["t-4", "t-1"], "in the order read"
+        assert decisions.skipped["unreadable"] == 4
+        assert decisions.skipped["without_features"] == 1
+        assert decisions.approved.tolist() == [True, True]
+    finally:
+        admin.delete_topics([name])[name].result(timeout=30)
+    with pytest.raises(ConfigurationError, match="is not on the broker"):
+        read_decisions(BOOTSTRAP, f"no-such-topic-{time.time_ns()}", until_ms=10)
