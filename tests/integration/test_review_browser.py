@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -86,7 +87,8 @@ def test_an_analyst_clears_a_case_with_the_fraud_key(
 
 
 def _analyst_session(browser: WebDriver, console: ReviewConsole, tmp_path: Path) -> None:
-    wait = WebDriverWait(browser, 20)
+    # The queue re-renders every poll: a row read while it is replaced is read again.
+    wait = WebDriverWait(browser, 20, ignored_exceptions=[StaleElementReferenceException])
     base = f"http://127.0.0.1:{console.port}"
     shots = Path(os.environ.get("REVIEW_SCREENSHOTS", tmp_path))
 
