@@ -232,7 +232,8 @@ class ServiceMetrics:
         )
         self._producer_replacements = Counter(
             "fraud_producer_replacements_total",
-            "Transactional producers replaced after every broker went away (exactly-once)",
+            "Transactional producers replaced after every broker went away or an abort was refused "
+            "as INVALID_TXN_STATE (exactly-once)",
             registry=r,
         )
         self._poison = Counter(

@@ -16,7 +16,9 @@
   next commit and read again from the committed offsets, instead of trusting the old one:
   librdkafka then blocked in send_offsets_to_transaction() past its timeout, on a group
   coordinator it had cached (librdkafka #5456, #5511), until the replica was restarted. The
-  new producer's init_transactions() fences the old one and aborts what it left open;
+  new producer's init_transactions() fences the old one and aborts what it left open. An
+  abort the broker refuses as INVALID_TXN_STATE (librdkafka #4849, fatal for the producer but
+  not a takeover) replaces the producer the same way;
 - send a replacement for an output the broker refused for itself (`stream/refusals.py`);
 - never commit an outcome past the offsets committed with it (`stream/outcome_order.py`: a
   record's own dead letter waits for the records before it; a commit that would fall inside a
@@ -205,7 +207,7 @@ class TransactionalSink:
         """
         with self._lock:
             if self._cluster_lost:
-                self._replace_producer()
+                self._replace_producer("the cluster went away")
                 raise TransactionAborted("the producer was replaced after the cluster went away")
             if self._doomed:
                 log.warning("the transaction failed in the background: aborting it")
@@ -263,6 +265,11 @@ class TransactionalSink:
                 self._producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
             except KafkaException as exc:
                 error = cast(KafkaError, exc.args[0])
+                if error.fatal() and error.code() == KafkaError.INVALID_TXN_STATE:
+                    # librdkafka #4849: an abort soon after produce() can be refused so, fatal
+                    # for this producer but no sign of another replica (that is PRODUCER_FENCED).
+                    self._replace_producer(f"the broker refused the abort ({error.str()})")
+                    return not self._registering
                 if error.fatal():
                     _log_fatal(error)
                     raise
@@ -306,12 +313,13 @@ class TransactionalSink:
         self._records = 0
         self.commit_pending = False
 
-    def _replace_producer(self) -> None:
-        """Drop the producer without another call that could block, and register a new one."""
+    def _replace_producer(self, reason: str) -> None:
+        """Drop the producer without another call that could block, and register a new one:
+        its init_transactions() fences the old one and aborts what it left open."""
         self._cluster_lost = False
         log.warning(
-            "the cluster went away: replacing the transactional producer; what followed the "
-            "last commit is read again"
+            "%s: replacing the transactional producer; what followed the last commit is read again",
+            reason,
         )
         self._metrics.record_producer_replaced()
         self._discard_open()

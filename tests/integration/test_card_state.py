@@ -36,6 +36,9 @@ def test_a_restore_reads_what_committed_and_ends_at_the_last_marker(topics_facto
         producer.begin_transaction()
         for i in range(first, first + 100):
             producer.produce(changelog, key=f"card-{i}".encode(), value=STATE)
+        # In the log before the marker, so the aborted update is there to skip; an abort with
+        # produce requests in flight was once refused (librdkafka #4849).
+        assert producer.flush(30) == 0
         if commit:
             producer.commit_transaction(30)
         else:

@@ -342,6 +342,24 @@ def test_an_abort_refused_for_good_stops_the_replica_saying_so(
     assert "fatal transaction error" in caplog.text
 
 
+def test_an_abort_refused_as_invalid_state_replaces_the_producer_instead_of_stopping() -> None:
+    # Seen in CI against a real broker (librdkafka #4849): an abort soon after produce() was
+    # refused as INVALID_TXN_STATE, fatal for that producer though no replica took over.
+    with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
+        old = replica.producer
+        a_commit_aborts_and_the_abort_fails(
+            replica,
+            KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True),
+        )
+        wait_until(lambda: replica.committed() == {(TOPIC, 0): 120})
+    assert replica.service.failure is None
+    assert len(replica.producers) == 2 and replica.producer is not old
+    replaced = replica.metrics.registry.get_sample_value("fraud_producer_replacements_total")
+    assert replaced == 1
+    assert len(old.committed) == 50, "the refused transaction never committed"
+    assert len(replica.decided()) == 120
+
+
 def test_exactly_once_lag_counts_from_what_the_transactions_committed() -> None:
     with Replica(processing_guarantee="exactly-once", transaction_ms=1.0) as replica:
         replica.consumer.assign(tp(0))
