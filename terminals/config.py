@@ -123,12 +123,13 @@ class FeaturesSettings(ServiceSettings, frozen=True, kw_only=True):
         int,
         meta(
             "FRAUD_FEATURES_INPUT_WAIT_MS",
-            "how long the router waits for an input partition that has nothing read and has "
-            "not reached its end (a fetch under way, a leader moving) before it routes the "
-            "other inputs' later records past it, as Kafka Streams' max.task.idle.ms; a "
-            "partition read to its end is never waited for. Records are routed in event-time "
-            "order across the transactions and labels, so that the worker's clock moves only "
-            "with what every input has reached",
+            "how long since its last read the router waits for an input partition that has "
+            "nothing queued (a fetch under way, a leader moving, or read to the end of what the "
+            "broker had while a backfill is still being written) before it routes the other "
+            "inputs' later records past it, as Kafka Streams' max.task.idle.ms. Records are "
+            "routed in event-time order across the transactions and labels, so that the "
+            "worker's clock moves only with what every input has reached; in a live run the "
+            "wait delays the counts by at most this, and they feed windows that end days back",
             ge=0,
             le=600_000,
         ),

@@ -74,8 +74,7 @@ class InputMarks(msgspec.Struct, frozen=True, array_like=True, gc=False):
     #: Per input partition the router owns ("t3": transactions partition 3, "l0": labels
     #: partition 0): the time (epoch ms; a label's report time) that every record it will still
     #: route from there has reached, -1 while it has read none; and whether the partition is
-    #: idle (read to its end, or silent for FRAUD_FEATURES_INPUT_WAIT_MS): then it holds no
-    #: clock back.
+    #: idle (nothing queued for FRAUD_FEATURES_INPUT_WAIT_MS): then it holds no clock back.
     reached: dict[str, tuple[int, bool]]
 
 

@@ -16,10 +16,12 @@ has been read up to its time:
   record is never routed before the records in front of it.
 - `take` routes, in key order, every record whose key is at most the bound: the smallest newest
   key over the partitions that are not idle. A partition with nothing queued holds the others
-  back until it is read again, unless it is idle: read to its end (librdkafka's partition EOF),
-  or silent for `wait_s` (FRAUD_FEATURES_INPUT_WAIT_MS: a fetch that does not return, a leader
-  moving). A partition read to its end is never waited for: what arrives there later is late
-  in a live run as well.
+  back until it is read again, or until it has read nothing for `wait_s` (idle;
+  FRAUD_FEATURES_INPUT_WAIT_MS, Kafka Streams' `max.task.idle.ms`), whether or not it was read
+  to its end: the end of what the broker had a moment ago is not the end of a backfill still
+  being written. Counted idle at its end at once, such a partition held no clock back, the
+  clock ran ahead to the other inputs' time, and what came next on it was stale (issue 44).
+  In a live run the wait costs no freshness: the counts feed windows that end days back.
 - A partition whose queue holds `max_queued` records, or `max_bytes` of what they hold (a
   dead letter keeps its record's bytes), is paused (librdkafka stops fetching it and drops
   what it prefetched) and resumed below half of both: memory stays bounded while one input is
@@ -57,12 +59,12 @@ class _Input(Generic[T]):
     __slots__ = (
         "at_end",
         "bytes",
-        "empty_since",
         "head",
         "items",
         "keys",
         "newest",
         "paused",
+        "read_at",
         "sizes",
     )
 
@@ -75,10 +77,10 @@ class _Input(Generic[T]):
         self.bytes = 0
         #: The newest key shown (NO_TIME: none yet).
         self.newest = NO_TIME
-        #: Read to its end (partition EOF, or its high watermark) since its last record.
+        #: Read to its end (partition EOF) since its last record: it has no lag to tell.
         self.at_end = False
-        #: Since when it has had nothing queued without being at its end (monotonic s).
-        self.empty_since: float | None = None
+        #: When it was last read a record, or assigned (monotonic s).
+        self.read_at = 0.0
         self.paused = False
 
     def __len__(self) -> int:
@@ -131,7 +133,7 @@ class EventTimeOrder(Generic[T]):
         for key in keys:
             if key not in self._inputs:
                 state: _Input[T] = _Input()
-                state.empty_since = now
+                state.read_at = now
                 self._inputs[key] = state
 
     def revoke(self, keys: Iterable[str]) -> None:
@@ -167,7 +169,7 @@ class EventTimeOrder(Generic[T]):
         state.sizes += sizes
         state.bytes += sum(sizes)
         state.at_end = False
-        state.empty_since = None
+        state.read_at = self._monotonic()
 
     def reading(self) -> list[str]:
         """The partitions not known to be read to their end."""
@@ -175,7 +177,7 @@ class EventTimeOrder(Generic[T]):
 
     def at_end(self, key: str) -> None:
         """Every record of the partition was read, as far as its last fetch knew (librdkafka's
-        partition EOF, or its high watermark): once its queue is empty it is idle."""
+        partition EOF). It is still waited for: idle only once it has had nothing for `wait_s`."""
         state = self._inputs.get(key)
         if state is not None:
             state.at_end = True
@@ -186,8 +188,8 @@ class EventTimeOrder(Generic[T]):
         """Up to `limit` records whose turn it is, in key order (each partition's in its
         offset order): every key at most the bound, the smallest newest key over the partitions
         that are not idle; and, per partition, the last of them it gave (the caller commits up to
-        it). A partition emptied by that and read to its end is idle, so the bound is taken
-        again until nothing more is due: one batch, not one per bound."""
+        it). The bound is taken again until nothing more is due (a partition emptied by that
+        may be idle already): one batch, not one per bound."""
         taken: list[T] = []
         last: dict[str, T] = {}
         while len(taken) < limit:
@@ -230,13 +232,10 @@ class EventTimeOrder(Generic[T]):
                 runs = Counter(map(partial(bisect.bisect_right, starts), order))
                 counts = {names[run - 1]: count for run, count in runs.items()}
         taken += due
-        now = self._monotonic()
         for key, count in counts.items():
             state = self._inputs[key]
             last[key] = state.items[state.head + count - 1]
             state.drop(count)
-            if not len(state) and not state.at_end:
-                state.empty_since = now
         return True
 
     def _bound(self) -> int | None:
@@ -252,12 +251,10 @@ class EventTimeOrder(Generic[T]):
         return bound
 
     def _idle(self, state: _Input[T], now: float) -> bool:
-        """Whether an empty partition holds no one back: read to its end, or silent too long."""
-        if state.at_end:
-            return True
-        if state.empty_since is None:
-            state.empty_since = now
-        return now - state.empty_since >= self._wait_s
+        """Whether an empty partition holds no one back: it has read nothing for `wait_s`.
+        Counted from its last read, not from when its queue emptied: its records may have
+        waited for another partition's, and the partitions must not take their waits in turn."""
+        return now - state.read_at >= self._wait_s
 
     # -- pausing -----------------------------------------------------------------------------
 

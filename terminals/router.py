@@ -18,11 +18,13 @@ the router routes a record only once every input partition has been read up to i
 Kafka Streams picks the partition whose head is oldest, and it sends with each internal record
 how far it has read each input (`InputMarks`); each table partition's clock moves with the
 minimum over every input partition, as Flink's watermarks do, whichever replica's router owns it
-and however faust interleaves the internal partitions (terminals/state.py). Holding the ahead
-input back costs nothing in a live run: its partitions are read to their end, and a partition
-read to its end is never waited for. One that has nothing and has not reached its end is waited
-for up to FRAUD_FEATURES_INPUT_WAIT_MS (Kafka Streams' `max.task.idle.ms`). The table side alone
-could not restore the order: it sees a label long before the transactions it must count after.
+and however faust interleaves the internal partitions (terminals/state.py). A partition that has
+nothing queued is waited for until it has read nothing for FRAUD_FEATURES_INPUT_WAIT_MS (Kafka
+Streams' `max.task.idle.ms`), even when read to its end: a backfill may still be being written
+into it.
+In a live run that delays the counts by at most the wait, and they feed windows that end days
+back. The table side alone could not restore the order: it sees a label long before the
+transactions it must count after.
 
 Why librdkafka here and faust (aiokafka) only behind it: the input topics are written by other
 systems, and aiokafka decodes every header key as UTF-8 while it parses a fetched batch. One
@@ -165,7 +167,7 @@ class Router:
                 "enable.auto.commit": False,
                 "auto.offset.reset": config.auto_offset_reset,
                 "session.timeout.ms": int(config.session_timeout_s * 1000),
-                # The order needs to know when a partition has nothing more to read.
+                # A partition read to its end has no lag to tell (and no position, if empty).
                 "enable.partition.eof": True,
                 "fetch.min.bytes": FETCH_MIN_BYTES,
                 "fetch.wait.max.ms": FETCH_WAIT_MS,
@@ -353,18 +355,6 @@ class Router:
         # transactions up to then made.
         return event.reported_at, found
 
-    def _find_ends(self) -> None:
-        """Mark at its end each partition read up to the high watermark its last fetch
-        reported: the partition EOF event comes only with the next fetch (up to
-        fetch.wait.max.ms later), and the other inputs would wait for it meanwhile."""
-        reading = self._order.reading()
-        if not reading:
-            return
-        for tp in self._consumer.position(self._partitions(reading)):
-            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0 and tp.offset >= high:
-                self._order.at_end(self._keys[tp.topic, tp.partition])
-
     def _pause(self) -> None:
         """Pause the input partitions whose queue is full (read ahead of the others)."""
         full = self._order.to_pause()
@@ -385,7 +375,6 @@ class Router:
         the table partitions that did not hear of a new day or idle input, or that were sent
         nothing for half the write interval."""
         while not stop.is_set():
-            self._find_ends()
             taken, last = self._order.take(ROUTE_BATCH)
             marks = self._marks()
             summary = None if marks is None else _summary(marks, self._config.day_ms)

@@ -60,6 +60,9 @@ class WorkerProcess:
     data_dir: Path
     metrics_port: int = field(default_factory=free_port)
     extra: tuple[str, ...] = ()
+    #: Short, so that each test's last records are not held back long by a quiet partition
+    #: (FRAUD_FEATURES_INPUT_WAIT_MS, default 5 s); a worker on a large backlog needs longer.
+    input_wait_ms: int = 500
     process: subprocess.Popen[bytes] = field(init=False)
 
     def start(self) -> WorkerProcess:
@@ -72,6 +75,7 @@ class WorkerProcess:
             *("--table-partitions", str(PARTITIONS), "--instance-id", "w1"),
             *("--session-timeout-s", str(SESSION_TIMEOUT_S), "--data-dir", str(self.data_dir)),
             *("--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)),
+            *("--input-wait-ms", str(self.input_wait_ms)),
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(

@@ -56,18 +56,19 @@ def names(taken: tuple[list[str], dict[str, str]]) -> list[str]:
 
 
 def test_labels_read_to_their_end_first_wait_for_the_transactions_of_their_report_time() -> None:
-    routing, _clock = order()
+    routing, clock = order(wait_s=5.0)
     routing.assign(["t0", "t1", "l0"])
     read(routing, "l0", [15, 35, 55])  # report times: the labels topic read to its end
     routing.at_end("l0")
     assert names(routing.take(100)) == [], "nothing is due before the transactions are read"
     read(routing, "t0", [10, 20, 30])
     assert names(routing.take(100)) == [], "t1 has read nothing yet"
-    read(routing, "t1", [12, 22, 40, 50])
-    assert names(routing.take(100)) == ["t0@10", "t1@12", "l0@15", "t0@20", "t1@22", "t0@30"]
-    routing.at_end("t0")  # t0 has nothing more: t1 alone holds the labels back
-    assert names(routing.take(100)) == ["l0@35", "t1@40", "t1@50"]
-    routing.at_end("t1")
+    read(routing, "t1", [12, 22])
+    assert names(routing.take(100)) == ["t0@10", "t1@12", "l0@15", "t0@20", "t1@22"]
+    clock.now += 5.0
+    read(routing, "t1", [40, 50])  # t0 has read nothing for the wait: t1 alone holds l0 back
+    assert names(routing.take(100)) == ["t0@30", "l0@35", "t1@40", "t1@50"]
+    clock.now += 5.0
     assert names(routing.take(100)) == ["l0@55"]
 
 
@@ -80,8 +81,8 @@ def test_an_input_with_nothing_read_is_waited_for_at_most_its_wait() -> None:
     assert names(routing.take(100)) == []
     clock.now += 0.2
     assert names(routing.take(100)) == ["t0@10", "t0@20"]
-    # Once it has records it holds the others back again, and the wait starts afresh when it
-    # has none left and is not at its end.
+    # Once it has records it holds the others back again, and the wait starts afresh from
+    # its last read.
     read(routing, "t1", [15])
     read(routing, "t0", [30])
     assert names(routing.take(100)) == ["t1@15"]
@@ -91,11 +92,48 @@ def test_an_input_with_nothing_read_is_waited_for_at_most_its_wait() -> None:
     assert names(routing.take(100)) == ["t0@30"]
 
 
-def test_a_partition_read_to_its_end_is_not_waited_for() -> None:
-    routing, _clock = order()
+def test_partitions_read_long_ago_do_not_take_their_waits_in_turn() -> None:
+    # The wait counts from a partition's last read, not from when its queue emptied: records
+    # that waited for another partition's do not start a wait of their own (a live run's
+    # step would end a wait per partition later).
+    routing, clock = order(wait_s=5.0)
+    routing.assign(["t0", "t1", "t2"])
+    read(routing, "t0", [10])
+    read(routing, "t1", [20])
+    read(routing, "t2", [30])
+    assert names(routing.take(100)) == ["t0@10"]
+    clock.now += 5.0
+    assert names(routing.take(100)) == ["t1@20", "t2@30"]
+
+
+def test_a_partition_read_to_its_end_is_waited_for_as_a_backfill_may_still_come() -> None:
+    # Issue 44: a backfill produced while the worker routes it. t0 read to the end of what the
+    # broker had a moment ago was idle at once, t1's later records went first and moved the
+    # clock, and t0's next, older records were judged stale against it.
+    routing, clock = order(wait_s=5.0)
+    routing.assign(["t0", "t1"])
+    read(routing, "t0", [10])
+    routing.at_end("t0")
+    read(routing, "t1", [11, 20, 30])
+    assert names(routing.take(100)) == ["t0@10"]
+    assert routing.marks((2, 0)).reached["t0"] == (10, False)
+    read(routing, "t0", [15, 25])  # the producer was still writing t0
+    assert names(routing.take(100)) == ["t1@11", "t0@15", "t1@20", "t0@25"]
+    routing.at_end("t0")
+    clock.now += 4.9
+    assert names(routing.take(100)) == [] and routing.marks((2, 0)).reached["t0"] == (25, False)
+    clock.now += 0.1  # nothing for the wait: idle
+    assert names(routing.take(100)) == ["t1@30"]
+    assert routing.marks((2, 0)).reached["t0"] == (25, True)
+
+
+def test_an_empty_partition_is_waited_for_from_its_assignment() -> None:
+    routing, clock = order(wait_s=5.0)
     routing.assign(["t0", "l0"])
-    routing.at_end("l0")  # an empty labels partition, or a live one caught up
+    routing.at_end("l0")  # an empty labels partition
     read(routing, "t0", [10, 20])
+    assert names(routing.take(100)) == []
+    clock.now += 5.0
     assert names(routing.take(100)) == ["t0@10", "t0@20"]
 
 
@@ -109,12 +147,10 @@ def test_each_partition_keeps_its_offset_order_and_records_without_a_time_take_t
 
 
 def test_a_batch_is_never_larger_than_its_limit_and_the_rest_comes_next() -> None:
-    routing, _clock = order()
+    routing, _clock = order(wait_s=0.0)  # a partition emptied is idle at once
     routing.assign(["t0", "t1"])
     read(routing, "t0", [1, 3, 5, 7])
     read(routing, "t1", [2, 4, 6, 8])
-    routing.at_end("t0")
-    routing.at_end("t1")
     taken = names(routing.take(3)) + names(routing.take(3)) + names(routing.take(3))
     assert taken == [f"t{(t + 1) % 2}@{t}" for t in range(1, 9)]
     assert names(routing.take(3)) == [] and routing.queued() == 0
@@ -172,8 +208,9 @@ def test_marks_say_what_every_record_still_to_route_has_reached() -> None:
     assert marks == {"t0": (20, False), "t1": (15, False), "l0": (30, False)}
     clock.now += 5.0  # t1 silent too long: idle
     assert routing.marks((2, 1)).reached["t1"] == (15, True)
-    routing.take(100)  # t0@20: l0's label waits for t0, which has none left, not at its end
-    assert routing.marks((2, 1)).reached == {"t0": (20, False), "t1": (15, True), "l0": (30, False)}
+    # t0@20, then l0@30: every partition was read 5 s ago, so each is idle once it has nothing.
+    assert names(routing.take(100)) == ["t0@20", "l0@30"]
+    assert routing.marks((2, 1)).reached == {"t0": (20, True), "t1": (15, True), "l0": (30, True)}
 
 
 # ── the clock that follows the marks ─────────────────────────────────────────────────────────
@@ -292,7 +329,8 @@ def catch_up(
 ) -> None:
     """A router started on a backlog (or after an outage): the labels partition read to its end
     first, each transactions partition fetched `chunk` records at a time, batches of 100."""
-    routing: EventTimeOrder[tuple[str, TerminalEvent]] = EventTimeOrder(10_000, 10**8, 5.0)
+    clock = FakeClock()
+    routing: EventTimeOrder[tuple[str, TerminalEvent]] = EventTimeOrder(10_000, 10**8, 5.0, clock)
     routing.assign(events)
     since, until = day(since_day) - HOUR_MS, day(until_day) - HOUR_MS
     backlog = {
@@ -318,6 +356,7 @@ def catch_up(
             table.apply(batch, routing.marks((2, 1)))
         if routing.queued() == 0 and all(cursor[k] >= len(backlog[k]) for k in cursor):
             break
+        clock.now += 5.0  # a round of fetches: a partition that had nothing more is idle now
 
 
 def test_a_backlog_and_a_catch_up_after_an_outage_count_as_a_live_run() -> None:
@@ -373,7 +412,8 @@ def test_records_are_routed_once_each_in_key_order_whatever_the_reading_order(
     drawn: tuple[dict[str, list[int]], list[tuple[str, int]]], limit: int
 ) -> None:
     partitions, fetches = drawn
-    routing: EventTimeOrder[tuple[str, int]] = EventTimeOrder(10**6, 10**9, 1e9)
+    clock = FakeClock()
+    routing: EventTimeOrder[tuple[str, int]] = EventTimeOrder(10**6, 10**9, 1e9, clock)
     routing.assign(partitions)
     cursor = dict.fromkeys(partitions, 0)
     routed: list[tuple[str, int]] = []
@@ -397,6 +437,9 @@ def test_records_are_routed_once_each_in_key_order_whatever_the_reading_order(
         fetch(key, size)
     for key in partitions:  # then read to their ends
         fetch(key, len(partitions[key]))
+    while routing.queued():  # and silent for the wait: idle, so the others' records go
+        clock.now += 1e9
+        fetch(next(iter(partitions)), 0)
     # Every record once, each partition's in offset order.
     assert sorted(routed) == [(k, i) for k in sorted(partitions) for i in range(len(partitions[k]))]
     for key in partitions:
