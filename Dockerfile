@@ -52,6 +52,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 #    README.md is the package's `readme` (pyproject.toml); the model package scorer/models/*/
 #    ships as package-data of `scorer`. One COPY per package of [tool.setuptools] packages.
 COPY pyproject.toml README.md /src/
+COPY plumbing /src/plumbing
 COPY contracts /src/contracts
 COPY simulator /src/simulator
 COPY stream /src/stream
@@ -61,6 +62,7 @@ COPY scorer /src/scorer
 COPY deadletter /src/deadletter
 COPY loadgen /src/loadgen
 COPY training /src/training
+COPY model_tools /src/model_tools
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src \
     && /opt/venv/bin/python -c 'from stream.startup.config import SHIPPED_MODEL_PATH as p; from scorer.model_package import load_model_package as load; load(p)' \
     && /opt/venv/bin/python -c 'import onnxruntime, confluent_kafka, numpy, numba, msgspec, prometheus_client, tenacity, argon2'

@@ -26,9 +26,9 @@ from bench.harness import (
     produce_backlog,
     stop,
 )
-from contracts.metrics_text import scrape as scrape_text
-from contracts.metrics_text import totals
 from loadgen.time_scale import time_scale
+from plumbing.metrics_text import scrape as scrape_text
+from plumbing.metrics_text import totals
 
 SAMPLE_EVERY_S = 0.25
 RESULTS = REPO / "bench" / "results" / "backlog.json"

@@ -48,11 +48,11 @@ from bench.harness import (
     wait_ready,
 )
 from bench.loops import STATE_TOPIC_SUFFIX
-from contracts.metrics_text import Sample, by_key, samples, scrape
 from loadgen.html_report import REPORT_FILE
 from loadgen.options import DEFAULT_SEED as LOADGEN_SEED
 from loadgen.scrape import read_page
 from loadgen.time_scale import time_scale
+from plumbing.metrics_text import Sample, by_key, samples, scrape
 
 CONTENDERS: tuple[str, ...] = (
     "passthrough",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import ModelPackage, load_model_package, plain_manifest

@@ -42,8 +42,8 @@ from quixstreams import Application, State, message_context
 
 from bench.decide import Decider
 from bench.keyed_history import KeyedHistory
-from contracts.kafka_settings import parse_kafka_options
 from contracts.transaction import decode_transaction
+from plumbing.kafka_settings import parse_kafka_options
 from scorer.columns import TransactionColumns
 from stream.startup.kafka_clients import CONSUMER_DEFAULTS, PRODUCER_DEFAULTS
 

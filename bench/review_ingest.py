@@ -45,8 +45,8 @@ from bench.harness import (
     tool_parser,
     wait_ready,
 )
-from contracts.metrics_text import by_key
-from contracts.metrics_text import scrape as scrape_text
+from plumbing.metrics_text import by_key
+from plumbing.metrics_text import scrape as scrape_text
 from review.cases import CaseStore, NewCase, TransactionDetails
 
 RESULTS = REPO / "bench" / "results" / "review-ingest.json"

@@ -55,9 +55,9 @@ from bench.harness import (
     wait_ready,
 )
 from bench.profiling import py_spy, py_spy_prefix, render, summarize
-from contracts.metrics_text import samples
-from contracts.metrics_text import scrape as scrape_text
 from loadgen.time_scale import time_scale
+from plumbing.metrics_text import samples
+from plumbing.metrics_text import scrape as scrape_text
 from terminals.topics import events_topic_name
 
 RESULTS = REPO / "bench" / "results" / "worker-cost.json"

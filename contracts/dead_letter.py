@@ -32,8 +32,8 @@ from typing import NamedTuple, cast
 
 from confluent_kafka import Message
 
-from contracts.kafka_settings import redacted_prefix
 from contracts.transaction import MAX_EVENT_TIME_MS
+from plumbing.kafka_settings import redacted_prefix
 
 HEADER_PREFIX = "dlq."
 REASON = "dlq.reason"
@@ -79,7 +79,7 @@ class SourceRecord(NamedTuple):
 
 
 def _redacted(text: str) -> str:
-    """`text` redacted (contracts.kafka_settings.redact_urls), read only as far as a bounded
+    """`text` redacted (plumbing.kafka_settings.redact_urls), read only as far as a bounded
     header keeps, plus a character to tell that it was cut."""
     return redacted_prefix(text, MAX_STACKTRACE_CHARS + 1)
 

@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import msgspec
 
-from contracts.errors import DecodeError, ValidationError
+from plumbing.errors import DecodeError, ValidationError
 
 T = TypeVar("T")
 

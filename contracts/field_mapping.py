@@ -53,10 +53,10 @@ from typing import Any
 
 import msgspec
 
-from contracts.bounded_read import read_bounded
-from contracts.errors import ConfigurationError, ValidationError
 from contracts.event_time import EpochMs
 from contracts.transaction import Transaction
+from plumbing.bounded_read import read_bounded
+from plumbing.errors import ConfigurationError, ValidationError
 
 CONTRACT_FIELDS: tuple[str, ...] = tuple(Transaction.__struct_fields__)
 TIME_FORMATS = ("epoch_ms", "epoch_s", "epoch_us", "iso8601")

@@ -47,13 +47,6 @@ from typing import Any, cast
 
 import msgspec
 
-from contracts.errors import (
-    ConfigurationError,
-    DecodeError,
-    RegistryUnavailableError,
-    SchemaDecodeError,
-    ValidationError,
-)
 from contracts.field_mapping import FieldMapping, avro_paths, json_schema_paths
 from contracts.transaction import Transaction, decode_transaction
 from contracts.writer_schemas import (
@@ -61,6 +54,13 @@ from contracts.writer_schemas import (
     WriterSchemas,
     plain_logical_values,
     registry_failure,
+)
+from plumbing.errors import (
+    ConfigurationError,
+    DecodeError,
+    RegistryUnavailableError,
+    SchemaDecodeError,
+    ValidationError,
 )
 
 log = logging.getLogger(__name__)

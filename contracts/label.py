@@ -20,8 +20,8 @@ from typing import Annotated
 import msgspec
 
 from contracts.decoding import decode_value
-from contracts.errors import ValidationError
 from contracts.transaction import MAX_EVENT_TIME_MS, MAX_ID_CHARS
+from plumbing.errors import ValidationError
 
 #: How far `reported_at` may precede `event_time`: clock differences between two systems, not
 #: a real report (outcomes arrive hours to weeks later).

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from contracts.decision import Decision, encode_decision
-from contracts.errors import ClientFailure, ConfigurationError
+from plumbing.errors import ClientFailure, ConfigurationError
 
 OUTPUT_FORMATS = ("json", "avro", "protobuf", "json-schema")
 #: The registry rule the decision subject is registered under (see the module docstring).

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from contracts.errors import (
+from contracts.event_time import EpochMs
+from plumbing.errors import (
     RegistryUnavailableError,
     SchemaDecodeError,
     SchemaUnknownError,
     ValidationError,
 )
-from contracts.event_time import EpochMs
 
 #: Far above any payment schema (the worked examples are under 3,000 characters).
 MAX_SCHEMA_CHARS = 262_144

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Annotated, Any, NoReturn
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError, FraudScorerError
-from contracts.logs import TextFormatter
-from contracts.settings import KafkaSettings, Topic, meta
 from deadletter.inspect import inspect, render_text
 from deadletter.reader import DeadLetterFilter, DeadLetterReader, parse_time
 from deadletter.replay import DEFAULT_GROUP, Replayer, ReplayOptions, create_producer
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError, FraudScorerError
+from plumbing.logs import TextFormatter
+from plumbing.settings import KafkaSettings, Topic, meta
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: A run stopped by signal N exits 128 + N, as a shell reports a process killed by it.

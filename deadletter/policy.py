@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import tenacity
 
-from contracts.errors import TransientDeliveryError
+from plumbing.errors import TransientDeliveryError
 
 log = logging.getLogger(__name__)
 

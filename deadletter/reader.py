@@ -39,7 +39,7 @@ from contracts.dead_letter import (
     failed_at_ms,
     read_headers,
 )
-from contracts.errors import FraudScorerError
+from plumbing.errors import FraudScorerError
 
 #: How long one metadata, watermark or commit request, and a read that makes no progress, may
 #: take before the broker is declared unreachable.

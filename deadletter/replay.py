@@ -26,7 +26,6 @@ from typing import Any, TextIO
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from contracts.dead_letter import INCOMPLETE_MARKERS, ORIGINAL_TOPIC, replay_headers
-from contracts.kafka_errors import delivery_error, stored
 from contracts.offsets import OffsetTracker
 from deadletter.reader import (
     DeadLetter,
@@ -36,6 +35,7 @@ from deadletter.reader import (
     PartitionRange,
     kafka_error_text,
 )
+from plumbing.kafka_errors import delivery_error, stored
 
 DEFAULT_GROUP = "fraud-dlq-replay"
 #: Commit the acknowledged position this often, so that a crash repeats at most this much work.

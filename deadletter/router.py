@@ -27,8 +27,8 @@ from contracts.dead_letter import (
     headers_size,
     read_headers,
 )
-from contracts.errors import DeliveryError, RecordError, ScoreError
 from contracts.offsets import position_of
+from plumbing.errors import DeliveryError, RecordError, ScoreError
 
 #: What the broker and librdkafka count beyond key, value and headers (record framing, batch
 #: header): a shrunk dead letter stays this far under the size limit.

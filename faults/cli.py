@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError
 from faults.broker import DEFAULT_PORT, DEFAULT_STATE_DIR, REPO, Broker
 from faults.harness import ScenarioRun
 from faults.results import Result, Settings
 from faults.scenarios import FULL, SCENARIOS, SHORT, Scenario, Timing
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError
 
 log = logging.getLogger("faults")
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.metrics_text import by_key
 from faults.broker import Broker
 from faults.load import OpenLoopLoad
 from faults.reading import (
@@ -37,6 +36,7 @@ from faults.reading import (
 from faults.replicas import Replica, Sampler, lag_samples
 from faults.results import Result, Settings
 from faults.verifier import DeadLetter, Decision, FaultWindow, InputRecord, verify
+from plumbing.metrics_text import by_key
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
 
-from contracts.metrics_text import by_key, samples, scrape
+from plumbing.metrics_text import by_key, samples, scrape
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError
 from flywheel.loop import run
 from flywheel.settings import FlywheelSettings
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError
 from simulator.label_regimes import LabelRegime
 from training.options import check_shares, parse_share
 

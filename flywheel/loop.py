@@ -45,10 +45,10 @@ import numpy.typing as npt
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.metrics_text import by_key, scrape
 from flywheel.labels import reported_labels
 from flywheel.settings import FlywheelSettings
-from scorer.model_cli import main as fraud_model
+from model_tools.cli import main as fraud_model
+from plumbing.metrics_text import by_key, scrape
 from simulator.label_regimes import LabelRegime
 from simulator.transactions import SimulatedBatch, TransactionSimulator
 from stream.startup.config import SHIPPED_MODEL_PATH

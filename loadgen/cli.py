@@ -25,10 +25,6 @@ import msgspec
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
 from loadgen.html_report import write_report
 from loadgen.labels import LabelFeed
 from loadgen.malformed import malform
@@ -44,6 +40,10 @@ from loadgen.scrape import (
 )
 from loadgen.shapes import Schedule
 from loadgen.time_scale import REPLAY_SCALE, assumption, check_replay, simulated_pace, world
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import redact_urls
+from plumbing.logs import configure_logging
 from simulator.transactions import TransactionSimulator
 
 log = logging.getLogger("loadgen")

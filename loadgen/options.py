@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 from contracts.field_mapping import FieldMapping
-from contracts.settings import KafkaSettings, Topic, meta
 from loadgen.replay import ReplayRow, ReplaySchedule, plan, read_rows
 from loadgen.shapes import (
     DEFAULT_BURST_EVERY_S,
@@ -20,6 +19,7 @@ from loadgen.shapes import (
     Schedule,
     make_shape,
 )
+from plumbing.settings import KafkaSettings, Topic, meta
 from simulator.transactions import DEFAULT_CARDS, MAX_FRAUD_SCALE
 
 #: The simulator seed of a run that names none.

@@ -29,9 +29,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from contracts.errors import RecordError
 from contracts.field_mapping import FieldMapping
 from contracts.transaction import Transaction
+from plumbing.errors import RecordError
 
 #: The file suffixes read, by format.
 JSON_LINES = (".jsonl", ".ndjson", ".json")

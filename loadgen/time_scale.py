@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from simulator.transactions import DEFAULT_CARDS, DEFAULT_START_TIME_MS, TransactionSimulator
 
 #: How far a run's scale may be from the scorer's and still run at the scorer's: a card's

@@ -13,9 +13,9 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.command_line import configured
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import redact_urls
+from plumbing.command_line import configured
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import redact_urls
 from review.settings import ReviewSettings
 
 log = logging.getLogger("review.cli")

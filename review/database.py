@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import redact_urls
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import redact_urls
 
 _AUDIT_REFUSAL = "the audit log is append-only"
 

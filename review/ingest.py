@@ -37,8 +37,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from contracts.errors import DecodeError, ValidationError
 from contracts.transaction import MAX_EVENT_TIME_MS, MAX_ID_CHARS, decode_transaction
+from plumbing.errors import DecodeError, ValidationError
 from review.cases import CaseStore, NewCase, TransactionDetails
 from review.metrics import ReviewMetrics
 from review.settings import ReviewSettings

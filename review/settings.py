@@ -1,4 +1,4 @@
-"""Every setting of `fraud-review`, declared once (`contracts/settings.py`): flags, environment
+"""Every setting of `fraud-review`, declared once (`plumbing/settings.py`): flags, environment
 variables, `--help` and the configuration reference come from these declarations."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from contracts.settings import NAME_PATTERN, ServiceSettings, Topic, meta
+from plumbing.settings import NAME_PATTERN, ServiceSettings, Topic, meta
 
 _GroupId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.errors import FraudScorerError, ValidationError
 from contracts.label import Label, decode_label
+from plumbing.errors import FraudScorerError, ValidationError
 from review.cases import CaseStore, User
 from review.metrics import ReviewMetrics
 

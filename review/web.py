@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from contracts.health import BackgroundHTTPServer
 from contracts.transaction import MAX_ID_CHARS
+from plumbing.health import BackgroundHTTPServer
 from review.auth import Authenticator, Throttled, client_key, same_token
 from review.cases import CaseStore, User
 from review.metrics import ReviewMetrics

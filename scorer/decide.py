@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.decision import APPROVE, Reason
-from contracts.errors import ModelUnavailableError, ScoreError
+from plumbing.errors import ModelUnavailableError, ScoreError
 from scorer.decisions import Thresholds, valid_scores
 from scorer.fallback import fallback_scores
 from scorer.features import (

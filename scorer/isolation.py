@@ -25,7 +25,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from contracts.errors import ModelUnavailableError, ScoreError
+from plumbing.errors import ModelUnavailableError, ScoreError
 from scorer.decisions import valid_scores
 from scorer.features import NUM_FEATURES
 from scorer.model import Scorer

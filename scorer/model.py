@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from contracts.errors import ConfigurationError, ScoreError
+from plumbing.errors import ConfigurationError, ScoreError
 from scorer.binding import BucketRunner, bucket_sizes
 from scorer.features import NUM_FEATURES
 from scorer.model_package import ModelPackage

@@ -31,8 +31,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.bounded_read import read_bounded
-from contracts.errors import ConfigurationError
+from plumbing.bounded_read import read_bounded
+from plumbing.errors import ConfigurationError
 from scorer.decisions import DEFAULT_THRESHOLDS, Thresholds
 from scorer.drift import DriftReference
 from scorer.features import FEATURE_NAMES

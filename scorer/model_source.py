@@ -29,8 +29,8 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Protocol
 
-from contracts.errors import ConfigurationError, ModelSourceUnavailableError
-from contracts.kafka_settings import redact_urls
+from plumbing.errors import ConfigurationError, ModelSourceUnavailableError
+from plumbing.kafka_settings import redact_urls
 from scorer.model_package import MANIFEST_FILE, ONNX_FILE, load_model_package
 
 MLFLOW_PREFIX = "models:/"

@@ -27,11 +27,11 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.bounded_read import read_bounded
 from contracts.decision import DECLINE, REVIEW
-from contracts.errors import ConfigurationError
 from contracts.reference_data import MCC_FAMILIES
 from contracts.transaction import MAX_ID_CHARS
+from plumbing.bounded_read import read_bounded
+from plumbing.errors import ConfigurationError
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds
 from scorer.rule_expressions import Condition, RulesError, compile_condition, is_in

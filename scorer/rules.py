@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.decision import APPROVE, DECLINE, REVIEW
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds, classify
 from scorer.rule_expressions import Batch, RulesError

@@ -38,7 +38,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 import tenacity
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from contracts.kafka_errors import leader_unknown
+from plumbing.kafka_errors import leader_unknown
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
+from plumbing.errors import ConfigurationError, ModelSourceUnavailableError, ScoreError
 from scorer.decide import DecisionPolicy
 from scorer.model import OnnxScorer
 from scorer.model_package import ModelPackage, load_model_package

@@ -40,9 +40,9 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import OFFSET_END, Message
 
-from contracts.errors import RecordError
 from contracts.event_time import EventClock
 from contracts.label import decode_label
+from plumbing.errors import RecordError
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 

@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.errors import ConfigurationError, ModelSourceUnavailableError
+from plumbing.errors import ConfigurationError, ModelSourceUnavailableError
 from scorer.features import NUM_FEATURES
 from scorer.isolation import score_rows
 from scorer.model import OnnxScorer

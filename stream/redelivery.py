@@ -23,10 +23,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from stream.card_state import CardOwnership
 from stream.metrics import ServiceMetrics
 from stream.refusals import replacement

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from contracts.errors import RecordRejectedError
-from contracts.kafka_errors import translate_kafka_error
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from deadletter.router import DeadLetterRouter, shrink
+from plumbing.errors import RecordRejectedError
+from plumbing.kafka_errors import translate_kafka_error
 from stream.sink import Output
 
 

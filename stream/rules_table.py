@@ -43,8 +43,8 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message, Producer
 
-from contracts.errors import RulesUpdateError
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import RulesUpdateError
 from scorer.columns import TransactionFields
 from scorer.decisions import Thresholds
 from scorer.rule_sources import MAX_KEY_CHARS

@@ -19,12 +19,12 @@ import numpy.typing as npt
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encode_features
-from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.output_formats import DecisionEncoder
 from contracts.trace_context import batch_trace_headers, trace_context
 from contracts.transaction import Transaction
 from deadletter.router import DeadLetterRecord, DeadLetterRouter
+from plumbing.errors import ScoreError
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch, decide_by_rules
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW

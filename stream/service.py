@@ -21,10 +21,10 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from contracts.errors import DecodeError, RecordError, RegistryUnavailableError
-from contracts.kafka_errors import ACCESS_DENIED
 from contracts.offsets import PartitionKey, SourceOffset, position_of
 from contracts.transaction import Transaction
+from plumbing.errors import DecodeError, RecordError, RegistryUnavailableError
+from plumbing.kafka_errors import ACCESS_DENIED
 from stream.batcher import Batch, MicroBatcher
 from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
 from stream.controller import BatchSizeController

@@ -48,9 +48,9 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from contracts.errors import ScoreError
 from contracts.shadow import ShadowDecision, encode_shadow_decision
 from contracts.transaction import Transaction
+from plumbing.errors import ScoreError
 from scorer.decide import DecisionPolicy, Verdicts
 from scorer.decisions import Thresholds, classify, valid_scores
 from stream.metrics import ServiceMetrics

@@ -15,9 +15,9 @@ from typing import Any, Literal, Protocol, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from contracts.errors import DeliveryError
-from contracts.kafka_errors import delivery_error, stored, translate_kafka_error
 from deadletter.router import DeadLetterRecord
+from plumbing.errors import DeliveryError
+from plumbing.kafka_errors import delivery_error, stored, translate_kafka_error
 from stream.outcomes import OutcomeGroup
 
 log = logging.getLogger(__name__)

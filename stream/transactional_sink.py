@@ -42,10 +42,10 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from contracts.errors import RecordRejectedError
-from contracts.kafka_errors import translate_kafka_error
 from contracts.offsets import OffsetTracker, PartitionKey, position_of
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import RecordRejectedError
+from plumbing.kafka_errors import translate_kafka_error
 from stream.metrics import ServiceMetrics
 from stream.outcome_order import OutcomeOrder
 from stream.outcomes import OutcomeGroup

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
 
-from contracts.command_line import configured
-from contracts.errors import ConfigurationError
-from contracts.health import serve
-from contracts.kafka_settings import redact_urls
+from plumbing.command_line import configured
+from plumbing.errors import ConfigurationError
+from plumbing.health import serve
+from plumbing.kafka_settings import redact_urls
 from terminals.config import FeaturesSettings
 from terminals.health import WorkerHealth
 from terminals.metrics import WorkerMetrics

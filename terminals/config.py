@@ -1,7 +1,7 @@
 """The worker's configuration: one typed, frozen object, loaded once at start-up.
 
 Every setting is a flag and an environment variable (a flag wins), declared once on
-`FeaturesSettings` with its type, bounds, help and default; `contracts/settings.py` makes the flags
+`FeaturesSettings` with its type, bounds, help and default; `plumbing/settings.py` makes the flags
 and converts and checks their text. Names shared with the scorer (bootstrap servers, topics, time
 scale, instance id, log settings, the Kafka client settings) read the same variables, so one
 environment configures both.
@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS, EventClock
-from contracts.settings import NAME_PATTERN, ServiceSettings, Topic, meta
+from plumbing.settings import NAME_PATTERN, ServiceSettings, Topic, meta
 from scorer.terminal_risk import day_length_ms
 from terminals.state import TerminalClock
 

@@ -1,4 +1,4 @@
-"""What the features worker's `/healthz` and `/readyz` say (served by `contracts/health.py`).
+"""What the features worker's `/healthz` and `/readyz` say (served by `plumbing/health.py`).
 
 Two loops make the worker's progress: the router's thread (librdkafka, `terminals/router.py`)
 and faust's event loop, where the table agent applies the re-keyed events. Liveness is

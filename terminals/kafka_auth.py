@@ -1,7 +1,7 @@
 """The project's librdkafka-style security settings mapped onto faust's Kafka client (aiokafka).
 
 Every command reads extra Kafka settings the same way (`FRAUD_KAFKA_CONFIG_FILE`, overridden by
-`FRAUD_KAFKA_OPTIONS` or `-X`; `contracts/kafka_settings.py`). The scorer hands them to
+`FRAUD_KAFKA_OPTIONS` or `-X`; `plumbing/kafka_settings.py`). The scorer hands them to
 librdkafka as they are; faust speaks aiokafka, so this module translates the security subset:
 
     security.protocol                  PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
@@ -27,7 +27,7 @@ from typing import NamedTuple
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

@@ -2,7 +2,7 @@
 the small methods the agents call (no other module of the worker touches prometheus_client).
 
 Served on `/metrics` (FRAUD_FEATURES_METRICS_PORT) with `/healthz` and `/readyz`
-(`contracts/health.py`).
+(`plumbing/health.py`).
 """
 
 from __future__ import annotations

@@ -61,11 +61,11 @@ from typing import Any, NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from contracts.errors import RecordError, RecordRejectedError
 from contracts.event_time import EventClock
-from contracts.kafka_errors import translate_kafka_error
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRecord, DeadLetterRouter, shrink
+from plumbing.errors import RecordError, RecordRejectedError
+from plumbing.kafka_errors import translate_kafka_error
 from terminals.config import FeaturesSettings
 from terminals.events import InputMarks, Routed, batch_by_partition, read_transaction, route_label
 from terminals.metrics import WorkerMetrics

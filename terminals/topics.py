@@ -34,9 +34,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from contracts.errors import ConfigurationError
-from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from contracts.worker_progress import progress_topic_name
+from plumbing.errors import ConfigurationError
+from plumbing.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from terminals.config import FeaturesSettings
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError
 from training.options import parse_args
 
 

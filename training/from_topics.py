@@ -39,8 +39,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.errors import ConfigurationError
 from contracts.terminal_risk import MS_PER_DAY
+from plumbing.errors import ConfigurationError
 from scorer.drift import drift_reference, most_influential
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.flag_rate import expected_flag_rate

@@ -14,8 +14,8 @@ import numpy.typing as npt
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from contracts.decision import decode_features
-from contracts.errors import ConfigurationError
 from contracts.label import decode_label
+from plumbing.errors import ConfigurationError
 from scorer.features import NUM_FEATURES
 
 READ_BATCH = 10_000

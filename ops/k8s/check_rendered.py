@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from contracts.kafka_settings import CONFIG_FILE_ENV
+from plumbing.kafka_settings import CONFIG_FILE_ENV
 from stream.startup.config import ScorerSettings
 from stream.startup.supervisor import child_command
 from terminals.config import FeaturesSettings

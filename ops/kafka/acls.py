@@ -55,8 +55,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import read_kafka_config_file
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import read_kafka_config_file
 
 ADMIN_TIMEOUT_S = 30.0
 #: How often to ask the broker whether it enforces a change yet (the controller commits it first,

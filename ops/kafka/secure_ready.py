@@ -21,9 +21,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import read_kafka_config_file
 from ops.kafka.kafka_ready import wait_for_brokers
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import read_kafka_config_file
 
 #: librdkafka's answers that mean the broker refused the client (its credentials or certificate).
 REFUSALS = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})

@@ -4,7 +4,7 @@ A pod's liveness probe can ask one port, the first process's; the others serve t
 `/healthz` on the ports after it. So the supervisor asks every child itself: a child whose
 `/healthz` fails `FAILURES_BEFORE_KILL` checks in a row, after its start-up grace, is killed,
 and the supervisor restarts it as it restarts a child that died. A hung child (its stream loop
-silent past `contracts.health.STALL_AFTER_S`, or the whole process frozen) is thereby treated
+silent past `plumbing.health.STALL_AFTER_S`, or the whole process frozen) is thereby treated
 like a dead one, whichever process it is.
 """
 

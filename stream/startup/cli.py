@@ -12,10 +12,10 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from contracts.command_line import configured
-from contracts.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
-from contracts.health import HealthState, serve
-from contracts.kafka_settings import redact_urls
+from plumbing.command_line import configured
+from plumbing.errors import ClientFailure, ConfigurationError, ModelSourceUnavailableError
+from plumbing.health import HealthState, serve
+from plumbing.kafka_settings import redact_urls
 from scorer.flag_rate import range_in_use
 from scorer.model_source import open_model_source
 from stream.lag import LagMonitor

@@ -1,20 +1,20 @@
 """The service's configuration: one typed, frozen object, loaded once at start-up.
 
 A setting is one declaration in `stream/startup/options.py` (or, for those every service shares,
-`contracts/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its environment
-variable, its help and its default. `contracts/settings.py` converts and checks values from flags
+`plumbing/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its environment
+variable, its help and its default. `plumbing/settings.py` converts and checks values from flags
 and the environment (`from_sources`) and values given in code; `__post_init__` here adds only
 the checks that involve several settings. `fraud-scorer run --help`, the reference pages and the
 deploy checks read the same declarations (`ScorerSettings.settings()`), so help, environment
 names and code cannot drift apart. Extra librdkafka settings (security, SASL, SSL, tuning) pass
 through unchanged in `kafka_options` and the file `kafka_config_file`; see
-`contracts/kafka_settings.py`.
+`plumbing/kafka_settings.py`.
 """
 
 from __future__ import annotations
 
-from contracts.errors import ConfigurationError
 from contracts.field_mapping import FieldMapping
+from plumbing.errors import ConfigurationError
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.model_source import check_model_location

@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from contracts.errors import ClientFailure
+from plumbing.errors import ClientFailure
 from stream.lag import STATISTICS_INTERVAL_MS
 from stream.startup.config import ScorerSettings
 

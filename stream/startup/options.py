@@ -1,5 +1,5 @@
 """Every setting of `fraud-scorer run`, declared once: name, type and bounds, environment
-variable and help, default (`contracts/settings.py` makes flags, `--help` and errors of them).
+variable and help, default (`plumbing/settings.py` makes flags, `--help` and errors of them).
 
 `ScorerSettings` (`stream/startup/config.py`) adds the checks that involve several settings and the
 values derived from them.
@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS
 from contracts.input_formats import DEFAULT_MAX_RECORD_BYTES
-from contracts.settings import ServiceSettings, Topic, meta
+from plumbing.settings import ServiceSettings, Topic, meta
 from scorer.decide import LatePolicy
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
 from scorer.runtime import Device

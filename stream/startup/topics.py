@@ -10,8 +10,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.errors import ConfigurationError
-from contracts.topic_admin import ADMIN_TIMEOUT_S, create_missing
+from plumbing.errors import ConfigurationError
+from plumbing.topic_admin import ADMIN_TIMEOUT_S, create_missing
 from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors
 

@@ -16,13 +16,13 @@ from confluent_kafka import Consumer, Producer
 from contracts.decision import encode_decision
 from contracts.event_time import EventClock
 from contracts.field_mapping import FieldMapping
-from contracts.health import HealthState
 from contracts.input_formats import TransactionDecoder, transaction_decoder
 from contracts.offsets import OffsetTracker, PartitionKey
 from contracts.output_formats import DecisionEncoder, decision_encoder
 from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from plumbing.health import HealthState
 from scorer.decide import DecisionPolicy
 from scorer.model import Scorer
 from scorer.model_source import ModelSource, open_model_source

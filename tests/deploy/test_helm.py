@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ConfigurationError
-from contracts.health import HealthServer, HealthState
+from plumbing.errors import ConfigurationError
+from plumbing.health import HealthServer, HealthState
 from review.settings import ReviewSettings
 from stream.startup.config import ScorerSettings
 from stream.startup.supervisor import child_command

@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.metrics_text import by_key, samples
 from loadgen.options import DEFAULT_SEED
 from loadgen.time_scale import time_scale
+from plumbing.metrics_text import by_key, samples
 from tests.support.network import free_port
 from tests.support.topics import create_topics, delete_topics
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from contracts.card_frauds import decode_card_frauds
-from contracts.metrics_text import Sample, samples, scrape
 from contracts.terminal_risk import MS_PER_DAY, TERMINAL_FEATURE_NAMES, decode_terminal_risk
 from contracts.worker_progress import progress_topic_name
+from plumbing.metrics_text import Sample, samples, scrape
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,

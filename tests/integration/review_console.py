@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.metrics_text import by_key
+from plumbing.metrics_text import by_key
 from tests.integration.conftest import BOOTSTRAP, REPO
 from tests.support.network import free_port
 

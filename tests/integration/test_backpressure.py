@@ -13,7 +13,7 @@ import numpy as np
 from confluent_kafka import Message
 from onnx import helper
 
-from contracts.metrics_text import samples
+from plumbing.metrics_text import samples
 from scorer.features import NUM_FEATURES
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import ServiceProcess, encode, produce, read_topic

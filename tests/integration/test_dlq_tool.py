@@ -25,7 +25,7 @@ from contracts.dead_letter import (
     SourceRecord,
     dead_letter_headers,
 )
-from contracts.errors import DecodeError, RecordError, ScoreError, ValidationError
+from plumbing.errors import DecodeError, RecordError, ScoreError, ValidationError
 from tests.integration.conftest import (
     BOOTSTRAP,
     REPO,

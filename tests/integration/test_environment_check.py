@@ -1,4 +1,4 @@
-"""The environment check of the real commands (contracts/environment.py): a misspelt `FRAUD_*`
+"""The environment check of the real commands (plumbing/environment.py): a misspelt `FRAUD_*`
 variable stops `fraud-scorer run` before it starts, naming it and the setting meant; a variable
 of another command given to `fraud-features` is a warning naming its command."""
 

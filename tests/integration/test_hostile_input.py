@@ -306,7 +306,7 @@ def test_a_valid_looking_record_no_column_can_hold_never_stops_the_partition(
 _READ_TWICE = """
 import sys
 from confluent_kafka import Consumer
-from contracts.errors import DeliveryError
+from plumbing.errors import DeliveryError
 from contracts.trace_context import batch_trace_headers
 from deadletter.router import DeadLetterRouter
 

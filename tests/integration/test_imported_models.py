@@ -12,9 +12,9 @@ import xgboost
 from sklearn.ensemble import RandomForestClassifier
 
 from contracts.transaction import decode_transaction
+from model_tools.cli import main as fraud_model
 from scorer.columns import TransactionColumns
 from scorer.features import TRANSACTION_FEATURE_NAMES, build_features
-from scorer.model_cli import main as fraud_model
 from scorer.model_package import load_model_package
 from simulator.replay import simulate
 from tests.integration.conftest import Topics, produce

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scorer.model_cli import main as fraud_model
+from model_tools.cli import main as fraud_model
 from tests.integration.conftest import fed_by_loadgen, read_topic
 from tests.integration.test_model_swap import loadgen_summary
 from tests.support.records import value_of
@@ -167,7 +167,7 @@ def test_publish_and_a_replica_never_show_the_tracking_uris_password(
     log, carries the password."""
     from prometheus_client import CollectorRegistry
 
-    from contracts.logs import configure_logging
+    from plumbing.logs import configure_logging
     from scorer.model_source import DirectorySource, MlflowSource
     from stream.metrics import ServiceMetrics
     from stream.model_reload import ModelReloader, load_serving_model

@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from scorer.model_cli import main as fraud_model
+from model_tools.cli import main as fraud_model
 from simulator.transactions import TransactionSimulator
 from tests.integration.conftest import Topics, fed_by_loadgen, produce, read_topic, run_loadgen
 from tests.support.models import nan_on_burst_model, nan_on_history_model, package

@@ -30,13 +30,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from hypothesis import HealthCheck, assume, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import RecordError
 from contracts.input_formats import (
     DEFAULT_MAX_RECORD_BYTES,
     TransactionDecoder,
     transaction_decoder,
 )
 from contracts.transaction import Transaction
+from plumbing.errors import RecordError
 from simulator.transactions import TransactionSimulator
 from tests.integration.test_registry_hostile import zigzag
 from tests.integration.test_registry_input import (

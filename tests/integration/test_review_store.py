@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from review.cases import CaseStore, NewCase, TransactionDetails, User
 from review.metrics import ReviewMetrics
 from review.verdicts import LabelPublisher, ReversalRefused, VerdictDesk

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import TransientDeliveryError
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction, decode_transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import TransientDeliveryError
 from scorer.columns import TransactionColumns
 from simulator.transactions import TransactionSimulator
 from stream.card_changelog import KafkaChangelog

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from contracts.decision import encode_features
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.features import NUM_FEATURES
 from scorer.model_package import CARD_FILE, load_model_package
 from scorer.model_source import DirectorySource

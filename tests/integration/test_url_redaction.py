@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from contracts.dead_letter import MESSAGE, STACKTRACE, SourceRecord, dead_letter_headers
-from contracts.errors import RecordError
 from contracts.input_formats import transaction_decoder
-from contracts.logs import configure_logging
+from plumbing.errors import RecordError
+from plumbing.logs import configure_logging
 from tests.integration.test_registry_input import REGISTRY_URL
 
 SECRET = "s3cret"

@@ -41,12 +41,12 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import read_kafka_config_file
 from contracts.worker_progress import progress_topic_name
 from ops.kafka import acls as acl_tools
 from ops.kafka.acls import ServiceAcls
 from ops.kafka.secure_ready import Refused, brokers_listed
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import read_kafka_config_file
 from tests.integration.conftest import ServiceProcess
 from tests.support.network import free_port
 from tests.support.topics import ADMIN_TIMEOUT_S, create_topics, delete_topics

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from contracts.errors import DeliveryError, ScoreError, TransientDeliveryError
+from plumbing.errors import DeliveryError, ScoreError, TransientDeliveryError
 from stream.card_changelog import ChangelogBatch, ChangelogTailGone
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output

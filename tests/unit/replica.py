@@ -12,11 +12,11 @@ import msgspec
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from contracts.health import HealthState
 from contracts.input_formats import TransactionDecoder
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.policy import RetryPolicy
+from plumbing.health import HealthState
 from scorer.decisions import DEFAULT_THRESHOLDS
 from simulator.transactions import TransactionSimulator
 from stream.card_state import CardState

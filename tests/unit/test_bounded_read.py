@@ -1,4 +1,4 @@
-"""contracts/bounded_read.py: a file is read whole only when it is small enough."""
+"""plumbing/bounded_read.py: a file is read whole only when it is small enough."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.bounded_read import read_bounded
-from contracts.errors import ConfigurationError
+from plumbing.bounded_read import read_bounded
+from plumbing.errors import ConfigurationError
 from tests.support.budget import MIB, Budget, within
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from contracts.errors import ClientFailure
+from plumbing.errors import ClientFailure
 from stream.startup.kafka_clients import ClientErrors
 
 

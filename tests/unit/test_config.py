@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import MAX_CONFIG_FILE_BYTES, read_kafka_config_file
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import MAX_CONFIG_FILE_BYTES, read_kafka_config_file
 from scorer.decisions import Thresholds
 from stream.startup.cli import main
 from stream.startup.config import ScorerSettings

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from contracts.card_frauds import encode_card_frauds
-from contracts.errors import ConfigurationError, RulesUpdateError
 from contracts.event_time import EventClock
 from contracts.terminal_risk import (
     BUCKET_DAYS,
@@ -29,6 +28,7 @@ from contracts.terminal_risk import (
 )
 from contracts.worker_progress import MAX_RECORD_BYTES as MAX_PROGRESS_BYTES
 from contracts.worker_progress import decode_progress
+from plumbing.errors import ConfigurationError, RulesUpdateError
 from scorer.rule_sources import MAX_NAMED_ENTRIES, MAX_UPDATE_BYTES
 from scorer.rules import Rules
 from stream.metrics import ServiceMetrics

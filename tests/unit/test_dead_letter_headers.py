@@ -18,8 +18,8 @@ from contracts.dead_letter import (
     failed_at_ms,
     replay_headers,
 )
-from contracts.errors import ValidationError
 from deadletter.inspect import inspect, printable, render_text
+from plumbing.errors import ValidationError
 
 SERVICE_HEADERS = {
     "dlq.reason",

@@ -7,7 +7,7 @@ import numpy as np
 
 from contracts.dead_letter import MAX_MESSAGE_CHARS, SourceRecord, dead_letter_headers
 from contracts.decision import Decision, encode_decision
-from contracts.errors import ScoreError, ValidationError
+from plumbing.errors import ScoreError, ValidationError
 from scorer.decisions import Thresholds, classify, valid_scores
 
 

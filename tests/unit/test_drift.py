@@ -11,9 +11,9 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError
 from contracts.offsets import OffsetTracker
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import ConfigurationError
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from scorer.drift import DriftWindow, drift_reference, histogram, most_influential, psi

@@ -1,4 +1,4 @@
-"""The environment check every command makes at start (contracts/environment.py): a `FRAUD_*`
+"""The environment check every command makes at start (plumbing/environment.py): a `FRAUD_*`
 variable nothing declares stops it, naming the closest declared name; one that another command
 reads is a warning naming that command. And the registry is whole: every `FRAUD_*` name the code
 reads from the environment, or the docs, the Helm chart, compose and the scripts set, is
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts import environment
-from contracts.declared_environment import DECLARED
-from contracts.environment import READ_DIRECTLY, check_environment, readers
-from contracts.errors import ConfigurationError
 from ops.tools.reference_pages import READERS
+from plumbing import environment
+from plumbing.declared_environment import DECLARED
+from plumbing.environment import READ_DIRECTLY, check_environment, readers
+from plumbing.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,9 @@ PACKAGES = (
     "faults",
     "flywheel",
     "loadgen",
+    "model_tools",
     "ops",
+    "plumbing",
     "scorer",
     "simulator",
     "stream",
@@ -145,7 +147,7 @@ def test_every_variable_the_code_reads_directly_is_declared():
     }
     assert {"FRAUD_HOSTILE_EXAMPLES", "FRAUD_CARD_HISTORY"} <= set(read), "the scan sees them"
     undeclared = {name: str(where) for name, where in read.items() if name not in declared}
-    assert not undeclared, f"declare them (contracts/environment.py, READ_DIRECTLY): {undeclared}"
+    assert not undeclared, f"declare them (plumbing/environment.py, READ_DIRECTLY): {undeclared}"
 
 
 def test_the_directly_read_names_are_not_also_a_command_s_setting():

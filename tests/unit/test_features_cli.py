@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from faust.auth import SASLCredentials, SSLCredentials
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from terminals import cli
 from terminals.config import FeaturesSettings
 from terminals.kafka_auth import faust_kafka_auth

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import ConfigurationError, ValidationError
 from contracts.field_mapping import FieldMapping, avro_paths, json_schema_paths
 from contracts.transaction import Transaction
+from plumbing.errors import ConfigurationError, ValidationError
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 ISO8583 = FieldMapping.load(EXAMPLES / "iso8583" / "mapping.toml")

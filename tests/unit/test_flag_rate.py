@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.decisions import Thresholds
 from scorer.flag_rate import FLAG_RATE_MARGIN, MIN_DAY_ROWS, expected_flag_rate, range_in_use
 from scorer.model_package import load_model_package, parse_manifest, write_model_package

@@ -20,7 +20,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 import pytest
 
-from contracts.errors import ConfigurationError, ScoreError
+from plumbing.errors import ConfigurationError, ScoreError
 from scorer.binding import bucket_sizes
 from scorer.features import NUM_FEATURES
 from scorer.model import OnnxScorer

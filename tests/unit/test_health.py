@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError
-from contracts.health import MAX_CONNECTIONS, HealthServer, HealthState, serve
+from plumbing.errors import ConfigurationError
+from plumbing.health import MAX_CONNECTIONS, HealthServer, HealthState, serve
 from stream.metrics import ServiceMetrics
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from contracts.errors import RegistryUnavailableError
 from contracts.transaction import Transaction, decode_transaction
+from plumbing.errors import RegistryUnavailableError
 from tests.support.waiting import wait_until
 from tests.unit.replica import TOPIC, Replica, messages, tp
 

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import ConfigurationError, RecordError
 from contracts.field_mapping import (
     CONTRACT_FIELDS,
     MAX_MAPPING_BYTES,
@@ -25,6 +24,7 @@ from contracts.field_mapping import (
 )
 from contracts.input_formats import transaction_decoder
 from contracts.transaction import Transaction
+from plumbing.errors import ConfigurationError, RecordError
 from tests.support.budget import MIB, Budget, within
 
 #: Loading a file: TOML parsing costs tens of bytes per byte of the file, which is bounded.

@@ -16,7 +16,6 @@ from confluent_kafka import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import ValidationError
 from contracts.trace_context import (
     MAX_HEADER_BYTES,
     TRACEPARENT,
@@ -25,6 +24,7 @@ from contracts.trace_context import (
     parse_traceparent,
 )
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import ValidationError
 from stream.tracing import MAX_LINKS_PER_SPAN, BatchOutcome, linked_contexts
 from tests.support.budget import MIB, Budget, within
 from tests.support.records import UnreadableHeaders

@@ -16,11 +16,11 @@ import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import RecordError
 from contracts.field_mapping import FieldMapping
 from contracts.input_formats import DEFAULT_MAX_RECORD_BYTES, transaction_decoder
 from contracts.label import Label, decode_label
 from contracts.transaction import Transaction, decode_transaction
+from plumbing.errors import RecordError
 from simulator.team_shapes import checkout_event
 from simulator.transactions import TransactionSimulator
 from tests.support.budget import MIB, Budget, within

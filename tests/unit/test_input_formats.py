@@ -14,12 +14,6 @@ from confluent_kafka.schema_registry.common._httpx_compat import httpx
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from contracts.decision import Decision, encode_decision
-from contracts.errors import (
-    ConfigurationError,
-    RegistryUnavailableError,
-    SchemaDecodeError,
-    SchemaUnknownError,
-)
 from contracts.input_formats import (
     _deserialized,
     _message_dict,
@@ -29,6 +23,12 @@ from contracts.input_formats import (
 )
 from contracts.output_formats import DECISION_PROTO, decision_encoder, decision_message
 from contracts.transaction import decode_transaction
+from plumbing.errors import (
+    ConfigurationError,
+    RegistryUnavailableError,
+    SchemaDecodeError,
+    SchemaUnknownError,
+)
 from stream.startup.config import ScorerSettings
 
 

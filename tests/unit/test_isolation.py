@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from contracts.errors import ModelUnavailableError, ScoreError
+from plumbing.errors import ModelUnavailableError, ScoreError
 from scorer.isolation import as_score_error, bisect_failures, check_canary, score_rows
 from tests.unit.fakes import FakeScorer
 

@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import DecodeError, ValidationError
 from contracts.label import MAX_REPORT_SKEW_MS, decode_label
 from contracts.transaction import MAX_EVENT_TIME_MS
+from plumbing.errors import DecodeError, ValidationError
 
 VALID: dict[str, Any] = {
     "transaction_id": "t-1",

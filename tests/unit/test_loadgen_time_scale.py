@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.errors import ConfigurationError
 from loadgen.options import build_parser, validate
 from loadgen.time_scale import (
     MIN_RATE_PER_S,
@@ -17,6 +16,7 @@ from loadgen.time_scale import (
     time_scale,
     world,
 )
+from plumbing.errors import ConfigurationError
 
 #: A world that makes 0.1 tx per simulated second: 2,000 tx/s is 20,000x compressed time.
 NATURAL = 0.1

@@ -1,4 +1,4 @@
-"""contracts/logs.py: what every command's log shows."""
+"""plumbing/logs.py: what every command's log shows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from contracts.logs import CHATTY_LOGGERS, configure_logging
+from plumbing.logs import CHATTY_LOGGERS, configure_logging
 
 
 @pytest.fixture

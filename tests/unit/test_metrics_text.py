@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from contracts.metrics_text import by_key, samples, totals
+from plumbing.metrics_text import by_key, samples, totals
 
 
 def test_labels_with_commas_quotes_and_equals_signs_come_back_whole() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from contracts.errors import ConfigurationError, ScoreError
+from plumbing.errors import ConfigurationError, ScoreError
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model import OnnxScorer
 from scorer.model_package import load_model_package

@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.dead_letter import MODEL_VERSION
-from contracts.errors import ConfigurationError, ModelUnavailableError
 from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import ConfigurationError, ModelUnavailableError
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, decide_batch
 from scorer.decisions import Thresholds

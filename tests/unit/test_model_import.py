@@ -25,9 +25,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from model_tools.cli import main
 from scorer.catalogue import BY_NAME
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
-from scorer.model_cli import main
 from scorer.model_package import CARD_FILE, ONNX_FILE, load_model_package, write_model_package
 from simulator.replay import simulate
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.decisions import Thresholds
 from scorer.features import NUM_FEATURES
 from scorer.model_package import (

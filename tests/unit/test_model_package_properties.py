@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model_package import (
     MANIFEST_FILE,

@@ -12,9 +12,9 @@ import pytest
 from onnx import helper
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError, ModelSourceUnavailableError
+from model_tools.cli import main as fraud_model
+from plumbing.errors import ConfigurationError, ModelSourceUnavailableError
 from scorer.features import FEATURE_NAMES
-from scorer.model_cli import main as fraud_model
 from scorer.model_package import (
     MANIFEST_FILE,
     ONNX_FILE,

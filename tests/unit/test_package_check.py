@@ -19,7 +19,7 @@ import pytest
 from onnx import helper
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ConfigurationError, ScoreError
+from plumbing.errors import ConfigurationError, ScoreError
 from scorer.features import NUM_FEATURES
 from scorer.model_package import load_model_package, promote
 from scorer.model_source import DirectorySource

@@ -8,15 +8,15 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-from contracts.errors import (
+from contracts.offsets import OffsetTracker
+from deadletter.policy import RetryPolicy
+from plumbing.errors import (
     DeliveryError,
     RecordRejectedError,
     TransientDeliveryError,
     ValidationError,
 )
-from contracts.kafka_errors import RECORD_REJECTIONS, UNCONFIRMED, translate_kafka_error
-from contracts.offsets import OffsetTracker
-from deadletter.policy import RetryPolicy
+from plumbing.kafka_errors import RECORD_REJECTIONS, UNCONFIRMED, translate_kafka_error
 from stream.outcomes import OutcomeGroup
 from stream.sink import KafkaSink, Output
 from tests.unit.fakes import message

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from contracts.offsets import OffsetTracker
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
 from stream.redelivery import Redelivery

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaException
 
-from contracts.errors import RecordRejectedError
 from contracts.offsets import OffsetTracker
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import RecordRejectedError
 from stream.outcomes import OutcomeGroup
 from stream.refusals import RefusedOutputs
 from stream.sink import Output

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 from scorer.catalogue import LOG1P_FEATURES
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds, classify

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.errors import ConfigurationError
 from contracts.transaction import MAX_ID_CHARS
+from plumbing.errors import ConfigurationError
 from scorer import rule_sources
 from scorer.decisions import Thresholds
 from scorer.rule_expressions import MAX_EXPRESSION_NODES, MAX_MEMBERS

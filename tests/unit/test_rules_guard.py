@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Message
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import RulesUpdateError
 from contracts.transaction import Transaction, decode_transaction
+from plumbing.errors import RulesUpdateError
 from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds
 from scorer.features import NUM_FEATURES

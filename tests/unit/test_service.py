@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from contracts.errors import TransientDeliveryError
+from plumbing.errors import TransientDeliveryError
 from tests.support.waiting import wait_until
 from tests.unit.fakes import FakeScorer
 from tests.unit.replica import (

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import ScoreError
 from contracts.offsets import OffsetTracker
 from contracts.shadow import ShadowDecision
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import ScoreError
 from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from stream.metrics import ServiceMetrics

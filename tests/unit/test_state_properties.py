@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from contracts.errors import TransientDeliveryError
 from contracts.event_time import EventClock
 from contracts.offsets import OffsetTracker, SourceOffset
 from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY, decode_terminal_risk
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
+from plumbing.errors import TransientDeliveryError
 from scorer.card_record import LONGEST_WINDOW_MS
 from scorer.columns import TransactionColumns
 from scorer.terminal_risk import day_length_ms

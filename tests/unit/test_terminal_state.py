@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.errors import DecodeError, ValidationError
 from contracts.event_time import EventClock
 from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, MS_PER_DAY
 from contracts.transaction import MAX_EVENT_TIME_MS
+from plumbing.errors import DecodeError, ValidationError
 from scorer.terminal_risk import TerminalRisk
 from terminals.events import (
     LABEL,

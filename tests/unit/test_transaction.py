@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import DecodeError, ValidationError
 from contracts.transaction import MAX_EVENT_TIME_MS, decode_transaction
+from plumbing.errors import DecodeError, ValidationError
 
 VALID: dict[str, Any] = {
     "transaction_id": "t-1",

@@ -1,4 +1,4 @@
-"""No log line and no error carries a URL's user:password (contracts/kafka_settings.py
+"""No log line and no error carries a URL's user:password (plumbing/kafka_settings.py
 `redact_urls`): the function itself, then each place a URL reaches a log line, an error or a
 dead letter."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import ModelSourceUnavailableError, SchemaDecodeError
-from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
+from plumbing.errors import ModelSourceUnavailableError, SchemaDecodeError
+from plumbing.kafka_settings import redact_urls
+from plumbing.logs import configure_logging
 from tests.support.budget import MIB, Budget, within
 
 SECRET = "s3cret"
@@ -61,13 +61,13 @@ def formatted_logs() -> Iterator[None]:
     ],
 )
 def test_redact_urls_masks_the_userinfo_of_every_url(text: str, expected: str):
-    from contracts.kafka_settings import redact_urls
+    from plumbing.kafka_settings import redact_urls
 
     assert redact_urls(text) == expected
 
 
 def test_redacted_settings_mask_credentials_in_the_url_of_a_safe_key():
-    from contracts.kafka_settings import redact
+    from plumbing.kafka_settings import redact
 
     shown = redact(
         {
@@ -151,7 +151,7 @@ def test_fraud_model_says_an_unreachable_registry_without_the_password(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     pytest.importorskip("mlflow")
-    from scorer.model_cli import main as fraud_model
+    from model_tools.cli import main as fraud_model
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", UNREACHABLE)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -239,7 +239,7 @@ def test_a_dead_letter_reads_only_what_it_keeps_of_a_huge_error() -> None:
 
 
 def test_a_credential_cut_by_the_bound_of_a_header_is_still_masked() -> None:
-    from contracts.kafka_settings import redacted_prefix
+    from plumbing.kafka_settings import redacted_prefix
 
     text = "x" * 995 + f" {UNREACHABLE}/path"
     assert SECRET not in redacted_prefix(text, 1_000)
@@ -253,7 +253,7 @@ def test_loadgen_names_an_unreadable_metrics_url_without_the_password():
 
 
 def test_a_refused_setting_is_shown_without_a_password():
-    from contracts.errors import ConfigurationError
+    from plumbing.errors import ConfigurationError
     from stream.startup.config import ScorerSettings
 
     with pytest.raises(ConfigurationError) as caught:

@@ -14,18 +14,18 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from contracts.errors import (
-    RegistryUnavailableError,
-    SchemaDecodeError,
-    SchemaUnknownError,
-    ValidationError,
-)
 from contracts.event_time import EpochMs
 from contracts.writer_schemas import (
     MAX_SCHEMA_DEPTH,
     avro_logical_paths,
     plain_logical_values,
     registry_failure,
+)
+from plumbing.errors import (
+    RegistryUnavailableError,
+    SchemaDecodeError,
+    SchemaUnknownError,
+    ValidationError,
 )
 
 

@@ -2,10 +2,11 @@
 register one in an MLflow model registry (`publish`), and make one the model every replica
 serves (`promote`).
 
-This module parses and checks arguments, calls `scorer.model_import` or reads a package, and
-turns the outcome into output and an exit status: 0 done, 1 `inspect` found a graph that does
-not fit its manifest (the card says how), 2 a refusal or a bad package (one line on stderr), 3
-the MLflow server could not be reached or refused (one line; try again).
+This module parses and checks arguments, calls `model_tools.importing` or reads a package
+(`model_tools.inspection`), and turns the outcome into output and an exit status: 0 done, 1
+`inspect` found a graph that does not fit its manifest (the card says how), 2 a refusal or a bad
+package (one line on stderr), 3 the MLflow server could not be reached or refused (one line; try
+again).
 `import` needs the `import` extra (the converters); `inspect` only the service's dependencies.
 """
 
@@ -18,20 +19,16 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, get_args
+from typing import NoReturn, get_args
 
-import onnxruntime as ort
-
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError, ModelSourceUnavailableError
-from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
-from scorer import model_import as mi
-from scorer.catalogue import BY_NAME
+from model_tools import conversion, importing
+from model_tools.inspection import describe, render_text
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError, ModelSourceUnavailableError
+from plumbing.kafka_settings import redact_urls
+from plumbing.logs import configure_logging
 from scorer.model_package import (
-    CARD_FILE,
     Calibration,
-    ModelPackage,
     load_model_package,
     promote,
 )
@@ -42,12 +39,10 @@ from scorer.model_source import (
     move_mlflow_alias,
     publish_to_mlflow,
 )
-from scorer.runtime import ORT_ERRORS
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
 PROG = "fraud-model"
-#: A metadata value longer than this is cut in the text card (--json has it whole).
-_METADATA_CHARS = 100
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,12 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load a trained binary classifier, convert it to ONNX (onnxmltools for "
         "XGBoost and LightGBM, skl2onnx for scikit-learn), score --sample with both the native "
         "model and ONNX Runtime's CPU provider, and write the package only when they agree "
-        f"within --tolerance. Needs the import extra: {mi.EXTRA_HINT}.",
+        f"within --tolerance. Needs the import extra: {conversion.EXTRA_HINT}.",
     )
     imp.add_argument(
         "--framework",
         required=True,
-        choices=mi.FRAMEWORKS,
+        choices=conversion.FRAMEWORKS,
         help="what trained MODEL_FILE: xgboost (.json/.ubj, XGBClassifier.save_model), "
         "lightgbm (Booster.save_model text file), sklearn (.joblib/.pkl of a classifier or a "
         "Pipeline ending in one; it runs code when loaded: import only your own files)",
@@ -130,28 +125,28 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--tolerance",
         type=float,
-        default=mi.DEFAULT_TOLERANCE,
-        help=f"largest |native - ONNX| score accepted, 0 to {mi.MAX_TOLERANCE:g} "
+        default=importing.DEFAULT_TOLERANCE,
+        help=f"largest |native - ONNX| score accepted, 0 to {importing.MAX_TOLERANCE:g} "
         "(default: %(default)g)",
     )
     imp.add_argument(
         "--review",
         type=float,
-        default=mi.DEFAULT_REVIEW,
+        default=importing.DEFAULT_REVIEW,
         help="scores at or above it go to review, unless FRAUD_REVIEW_THRESHOLD says otherwise "
         "(default: %(default)s)",
     )
     imp.add_argument(
         "--decline",
         type=float,
-        default=mi.DEFAULT_DECLINE,
+        default=importing.DEFAULT_DECLINE,
         help="scores at or above it are declined, unless FRAUD_DECLINE_THRESHOLD says otherwise "
         "(default: %(default)s)",
     )
     imp.add_argument(
         "--thresholds-chosen-by",
         metavar="TEXT",
-        default=mi.DEFAULT_CHOSEN_BY,
+        default=importing.DEFAULT_CHOSEN_BY,
         help="how the thresholds were chosen: the goal and the data (default: says they were not)",
     )
     imp.add_argument(
@@ -163,13 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--training-data",
         metavar="TEXT",
-        default=mi.NOT_GIVEN,
+        default=importing.NOT_GIVEN,
         help="what it was trained on (default: %(default)r)",
     )
     imp.add_argument(
         "--training-window",
         metavar="TEXT",
-        default=mi.NOT_GIVEN,
+        default=importing.NOT_GIVEN,
         help="the training window, in words or dates (default: %(default)r)",
     )
     imp.add_argument(
@@ -291,7 +286,7 @@ def _import(args: argparse.Namespace) -> int:
     metrics = dict(args.metric)
     if len(metrics) != len(args.metric):
         raise ConfigurationError("--metric names one figure twice")
-    request = mi.ImportRequest(
+    request = importing.ImportRequest(
         framework=args.framework,
         model_file=args.model_file,
         features=_feature_names(args.features, args.features_file),
@@ -309,7 +304,7 @@ def _import(args: argparse.Namespace) -> int:
         metrics=metrics,
         force=args.force,
     )
-    result = mi.import_model(request)
+    result = importing.import_model(request)
     package, check = result.package, result.check
     print(f"imported {args.model_file} ({args.framework} {result.native.kind}) → {package.path}")
     print(f"  model     {package.manifest.model.name} {package.version}")
@@ -379,133 +374,6 @@ def _inspect(path: Path, as_json: bool) -> int:
     card = describe(package)
     print(json.dumps(card, indent=2) if as_json else render_text(card))
     return EXIT_OK if card["graph"]["agrees"] else EXIT_MISMATCH
-
-
-def describe(package: ModelPackage) -> dict[str, Any]:
-    """A package's card as plain data; its graph opened on ONNX Runtime's CPU provider."""
-    manifest = package.manifest
-    try:
-        session = ort.InferenceSession(package.onnx, providers=["CPUExecutionProvider"])
-    except ORT_ERRORS as exc:
-        raise ConfigurationError(
-            f"model package {str(package.path)!r}: ONNX Runtime cannot open its graph: "
-            + " ".join(str(exc).split())
-        ) from exc
-    inputs = [_tensor(arg) for arg in session.get_inputs()]
-    outputs = [_tensor(arg) for arg in session.get_outputs()]
-    meta = session.get_modelmeta()
-    return {
-        "name": manifest.model.name,
-        "version": manifest.model.version,
-        "path": str(package.path),
-        "sha256": manifest.onnx_sha256,
-        "graph": {
-            "inputs": inputs,
-            "outputs": outputs,
-            "agrees": not (problems := _graph_problems(inputs, outputs, len(manifest.features))),
-            "problems": problems,
-            "producer": meta.producer_name,
-            "metadata": dict(meta.custom_metadata_map),
-        },
-        "features": [
-            {"name": name, "description": BY_NAME[name].description} for name in manifest.features
-        ],
-        "output": {"meaning": manifest.output.meaning, "calibration": manifest.output.calibration},
-        "thresholds": {
-            "review": manifest.thresholds.review,
-            "decline": manifest.thresholds.decline,
-            "chosen_by": manifest.thresholds.chosen_by,
-        },
-        "training": {
-            "data": manifest.training.data,
-            "window": manifest.training.window,
-            "metrics": manifest.training.metrics,
-        },
-        "reference": manifest.reference,
-        "model_card": (package.path / CARD_FILE).is_file(),
-    }
-
-
-def _tensor(arg: Any) -> dict[str, Any]:
-    return {"name": arg.name, "type": arg.type, "shape": list(arg.shape)}
-
-
-def _graph_problems(
-    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], n_features: int
-) -> list[str]:
-    """What keeps the service from scoring with this graph (OnnxScorer checks the same)."""
-    problems = []
-    if len(inputs) != 1:
-        problems.append(f"the graph has {len(inputs)} inputs, the service feeds one")
-    elif inputs[0]["type"] != "tensor(float)" or inputs[0]["shape"][-1:] != [n_features]:
-        problems.append(
-            f"the input is {inputs[0]['type']} {inputs[0]['shape']}, the manifest names "
-            f"{n_features} features: float32 [batch, {n_features}] is needed"
-        )
-    if len(outputs) != 1:
-        problems.append(f"the graph has {len(outputs)} outputs, the service reads one score")
-    elif outputs[0]["type"] != "tensor(float)" or outputs[0]["shape"][1:] not in ([], [1]):
-        problems.append(
-            f"the output is {outputs[0]['type']} {outputs[0]['shape']}: float32 [batch] or "
-            "[batch, 1] is needed"
-        )
-    return problems
-
-
-def render_text(card: dict[str, Any]) -> str:
-    """The card for a person."""
-    graph = card["graph"]
-
-    def tensors(items: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{t['name']} {t['type']} {t['shape']}" for t in items)
-
-    lines = [
-        f"model        {card['name']} {card['version']}",
-        f"path         {card['path']}",
-        f"sha256       {card['sha256']}",
-        f"input        {tensors(graph['inputs'])}",
-        f"output       {tensors(graph['outputs'])}",
-        "graph        "
-        + (
-            "fits the manifest"
-            if graph["agrees"]
-            else "DOES NOT FIT: " + "; ".join(graph["problems"])
-        ),
-        f"producer     {graph['producer'] or 'not recorded'}",
-        *(
-            f"{'metadata' if i == 0 else '':<12} {key} = {_shorten(value)}"
-            for i, (key, value) in enumerate(sorted(graph["metadata"].items()))
-        ),
-        f"score        {card['output']['meaning']}",
-        f"calibration  {card['output']['calibration']}",
-        f"thresholds   review {card['thresholds']['review']:g}, decline "
-        f"{card['thresholds']['decline']:g}; chosen by: {card['thresholds']['chosen_by']}",
-        f"trained on   {card['training']['data']}",
-        f"window       {card['training']['window']}",
-        "metrics      "
-        + (
-            ", ".join(f"{k} {v:g}" for k, v in card["training"]["metrics"].items())
-            or "none recorded"
-        ),
-        "reference    "
-        + (
-            f"present ({len(card['reference'])} values): reason codes on"
-            if card["reference"]
-            else "absent: reason codes off"
-        ),
-        f"model card   {CARD_FILE} " + ("present" if card["model_card"] else "absent"),
-        f"features     {len(card['features'])} (input column, name, meaning)",
-    ]
-    width = max(len(f["name"]) for f in card["features"])
-    lines += [
-        f"  {i:>3}  {f['name']:<{width}}  {f['description']}"
-        for i, f in enumerate(card["features"])
-    ]
-    return "\n".join(lines)
-
-
-def _shorten(text: str) -> str:
-    return text if len(text) <= _METADATA_CHARS else text[:_METADATA_CHARS] + "…"
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from contracts.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
+from plumbing.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
 
 #: Broker or client verdicts that are about the record itself: retrying cannot help.
 #: (librdkafka uses MSG_SIZE_TOO_LARGE both for the broker's refusal and for its own check

@@ -8,11 +8,11 @@ import logging
 import sys
 from typing import TypeVar
 
-from contracts.environment import check_environment
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import redact_urls
-from contracts.logs import configure_logging
-from contracts.settings import ServiceSettings
+from plumbing.environment import check_environment
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import redact_urls
+from plumbing.logs import configure_logging
+from plumbing.settings import ServiceSettings
 
 S = TypeVar("S", bound=ServiceSettings)
 

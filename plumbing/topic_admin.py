@@ -8,7 +8,7 @@ import logging
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

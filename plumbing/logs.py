@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from contracts.kafka_settings import redact_urls
+from plumbing.kafka_settings import redact_urls
 
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
 #: Libraries that log every HTTP request at INFO: the registry client's HTTP library logs a line

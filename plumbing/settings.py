@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal, NamedTuple, Self, Union, get_args, g
 
 import msgspec
 
-from contracts.errors import ConfigurationError
-from contracts.kafka_settings import (
+from plumbing.errors import ConfigurationError
+from plumbing.kafka_settings import (
     CONFIG_FILE_ENV,
     OPTIONS_ENV,
     parse_kafka_options,
@@ -136,7 +136,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 class KafkaSettings(Settings, frozen=True, kw_only=True):
     """What every command that talks to Kafka reads: the brokers and the extra librdkafka
-    settings (`contracts/kafka_settings.py`), secrets in the properties file."""
+    settings (`plumbing/kafka_settings.py`), secrets in the properties file."""
 
     bootstrap_servers: Annotated[
         str,

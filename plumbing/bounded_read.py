@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 
 #: Read in pieces of this size once the size on disk is known to be wrong.
 _CHUNK_BYTES = 1 << 20

@@ -22,7 +22,7 @@
                                    service keeps serving
 
 Errors of librdkafka and ONNX Runtime are translated into this tree where they are caught
-(`raise ... from exc`; `contracts.kafka_errors.translate_kafka_error`), so callers decide by cause.
+(`raise ... from exc`; `plumbing.kafka_errors.translate_kafka_error`), so callers decide by cause.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from contracts.errors import ConfigurationError
+from plumbing.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

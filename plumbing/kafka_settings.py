@@ -1,13 +1,13 @@
 """librdkafka settings as users give them: `-X KEY=VALUE`, `FRAUD_KAFKA_OPTIONS`, and a
 properties file (`FRAUD_KAFKA_CONFIG_FILE`), the place for secrets.
 
-Every command reads them the same way (`KafkaSettings` in `contracts/settings.py`), and logs
+Every command reads them the same way (`KafkaSettings` in `plumbing/settings.py`), and logs
 them only through `redact`: a value is shown only for keys known to hold no secret, so a new or
 misspelt secret setting is hidden rather than leaked. No error message here repeats a value.
 
 `redact_urls` masks the credentials a URL may carry (`scheme://user:password@host`, a bare
 `user:password@host`, a `?token=` in its query): every command's log lines pass through it
-(`contracts/logs.py`), and so does each error and dead letter that may quote a URL.
+(`plumbing/logs.py`), and so does each error and dead letter that may quote a URL.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from contracts.bounded_read import read_bounded
-from contracts.errors import ConfigurationError
+from plumbing.bounded_read import read_bounded
+from plumbing.errors import ConfigurationError
 
 #: Keys whose values are safe to log: names, paths, protocols and tuning. Anything else
 #: (passwords, tokens, OAuth configurations, keys, JAAS configs, future secrets) is masked.

@@ -8,8 +8,8 @@ any setting is read. A variable that another command reads but this one does not
 `FRAUD_METRICS_PORT` given to `fraud-features`, whose setting is `FRAUD_FEATURES_METRICS_PORT`)
 is a warning naming its readers, since one environment often serves several commands.
 
-The declared names are those of every command's settings (`contracts/settings.py`), listed in
-`contracts/declared_environment.py`, which `python -m ops.tools.reference_pages` writes from the
+The declared names are those of every command's settings (`plumbing/settings.py`), listed in
+`plumbing/declared_environment.py`, which `python -m ops.tools.reference_pages` writes from the
 declarations, since this package may not import the commands; and `READ_DIRECTLY` below: the
 few names read straight from `os.environ`, by the test suite. tests/unit/test_environment.py
 checks that every such read, and every `FRAUD_*` name of the docs, the Helm chart and compose,
@@ -22,8 +22,8 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 
-from contracts.declared_environment import DECLARED
-from contracts.errors import ConfigurationError
+from plumbing.declared_environment import DECLARED
+from plumbing.errors import ConfigurationError
 
 PREFIX = "FRAUD_"
 
