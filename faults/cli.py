@@ -19,7 +19,8 @@ from pathlib import Path
 from faults.broker import DEFAULT_PORT, DEFAULT_STATE_DIR, REPO, Broker
 from faults.harness import ScenarioRun
 from faults.results import Result, Settings
-from faults.scenarios import FULL, SCENARIOS, SHORT, Scenario, Timing
+from faults.scenarios import SCENARIOS, Scenario
+from faults.timing import FULL, SHORT, Timing
 from plumbing.environment import check_environment
 from plumbing.errors import ConfigurationError
 

@@ -22,7 +22,6 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from confluent_kafka.admin import NewTopic
@@ -33,6 +32,7 @@ from faults.reading import read_dead_letters
 from faults.replica_logs import Restore, moved_away, restores, resumes
 from faults.replicas import Replica
 from faults.timeline import latency, longest_gaps, silences
+from faults.timing import Timing
 from faults.verifier import Decision, InputRecord
 
 log = logging.getLogger(__name__)
@@ -60,53 +60,6 @@ FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")
 KEPT_GAP_GOAL_MS = 1_000
 #: The card state changelog's settings, as the service creates it (stream/topics.py).
 CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long each phase lasts, and the load: the full suite, or the short one CI runs."""
-
-    rate: float
-    warm_s: float
-    tail_s: float
-    kills: int
-    kill_every_s: float
-    broker_down_s: float
-    storm_s: float
-    storm_every_s: float
-    dlq_gone_s: float
-    #: Scenario 6: cards whose state the first replica holds, and how long the second stays.
-    held_cards: int
-    joined_s: float
-
-
-FULL = Timing(
-    rate=5_000,
-    warm_s=10,
-    tail_s=10,
-    kills=3,
-    kill_every_s=15,
-    broker_down_s=10,
-    storm_s=60,
-    storm_every_s=4,
-    dlq_gone_s=10,
-    held_cards=1_000_000,
-    joined_s=20,
-)
-#: CI's version: a fifth of the load, one kill, a 12 s storm, 50,000 cards held, shorter windows.
-SHORT = Timing(
-    rate=1_000,
-    warm_s=3,
-    tail_s=3,
-    kills=1,
-    kill_every_s=3,
-    broker_down_s=10,
-    storm_s=12,
-    storm_every_s=3,
-    dlq_gone_s=4,
-    held_cards=50_000,
-    joined_s=5,
-)
 
 
 def kill_replicas(run: ScenarioRun, t: Timing) -> None:

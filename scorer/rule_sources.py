@@ -43,6 +43,9 @@ YAML_SUFFIXES = (".yaml", ".yml")
 MAX_UPDATE_BYTES = 16_384
 #: A rules-topic key: `deny:merchant:` and an id of MAX_ID_CHARS characters fit.
 MAX_KEY_CHARS = 128
+#: A key longer than this is refused before it is decoded (UTF-8 takes up to 4 bytes a
+#: character).
+MAX_KEY_BYTES = 4 * MAX_KEY_CHARS
 #: A rules file may hold this many bytes (16 MiB: about 200,000 list ids); a larger one is
 #: refused before it is read.
 MAX_RULES_FILE_BYTES = 16 * 1024 * 1024
@@ -293,6 +296,18 @@ def _decode(value: bytes, spec: type[_Spec]) -> _Spec:
         return msgspec.json.decode(value, type=spec)
     except msgspec.DecodeError as exc:
         raise RulesError(f"bad value: {exc}") from None
+
+
+def topic_key(key: bytes | None) -> str:
+    """A rules-topic record's key as the rules know it; RulesError if it cannot be one."""
+    if key is None:
+        raise RulesError("a rules update needs a key, e.g. deny:card:<card id>")
+    if len(key) > MAX_KEY_BYTES:
+        raise RulesError(f"the key holds {len(key):,} bytes, over {MAX_KEY_BYTES}")
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"the key is not UTF-8: {exc}") from exc
 
 
 def topic_change(key: str, value: bytes | None) -> Change:

@@ -47,8 +47,8 @@ from deadletter.router import DeadLetterRouter
 from plumbing.errors import RulesUpdateError
 from scorer.columns import TransactionFields
 from scorer.decisions import Thresholds
-from scorer.rule_sources import MAX_KEY_CHARS
-from scorer.rules import Rules, RulesError
+from scorer.rule_sources import topic_key
+from scorer.rules import Rules
 from stream.compacted_topic import CompactedTopicReader
 from stream.metrics import ServiceMetrics
 from stream.rules_guard import MIN_SAMPLE_ROWS, Held, RulesGuard
@@ -59,9 +59,6 @@ log = logging.getLogger(__name__)
 CLOSE_FLUSH_S = 10.0
 #: The refused updates of the catch-up at start that its summary line names (the rest counted).
 SUMMARY_NAMED = 5
-#: A key longer than this is refused before it is decoded (UTF-8 takes up to 4 bytes a
-#: character).
-MAX_KEY_BYTES = 4 * MAX_KEY_CHARS
 #: The header (and its value) that confirms an update the guard held.
 CONFIRM_HEADER, CONFIRMED = "fraud.rules.confirm", b"yes"
 #: The kinds of update that are judged once the sample allows, never applied unjudged: they can
@@ -174,7 +171,7 @@ class RulesTable:
     def _apply(self, message: Message) -> None:
         """A record as the reader hands it over: applied, held, waiting, or refused."""
         try:
-            name = _name(message.key())
+            name = topic_key(message.key())
             updated = self.current.with_update(name, message.value())
         except Exception as exc:  # RulesError, or whatever else a record provokes
             self._refused(message, exc)
@@ -270,8 +267,8 @@ class RulesTable:
         if guard is None or name.partition(":")[0] not in JUDGED_KINDS:
             return False
         if _confirmed(message):  # applied at once: what of its key waits is superseded
-            if any(_name(waiting.key()) == name for waiting in self._waiting):
-                self._waiting = deque(m for m in self._waiting if _name(m.key()) != name)
+            if any(topic_key(waiting.key()) == name for waiting in self._waiting):
+                self._waiting = deque(m for m in self._waiting if topic_key(m.key()) != name)
             return False
         if self._judge_waiting():
             return False
@@ -281,7 +278,7 @@ class RulesTable:
             log.error(
                 "rules update %s dropped (%s): more than %s updates wait for the guard's sample; "
                 "send it again",
-                _name(dropped.key()),
+                topic_key(dropped.key()),
                 _where(dropped),
                 MAX_WAITING,
             )
@@ -311,7 +308,7 @@ class RulesTable:
         while self._waiting:
             message = self._waiting.popleft()
             try:
-                name = _name(message.key())
+                name = topic_key(message.key())
                 updated = self.current.with_update(name, message.value())
             except Exception as exc:
                 self._refused(message, exc)
@@ -366,7 +363,7 @@ class RulesTable:
 
     def _refused(self, message: Message, error: Exception) -> None:
         """Dead-letter an update read live; count one of the catch-up at start."""
-        where = f"partition={message.partition()} offset={message.offset()}"
+        where = _where(message)
         if self._reader is not None and self._reader.in_catch_up(message):
             self._refused_at_start += 1
             if len(self._refused_named) < SUMMARY_NAMED:
@@ -423,18 +420,6 @@ class RulesTable:
             self._confirmed_at_start.clear()  # bases of the catch-up's records only
         if self._unjudged or self._waiting:
             self._judge_waiting()
-
-
-def _name(key: bytes | None) -> str:
-    """A record's key as the rules know it; RulesError if it cannot be one."""
-    if key is None:
-        raise RulesError("a rules update needs a key, e.g. deny:card:<card id>")
-    if len(key) > MAX_KEY_BYTES:
-        raise RulesError(f"the key holds {len(key):,} bytes, over {MAX_KEY_BYTES}")
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RulesError(f"the key is not UTF-8: {exc}") from exc
 
 
 def _confirmed(message: Message) -> bool:

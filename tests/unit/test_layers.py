@@ -184,11 +184,8 @@ OVER_THE_BOUND = {
     "terminals/app.py": 679,
     "stream/scoring.py": 635,
     "stream/card_state.py": 631,
-    "stream/startup/options.py": 592,
     "terminals/router.py": 574,
     "stream/service.py": 511,
-    "faults/scenarios.py": 464,
-    "stream/rules_table.py": 453,
 }
 
 
