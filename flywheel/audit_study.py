@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from flywheel.loop import run
 from flywheel.settings import FlywheelSettings
 from simulator.label_regimes import LabelRegime
-from training.train import spread
+from training.results import spread
 
 
 class Arm(NamedTuple):

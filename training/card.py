@@ -2,453 +2,51 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 
 from contracts.terminal_risk import DELAY_DAYS
 from scorer.catalogue import BY_NAME
-from scorer.fallback import BASE_LOG_ODDS, CUTOFFS, RED_FLAG_WEIGHTS
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.flag_rate import FLAG_RATE_MARGIN
 from scorer.history import HISTORY_FEATURE_NAMES
 from simulator.fraud import DEFAULT_SCENARIOS
-from simulator.label_regimes import (
-    CASE_EXPIRY_MS,
-    CHARGEBACK_DELAY_S,
-    MAX_CHARGEBACK_DELAY_S,
-    REVIEW_WORK_MS,
-    REVIEWS_PER_DAY,
-    LabelRegime,
-)
+from simulator.label_regimes import LabelRegime
 from training import gbdt, handbook_recipe, mlp
-from training.calibration import Bin
+from training.candidates import MODEL_NAMES
+from training.card_cells import percent
+from training.card_decisions import (
+    calibration_by_seed,
+    cold_start_table,
+    cost_section,
+    fallback_by_seed,
+    fallback_rules,
+    held_out,
+    outcome_table,
+    reliability_table,
+    thresholds_by_seed,
+)
+from training.card_evaluation import (
+    fold_table,
+    fresh_label_note,
+    metrics_table,
+    published_table,
+    regimes_section,
+    validation_vs_test,
+)
+from training.cold_start_check import COLD_CHECK_SEED_OFFSET
+from training.fold_data import COLD_START_DAYS, KNOWN_COMPROMISED_FEATURE
 from training.onnx_export import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME
-from training.protocol import TRAIN_DAYS, Metrics
+from training.protocol import TRAIN_DAYS, assessed_days, validation_days
+from training.results import TrainingResult, mean_std
 from training.thresholds import FALSE_DECLINE_COST, REVIEW_LEGIT_SHARE
-from training.train import (
-    COLD_CHECK_DAYS,
-    COLD_CHECK_SEED_OFFSET,
-    COLD_START_CHOSEN_ON,
-    COLD_START_DAYS,
-    FRESH_LABEL_COLUMNS,
-    HANDBOOK,
-    KNOWN_COMPROMISED_FEATURE,
-    MODEL_NAMES,
-    FoldResult,
-    Outcomes,
-    TrainingResult,
-    assessed_days,
-    mean_std,
-    spread,
-    validation_days,
-)
-
-#: The handbook's published test performance on its own simulated data (chapter 5, "Model
-#: selection", the summary table of each model class: test mean +/- standard deviation over its
-#: 4 prequential test folds, as printed, each metric at the parameters its validation chose).
-PUBLISHED: dict[str, tuple[str, str, str]] = {
-    "XGBoost (grid search)": ("0.869 ± 0.01", "0.687 ± 0.01", "0.303 ± 0.01"),
-    "random forest": ("0.87 ± 0.02", "0.678 ± 0.01", "0.299 ± 0.01"),
-    "logistic regression": ("0.868 ± 0.02", "0.623 ± 0.02", "0.297 ± 0.01"),
-}
-
-#: Rows/s of `OnnxScorer(model, "cpu", cpu_threads=1).score()` by batch size: (batch, the GEMM
-#: graph of fraud-gbdt-2.0.0-3dafe62a, an ensemble of the same size, the traversal graph of
-#: fraud-gbdt-2.0.0-c5580da0). Measured with `python -m bench.model_speed --rounds 15` on the
-#: 2-vCPU development machine (shared; both graphs in turns, best round), not by the training
-#: run. The graph of this package has the same compilation, trees, depth and operators; only its
-#: split count (in "Scoring cost") differs: measure again when that changes much.
-MEASURED_CPU_ROWS_PER_S: tuple[tuple[int, int, int], ...] = (
-    (1, 7_863, 23_521),
-    (16, 34_470, 154_383),
-    (64, 39_741, 254_640),
-    (256, 39_957, 274_330),
-    (1024, 41_446, 250_223),
-)
-_MEASURED_SPLITS = 1684
-
-_RECIPE = "handbook recipe (15 features, XGBoost)"
-#: The standard normal's 90th percentile.
-_Z_90 = 1.2816
-
-
-def _name(kind: str) -> str:
-    return _RECIPE if kind == HANDBOOK else MODEL_NAMES[kind]
-
-
-def _percent(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{100.0 * value:.1f} %"
-
-
-def _mean_std(values: tuple[float, float]) -> str:
-    mean, std = values
-    return f"{mean:.3f}" if math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
-
-
-def metrics_table(runs: Sequence[TrainingResult]) -> str:
-    """Test folds, handbook-comparable rows: our model and the handbook's recipe, each seed's
-    mean over its folds, then the mean ± sample standard deviation over the seeds; beside it,
-    the sample standard deviation of AP over every fold of every seed."""
-    seeds = ", ".join(str(run.seed) for run in runs)
-    lines = [
-        f"| model | ROC-AUC | average precision | Card Precision@100 | per seed ({seeds}): AP "
-        "| AP, ± over folds |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for kind in ("ours", HANDBOOK):
-        per_seed = {
-            field: [mean_std(_test(run, kind), field)[0] for run in runs]
-            for field in Metrics._fields
-        }
-        every_fold = [fold.handbook.average_precision for run in runs for fold in _test(run, kind)]
-        name = f"{runs[0].model_name} (our recipe)" if kind == "ours" else _RECIPE
-        cells = [_mean_std(spread(per_seed[field])) for field in Metrics._fields]
-        ap = " / ".join(f"{v:.3f}" for v in per_seed["average_precision"])
-        lines.append(f"| {name} | {' | '.join(cells)} | {ap} | {_mean_std(spread(every_fold))} |")
-    return "\n".join(lines)
-
-
-def regime_table(by_regime: dict[LabelRegime, Sequence[TrainingResult]]) -> str:
-    """Per label regime, the test folds' handbook-comparable rows: our model and the handbook's
-    recipe trained and scored on the same rows (mean ± sample standard deviation over the
-    seeds of each seed's mean over its folds), each one's recall and legitimate share at its
-    own review threshold over all test rows, and AP ours minus the recipe's, seed by seed."""
-    lines = [
-        "| regime | model | ROC-AUC | average precision | Card Precision@100 | recall at review "
-        "| legitimate at review | AP, ours - recipe |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for regime, runs in by_regime.items():
-        gain = [
-            mean_std(_test(run, "ours"), "average_precision")[0]
-            - mean_std(_test(run, HANDBOOK), "average_precision")[0]
-            for run in runs
-        ]
-        for kind in ("ours", HANDBOOK):
-            cells = [
-                _mean_std(spread([mean_std(_test(run, kind), field)[0] for run in runs]))
-                for field in Metrics._fields
-            ]
-            at_review = [run.test_at_review[run.winner if kind == "ours" else kind] for run in runs]
-            cells.append(_mean_std(spread([at.fraud_recall for at in at_review])))
-            cells.append(_percent(float(np.mean([at.legit_share for at in at_review]))))
-            cells.append(_mean_std(spread(gain)) if kind == "ours" else "")
-            name = runs[0].model_name if kind == "ours" else _RECIPE
-            lines.append(f"| {regime.value} | {name} | {' | '.join(cells)} |")
-    return "\n".join(lines)
-
-
-def _regimes_section(
-    run: TrainingResult, by_regime: dict[LabelRegime, Sequence[TrainingResult]]
-) -> str:
-    median_s, sigma = CHARGEBACK_DELAY_S
-    seeds = ", ".join(str(r.seed) for r in by_regime[run.regime])
-    ninetieth_days = median_s * math.exp(_Z_90 * sigma) / 86_400
-    return f"""### How outcomes reach the model: label regimes
-
-A model learns from the outcomes it is told, and its fresh-label features (a terminal's or a
-card's frauds confirmed so far) are only as quick as they are. The simulator reports outcomes
-under a named regime (`simulator/label_regimes.py`):
-
-- **today**: the simulator's own outcomes. 35 % of frauds are confirmed by an analyst about 4
-  hours after the transaction, whether or not anything flagged it; the rest by chargebacks
-  (median 2.5 days); 0.5 % of legitimate transactions are confirmed legitimate. Optimistic:
-  kept for comparison.
-- **chargebacks**: every fraud is reported by a chargeback, after a log-normal delay (median
-  {median_s / 86_400:g} days, sigma of the log {sigma:g}: 90 % within {ninetieth_days:.0f} days; \
-at most {MAX_CHARGEBACK_DELAY_S / 86_400:g} days).
-  Nothing else is ever labelled.
-- **capacity**: analysts review only what the rules flag (`scorer/fallback.py`: a transaction
-  with a red flag; rules, not a model, so that the regime exists before the model it trains).
-  They review {REVIEWS_PER_DAY} cases a day (the handbook's premise behind Card Precision@100), \
-each hour its
-  share, highest expected loss (score \u00d7 amount) first; a case not reached within \
-{CASE_EXPIRY_MS // 3_600_000} hours
-  is left to chargebacks. They also review a random {100 * run.audit_share:g} % of unflagged \
-transactions, as
-  issuers do to measure what they miss. A review's outcome, fraud or legitimate, is reported
-  within {REVIEW_WORK_MS // 60_000} minutes after the hour it was reviewed in. Every other \
-fraud is reported by a
-  chargeback, as above.
-
-Under chargebacks and capacity, a model learns as fraud only the frauds reported before it goes
-live (the first day of the week it is assessed on): a fraud not reported by then reads as
-legitimate, as it does to a team that retrains. Under today's regime every fraud of the
-training week counts, as the handbook's protocol assumes. Every figure is assessed against
-every outcome (the truth the simulator knows).
-
-The table gives each seed's mean over its test folds, then the mean ± sample standard
-deviation over seeds {seeds}. ROC-AUC, AP and Card Precision@100 are on the handbook-comparable
-rows. Recall and the legitimate share at the review threshold are over all test rows; each
-recipe's threshold is chosen on its own validation scores by the same rule (at most \
-{REVIEW_LEGIT_SHARE:.0%} of
-legitimate validation rows at or above it). The last column is our AP minus the recipe's, seed
-by seed. Within a regime both recipes
-are scored on the same rows. The rows differ from one regime to the next: a row whose card the
-features already know to be compromised is left out (below), and how soon that is known
-depends on the regime. The shipped model is the first line's: **{run.regime.value}**.
-
-{regime_table(by_regime)}"""
-
-
-def _fresh_label_note(run: TrainingResult) -> str:
-    if not run.without_fresh_labels:
-        return ""
-    columns = ", ".join(f"`{name}`" for name in FRESH_LABEL_COLUMNS)
-    rows = []
-    for name, folds in (
-        (f"{run.model_name} (our recipe)", run.test[run.winner]),
-        (f"{run.model_name} without {columns}", run.without_fresh_labels),
-        (_RECIPE, run.test[HANDBOOK]),
-    ):
-        cells = " | ".join(_mean_std(mean_std(folds, field)) for field in Metrics._fields)
-        rows.append(f"| {name} | {cells} |")
-    table = "\n".join(rows)
-    return f"""
-Much of the difference comes from {len(FRESH_LABEL_COLUMNS)} columns that the handbook's setting
-has no counterpart for: {columns}, the frauds at the terminal and on the card confirmed so far,
-without the delay (the handbook assumes outcomes arrive after it). The assessed rows leave out
-every card with a fraud confirmed on the last 7 days, so the card's two columns are 0 on them
-and this mostly measures the terminal's. The chosen candidate trained and scored without them,
-on the same test folds of seed {run.seed} (mean ± standard deviation over its
-{len(run.test[HANDBOOK])} folds; its scores computed in numpy, the arithmetic of the exported
-graph, not exported):
-
-| model, seed {run.seed} | ROC-AUC | average precision | Card Precision@100 |
-| --- | ---: | ---: | ---: |
-{table}
-"""
-
-
-def _test(run: TrainingResult, kind: str) -> list[FoldResult]:
-    return run.test[run.winner if kind == "ours" else kind]
-
-
-def _published_table() -> str:
-    lines = [
-        "| handbook, its own data (published) | ROC-AUC | average precision | Card Precision@100 |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    lines += [f"| {name} | {' | '.join(cells)} |" for name, cells in PUBLISHED.items()]
-    return "\n".join(lines)
-
-
-def _validation_vs_test(runs: Sequence[TrainingResult]) -> str:
-    lines = [
-        "| seed | model | validation: AUC / AP / CP@100 | test: AUC / AP / CP@100 |",
-        "| ---: | --- | ---: | ---: |",
-    ]
-    for run in runs:
-        for kind in (*MODEL_NAMES, HANDBOOK):
-            validation = " / ".join(
-                f"{mean_std(run.validation[kind], field)[0]:.3f}" for field in Metrics._fields
-            )
-            if kind in run.test:
-                test = " / ".join(
-                    f"{mean_std(run.test[kind], field)[0]:.3f}" for field in Metrics._fields
-                )
-            else:
-                test = "not tested (not chosen)"
-            chosen = " **(chosen)**" if kind == run.winner else ""
-            lines.append(f"| {run.seed} | {_name(kind)}{chosen} | {validation} | {test} |")
-    return "\n".join(lines)
-
-
-def _fold_table(run: TrainingResult) -> str:
-    lines = [
-        "| folds | model | training week starts | assessed week | handbook scenarios: AUC / AP / "
-        "CP@100 | all four: AUC / AP / CP@100 |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for folds, by_kind in (("validation", run.validation), ("test", run.test)):
-        for kind, results in by_kind.items():
-            for fold in results:
-                handbook = " / ".join(f"{v:.3f}" for v in fold.handbook)
-                everything = " / ".join(f"{v:.3f}" for v in fold.everything)
-                first, last = assessed_days(fold.train_start_day)
-                lines.append(
-                    f"| {folds} | {_name(kind)} | day {fold.train_start_day} | days {first}-{last} "
-                    f"| {handbook} | {everything} |"
-                )
-    return "\n".join(lines)
-
-
-def _reliability_table(run: TrainingResult) -> str:
-    lines = [
-        "| score | test rows | test frauds | test: mean score | test: fraud rate "
-        "| validation rows | validation: mean score | validation: fraud rate |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-
-    def rate(value: float) -> str:
-        return "n/a" if math.isnan(value) else f"{value:.4f}"
-
-    for test, valid in zip(run.test_reliability, run.validation_reliability, strict=True):
-        closing = "]" if test.high == 1.0 else ")"
-        lines.append(
-            f"| [{test.low:g}, {test.high:g}{closing} | {test.rows:,} | {test.frauds:,} | "
-            f"{rate(test.mean_score)} | {rate(test.fraud_rate)} | {valid.rows:,} | "
-            f"{rate(valid.mean_score)} | {rate(valid.fraud_rate)} |"
-        )
-    return "\n".join(lines)
-
-
-def _calibration_by_seed(runs: Sequence[TrainingResult]) -> str:
-    lines = [
-        "| seed | a | b | test: mean score | test: fraud rate | test rows scored 0.5 or more: "
-        "fraud rate |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for run in runs:
-        high = _pooled([b for b in run.test_reliability if b.low >= 0.5])
-        lines.append(
-            f"| {run.seed} | {run.platt.a:.4f} | {run.platt.b:.4f} | {run.test_mean_score:.4f} "
-            f"| {run.test_fraud_rate:.4f} | {high} |"
-        )
-    return "\n".join(lines)
-
-
-def _pooled(bins: Sequence[Bin]) -> str:
-    rows = sum(b.rows for b in bins)
-    frauds = sum(b.frauds for b in bins)
-    return f"{frauds / rows:.3f} ({frauds:,} of {rows:,})" if rows else "n/a"
-
-
-def _outcome_table(columns: dict[str, Outcomes], run: TrainingResult) -> str:
-    review, decline = run.thresholds
-    heads = " | ".join(f"{name}: ≥ {review:g} | ≥ {decline:g}" for name in columns)
-    lines = [f"| | {heads} |", "| --- |" + " ---: | ---: |" * len(columns)]
-    for scenario in DEFAULT_SCENARIOS:
-        label = "legitimate flagged" if scenario == "legit" else f"recall: {scenario}"
-        cells = " | ".join(
-            f"{_percent(outcomes[scenario][0])} | {_percent(outcomes[scenario][1])}"
-            for outcomes in columns.values()
-        )
-        lines.append(f"| {label} | {cells} |")
-    return "\n".join(lines)
-
-
-def _thresholds_by_seed(runs: Sequence[TrainingResult]) -> str:
-    lines = [
-        "| seed | review | decline | test: legitimate ≥ review | test: legitimate ≥ decline "
-        "| decline at a false-decline cost of "
-        + ", ".join(f"{cost:g}" for cost in runs[0].decline_by_cost)
-        + " |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for run in runs:
-        legit = run.test_outcomes["legit"]
-        others = ", ".join(f"{value:g}" for value in run.decline_by_cost.values())
-        lines.append(
-            f"| {run.seed} | {run.thresholds.review:g} | {run.thresholds.decline:g} | "
-            f"{_percent(legit[0])} | {_percent(legit[1])} | {others} |"
-        )
-    return "\n".join(lines)
-
-
-def _held_out(runs: Sequence[TrainingResult]) -> str:
-    """Which cold-check streams shown were looked at when COLD_START_DAYS was chosen."""
-    shown = [run.seed + COLD_CHECK_SEED_OFFSET for run in runs]
-    looked = [str(seed) for seed in shown if seed in COLD_START_CHOSEN_ON]
-    held = [str(seed) for seed in shown if seed not in COLD_START_CHOSEN_ON]
-    if not looked:
-        return "Every column is held out: none of these streams was looked at for that choice."
-    return (
-        f"{COLD_START_DAYS} days were chosen looking at the streams of seeds "
-        f"{' and '.join(map(str, COLD_START_CHOSEN_ON))}: {_columns(looked)} not held out"
-        + (f"; {_columns(held)} held out." if held else ".")
-    )
-
-
-def _columns(seeds: list[str]) -> str:
-    return (
-        f"seed {seeds[0]}'s column is"
-        if len(seeds) == 1
-        else (f"the columns of seeds {' and '.join(seeds)} are")
-    )
-
-
-def _cold_start_table(runs: Sequence[TrainingResult]) -> str:
-    lines = [
-        "| day | " + " | ".join(f"seed {run.seed + COLD_CHECK_SEED_OFFSET}" for run in runs) + " |",
-        "| ---: |" + " ---: |" * len(runs),
-    ]
-    for day in range(COLD_CHECK_DAYS):
-        cells = " | ".join(
-            f"{_percent(run.cold_start[day].legit_review)} / "
-            f"{_percent(run.cold_start[day].legit_decline)} / "
-            f"{_percent(run.cold_start[day].fraud_recall)}"
-            for run in runs
-        )
-        lines.append(f"| {day} | {cells} |")
-    return "\n".join(lines)
-
-
-def _fallback_rules(run: TrainingResult) -> str:
-    fit = run.fallback.fit
-    lines = [
-        "| red flag | shipped: cut-off | shipped: weight | this run's fit: cut-off | weight |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        f"| (none: base log-odds) | | {BASE_LOG_ODDS:g} | | {fit.base_log_odds:.2f} |",
-    ]
-    for name, weight in RED_FLAG_WEIGHTS.items():
-        lines.append(
-            f"| {name} | {getattr(CUTOFFS, name):g} | {weight:g} | "
-            f"{getattr(fit.cutoffs, name):g} | {fit.weights[name]:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def _fallback_by_seed(runs: Sequence[TrainingResult]) -> str:
-    lines = [
-        "| seed | ROC-AUC | legitimate ≥ review | legitimate ≥ decline | "
-        + " | ".join(f"recall ≥ review: {name}" for name in DEFAULT_SCENARIOS[1:])
-        + " |",
-        "| ---: | ---: | ---: | ---: |" + " ---: |" * len(DEFAULT_SCENARIOS[1:]),
-    ]
-    for run in runs:
-        test = run.fallback.test
-        cells = " | ".join(_percent(test[name][0]) for name in DEFAULT_SCENARIOS[1:])
-        lines.append(
-            f"| {run.seed} | {run.fallback.test_roc_auc:.3f} | {_percent(test['legit'][0])} "
-            f"| {_percent(test['legit'][1])} | {cells} |"
-        )
-    return "\n".join(lines)
 
 
 def operators(model: bytes) -> list[str]:
     """The operator types of a serialized model, in the order they first appear."""
     graph = onnx.load_from_string(model).graph
     return list(dict.fromkeys(node.op_type for node in graph.node))
-
-
-def _cost_section(run: TrainingResult) -> str:
-    if run.winner != "gbdt":
-        return ""
-    shape = gbdt.graph_shape(run.model)
-    rows = "\n".join(
-        f"| {batch:,} | {before:,} | {after:,} | {after / before:.1f}x |"
-        for batch, before, after in MEASURED_CPU_ROWS_PER_S
-    )
-    return f"""
-## Scoring cost
-
-One call runs {shape.nodes} operators: the {shape.trees} trees, padded to perfect trees of
-{shape.depth} levels, are walked one level per step for the whole batch, after one comparison per
-row of each of the {shape.splits} distinct splits (`training/gbdt.py`); the calibration is in
-the leaves and costs nothing. On the CPU, one intra-op thread as the service runs it, the same
-compilation of an earlier ensemble of the same size (fraud-gbdt-2.0.0-c5580da0, {_MEASURED_SPLITS}
-distinct splits) against the GEMM graph that compiled such an ensemble before
-(fraud-gbdt-2.0.0-3dafe62a; rows/s, `python -m bench.model_speed`, 2-vCPU development machine;
-not measured again for this package):
-
-| batch | GEMM graph | traversal graph | speed-up |
-| ---: | ---: | ---: | ---: |
-{rows}
-"""
 
 
 def _span(starts: Sequence[int]) -> str:
@@ -551,7 +149,7 @@ steady state); the first {COLD_START_DAYS} of them also train every fold (Cold s
 Thresholds). Each figure comes from the exported ONNX model's scores on ONNX Runtime (CPU),
 i.e. the model the service runs; the handbook recipe's from XGBoost itself.
 
-{_regimes_section(run, by_regime)}
+{regimes_section(run, by_regime)}
 
 ### Our model and the handbook's recipe, on the same data and folds
 
@@ -566,17 +164,17 @@ of AP over all {folds * len(runs)} folds, the more honest uncertainty (weeks dif
 seeds):
 
 {metrics_table(runs)}
-{_fresh_label_note(run)}
+{fresh_label_note(run)}
 Validation against test, each seed's mean over its folds (the MLP was not chosen, so its test
 folds were never scored):
 
-{_validation_vs_test(runs)}
+{validation_vs_test(runs)}
 
 For context only, the handbook's published test figures (chapter 5, "Model selection": its own
 simulated dataset, its features, 4 test folds, mean ± standard deviation as printed there). They
 are not comparable with the rows above: other data.
 
-{_published_table()}
+{published_table()}
 
 The handbook recipe's columns, as this project computes them:
 
@@ -592,7 +190,7 @@ daily buckets ending {DELAY_DAYS} days before its day, not every fraud of a slid
 
 Every fold of seed {run.seed}, handbook-comparable rows and all four scenarios:
 
-{_fold_table(run)}
+{fold_table(run)}
 
 ## Calibration
 
@@ -604,11 +202,11 @@ scores of the {folds} validation weeks (days {first_valid}-{last_valid}, {valid_
 do not change. Reliability on the {folds} held-out test weeks (seed {run.seed}, all rows), beside
 the validation weeks it was fitted on:
 
-{_reliability_table(run)}
+{reliability_table(run)}
 
 Every seed:
 
-{_calibration_by_seed(runs)}
+{calibration_by_seed(runs)}
 
 ## Thresholds
 
@@ -628,10 +226,10 @@ Chosen on the validation weeks' calibrated scores (`training/thresholds.py`), fr
 Outcomes at these thresholds, seed {run.seed}: the validation weeks (where they were chosen) and
 the test weeks (all rows, known-compromised cards removed):
 
-{_outcome_table({"validation": run.validation_outcomes, "test": shipped_test}, run)}
+{outcome_table({"validation": run.validation_outcomes, "test": shipped_test}, run)}
 
 **Expected flag rate.** The manifest states the share of all decisions at review or decline
-that live traffic should stay within at these thresholds: {_percent(low)} to {_percent(high)}
+that live traffic should stay within at these thresholds: {percent(low)} to {percent(high)}
 (`[thresholds] expected_flag_rate`), the lowest and highest daily share over every row of the
 validation weeks (known-compromised cards included, as serving sees them), divided and
 multiplied by {FLAG_RATE_MARGIN:g} (`scorer/flag_rate.py`). A replica exports it as
@@ -641,19 +239,19 @@ chosen to (docs/runbooks.md).
 
 Every seed (each chose its own thresholds on its own validation weeks):
 
-{_thresholds_by_seed(runs)}
+{thresholds_by_seed(runs)}
 
 **Cold start.** A service that starts, and every new card, has no history: the windows fill
 over the first days. The validation and test weeks come after
 {min(run.schedule.validation)} days of warm-up, so every fold also trains on the stream's first
 {COLD_START_DAYS} days (`training_rows` in
-`training/train.py`); a model trained on its training week alone flagged 6-8 % of legitimate
+`training/fold_data.py`); a model trained on its training week alone flagged 6-8 % of legitimate
 transactions on a new stream's first day and 3 % over its first 10 (1 % in steady state). Each
 seed's shipped-form model on a stream it never saw (seed + {COLD_CHECK_SEED_OFFSET}, every card
 and terminal new on day 0), day by day: legitimate ≥ review / legitimate ≥ decline / fraud
-recall at review. {_held_out(runs)}
+recall at review. {held_out(runs)}
 
-{_cold_start_table(runs)}
+{cold_start_table(runs)}
 
 **Setting your own.** The manifest's `[thresholds]` are defaults: `FRAUD_REVIEW_THRESHOLD` and
 `FRAUD_DECLINE_THRESHOLD` override them for a deployment, a `[[override]]` in `FRAUD_RULES`
@@ -670,21 +268,21 @@ red flags read from the same feature matrix, its score a probability read agains
 thresholds. Its cut-offs and weights (log-odds) were fitted on seed 7's validation weeks
 (`training/fallback_fit.py`); this run's fit on its own validation weeks is shown beside them:
 
-{_fallback_rules(run)}
+{fallback_rules(run)}
 
 Outcomes of the shipped rules at the package's thresholds, seed {run.seed}:
 
-{_outcome_table({"validation": run.fallback.validation, "test": run.fallback.test}, run)}
+{outcome_table({"validation": run.fallback.validation, "test": run.fallback.test}, run)}
 
 Every seed, test weeks:
 
-{_fallback_by_seed(runs)}
+{fallback_by_seed(runs)}
 
 The compromised-terminal scenario is the hard one, for the model as for the rules and as in the
 handbook: its frauds look like ordinary purchases, and only confirmed outcomes at the terminal
 reveal it, so the frauds of a compromise before the first of them is confirmed go undetected by
 design.
-{_cost_section(run)}
+{cost_section(run)}
 ## Training data
 
 - `simulator.transactions.TransactionSimulator`, seed {run.seed}: the handbook's world (5,000

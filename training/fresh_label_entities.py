@@ -25,10 +25,10 @@ from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_CARDS
 from training import gbdt
+from training.fold_data import stream_fold, training_rows
 from training.options import add_stream_options
 from training.protocol import fold_schedule, protocol_metrics
 from training.thresholds import REVIEW_LEGIT_SHARE
-from training.train import stream_fold, training_rows
 
 _Floats = npt.NDArray[np.float32]
 #: The entities whose fresh-label counts are tried, by the label field that names them.

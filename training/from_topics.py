@@ -56,6 +56,7 @@ from scorer.model_package import (
 from training import gbdt
 from training.audit import Audit, audit_line, audit_weights
 from training.calibration import Platt, fit_platt
+from training.candidates import parameters_digest
 from training.logged_decisions import Decisions, read_decisions, read_labels
 from training.options import parse_args
 from training.protocol import average_precision, roc_auc
@@ -65,7 +66,6 @@ from training.thresholds import (
     decline_threshold,
     review_threshold,
 )
-from training.train import parameters_digest
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
   already known to be compromised are removed: those with a fraud in the training week, or on
   any day up to the delay before that test day (the handbook's rule), and, row by row, those
   the service's features already know to be compromised when it scores the row (a fraud of the
-  card confirmed within its fresh-label window: training/train.py, `stream_fold`).
+  card confirmed within its fresh-label window: training/fold_data.py, `stream_fold`).
 - Card Precision@k: per test day, each card scores its transactions' maximum; of the k highest
   cards, the share that had a fraud that day. Cards caught on an earlier test day are removed
   from later days. The figure is the mean over the test days.
@@ -64,6 +64,17 @@ def fold_schedule(days: int, folds: int) -> Schedule:
     test = [latest_test - k * TEST_DAYS for k in range(folds)]
     latest_validation = test[-1] - (DELAY_DAYS + TEST_DAYS)
     return Schedule([latest_validation - k * TEST_DAYS for k in range(folds)], test)
+
+
+def assessed_days(train_start_day: int) -> tuple[int, int]:
+    """First and last day of the week a fold assesses (validation or test)."""
+    first = train_start_day + TRAIN_DAYS + DELAY_DAYS
+    return first, first + TEST_DAYS - 1
+
+
+def validation_days(schedule: Schedule) -> tuple[int, int]:
+    """First and last day of the validation weeks."""
+    return assessed_days(schedule.validation[-1])[0], assessed_days(schedule.validation[0])[1]
 
 
 class Fold(NamedTuple):

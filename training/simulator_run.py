@@ -1,7 +1,7 @@
 """`fraud-train simulator` (and `python -m training`, `make model`): train every seed on the
 simulator under each label regime, write the first seed's model package of the first regime
 with the model card of all of them, and print the card's main table and its regime table.
-Apart from training/train.py, which the card reads, so that neither imports the other."""
+Apart from training/train.py, which trains and writes nothing."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ from collections.abc import Sequence
 
 from scorer.model_package import write_model_package
 from simulator.label_regimes import LabelRegime
-from training.card import metrics_table, regime_table, render_model_card
+from training.card import render_model_card
+from training.card_evaluation import metrics_table, regime_table
 from training.options import parse_args
-from training.train import (
-    TrainingResult,
-    configure_logging,
-    manifest,
-    package_path,
-    train_models,
-)
+from training.results import TrainingResult
+from training.shipped_package import manifest, package_path
+from training.train import configure_logging, train_models
 
 logger = logging.getLogger(__name__)
 

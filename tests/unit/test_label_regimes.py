@@ -28,7 +28,8 @@ from simulator.label_regimes import (
 )
 from simulator.replay import Stream, simulate
 from simulator.transactions import DEFAULT_START_TIME_MS
-from training.train import assessed_days, training_targets
+from training.fold_data import training_targets
+from training.protocol import assessed_days
 
 SEED, DAYS, CARDS = 6, 12, 2_000
 #: A reviewed outcome comes at the latest this long after the transaction.

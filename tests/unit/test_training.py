@@ -19,8 +19,17 @@ from simulator.replay import replay_history, simulate
 from stream.startup.config import SHIPPED_MODEL_PATH
 from training import gbdt, handbook_recipe
 from training.calibration import Platt, fit_platt, reliability, sigmoid
+from training.candidates import HANDBOOK
 from training.card import render_model_card
+from training.cold_start_check import COLD_CHECK_DAYS
 from training.fallback_fit import fit_fallback
+from training.fold_data import (
+    COLD_START_DAYS,
+    FRESH_LABEL_COLUMNS,
+    KNOWN_COMPROMISED_FEATURE,
+    stream_fold,
+    training_rows,
+)
 from training.onnx_export import IR_VERSION, OPSET, score_with_onnxruntime
 from training.protocol import (
     DELAY_DAYS,
@@ -33,22 +42,11 @@ from training.protocol import (
     handbook_fold,
     roc_auc,
 )
+from training.results import TrainingResult, mean_std, spread
+from training.shipped_package import manifest
 from training.simulator_run import main
 from training.thresholds import Chosen, decline_threshold, flagged_shares, review_threshold
-from training.train import (
-    COLD_CHECK_DAYS,
-    COLD_START_DAYS,
-    FRESH_LABEL_COLUMNS,
-    HANDBOOK,
-    KNOWN_COMPROMISED_FEATURE,
-    TrainingResult,
-    manifest,
-    mean_std,
-    spread,
-    stream_fold,
-    train_model,
-    training_rows,
-)
+from training.train import train_model
 
 #: The reduced configuration: 600 customers, the shortest stream that holds one validation and
 #: one test fold.
