@@ -4,10 +4,12 @@ invalid labels dead-lettered, and the input offsets committed once all of that i
 
 ```
 transactions, labels (key card_id) ─► Router (consumer group <app id>-router)
-        decode + validate (terminals/events.py) ── invalid label ─► dead-letter topic
+        decode + validate (terminals/input_reader.py, terminals/events.py)
+                                           ── invalid label ─► dead-letter topic
         queued per input partition; routed in event-time order (terminals/order.py),
         an input read ahead of the others paused
         one record per internal partition and batch, with the inputs' marks
+        sent until acknowledged (terminals/output_sender.py)
                                            ─► <app id>-terminal-events ─► faust's table
 ```
 
@@ -37,17 +39,13 @@ Responsibilities and decisions:
 - At least once: a batch's internal records and dead letters are all acknowledged before its
   input offsets are committed; after a crash the records since the commit are routed again, and
   the table counts each input position once (terminals/state.py).
-- A failed output is sent again after a backoff, until it is acknowledged; the loop keeps
-  beating meanwhile, and the worker reports itself not ready. A dead letter the broker refuses
-  as too large (a label of a megabyte) is sent in a smaller form (`deadletter.router.shrink`):
-  without its value, its size in `dlq.value.dropped`.
+- A failed output is sent again until it is acknowledged (terminals/output_sender.py).
 - A rebalance needs little: the loop commits each batch before it asks for the next, so
   nothing routed is left uncommitted when partitions move; what a revoked partition had queued
   is dropped (it was not committed: the next owner reads it again).
-- Records read ahead are held decoded, at most `MAX_QUEUED` per input partition before it is
-  paused, and their offsets are committed only once they are routed.
-- Transactions that are invalid are skipped and counted (the scorer dead-letters them);
-  records without a terminal are skipped and counted.
+- Records read ahead are held decoded (terminals/input_reader.py), at most `MAX_QUEUED` per
+  input partition before it is paused, and their offsets are committed only once they are
+  routed.
 """
 
 from __future__ import annotations
@@ -57,19 +55,16 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from contracts.event_time import EventClock
-from deadletter.policy import RetryPolicy
-from deadletter.router import DeadLetterRecord, DeadLetterRouter, shrink
-from plumbing.errors import RecordError, RecordRejectedError
-from plumbing.kafka_errors import translate_kafka_error
 from terminals.config import FeaturesSettings
-from terminals.events import InputMarks, Routed, batch_by_partition, read_transaction, route_label
+from terminals.events import InputMarks, Routed, batch_by_partition
+from terminals.input_reader import InputReader, Read
 from terminals.metrics import WorkerMetrics
-from terminals.order import NO_TIME, EventTimeOrder
+from terminals.order import EventTimeOrder
+from terminals.output_sender import Output, OutputSender
 from terminals.topics import events_topic_name
 
 log = logging.getLogger(__name__)
@@ -79,8 +74,6 @@ log = logging.getLogger(__name__)
 #: table agent's work small (about 500 records/s one a record, thousands batched).
 ROUTE_BATCH = 1_000
 ROUTE_WITHIN_S = 0.2
-#: How long the producer waits to fill a batch.
-LINGER_MS = 20
 #: The broker answers a fetch once it has this much for the router, or after FETCH_WAIT_MS:
 #: larger, rarer fetches. At librdkafka's default (answer at the first byte) a live stream came
 #: a few records a fetch, and librdkafka's threads were a quarter of the worker's CPU
@@ -88,14 +81,6 @@ LINGER_MS = 20
 #: later for it; a counted label already waited up to a publication round (1 s by default).
 FETCH_MIN_BYTES = 256 * 1024
 FETCH_WAIT_MS = 500
-#: One wait for acknowledgements: the loop beats between waits.
-FLUSH_SLICE_S = 1.0
-#: Backoff between rounds of outputs sent again: the service's policy, without its bound on
-#: attempts (the router sends until acknowledged or stopped; /readyz fails meanwhile).
-DELIVERY_RETRY = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=10.0)
-#: The largest record the producer sends (librdkafka's message.max.bytes default): a dead
-#: letter refused as too large shrinks under it.
-MAX_MESSAGE_BYTES = 1_000_000
 #: Records of one input partition held, read ahead of the other inputs, before the partition is
 #: paused (resumed below half). Pausing drops what librdkafka prefetched for it (up to
 #: max.partition.fetch.bytes, 1 MiB: thousands of records), fetched again on resume, so the
@@ -113,23 +98,6 @@ QUIET_MIN_S, QUIET_MAX_S = 1.0, 5.0
 METADATA_TIMEOUT_S = 5.0
 #: The input each record comes from, as the marks and the table's positions name it.
 TRANSACTIONS, LABELS = "t", "l"
-
-
-class _Output(NamedTuple):
-    """One record to produce: an internal record (partition set) or a dead letter."""
-
-    topic: str
-    partition: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]] | None
-    letter: DeadLetterRecord | None = None
-
-
-#: An input record read and decoded, waiting for its turn (terminals/order.py): its offset, and
-#: its terminal event (a transaction), its terminal's and card's events (a label), its dead
-#: letter (an invalid label), or nothing to route. A plain tuple: one is made per record.
-_Read = tuple[int, "Routed | list[Routed] | _Output | None"]
 
 
 class RouterProgress(NamedTuple):
@@ -159,7 +127,6 @@ class Router:
         self._metrics = metrics
         self._progress = progress
         self._events_topic = events_topic_name(config.app_id)
-        self._dead_letters = DeadLetterRouter(config.dlq_topic, config.service)
         self._consumer = Consumer(
             {
                 **settings,
@@ -173,12 +140,13 @@ class Router:
                 "fetch.wait.max.ms": FETCH_WAIT_MS,
             }
         )
-        self._producer = Producer({**settings, "enable.idempotence": True, "linger.ms": LINGER_MS})
-        self._order: EventTimeOrder[_Read] = EventTimeOrder(
+        self._sender = OutputSender(
+            settings, metrics, beat=progress.beat, delivering=progress.delivering
+        )
+        self._order: EventTimeOrder[Read] = EventTimeOrder(
             MAX_QUEUED, MAX_QUEUED_BYTES, config.input_wait_ms / 1000
         )
-        #: An event or report time past this clock's bound moves no mark.
-        self._event_clock = EventClock(config.max_clock_skew_ms, config.history_time_scale)
+        self._reader = InputReader(config, metrics, self._order)
         #: Assigned input partition → its name in the order and the marks ("t3", "l0").
         self._keys: dict[tuple[str, int], str] = {}
         #: Partitions of the transactions and labels topics (looked up after an assignment).
@@ -211,7 +179,7 @@ class Router:
                 self._progress.beat()
                 messages = consumer.consume(ROUTE_BATCH, ROUTE_WITHIN_S)
                 started = time.thread_time()
-                self._read(messages)
+                self._reader.read(messages, self._keys)
                 read = time.thread_time()
                 self._route_in_order(stop)
                 self._pause()
@@ -223,7 +191,7 @@ class Router:
             log.critical("the router stopped: %s", exc)
             raise
         finally:
-            self._producer.flush(FLUSH_SLICE_S)
+            self._sender.flush()
             consumer.close()
 
     def _tell_lag(self) -> None:
@@ -264,96 +232,6 @@ class Router:
         _log_partitions("revoked", partitions)
         keys = [self._keys.pop((tp.topic, tp.partition), "") for tp in partitions]
         self._order.revoke(keys)
-
-    def _read(self, messages: list[Message]) -> None:
-        """Decode what was read and queue it for its turn, a run of one partition's records at
-        a time (dead letters too: a label's offset is committed only after the records before
-        it)."""
-        bound_ms = self._event_clock.bound_ms()
-        order, transactions = self._order, self._config.input_topic
-        outcomes: dict[str, int] = {}
-        key: str | None = None
-        times: list[int] = []
-        reads: list[_Read] = []
-        sizes: list[int] = []
-        last: tuple[str | None, int | None] = (None, None)
-        for message in messages:
-            error = message.error()
-            topic, partition = message.topic(), message.partition()
-            if (topic, partition) != last:
-                if key is not None:
-                    order.extend(key, times, reads, sizes)
-                times, reads, sizes, last = [], [], [], (topic, partition)
-                key = self._keys.get((topic or "", partition or 0))
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    if key is not None:
-                        # The records before it first: a record is not an end.
-                        order.extend(key, times, reads, sizes)
-                        times, reads, sizes = [], [], []
-                        order.at_end(key)
-                    continue
-                log.error("consume error: %s", error.str())
-                if error.fatal():
-                    raise KafkaException(error)
-                continue
-            if key is None:  # revoked meanwhile: its next owner reads it
-                continue
-            offset = message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            value = message.value()
-            routed: Routed | list[Routed] | _Output | None
-            if topic == transactions:
-                time_ms, routed = self._read_transaction(value, partition, offset, outcomes)
-            else:
-                time_ms, routed = self._read_label(message, value, partition, offset)
-            # A time past the bound, or none, moves nothing: NO_TIME takes the one before.
-            times.append(time_ms if time_ms is not None and time_ms <= bound_ms else NO_TIME)
-            reads.append((offset, routed))
-            sizes.append(_held(routed) if isinstance(routed, _Output) else len(value or b""))
-        if key is not None:
-            order.extend(key, times, reads, sizes)
-        for outcome, count in outcomes.items():
-            self._metrics.transaction(outcome, count)
-
-    def _read_transaction(
-        self, value: bytes | None, partition: int, offset: int, outcomes: dict[str, int]
-    ) -> tuple[int | None, Routed | None]:
-        try:
-            time_ms, found = read_transaction(value, partition, offset)
-        except RecordError:
-            outcomes["invalid"] = outcomes.get("invalid", 0) + 1  # the scorer dead-letters it
-            return None, None
-        outcome = "no_terminal" if found is None else "routed"
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        return time_ms, found
-
-    def _read_label(
-        self, message: Message, value: bytes | None, partition: int, offset: int
-    ) -> tuple[int | None, list[Routed] | _Output]:
-        try:
-            found = route_label(value, partition, offset)
-        except RecordError as exc:
-            letter = self._dead_letters.dead_letter(message, exc)
-            self._metrics.label("dead_lettered")
-            log.warning(
-                "label dead-lettered reason=%s topic=%s partition=%s offset=%s: %s",
-                exc.reason,
-                message.topic(),
-                partition,
-                offset,
-                exc,
-            )
-            return None, _letter_output(letter)
-        event = found[0].event
-        if len(found) == 1:  # its card's event only
-            self._metrics.label("no_terminal")
-        else:
-            self._metrics.label("fraud" if event.fraud else "legit")
-        self._metrics.label_delay(event.reported_at - event.event_time)
-        # A label takes its turn when it was reported: the counts it changes are those the
-        # transactions up to then made.
-        return event.reported_at, found
 
     def _pause(self) -> None:
         """Pause the input partitions whose queue is full (read ahead of the others)."""
@@ -413,7 +291,7 @@ class Router:
 
     def _route(
         self,
-        taken: list[_Read],
+        taken: list[Read],
         ends: dict[str, int],
         marks: InputMarks | None,
         behind: list[int],
@@ -422,7 +300,7 @@ class Router:
         """Route one batch: outputs acknowledged, then its offsets committed (`ends`: per input
         partition, the offset after its last record in the batch)."""
         routed: list[Routed] = []
-        outputs: list[_Output] = []
+        outputs: list[Output] = []
         for _offset, found in taken:
             if isinstance(found, Routed):
                 routed.append(found)
@@ -432,8 +310,8 @@ class Router:
                 outputs.append(found)  # a dead letter
         records = batch_by_partition(routed, self._config.table_partitions, marks, behind)
         for partition, value in records.items():
-            outputs.append(_Output(self._events_topic, partition, None, value, None))
-        self._deliver(outputs, stop)
+            outputs.append(Output(self._events_topic, partition, None, value, None))
+        self._sender.deliver(outputs, stop)
         if stop.is_set() and outputs:
             return  # not all acknowledged: read again by the next owner
         now = time.monotonic()
@@ -459,82 +337,6 @@ class Router:
                 # table counts each once.
                 log.warning("routed records not committed (%s): they are routed again", exc)
 
-    def _deliver(self, outputs: list[_Output], stop: threading.Event) -> None:
-        """Send `outputs` until every one is acknowledged (or `stop`); `outputs` is left with
-        what was not."""
-        attempt = 0
-        while outputs and not stop.is_set():
-            failed: list[tuple[_Output, KafkaError]] = []
-            for output in outputs:
-                refused = self._produce(output, failed)
-                if refused is not None:
-                    failed.append((output, refused))
-            while self._producer.flush(FLUSH_SLICE_S) and not stop.is_set():
-                self._progress.beat()
-            outputs[:] = [self._again(output, error) for output, error in failed]
-            if outputs:
-                attempt += 1
-                self._progress.delivering(False)
-                self._metrics.delivery_retry()
-                backoff_s = DELIVERY_RETRY.backoff_s(attempt)
-                log.warning(
-                    "%s outputs not acknowledged (%s): sending them again in %.1fs",
-                    len(outputs),
-                    failed[0][1].str(),
-                    backoff_s,
-                )
-                self._sleep(backoff_s, stop)
-        if not outputs:
-            self._progress.delivering(True)
-
-    def _produce(
-        self, output: _Output, failed: list[tuple[_Output, KafkaError]]
-    ) -> KafkaError | None:
-        def report(error: KafkaError | None, _message: Message) -> None:
-            if error is not None:
-                failed.append((output, error))
-
-        while True:
-            try:
-                self._producer.produce(
-                    output.topic,
-                    output.value,
-                    output.key,
-                    headers=cast(Any, output.headers),
-                    partition=-1 if output.partition is None else output.partition,
-                    on_delivery=report,
-                )
-                return None
-            except BufferError:
-                self._producer.poll(0.05)
-            except KafkaException as exc:  # refused at once (too large for the client)
-                error: KafkaError = exc.args[0]
-                return error
-
-    def _again(self, output: _Output, error: KafkaError) -> _Output:
-        """What to send after `output` failed: a smaller dead letter when the broker refused
-        it as too large, else the same output."""
-        if output.letter is None or not isinstance(
-            translate_kafka_error(error, output.topic), RecordRejectedError
-        ):
-            return output
-        smaller = shrink(output.letter, MAX_MESSAGE_BYTES)
-        if smaller is None:
-            log.error(
-                "dead letter refused (%s) even without its value, key and original headers: "
-                "raise the dead-letter topic's max.message.bytes; retrying it as it is",
-                error.name(),
-            )
-            return output
-        log.warning("dead letter refused (%s): sending it in a smaller form", error.name())
-        return _letter_output(smaller)
-
-    def _sleep(self, seconds: float, stop: threading.Event) -> None:
-        deadline = time.monotonic() + seconds
-        while not stop.is_set() and time.monotonic() < deadline:
-            self._progress.beat()
-            stop.wait(min(FLUSH_SLICE_S, deadline - time.monotonic()))
-
 
 def _summary(marks: InputMarks, day_ms: int) -> tuple[object, ...]:
     """What of the marks can move a table partition's clock (it counts in days): the oldest
@@ -557,16 +359,6 @@ def newest_transaction_time(marks: InputMarks) -> int:
 def router_group(app_id: str) -> str:
     """The router's consumer group (faust's own group, `app_id`, reads the internal topic)."""
     return f"{app_id}-router"
-
-
-def _held(output: _Output) -> int:
-    """The bytes a queued dead letter holds: its record's key, value and headers."""
-    headers = sum(len(name) + len(value or b"") for name, value in output.headers or ())
-    return len(output.key or b"") + len(output.value or b"") + headers
-
-
-def _letter_output(letter: DeadLetterRecord) -> _Output:
-    return _Output(letter.topic, None, letter.key, letter.value, list(letter.headers), letter)
 
 
 def _log_partitions(what: str, partitions: list[TopicPartition]) -> None:

@@ -117,8 +117,8 @@ def publication_due(day: int, watermark_day: int) -> bool:
 class Unpublished:
     """The entries whose changes were not published at once, each with the oldest day such a
     change counted on: published once `publication_due` for that day (the worker's day close,
-    terminals/app.py). Kept by day too, so that a day close, at every internal record, looks
-    only at the days due, not at every entry waiting."""
+    terminals/entity_table.py). Kept by day too, so that a day close, at every internal record,
+    looks only at the days due, not at every entry waiting."""
 
     def __init__(self) -> None:
         self._days: dict[str, int] = {}

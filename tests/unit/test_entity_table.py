@@ -1,4 +1,4 @@
-"""The worker's table side without faust (terminals/app.py `_EntityTable`): which entries it
+"""The worker's table side without faust (terminals/entity_table.py `EntityTable`): which entries it
 forgets as idle. The table is a dict and the producer keeps what it is sent; the faust table and
 the broker are exercised by tests/integration/test_features_worker.py."""
 
@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from terminals.app import _Clocks, _EntityTable
 from terminals.config import FeaturesSettings
+from terminals.entity_table import EntityTable
 from terminals.events import InputMarks, TerminalEvent
 from terminals.metrics import WorkerMetrics
+from terminals.table_progress import TableClocks
 
 DAY_MS = 86_400_000
 NOW_MS = int(time.time() * 1000)
@@ -34,12 +35,12 @@ class App:
         self.producer = Producer()
 
 
-def table_of(table: dict[str, bytes]) -> tuple[_EntityTable, _Clocks, App]:
+def table_of(table: dict[str, bytes]) -> tuple[EntityTable, TableClocks, App]:
     config = FeaturesSettings(table_partitions=1, evict_interval_s=0.001)
-    clocks = _Clocks(config)
+    clocks = TableClocks(config)
     app = App()
     metrics = WorkerMetrics(CollectorRegistry())
-    entities = _EntityTable(cast(Any, app), table, config, metrics, clocks, card=False)
+    entities = EntityTable(cast(Any, app), table, config, metrics, clocks, card=False)
     return entities, clocks, app
 
 
@@ -47,7 +48,7 @@ def marks(time_ms: int) -> InputMarks:
     return InputMarks((1, 1), {"t0": (time_ms, False), "l0": (time_ms, True)})
 
 
-def evict(entities: _EntityTable) -> None:
+def evict(entities: EntityTable) -> None:
     time.sleep(0.002)  # past the eviction interval
     asyncio.run(entities.evict_if_due(0))
 

@@ -179,10 +179,8 @@ NOT_PRODUCT = frozenset({"bench", "ops", "tests"})
 #: leave this list once under the bound (issue 45 splits them). No other module may pass it.
 OVER_THE_BOUND = {
     "stream/metrics.py": 680,
-    "terminals/app.py": 679,
     "stream/scoring.py": 635,
     "stream/card_state.py": 631,
-    "terminals/router.py": 574,
     "stream/service.py": 511,
 }
 

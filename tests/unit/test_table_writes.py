@@ -1,8 +1,8 @@
 """When the features worker's table agent writes the entries a partition's records changed, and
-what it acknowledges then (terminals/app.py, `_Writes`): a record is acknowledged (faust may
-commit it) only once what it changed is written, and records held are bounded in time and in
-number; and faust never commits past a record held unwritten, even one a rebalance dropped.
-The clock is a parameter."""
+what it acknowledges then (terminals/table_writes.py, `TableWrites`): a record is acknowledged
+(faust may commit it) only once what it changed is written, and records held are bounded in time
+and in number; and faust never commits past a record held unwritten, even one a rebalance
+dropped. The clock is a parameter."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from faust.transport.consumer import Consumer as FaustConsumer
 
-from terminals.app import MAX_HELD, NO_COMMIT, _Writes, bound_commits
+from terminals.table_writes import MAX_HELD, NO_COMMIT, TableWrites, bound_commits
 
 
 class Record:
@@ -27,7 +27,7 @@ class Record:
 
 def test_a_partition_is_due_once_its_oldest_record_held_is_an_interval_old() -> None:
     now = [100.0]
-    writes = _Writes(10.0, clock=lambda: now[0])
+    writes = TableWrites(10.0, clock=lambda: now[0])
     first, second = Record(), Record()
     assert not writes.hold(0, first)
     now[0] += 9.9
@@ -41,13 +41,13 @@ def test_a_partition_is_due_once_its_oldest_record_held_is_an_interval_old() -> 
 
 
 def test_records_held_are_bounded_in_number_however_long_the_interval() -> None:
-    writes = _Writes(600.0, clock=lambda: 0.0)
+    writes = TableWrites(600.0, clock=lambda: 0.0)
     due = [writes.hold(3, Record()) for _ in range(MAX_HELD)]
     assert due == [False] * (MAX_HELD - 1) + [True]
 
 
 def test_a_rebalance_drops_the_records_held_without_acknowledging_them() -> None:
-    writes = _Writes(0.0, clock=lambda: 0.0)
+    writes = TableWrites(0.0, clock=lambda: 0.0)
     held = Record()
     writes.hold(0, held)
     generation = writes.generation
@@ -58,7 +58,7 @@ def test_a_rebalance_drops_the_records_held_without_acknowledging_them() -> None
 
 
 def test_a_partition_commits_up_to_its_oldest_record_held_and_nothing_after_a_drop() -> None:
-    writes = _Writes(600.0, clock=lambda: 0.0)
+    writes = TableWrites(600.0, clock=lambda: 0.0)
     assert writes.commit_bound(0) is None, "nothing held: no bound"
     writes.hold(0, Record(40))
     writes.hold(0, Record(41))
@@ -86,7 +86,7 @@ class Consumer:
 def test_faust_commits_no_further_than_the_oldest_record_held() -> None:
     # Faust acknowledges by itself a record it skips during a rebalance (offset 45 here), which
     # its run check can let through: its run would then end past records 40-44, held unwritten.
-    writes = _Writes(600.0, clock=lambda: 0.0)
+    writes = TableWrites(600.0, clock=lambda: 0.0)
     consumer = Consumer(run_end=46)
     bound_commits(consumer, "events", writes)
     internal = SimpleNamespace(topic="events", partition=0)
@@ -103,7 +103,7 @@ def test_faust_commits_no_further_than_the_oldest_record_held() -> None:
 
 def test_a_faust_without_the_hook_is_refused_and_this_one_has_it() -> None:
     with pytest.raises(RuntimeError, match="_new_offset"):
-        bound_commits(object(), "events", _Writes(1.0))
+        bound_commits(object(), "events", TableWrites(1.0))
     assert callable(FaustConsumer._new_offset), "the faust installed lacks the hook"
 
 
@@ -111,7 +111,7 @@ def test_a_record_without_events_is_acknowledged_at_once_unless_records_wait_bef
     # The router's marks come to a quiet partition every few seconds: held like the others,
     # the last one kept the partition's commit a record behind its end for good.
     now = [0.0]
-    writes = _Writes(10.0, clock=lambda: now[0])
+    writes = TableWrites(10.0, clock=lambda: now[0])
     marks = Record(5)
     assert not writes.hold(0, marks, events=False)
     assert marks.acked and writes.commit_bound(0) is None
