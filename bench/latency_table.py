@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from bench.contenders import Run, latency
 from bench.harness import Broker
-from stream.metrics import STAGES
+from stream.metric_definitions import STAGES
 
 DEFAULT_PARTITIONS: tuple[int, ...] = (1, 12, 24)
 DEFAULT_RATES: tuple[float, ...] = (5_000.0, 10_000.0)

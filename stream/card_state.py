@@ -4,17 +4,17 @@ kept durable in a compacted changelog topic.
 Responsibilities:
 - restore a partition's state from its changelog before the partition's first batch is scored
   (on assignment, on the restore thread of `stream/restores.py` while the partition is
-  paused), and say how long that took;
+  paused), and say how long that took (what a restore reads: `stream/card_restore.py`);
 - turn a batch's records into their history feature rows (in consumption order) and into the
   changelog records their updates produced (changed cards, and tombstones for cards idle past
   the longest window), to be written with the batch's outputs: the commit that covers a batch's
   input offsets covers its state too;
-- keep each partition's event-time clock (its watermark), which no single record can move past
-  the wall clock plus the allowed skew (`contracts/event_time.py`);
-- drop a partition's state when it is lost; when it is revoked with every change durable, keep
-  its cards for FRAUD_STATE_RETAIN_S, so that if it comes back only the changelog's tail is
-  read; after an aborted transaction (exactly-once), undo the changes of the batches it held,
-  whose updates never became durable;
+- keep each partition's event-time clock (its watermark), as of which its records are read and
+  its idle cards evicted (`stream/partition_clocks.py`);
+- drop a partition's state when it is lost; when it is revoked with every change durable (or
+  read before joining: warm start), keep its cards for FRAUD_STATE_RETAIN_S, so that if it comes
+  back only the changelog's tail is read; after an aborted transaction (exactly-once), undo the
+  changes of the batches it held, whose updates never became durable (`stream/card_undo.py`);
 - say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
@@ -23,47 +23,13 @@ Key design decisions:
 - One store for every owned partition, not one per partition: a batch's cards are updated in
   one vectorised pass, so its cost does not grow with the partitions it spans (one history
   per partition cost over three times as much a record: docs/benchmarks.md, "Figures behind
-  design choices").
-  A card's key is its id behind its partition (`card_key`): a card id seen in two partitions
-  (a producer that keys by something else) is two cards, as before, and a string key costs no
-  more memory than the id alone (a (partition, id) tuple cost 84 bytes a card more, and a
-  1,000,000-card restore 36 % more time).
+  design choices"). A card's key is its id behind its partition (`stream/card_keys.py`).
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
-- Event time, bounded: a record dated past the bound never moves its partition's watermark,
-  and counts in its card's history as of that watermark (it is counted, so a future date cannot
-  hide a spree from the windows; on a partition whose clock knows no time yet it changes no
-  state); a record older than the longest window as of the watermark changes no state (its
-  features read the state as it is). Idle cards are evicted as of the partition's watermark,
-  never as of one batch's newest record. A restored partition's watermark is the newest event
-  time its cards applied, so what was stale before a rebalance is stale after it.
 - A batch with records of a partition that is not loaded (revoked or lost while the batch was
   formed) gives those records neutral features and updates the others as usual.
-- A restore keeps, per card, the state with the highest input offset; a tombstone forgets the
-  card, and a state after it starts the card anew (`CardStore.restore`). What it reads, and up
-  to where: `stream/card_changelog.py`.
-- Exactly-once undo: before a batch changes its cards (and before an eviction forgets some), their
-  rows are copied; an abort puts back the copies of every batch past the committed offsets,
-  newest first. Its cost is the batches' size, not the state's (a reload read every owned
-  partition's changelog again: about 9 s per million cards). Past `UNDO_MAX_CARDS` copies
-  between two commits the copies are dropped and an abort reloads, so memory stays bounded.
-- Warm return: a partition revoked once all its changelog records are acknowledged (and, with
-  exactly-once, committed) leaves its cards equal to a replay of its changelog up to the end
-  the changelog had then, since only the owner writes there. The replica keeps them with that
-  end offset (`let_go`) for `retain_s`; if the partition comes back meanwhile, the restore reads
-  only the records written since (the next owner's), which replace or forget cards as a full
-  replay would (a card's last record wins). In scenario 6 of the fault suite a partition came
-  back after a full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted
-  by retention, or truncated) is read whole, as is a partition kept past `retain_s`; a retained
-  partition is not owned, so no batch changes it and a record sent again skips its cards.
-- Warm start (`warm_up`, FRAUD_STATE_WARM_UP): a replica about to join reads every partition's
-  changelog up to the end it has then and keeps the cards as a warm return does, so the
-  partitions it is given read only what their owners wrote since. Reading from an end taken
-  before the read re-applies the records written during it: harmless, since applying a record
-  again over cards that hold it changes nothing (the same state ties, an older one loses).
 - A lock orders the restore thread's restores and the consuming thread's drops against the
-  batches; a restore takes it per `RESTORE_APPLY_CHUNK` records loaded, so batches of other
-  partitions go on meanwhile, waiting a few milliseconds at most.
+  batches; a restore takes it per chunk loaded, so batches of other partitions go on meanwhile.
 """
 
 from __future__ import annotations
@@ -84,24 +50,17 @@ from scorer.card_store import CardSnapshot
 from scorer.columns import TransactionColumns
 from scorer.history import CardHistory, neutral_history
 from stream.card_changelog import Changelog, ChangelogBatch, ChangelogTailGone
+from stream.card_keys import KEY_SEPARATOR, card_key
+from stream.card_restore import RETAIN_S, ChangelogLoader, Kept
+from stream.card_undo import CardUndo
 from stream.metrics import ServiceMetrics
+from stream.partition_clocks import PartitionClocks
 
 log = logging.getLogger(__name__)
 
 #: How often, in wall-clock seconds, each partition looks for idle cards to evict (default of
 #: FRAUD_STATE_EVICT_INTERVAL_S).
 EVICT_INTERVAL_S = 60.0
-#: Changelog records loaded per hold of the state lock. Each batch of the partitions kept waits
-#: for the hold under way: a whole read (10,000 records) held it 20 ms (median; up to 100 ms
-#: when the store grows) on an idle core, 1,000 records 1.7 ms, for the same total.
-RESTORE_APPLY_CHUNK = 1_000
-#: Exactly-once: the most card rows copied for undo between two commits (about 150 bytes each).
-#: A transaction holds at most FRAUD_TRANSACTION_MAX_RECORDS records (10,000 by default), so
-#: this is reached only with a much larger setting; an abort then reloads instead.
-UNDO_MAX_CARDS = 200_000
-#: How long, in seconds, the cards of a partition revoked cleanly stay in memory in case it comes
-#: back (default of FRAUD_STATE_RETAIN_S).
-RETAIN_S = 600.0
 
 
 def _nothing() -> None:
@@ -128,31 +87,6 @@ class CardOwnership(NamedTuple):
 
 #: Cards forgotten per hold of the state lock when partitions go.
 FORGET_CHUNK = 20_000
-#: Between a card key's partition and card id: never in a partition number.
-KEY_SEPARATOR = "\x00"
-
-
-def card_key(partition: int, card_id: str) -> str:
-    """A card's key in the replica's store: its id, qualified by its input partition."""
-    return f"{partition}{KEY_SEPARATOR}{card_id}"
-
-
-class _Retained(NamedTuple):
-    """A partition revoked with its cards kept."""
-
-    #: The changelog's end offset when it was revoked: a return reads from there.
-    end: int
-    watermark: int
-    #: When its cards go (`time.monotonic()`), unless it came back.
-    until: float
-
-
-class _Undo(NamedTuple):
-    """What one batch changed, as it was before: its snapshots in the order they were taken."""
-
-    #: The batch's highest input offset per partition: committed once every one is.
-    offsets: dict[int, int]
-    snapshots: list[CardSnapshot]
 
 
 class CardState:
@@ -173,27 +107,22 @@ class CardState:
         is undone in memory (exactly-once). `evict_interval_s`: how often each partition
         looks for idle cards. `retain_s`: how long a partition revoked cleanly keeps its cards
         (`let_go`); 0 forgets them at once."""
-        self._evict_interval_s = evict_interval_s
         self._retain_s = retain_s
         self._changelog = changelog
         self.changelog_topic = changelog.topic
         self._metrics = metrics
         self._history = CardHistory(time_scale=time_scale)
-        self._longest_ms = self._history.longest_window_ms
-        self._clock = clock or EventClock(time_scale=time_scale)
-        #: Partitions whose state is restored: each one's event-time watermark (-1: none yet)
-        #: and when its idle cards were last evicted.
-        self._watermark: dict[int, int] = {}
-        self._last_eviction: dict[int, float] = {}
-        self._undo: list[_Undo] | None = [] if undo else None
-        self._undo_cards = 0
-        #: Undo copies were dropped (too many): the next rollback reloads.
-        self._undo_overflow = False
-        #: Committed input positions (next offset to read) per partition, as last reported.
-        self._committed: dict[int, int] = {}
+        #: Partitions whose state is restored (owned): each one's event-time clock.
+        self._clocks = PartitionClocks(
+            clock or EventClock(time_scale=time_scale),
+            self._history.longest_window_ms,
+            evict_interval_s,
+        )
+        self._undo = CardUndo() if undo else None
         #: Partitions revoked whose cards are kept (not owned: no batch changes them).
-        self._retained: dict[int, _Retained] = {}
+        self._retained: dict[int, Kept] = {}
         self._lock = threading.Lock()
+        self._loader = ChangelogLoader(changelog, self._history, self._lock)
 
     # -- consuming thread: rebalances --------------------------------------------------------
 
@@ -205,7 +134,7 @@ class CardState:
         # cancelled forgot what it read): asking the others would scan every card for nothing.
         now = time.monotonic()
         with self._lock:
-            held = {partition for partition in partitions if partition in self._watermark}
+            held = {partition for partition in partitions if partition in self._clocks}
             retained = {p: self._retained.pop(p) for p in partitions if p in self._retained}
         # Kept past their time (the restore thread was too busy to forget them): read whole.
         expired = {partition for partition, kept in retained.items() if kept.until <= now}
@@ -218,17 +147,13 @@ class CardState:
                 if kept is not None:
                     cards, records, newest, tail = self._read_tail(partition, kept, progress)
                 else:
-                    cards, records, newest = self._read_changelog(partition, progress)
+                    cards, records, newest = self._loader.load(partition, progress)
                     tail = False
             except BaseException:
                 self._forget({partition})  # no half-restored partition stays in memory
                 raise
             with self._lock:
-                # The clock resumes at the newest event time the cards applied, so a record older
-                # than the longest window is as stale after a restore as before; bounded like
-                # any clock, against states an older version wrote from a future-dated record.
-                self._watermark[partition] = min(newest, self._clock.bound_ms())
-                self._last_eviction[partition] = time.monotonic()
+                self._clocks.start(partition, newest)
             seconds = time.monotonic() - started
             self._metrics.observe_state_restore("tail" if tail else "whole", seconds, records)
             log.info(
@@ -252,16 +177,16 @@ class CardState:
     def let_go(self, partitions: Sequence[int], ends: Mapping[int, int] | None = None) -> list[int]:
         """Partitions that went are no longer owned: from now on no batch updates them and
         `current` says so. `ends`: the changelog's end offset of those revoked with every change
-        durable, whose cards are kept for `retain_s` (see the module's "Warm return"). Return
-        the others, whose cards stay in memory until `forget_cards` (a revoke leaves that to
-        the restore thread: half of a million cards take about 0.4 s to forget)."""
+        durable, whose cards are kept for `retain_s` ("Warm return": stream/card_restore.py).
+        Return the others, whose cards stay in memory until `forget_cards` (a revoke leaves that
+        to the restore thread: half of a million cards take about 0.4 s to forget)."""
         ends = ends if self.retains and ends is not None else {}
         watermarks = self._let_go(set(partitions))
         until = time.monotonic() + self._retain_s
         with self._lock:
             for partition, end in ends.items():
                 if partition in watermarks:
-                    self._retained[partition] = _Retained(end, watermarks[partition], until)
+                    self._retained[partition] = Kept(end, watermarks[partition], until)
             released = [partition for partition in partitions if partition not in self._retained]
         self._report()
         return released
@@ -276,18 +201,18 @@ class CardState:
             return
         for partition in self._changelog.partition_ids():
             with self._lock:
-                if partition in self._watermark or partition in self._retained:
+                if partition in self._clocks or partition in self._retained:
                     continue
             started = time.monotonic()
             end = self._changelog.end(partition)
             try:
-                cards, records, newest = self._read_changelog(partition, progress)
+                cards, records, newest = self._loader.load(partition, progress)
             except BaseException:
                 self._forget({partition})
                 raise
             with self._lock:
-                self._retained[partition] = _Retained(
-                    end, min(newest, self._clock.bound_ms()), time.monotonic() + self._retain_s
+                self._retained[partition] = Kept(
+                    end, self._clocks.bounded(newest), time.monotonic() + self._retain_s
                 )
             log.info(
                 "warmed up card state topic=%s partition=%s cards=%s changelog_records=%s "
@@ -327,7 +252,7 @@ class CardState:
     def owned(self) -> list[int]:
         """The partitions whose state is loaded."""
         with self._lock:
-            return sorted(self._watermark)
+            return self._clocks.owned()
 
     def reload(self, progress: Callable[[], None] = _nothing) -> None:
         """Restore every owned partition again from its changelog."""
@@ -337,17 +262,8 @@ class CardState:
         """Input positions a transaction committed (exactly-once): the undo copies of the
         batches they cover are no longer needed."""
         with self._lock:
-            for (_topic, partition), position in positions.items():
-                self._committed[partition] = max(position, self._committed.get(partition, -1))
-            if self._undo is None:
-                return
-            done = 0
-            for entry in self._undo:
-                if not self._covered(entry, self._committed):
-                    break
-                done += 1
-                self._undo_cards -= sum(len(s.keys) for s in entry.snapshots)
-            del self._undo[:done]
+            if self._undo is not None:
+                self._undo.committed(positions)
 
     def rollback(
         self, committed: Mapping[int, int], progress: Callable[[], None] = _nothing
@@ -356,22 +272,10 @@ class CardState:
         read) changed: their transaction was aborted, and they will be read again."""
         started = time.monotonic()
         with self._lock:
-            overflow = self._undo is None or self._undo_overflow
-            if not overflow:
-                assert self._undo is not None
-                undone = 0
-                for entry in reversed(self._undo):
-                    if not entry.offsets:
-                        continue  # only partitions that went: nothing of theirs comes back
-                    if self._covered(entry, committed):
-                        break  # this batch and all before it committed
-                    for snapshot in reversed(entry.snapshots):
-                        self._history.revert(snapshot)
-                    undone += 1
-                self._undo.clear()
-                self._undo_cards = 0
-        if overflow:
-            self._reset_undo()
+            copies = None if self._undo is None else self._undo.take_back(committed)
+            for snapshot in copies or ():
+                self._history.revert(snapshot)
+        if copies is None:
             self.reload(progress)
             method = "reload"
         else:
@@ -398,7 +302,7 @@ class CardState:
         offsets = np.fromiter((r.position[1] for r in records), np.int64, n)
         with self._lock:
             present = np.unique(partitions).tolist()
-            owned = [p for p in present if p in self._watermark]
+            owned = [p for p in present if p in self._clocks]
             if not owned:
                 return None, []
             if len(owned) == len(present):
@@ -415,7 +319,7 @@ class CardState:
     def current(self, partition: int, card_id: str) -> CardOwnership:
         """The card's state now (see `CardOwnership`)."""
         with self._lock:
-            if partition not in self._watermark:
+            if partition not in self._clocks:
                 return CardOwnership(False, None)
             return CardOwnership(True, self._history.state_of(card_key(partition, card_id)))
 
@@ -428,31 +332,13 @@ class CardState:
     ) -> tuple[npt.NDArray[np.float32], list[ChangelogBatch]]:
         """`update` for records of owned partitions only; `in_batch` is each one's index in the
         whole batch. Holds the lock."""
-        event_time = np.asarray(columns.event_time, np.int64)
-        beyond = self._clock.beyond(event_time)
-        future = int(np.count_nonzero(beyond))
-        present, which = np.unique(partitions, return_inverse=True)
-        newest = np.full(len(present), -1, np.int64)
-        np.maximum.at(newest, which[~beyond], event_time[~beyond])
-        watermarks = np.empty(len(present), np.int64)
-        for i, partition in enumerate(present.tolist()):
-            watermarks[i] = self._watermark[partition] = max(
-                self._watermark[partition], int(newest[i])
-            )
-        if future:
-            # Counted as of its partition's clock. While the clock knows no time yet (a new
-            # partition) there is none to count it at: it changes no state, so no made-up time
-            # becomes the clock a restore resumes from.
-            event_time = event_time.copy()
-            event_time[beyond] = watermarks[which[beyond]]
-        applies = (event_time >= watermarks[which] - self._longest_ms) & (event_time >= 0)
-        stale = int(np.count_nonzero(~applies & ~beyond))
-        if future:
-            self._metrics.record_event_time_out_of_bounds("future", future)
-        if stale:
-            self._metrics.record_event_time_out_of_bounds("stale", stale)
+        times = self._clocks.advance(partitions, np.asarray(columns.event_time, np.int64))
+        if times.future:
+            self._metrics.record_event_time_out_of_bounds("future", times.future)
+        if times.stale:
+            self._metrics.record_event_time_out_of_bounds("stale", times.stale)
 
-        prefix = {partition: card_key(partition, "") for partition in present.tolist()}
+        prefix = {partition: card_key(partition, "") for partition in times.partitions}
         keys = [
             prefix[p] + card for p, card in zip(partitions.tolist(), columns.card_id, strict=True)
         ]
@@ -463,7 +349,12 @@ class CardState:
             snapshots.append(self._history.snapshot(list(dict.fromkeys(keys))))
         history = self._history
         rows = history.update_and_features(
-            keys, columns, columns.merchant_id, offsets, event_time=event_time, applies=applies
+            keys,
+            columns,
+            columns.merchant_id,
+            offsets,
+            event_time=times.event_time,
+            applies=times.applies,
         )
         changes = {p: ChangelogBatch(p, last[p], [], []) for p in prefix}
         by_head = {str(p): batch for p, batch in changes.items()}  # a card key's head
@@ -475,7 +366,7 @@ class CardState:
         self._evictions(changes, snapshots)
         if self._undo is not None:
             batch_offsets = {p: int(offsets[partitions == p].max()) for p in prefix}
-            self._remember(_Undo(batch_offsets, snapshots))
+            self._undo.remember(batch_offsets, snapshots)
         return rows, [batch for batch in changes.values() if batch.card_ids]
 
     def _evictions(
@@ -484,14 +375,11 @@ class CardState:
         """Tombstones, added to `changes`, for the idle cards of the batch's partitions due for
         eviction, each idle as of its partition's watermark; their rows are copied to
         `snapshots` when undo is on."""
-        now = time.monotonic()
-        due = [p for p in changes if now - self._last_eviction[p] >= self._evict_interval_s]
-        for partition in due:
-            self._last_eviction[partition] = now
+        for partition in self._clocks.due_for_eviction(changes):
             prefix = card_key(partition, "")
             idle = [
                 key
-                for key in self._history.idle(self._watermark[partition])
+                for key in self._history.idle(self._clocks.watermark(partition))
                 if key.startswith(prefix)
             ]
             if not idle:
@@ -505,34 +393,6 @@ class CardState:
 
     # -- internals ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _covered(entry: _Undo, committed: Mapping[int, int]) -> bool:
-        """Whether every record of the batch is below the committed positions."""
-        return all(offset < committed.get(p, -1) for p, offset in entry.offsets.items())
-
-    def _remember(self, entry: _Undo) -> None:
-        assert self._undo is not None
-        if self._undo_overflow:
-            return
-        self._undo.append(entry)
-        self._undo_cards += sum(len(s.keys) for s in entry.snapshots)
-        if self._undo_cards > UNDO_MAX_CARDS:
-            log.warning(
-                "more than %s cards changed since the last commit: an abort now reloads the "
-                "card state instead of undoing",
-                UNDO_MAX_CARDS,
-            )
-            self._undo.clear()
-            self._undo_cards = 0
-            self._undo_overflow = True
-
-    def _reset_undo(self) -> None:
-        with self._lock:
-            if self._undo is not None:
-                self._undo.clear()
-            self._undo_cards = 0
-            self._undo_overflow = False
-
     def _forget(self, partitions: set[int]) -> None:
         self._let_go(partitions)
         self._forget_cards(partitions)
@@ -545,19 +405,12 @@ class CardState:
         watermarks: dict[int, int] = {}
         with self._lock:
             for partition in partitions:
-                if partition in self._watermark:
-                    watermarks[partition] = self._watermark.pop(partition)
+                watermark = self._clocks.stop(partition)
+                if watermark is not None:
+                    watermarks[partition] = watermark
                 self._retained.pop(partition, None)
-                self._last_eviction.pop(partition, None)
-                self._committed.pop(partition, None)
-            if self._undo:
-                # A partition that went must not come back by an undo.
-                for entry in self._undo:
-                    for i, snapshot in enumerate(entry.snapshots):
-                        keep = [not key.startswith(prefixes) for key in snapshot.keys]
-                        entry.snapshots[i] = _select(snapshot, keep)
-                    for partition in partitions:
-                        entry.offsets.pop(partition, None)
+            if self._undo is not None:
+                self._undo.forget(partitions, prefixes)  # a partition that went stays gone
         return watermarks
 
     def _forget_cards(self, partitions: set[int]) -> None:
@@ -576,41 +429,16 @@ class CardState:
                 self._history.forget(doomed[start : start + FORGET_CHUNK])
 
     def _read_tail(
-        self, partition: int, kept: _Retained, progress: Callable[[], None]
+        self, partition: int, kept: Kept, progress: Callable[[], None]
     ) -> tuple[int, int, int, bool]:
-        """`_read_changelog` over the partition's kept cards, from the end it had when it went;
+        """`load_tail` over the partition's kept cards, from the end it had when it went;
         all of it when that offset is gone. The last item says whether only the tail was read."""
         try:
-            cards, records, newest = self._read_changelog(partition, progress, kept.end)
+            return *self._loader.load_tail(partition, kept, progress), True
         except ChangelogTailGone as gone:
             log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
             self._forget({partition})
-            return *self._read_changelog(partition, progress), False
-        return cards, records, max(newest, kept.watermark), True
-
-    def _read_changelog(
-        self, partition: int, progress: Callable[[], None], start: int = 0
-    ) -> tuple[int, int, int]:
-        """Load the partition's changelog from offset `start` into the store; return the cards
-        it added, the changelog records read and the newest event time a restored card applied
-        (-1: none)."""
-        read = cards = 0
-        newest = -1
-        prefix = card_key(partition, "")
-        for read_chunk in self._changelog.read(partition, progress, start):
-            for first in range(0, len(read_chunk), RESTORE_APPLY_CHUNK):
-                chunk = read_chunk[first : first + RESTORE_APPLY_CHUNK]
-                keys = [prefix + card for card, _ in chunk]
-                states = [state for _, state in chunk]
-                with self._lock:
-                    held = len(self._history)
-                    restored = self._history.restore_states(keys, states)
-                    newest = max(newest, restored.newest_event_ms)
-                    cards += len(self._history) - held
-                for problem in restored.rejected:
-                    log.warning("skipping a card state record (the card starts anew): %s", problem)
-            read += len(read_chunk)
-        return cards, read, newest
+            return *self._loader.load(partition, progress), False
 
     def _report(self) -> None:
         # Set under the lock: the consuming and restore threads both report, and a count read
@@ -618,14 +446,3 @@ class CardState:
         with self._lock:
             self._metrics.set_card_state(len(self._history), self._history.nbytes)
             self._metrics.set_kept_partitions(len(self._retained))
-
-
-def _select(snapshot: CardSnapshot, keep: list[bool]) -> CardSnapshot:
-    """The part of `snapshot` whose keys `keep` says."""
-    mask = np.array(keep, np.bool_)
-    held_kept = mask[snapshot.held]
-    return CardSnapshot(
-        [key for key, k in zip(snapshot.keys, keep, strict=True) if k],
-        snapshot.held[mask],
-        snapshot.records[held_kept],
-    )

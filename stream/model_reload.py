@@ -26,7 +26,7 @@ costs the batch one attribute read. A package that fails a check is refused: log
 files are not tried again until they change. A source that cannot be read (MLflow down, the
 package directory gone or unreadable) is counted as `result="unavailable"` and read again at the
 next poll. A model that passes and then fails most records of a batch the model before it
-decides is rolled back by the scoring stage (`stream/scoring.py`); the reloader has seen its
+decides is rolled back by the scoring stage (`stream/model_in_use.py`); the reloader has seen its
 source already, so it is not loaded again until the source changes.
 """
 

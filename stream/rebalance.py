@@ -29,8 +29,8 @@ from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
+from stream.pending_record import PendingRecord
 from stream.restores import BackgroundRestores
-from stream.scoring import PendingRecord
 from stream.sink import OutputSink
 from stream.transactional_sink import TransactionalSink
 

@@ -3,62 +3,53 @@ and dead letters for records that failed, handed to the sink.
 
 `BatchScorer` decides one batch and is plain logic over the `Scorer` and `OutputSink`
 interfaces, so it is unit-tested with fakes. `stream/scoring_thread.py` runs it, one batch at a
-time and in order, on the consuming thread or its own (`FRAUD_SCORING`).
+time and in order, on the consuming thread or its own (`FRAUD_SCORING`). The model it decides
+with, and when it goes back from a new one, is `stream/model_in_use.py`'s; the outputs it makes
+of the verdicts are sent by `stream/batch_outputs.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-from contracts.decision import DECLINE, REVIEW, Decision, encode_decision, encode_features
-from contracts.offsets import OffsetTracker, SourceOffset
+from contracts.decision import DECLINE, REVIEW, encode_decision
+from contracts.offsets import OffsetTracker
 from contracts.output_formats import DecisionEncoder
-from contracts.trace_context import batch_trace_headers, trace_context
 from contracts.transaction import Transaction
-from deadletter.router import DeadLetterRecord, DeadLetterRouter
+from deadletter.router import DeadLetterRouter
 from plumbing.errors import ScoreError
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, Verdicts, decide_batch, decide_by_rules
 from scorer.drift import DEFAULT_WINDOW as DEFAULT_DRIFT_WINDOW
-from scorer.drift import DriftWindow
-from scorer.features import FEATURE_NAMES
-from scorer.flag_rate import range_in_use
-from scorer.isolation import as_score_error
 from scorer.model import Scorer
 from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
+from stream.batch_outputs import BatchOutputs, trace_contexts
 from stream.batcher import Batch
 from stream.card_changelog import ChangelogBatch
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
-from stream.model_reload import ModelReloader, ServingModel
+from stream.model_in_use import ModelInUse
+from stream.model_reload import ModelReloader
 from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
+from stream.pending_record import PendingRecord
 from stream.rules_table import RulesTable
 from stream.shadow import Shadow
-from stream.sink import Headers, Output, OutputSink
+from stream.sink import OutputSink
 from stream.tracing import BatchOutcome, BatchTracer
 from stream.worker_tables import CardFraudsTable, TerminalRiskTable
 
 log = logging.getLogger(__name__)
-
-
-class PendingRecord(NamedTuple):
-    """A consumed, valid transaction waiting in a micro-batch."""
-
-    message: Message
-    transaction: Transaction
-    #: Where it came from, as the offset tracker knows it.
-    position: SourceOffset
 
 
 class Stages:
@@ -117,73 +108,6 @@ class BatchReport(NamedTuple):
     closed_full: bool
 
 
-class _Encoded(NamedTuple):
-    rows: list[int]
-    keys: list[bytes]
-    values: list[bytes]
-
-
-#: Records a newly loaded model decides on probation: while it does, a batch it fails for the
-#: most part (dead letters, or the fallback rules) is decided again by the model before it, and
-#: if that one does better, the new model is rolled back. A model that fails on real traffic
-#: shows it in its first batch; the model before is kept (its session's memory) until then.
-PROBATION_RECORDS = 10_000
-
-
-class _Model(NamedTuple):
-    """What a batch is decided with."""
-
-    scorer: Scorer
-    policy: DecisionPolicy
-    explainer: Explainer | None
-
-
-class _Probation(NamedTuple):
-    """A new model on probation: the model it replaced, and how many records it has left."""
-
-    previous: _Model
-    records_left: int
-
-
-#: A model with no model before it to go back to (the one a replica started with, or one past
-#: its probation) is unavailable, its batch decided by the fallback rules, when it failed most
-#: of its last JUDGED_RECORDS records (whole batches, this one included) and at least
-#: MIN_FAILED of them: then the records are not at fault, the model is. A few poison records
-#: (fewer than MIN_FAILED, or among records the model decides) are still dead-lettered.
-JUDGED_RECORDS = 64
-MIN_FAILED = 8
-
-
-class _Failures:
-    """What a model failed of its last records: dead letters, or the fallback rules because it
-    failed a known-good row (`_failing`), over whole batches covering JUDGED_RECORDS."""
-
-    def __init__(self) -> None:
-        self._batches: deque[tuple[int, int]] = deque()
-        self._records = 0
-        self._failed = 0
-
-    def unavailable(self, verdicts: Verdicts) -> bool:
-        """Count the batch; whether the model is unavailable for it: it failed most of its last
-        records, and some of this batch's records would be dead-lettered for it."""
-        size, failed = len(verdicts.decisions), _failing(verdicts)
-        self._batches.append((size, failed))
-        self._records += size
-        self._failed += failed
-        while self._records - self._batches[0][0] >= JUDGED_RECORDS:
-            gone, gone_failed = self._batches.popleft()
-            self._records -= gone
-            self._failed -= gone_failed
-        return (
-            bool(verdicts.failed)
-            and self._failed >= MIN_FAILED
-            and self._failed > self._records / 2
-        )
-
-    def __str__(self) -> str:
-        return f"{self._failed} of its last {self._records} records"
-
-
 class BatchScorer:
     """Decides every record of a batch: a decision, or a dead letter for a record that failed."""
 
@@ -224,34 +148,28 @@ class BatchScorer:
         model from poison records and that a new model must score (scorer/recent_rows.py)."""
         self._tracer = tracer
         self._recent = recent
-        self._probation: _Probation | None = None
-        self._failures = _Failures()
-        self._log_features = log_features
-        self._encode_decision = encode
-        self._drift_window = drift_window
-        self._drift = _drift_of(scorer, drift_window)
+        self._model = ModelInUse(
+            scorer, policy, explainer, metrics=metrics, drift_window=drift_window
+        )
+        self._outputs = BatchOutputs(
+            sink, router, output_topic=output_topic, encode=encode, log_features=log_features
+        )
         self._reloader = reloader
         self._shadow = shadow
         self._observed_precision = observed_precision
         self._rules = rules
-        self._explainer = explainer
         self._metrics = metrics
         self._card_state = card_state
         self._terminals = terminals
         self._card_frauds = card_frauds
-        self._scorer = scorer
-        self._sink = sink
         self._tracker = tracker
-        self._router = router
-        self._output_topic = output_topic
-        self._policy = policy
 
     def process(self, batch: Batch[PendingRecord]) -> BatchReport:
         """Score the batch and send one output per record; return what the controller needs."""
         started = time.perf_counter()
         stages = Stages(batch, started)
         if self._reloader is not None:
-            self._swap_model(self._reloader.take())
+            self._model.swap(self._reloader.take())
         records = batch.items
         transactions = [r.transaction for r in records]
         columns = _columns(transactions)
@@ -291,29 +209,28 @@ class BatchScorer:
                 known_good=self._recent,
             )
 
-        verdicts = decide(self._scorer, self._policy, self._explainer)
-        if self._probation is not None:
-            verdicts = self._on_probation(verdicts, decide)
-        elif self._failures.unavailable(verdicts):
-            verdicts = decide_by_rules(
+        def by_rules(why: str) -> Verdicts:
+            return decide_by_rules(
                 transactions,
-                self._policy,
+                self._model.policy,
                 now_ms,
-                f"model {self._scorer.model_version} failed {self._failures}, and there is no "
-                "model before it to go back to",
+                why,
                 history=history,
                 terminal=terminal,
                 card_frauds=card_frauds,
                 columns=columns,
                 rules=rules,
             )
+
+        verdicts = self._model.decide(decide, by_rules)
         decided_at = time.time_ns() // 1_000_000
         if self._rules is not None:
             self._rules.observe(
-                transactions, verdicts.features, verdicts.scores, self._policy.thresholds
+                transactions, verdicts.features, verdicts.scores, self._model.policy.thresholds
             )
         stages.done("decide")
-        encoded = self._encode(records, verdicts, decided_at)
+        model_version = self._model.scorer.model_version
+        encoded = self._outputs.encode(records, verdicts, decided_at, model_version)
         self._count(verdicts, len(records), batch.wait_s, now_ms)
         stages.done("encode")
 
@@ -331,17 +248,20 @@ class BatchScorer:
             outputs,
             stages.on_delivered(self._metrics),
         )
-        dead_letters = self._dead_letter(records, failed, group)
-        contexts = _trace_contexts(records, dead_letters)
-        self._send_changelog(records, changelog, group)
-        self._send_decisions(records, verdicts, encoded, contexts, group)
+        dead_letters = self._outputs.dead_letter(records, failed, group, model_version)
+        contexts = trace_contexts(records, dead_letters)
+        if changelog:
+            assert self._card_state is not None
+            topic = self._card_state.changelog_topic
+            self._outputs.send_changelog(records, changelog, topic, group)
+        self._outputs.send_decisions(records, verdicts, encoded, contexts, group)
         if self._shadow is not None:
             # After the decisions, and never waited for (stream/shadow.py).
             self._shadow.submit(
                 transactions,
                 verdicts,
                 encoded.rows,
-                (self._scorer.model_version, self._policy),
+                (model_version, self._model.policy),
                 decided_at,
             )
         if encoded.rows:
@@ -356,79 +276,11 @@ class BatchScorer:
                         verdicts.event_time[flagged],
                     )
         if self._tracer is not None:
-            outcome = BatchOutcome(
-                len(records), len(encoded.rows), len(failed), self._scorer.model_version
-            )
+            outcome = BatchOutcome(len(records), len(encoded.rows), len(failed), model_version)
             self._tracer.batch_scored(contexts, time.perf_counter() - started, outcome)
         self._metrics.observe_stages(stages.seconds)
         latency_s = batch.wait_s + (time.perf_counter() - started)
         return BatchReport(len(records), latency_s, batch.closed_full)
-
-    def _swap_model(self, model: ServingModel | None) -> None:
-        """Score from now on with `model`, when there is a new one, on probation: the model
-        before it (the last one that passed its probation) is kept to roll back to."""
-        if model is None:
-            return
-        previous = (
-            self._probation.previous
-            if self._probation is not None
-            else _Model(self._scorer, self._policy, self._explainer)
-        )
-        self._install(_Model(model.scorer, model.policy, model.explainer))
-        self._probation = _Probation(previous, PROBATION_RECORDS)
-
-    def _on_probation(
-        self,
-        verdicts: Verdicts,
-        decide: Callable[[Scorer, DecisionPolicy, Explainer | None], Verdicts],
-    ) -> Verdicts:
-        """The batch's verdicts under a model on probation: when it failed most records and
-        the model before it does better on the same batch, that model's, and it serves again."""
-        probation = self._probation
-        assert probation is not None
-        size = len(verdicts.decisions)
-        if _failing(verdicts) > size / 2:
-            before = decide(
-                probation.previous.scorer, probation.previous.policy, probation.previous.explainer
-            )
-            if _failing(before) < _failing(verdicts):
-                self._roll_back(probation.previous, _failing(verdicts), size)
-                return before
-        left = probation.records_left - size
-        self._probation = probation._replace(records_left=left) if left > 0 else None
-        return verdicts
-
-    def _roll_back(self, previous: _Model, failing: int, size: int) -> None:
-        """Serve `previous` again, for good: counted and logged. The reloader does not offer the
-        package it left again: it loads a source once, until the source changes."""
-        failed = self._scorer.model_version
-        self._probation = None
-        self._install(previous)
-        self._metrics.count_model_rollback()
-        log.error(
-            "model %s failed %s of the %s records of a batch that model %s decided: rolled back "
-            "to %s, which decided the batch; %s is not loaded again until its source changes",
-            failed,
-            failing,
-            size,
-            previous.scorer.model_version,
-            previous.scorer.model_version,
-            failed,
-        )
-
-    def _install(self, model: _Model) -> None:
-        """Score from now on with `model`."""
-        self._scorer, self._policy, self._explainer = model
-        self._failures = _Failures()
-        self._drift = _drift_of(model.scorer, self._drift_window)
-        provider = str(getattr(model.scorer, "provider", "unknown"))
-        self._metrics.set_model(
-            model.scorer.model_version,
-            provider,
-            range_in_use(getattr(model.scorer, "package", None), model.policy.thresholds),
-        )
-        self._metrics.clear_drift()
-        log.info("model %s serves from this batch on", model.scorer.model_version)
 
     def _history(
         self, records: list[PendingRecord], columns: TransactionColumns | None
@@ -442,73 +294,6 @@ class BatchScorer:
         except Exception:
             log.exception("card history failed for a batch: its history features are neutral")
             return None, []
-
-    def _send_changelog(
-        self, records: list[PendingRecord], changelog: list[ChangelogBatch], group: OutcomeGroup
-    ) -> None:
-        """The batch's card states, one shared-callback send per partition."""
-        if not changelog:
-            return
-        assert self._card_state is not None
-        topic = self._card_state.changelog_topic
-        for batch in changelog:
-
-            def output_of(i: int, batch: ChangelogBatch = batch) -> Output:
-                return Output(
-                    kind="changelog",
-                    topic=topic,
-                    key=batch.card_ids[i],
-                    value=batch.states[i],
-                    headers=None,
-                    source=records[batch.batch_index].message,
-                    group=group,
-                    label="card_state",
-                    partition=batch.partition,
-                )
-
-            self._sink.send_batch(
-                topic, batch.card_ids, batch.states, group, output_of, batch.partition
-            )
-
-    def _encode(
-        self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int
-    ) -> _Encoded:
-        """Keys and values of the decisions; a record whose decision cannot be encoded joins
-        the failed ones (it is dead-lettered like a record the model fails on)."""
-        encoded = _Encoded([], [], [])
-        model_version = self._scorer.model_version
-        scores = verdicts.scores.tolist()
-        degraded = verdicts.degraded.tolist()
-        failed = verdicts.failed
-        features = verdicts.features if self._log_features else None
-        for i, record in enumerate(records):
-            if i in failed:
-                continue
-            t = record.transaction
-            try:
-                value = self._encode_decision(
-                    Decision(
-                        transaction_id=t.transaction_id,
-                        card_id=t.card_id,
-                        score=scores[i],
-                        decision=verdicts.decisions[i],
-                        model_version=model_version,
-                        degraded=degraded[i],
-                        event_time=t.event_time,
-                        decided_at=decided_at,
-                        reasons=verdicts.reasons.get(i, ()),
-                        rules=verdicts.rule_hits.get(i, ()),
-                        features="" if features is None else encode_features(features[i]),
-                    )
-                )
-                key = t.card_id.encode()
-            except Exception as exc:
-                failed[i] = as_score_error(exc)
-                continue
-            encoded.rows.append(i)
-            encoded.keys.append(key)
-            encoded.values.append(value)
-        return encoded
 
     def _count(self, verdicts: Verdicts, size: int, wait_s: float, now_ms: int) -> None:
         metrics = self._metrics
@@ -530,8 +315,10 @@ class BatchScorer:
             if self._recent is not None:
                 self._recent.note(verdicts.features, by_model)
             metrics.observe_scores(verdicts.scores[by_model])
-            if self._drift is not None:
-                psi = self._drift.observe(verdicts.scores[by_model], verdicts.features[by_model])
+            if self._model.drift is not None:
+                psi = self._model.drift.observe(
+                    verdicts.scores[by_model], verdicts.features[by_model]
+                )
                 if psi is not None:
                     metrics.set_drift(psi)
         if verdicts.rule_counts:
@@ -539,90 +326,6 @@ class BatchScorer:
         if verdicts.reasons:
             metrics.observe_reasons(verdicts.reasons_s)
         metrics.record_batch(size, wait_s, verdicts.inference_s)
-
-    def _dead_letter(
-        self, records: list[PendingRecord], failed: dict[int, ScoreError], group: OutcomeGroup
-    ) -> dict[int, DeadLetterRecord]:
-        """Dead-letter the failed records; their letters, by batch index."""
-        model_version = self._scorer.model_version
-        letters = {}
-        for i, error in failed.items():
-            (topic, partition), offset = records[i].position
-            log.warning(
-                "poison record topic=%s partition=%s offset=%s: %s", topic, partition, offset, error
-            )
-            letter = letters[i] = self._router.dead_letter(
-                records[i].message, error, model_version=model_version
-            )
-            self._sink.send(Output.dead_letter(letter, records[i].message, group))
-        return letters
-
-    def _send_decisions(
-        self,
-        records: list[PendingRecord],
-        verdicts: Verdicts,
-        encoded: _Encoded,
-        contexts: list[Headers | None] | None,
-        group: OutcomeGroup,
-    ) -> None:
-        """The decisions, each with its transaction's trace context (contracts/trace_context.py)
-        when the batch has any."""
-        if not encoded.rows:
-            return
-        topic = self._output_topic
-        headers = None if contexts is None else [contexts[i] for i in encoded.rows]
-
-        def output_of(j: int) -> Output:
-            i = encoded.rows[j]
-            return Output(
-                kind="decision",
-                topic=topic,
-                key=encoded.keys[j],
-                value=encoded.values[j],
-                headers=None if contexts is None else contexts[i],
-                source=records[i].message,
-                group=group,
-                label=verdicts.decisions[i],
-            )
-
-        self._sink.send_batch(
-            topic, encoded.keys, encoded.values, group, output_of, headers=headers
-        )
-
-
-def _failing(verdicts: Verdicts) -> int:
-    """Records of a batch its model did not decide: dead-lettered, or decided by the fallback
-    rules because the model was found broken (late records decided by the rules are not its
-    failure)."""
-    return len(verdicts.failed) + verdicts.by_rules_model_unavailable
-
-
-def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:
-    """The drift measurement of a model whose package has a [drift] reference."""
-    package = getattr(scorer, "package", None)
-    reference = None if package is None else package.manifest.drift
-    if reference is None:
-        return None
-    return DriftWindow(
-        reference, {name: FEATURE_NAMES.index(name) for name in reference.features}, window
-    )
-
-
-def _trace_contexts(
-    records: list[PendingRecord], dead_letters: dict[int, DeadLetterRecord]
-) -> list[Headers | None] | None:
-    """Each record's trace context, for its decision and the batch's span; a dead-lettered
-    record's from its letter, which read its headers already."""
-    if not dead_letters:
-        return batch_trace_headers([r.message for r in records])
-    decided = [i for i in range(len(records)) if i not in dead_letters]
-    read = batch_trace_headers([records[i].message for i in decided]) or [None] * len(decided)
-    contexts: list[Headers | None] = [None] * len(records)
-    for i, context in zip(decided, read, strict=True):
-        contexts[i] = context
-    for i, letter in dead_letters.items():
-        contexts[i] = trace_context(letter.headers)
-    return contexts if any(contexts) else None
 
 
 def _columns(transactions: list[Transaction]) -> TransactionColumns | None:

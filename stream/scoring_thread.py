@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 from stream.batcher import Batch
 from stream.handoff import Handoff
+from stream.pending_record import PendingRecord
 from stream.redelivery import Redelivery
-from stream.scoring import BatchReport, BatchScorer, PendingRecord
+from stream.scoring import BatchReport, BatchScorer
 from stream.sink import OutputSink
 
 log = logging.getLogger(__name__)

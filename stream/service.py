@@ -1,5 +1,7 @@
 """One replica: consume → decode + validate → micro-batch → score → produce → commit, with
-backpressure and a graceful stop; rebalances are `stream/rebalance.py`'s.
+backpressure and a graceful stop; rebalances are `stream/rebalance.py`'s, and what it waits for
+before it joins its group (the control topics, the card state's warm-up)
+`stream/before_joining.py`'s.
 
 The consuming thread (the caller of `run`) owns the consumer: it polls, decodes, dead-letters
 invalid records, forms batches and scores them itself, or hands them to the scoring thread
@@ -17,7 +19,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -26,14 +27,16 @@ from contracts.transaction import Transaction
 from plumbing.errors import DecodeError, RecordError, RegistryUnavailableError
 from plumbing.kafka_errors import ACCESS_DENIED
 from stream.batcher import Batch, MicroBatcher
+from stream.before_joining import wait_for_control_topics, warm_up_card_state
 from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
 from stream.outcomes import OutcomeGroup
+from stream.pending_record import PendingRecord
 from stream.rebalance import Rebalance, describe
-from stream.scoring import BatchReport, PendingRecord
+from stream.scoring import BatchReport
 from stream.scoring_thread import ScoringThread
 from stream.sink import Output
 from stream.startup.config import ScorerSettings
@@ -48,23 +51,6 @@ IDLE_POLL_S = 0.1
 #: backlog (pausing would throw librdkafka's pre-fetched records away); a long one means the
 #: scoring thread is stuck, and the group must not evict this replica for silence.
 HANDOFF_WAIT_MAX_S = 1.0
-
-
-class _Stopped(Exception):
-    """Raised inside the card state's warm-up when the replica is told to stop."""
-
-
-class _ControlTable(Protocol):
-    """A table a replica reads whole from a control topic before it consumes."""
-
-    loaded: threading.Event
-
-    @property
-    def problem(self) -> str | None: ...
-
-    def start(self) -> None: ...
-
-    def stopped(self) -> str | None: ...
 
 
 class ScoringService:
@@ -179,8 +165,19 @@ class ScoringService:
             self._shadow.start()
         if self._observed_precision is not None:
             self._observed_precision.start()
-        self._wait_for_control_topics()
-        self._warm_up_card_state()
+        wait_for_control_topics(
+            [
+                ("the rules topic", self._rules),
+                ("terminal-risk", self._terminals),
+                ("card-frauds", self._card_frauds),
+            ],
+            self._health,
+            self._stopping,
+            timeout_s=self._config.terminal_risk_load_timeout_s,
+            poll_s=IDLE_POLL_S,
+        )
+        if self._card_state is not None and self._config.state_warm_up == "on":
+            warm_up_card_state(self._card_state, self._health, self._stopping)
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._rebalance.on_assign,
@@ -194,69 +191,6 @@ class ScoringService:
         finally:
             self._health.set_ready(False, "shutting down")
             self._shut_down()
-
-    def _warm_up_card_state(self) -> None:
-        """FRAUD_STATE_WARM_UP: read every partition's card state before joining the group, so
-        the partitions given to this replica read only the changelog written since (not ready
-        meanwhile; a stop ends it)."""
-        state = self._card_state
-        if state is None or self._config.state_warm_up != "on":
-            return
-
-        def progress() -> None:
-            self._health.beat()
-            if self._stopping.is_set():
-                raise _Stopped
-
-        self._health.set_ready(False, "warming up the card state")
-        started = time.monotonic()
-        try:
-            state.warm_up(progress)
-        except _Stopped:
-            return
-        except (KafkaException, RuntimeError, TimeoutError) as exc:
-            # The partitions read whole are kept; the others restore whole once given.
-            log.warning("card state warm-up failed (%s): joining without the rest of it", exc)
-            return
-        log.info("card state warmed up in %.3fs: joining the group", time.monotonic() - started)
-
-    def _wait_for_control_topics(self) -> None:
-        """Read the control topics (the rules topic, terminal-risk, card-frauds) up to their
-        end before consuming, so that no replica scores without them: not ready, and nothing
-        consumed, until then, however long it takes (a stop ends the wait). Past
-        FRAUD_TERMINAL_RISK_LOAD_TIMEOUT_S an error says which one is waited for, and why.
-        From their start on, a reader whose thread ended makes the replica not alive (it would
-        score with a table that no longer follows its topic): restarted, it reads them anew."""
-        candidates: list[tuple[str, _ControlTable | None]] = [
-            ("the rules topic", self._rules),
-            ("terminal-risk", self._terminals),
-            ("card-frauds", self._card_frauds),
-        ]
-        tables = [(name, table) for name, table in candidates if table is not None]
-        for _, table in tables:
-            table.start()
-        self._health.watch(lambda: _stopped_reader(tables))
-        timeout_s = self._config.terminal_risk_load_timeout_s
-        deadline = time.monotonic() + timeout_s
-        overdue_told = False
-        while not self._stopping.is_set():
-            waiting = [(name, table) for name, table in tables if not table.loaded.is_set()]
-            if not waiting:
-                return
-            name, table = waiting[0]
-            problem = table.problem
-            self._health.beat()
-            self._health.set_ready(False, f"loading {name}" + (f": {problem}" if problem else ""))
-            if not overdue_told and time.monotonic() >= deadline:
-                overdue_told = True
-                log.error(
-                    "%s not read to its end within %ss (%s): the replica consumes nothing, "
-                    "and is not ready, until it is",
-                    name,
-                    timeout_s,
-                    problem or "still reading",
-                )
-            table.loaded.wait(IDLE_POLL_S)
 
     # -- the consuming thread -------------------------------------------------------------
 
@@ -500,12 +434,3 @@ class ScoringService:
             "stopped; records left uncommitted: %s",
             self._rebalance.abandoned + self._tracker.in_flight,
         )
-
-
-def _stopped_reader(tables: list[tuple[str, _ControlTable]]) -> str | None:
-    """Why the replica is not alive when a control topic's reader has stopped; else None."""
-    for name, table in tables:
-        why = table.stopped()
-        if why is not None:
-            return f"the reader of {name} stopped ({why}): nothing more of it is read"
-    return None

@@ -32,6 +32,7 @@ import deadletter.cli
 import loadgen.options
 import model_tools.cli
 import review.cli
+import stream.batch_histogram
 import stream.metrics
 import stream.startup.cli
 import terminals.cli
@@ -228,7 +229,7 @@ def _metrics(owner: object) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
         if isinstance(value, MetricWrapperBase):
             (described,) = value.describe()
             yield described.name, described.type, tuple(value._labelnames), described.documentation
-        elif isinstance(value, stream.metrics.BatchHistogram):
+        elif isinstance(value, stream.batch_histogram.BatchHistogram):
             for family in value.collect():
                 yield family.name, family.type, (), family.documentation
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 import review.metrics
+import stream.batch_histogram
 import stream.metrics
 import terminals.metrics
 from review.settings import ReviewSettings
@@ -70,7 +71,7 @@ def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
             if isinstance(value, MetricWrapperBase):
                 (described,) = value.describe()
                 families[described.name] = (described.type, tuple(value._labelnames))
-            elif isinstance(value, stream.metrics.BatchHistogram):
+            elif isinstance(value, stream.batch_histogram.BatchHistogram):
                 for family in value.collect():
                     families[family.name] = (family.type, ())
     assert families, "stream/metrics.py defines no metrics?"

@@ -25,7 +25,8 @@ from scorer.model import Scorer
 from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
-from stream.scoring import BatchReport, BatchScorer, PendingRecord
+from stream.pending_record import PendingRecord
+from stream.scoring import BatchReport, BatchScorer
 from tests.support.records import UnreadableHeaders, offset_of
 from tests.unit.fakes import FakeScorer, MemorySink, message
 

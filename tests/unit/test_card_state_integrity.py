@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-import stream.card_state as card_state_module
+import stream.card_restore as card_restore
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction, decode_transaction
@@ -232,7 +232,7 @@ def test_a_restored_partition_knows_a_stale_record(
     # old, was applied, so a replay of last year's records after a rebalance rewrote cards the
     # owner before would have left alone. Read one record at a time, every run is distinct
     # (`CardStore`'s numpy path); read whole, the run repeats cards (its step-by-step path).
-    monkeypatch.setattr(card_state_module, "RESTORE_APPLY_CHUNK", chunk)
+    monkeypatch.setattr(card_restore, "RESTORE_APPLY_CHUNK", chunk)
     changelog = MemoryChangelog(chunk=chunk)
     records = stream()
     owner = new_state(changelog)

@@ -22,8 +22,7 @@ from scorer.card_store import CardStore, Restored
 from scorer.columns import TransactionColumns
 from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
-from stream import card_changelog
-from stream import card_state as card_state_module
+from stream import card_changelog, card_restore
 from stream.card_changelog import watermarks
 from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
@@ -234,7 +233,7 @@ def test_a_restore_holds_the_state_lock_for_a_piece_of_each_read_only(
 
     monkeypatch.setattr(CardStore, "restore_states", recorded)
     state.restore([0])
-    piece = card_state_module.RESTORE_APPLY_CHUNK
+    piece = card_restore.RESTORE_APPLY_CHUNK
     assert holds == [(piece, True), (piece, True), (2_500 - 2 * piece, True)]
     assert registry.get_sample_value("fraud_card_state_cards") == 2_500
 

@@ -33,7 +33,8 @@ from scorer.model_package import load_model_package
 from simulator.team_shapes import checkout_event
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
-from stream.scoring import BatchScorer, PendingRecord
+from stream.pending_record import PendingRecord
+from stream.scoring import BatchScorer
 from stream.startup.config import SHIPPED_MODEL_PATH
 from tests.unit.fakes import MemorySink, message
 

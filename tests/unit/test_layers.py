@@ -175,28 +175,13 @@ def test_the_scan_sees_a_circle_through_a_function_level_import(tmp_path: Path) 
 MAX_MODULE_LINES = 450
 #: The tools and the tests, which the bound does not cover.
 NOT_PRODUCT = frozenset({"bench", "ops", "tests"})
-#: Modules over the bound today, each at most its size now: they may shrink, never grow, and
-#: leave this list once under the bound (issue 45 splits them). No other module may pass it.
-OVER_THE_BOUND = {
-    "stream/metrics.py": 680,
-    "stream/scoring.py": 635,
-    "stream/card_state.py": 631,
-    "stream/service.py": 511,
-}
 
 
-def test_no_product_module_is_over_the_bound_and_none_over_it_grows() -> None:
-    sizes = {
-        str(path.relative_to(REPO)): len(path.read_text().splitlines())
+def test_no_product_module_is_over_the_bound() -> None:
+    over = {
+        str(path.relative_to(REPO)): size
         for path in modules()
         if path.relative_to(REPO).parts[0] not in NOT_PRODUCT
+        and (size := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
-    over = {name: size for name, size in sizes.items() if size > MAX_MODULE_LINES}
-    grown = {
-        name: f"{size} lines, {OVER_THE_BOUND.get(name, MAX_MODULE_LINES)} allowed"
-        for name, size in over.items()
-        if size > OVER_THE_BOUND.get(name, MAX_MODULE_LINES)
-    }
-    assert not grown, f"split these modules (at most {MAX_MODULE_LINES} lines): {grown}"
-    shrunk = {name: sizes.get(name) for name in OVER_THE_BOUND if name not in over}
-    assert not shrunk, f"under the bound now: take them out of OVER_THE_BOUND: {shrunk}"
+    assert not over, f"split these modules (at most {MAX_MODULE_LINES} lines each): {over}"

@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
-from stream.metrics import LATENCY_SECONDS_BUCKETS, BatchHistogram, ServiceMetrics
+from stream.batch_histogram import BatchHistogram
+from stream.metric_definitions import LATENCY_SECONDS_BUCKETS
+from stream.metrics import ServiceMetrics
 
 
 def samples(

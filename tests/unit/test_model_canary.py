@@ -33,7 +33,8 @@ from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel, load_serving_model
 from stream.package_check import sanity_check
-from stream.scoring import BatchScorer, PendingRecord
+from stream.pending_record import PendingRecord
+from stream.scoring import BatchScorer
 from stream.startup.config import ScorerSettings
 from stream.typical_rows import typical_rows
 from tests.support.budget import MIB, Budget, within

@@ -21,7 +21,8 @@ from scorer.decide import DecisionPolicy
 from scorer.decisions import Thresholds
 from stream.batcher import Batch
 from stream.metrics import ServiceMetrics
-from stream.scoring import BatchScorer, PendingRecord
+from stream.pending_record import PendingRecord
+from stream.scoring import BatchScorer
 from stream.tracing import (
     BatchOutcome,
     BatchTracer,
