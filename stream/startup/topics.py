@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from plumbing.errors import ConfigurationError
@@ -62,21 +62,12 @@ def ensure_changelog(config: ScorerSettings, errors: ClientErrors) -> None:
                 f"the input topic {needed}: give it as many (kafka-topics --alter)"
             )
         return
-    future = admin.create_topics(
-        [_changelog(config, needed, replication_factor=-1)],
-        operation_timeout=ADMIN_TIMEOUT_S,
-        request_timeout=ADMIN_TIMEOUT_S,
-    )[config.changelog_topic]
     try:
-        future.result(timeout=ADMIN_TIMEOUT_S)
-        log.info("created topic=%s partitions=%s (compacted)", config.changelog_topic, needed)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return
+        create_missing(admin, [_changelog(config, needed, replication_factor=-1)])
+    except ConfigurationError as exc:
         raise ConfigurationError(
-            f"cannot create the card state changelog {config.changelog_topic!r}: {exc}; create "
-            "it (compacted, as many partitions as the input) or set FRAUD_CARD_HISTORY=off"
+            f"the card state changelog: {exc}; create it (compacted, as many partitions as the "
+            "input) or set FRAUD_CARD_HISTORY=off"
         ) from exc
 
 
