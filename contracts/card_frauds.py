@@ -19,7 +19,11 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from contracts.record_format import FIRST_FORMAT, check_format
 from contracts.terminal_risk import BUCKET_DAYS, FRESH_WINDOWS_DAYS
+
+#: The record's format (contracts/record_format.py).
+FORMAT = 1
 
 CARD_FRAUD_FEATURE_NAMES: tuple[str, ...] = tuple(
     f"card_fresh_frauds_{w}d" for w in FRESH_WINDOWS_DAYS
@@ -47,6 +51,7 @@ class _Record(msgspec.Struct):
     as_of_day: _Count
     days: list[_Count]
     frauds: list[_Count]
+    format_version: int = FIRST_FORMAT
 
 
 _decoder = msgspec.json.Decoder(_Record)
@@ -58,6 +63,7 @@ def encode_card_frauds(card_id: str, as_of_day: int, days: _Ints, frauds: _Ints)
     held = np.asarray(frauds, np.int64) > 0
     return msgspec.json.encode(
         {
+            "format_version": FORMAT,
             "card_id": card_id,
             "as_of_day": int(as_of_day),
             "days": np.asarray(days, np.int64)[held].tolist(),
@@ -73,6 +79,7 @@ def decode_card_frauds(value: bytes) -> CardFraudsRecord:
         raw = _decoder.decode(value)
     except msgspec.MsgspecError as exc:
         raise ValueError(f"not a card-frauds record: {exc}") from exc
+    check_format(raw.format_version, "card-frauds", FORMAT)
     if len(raw.days) != len(raw.frauds) or len(raw.days) > BUCKET_DAYS:
         raise ValueError(f"card-frauds record needs as many days as counts, {BUCKET_DAYS} at most")
     days = np.array(raw.days, np.int64)

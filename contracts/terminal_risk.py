@@ -20,6 +20,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from contracts.record_format import FIRST_FORMAT, FORMAT_FIELD, check_format
+
+#: The record's format (contracts/record_format.py).
+FORMAT = 1
 DELAY_DAYS = 7
 RISK_WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
 #: Today back to the oldest day any window reads.
@@ -68,7 +72,11 @@ def encode_terminal_risk(
     values = np.asarray(features, np.float64).reshape(-1)
     if len(values) != NUM_TERMINAL_FEATURES:
         raise ValueError(f"expected {NUM_TERMINAL_FEATURES} features, got {len(values)}")
-    record: dict[str, object] = {"terminal_id": terminal_id, "as_of_day": int(as_of_day)}
+    record: dict[str, object] = {
+        FORMAT_FIELD: FORMAT,
+        "terminal_id": terminal_id,
+        "as_of_day": int(as_of_day),
+    }
     record.update(zip(TERMINAL_FEATURE_NAMES, values.tolist(), strict=True))
     if buckets is not None:
         days, counts = buckets
@@ -86,6 +94,7 @@ def decode_terminal_risk(value: bytes) -> TerminalRiskRecord:
         raise ValueError(f"terminal-risk record is not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ValueError("terminal-risk record is not a JSON object")
+    check_format(raw.get(FORMAT_FIELD, FIRST_FORMAT), "terminal-risk", FORMAT)
     terminal_id, as_of_day = raw.get("terminal_id"), raw.get("as_of_day")
     if not isinstance(terminal_id, str) or isinstance(as_of_day, bool):
         raise ValueError("terminal-risk record needs a string terminal_id")

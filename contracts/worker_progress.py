@@ -18,6 +18,10 @@ from typing import Annotated
 
 import msgspec
 
+from contracts.record_format import FIRST_FORMAT, check_format
+
+#: The record's format (contracts/record_format.py).
+FORMAT = 1
 #: The most table partitions a record may name (the worker's own bound is far below).
 MAX_PARTITIONS = 10_000
 #: A record's value is a few dozen bytes; a larger one is skipped before it is parsed.
@@ -31,6 +35,8 @@ class WorkerProgress(msgspec.Struct, frozen=True):
     partitions: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTITIONS)]
     #: Epoch ms: everything at or before it is counted and published.
     counted_to: Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+    #: Absent from release 0.1.0's records (format 1); `encode_progress` writes FORMAT.
+    format_version: int = FIRST_FORMAT
 
 
 _encoder = msgspec.json.Encoder()
@@ -44,7 +50,8 @@ def progress_topic_name(terminal_risk_topic: str) -> str:
 
 def encode_progress(progress: WorkerProgress) -> tuple[bytes, bytes]:
     """The record's key and value."""
-    return str(progress.partition).encode(), _encoder.encode(progress)
+    current = msgspec.structs.replace(progress, format_version=FORMAT)
+    return str(progress.partition).encode(), _encoder.encode(current)
 
 
 def decode_progress(value: bytes | None) -> WorkerProgress:
@@ -57,6 +64,7 @@ def decode_progress(value: bytes | None) -> WorkerProgress:
         progress = _decoder.decode(value)
     except msgspec.MsgspecError as exc:
         raise ValueError(f"not a worker progress record: {exc}") from exc
+    check_format(progress.format_version, "worker progress", FORMAT)
     if progress.partition >= progress.partitions:
         raise ValueError(
             f"not a worker progress record: partition {progress.partition} of {progress.partitions}"
