@@ -11,7 +11,7 @@ Responsibilities and decisions:
 - Idempotence is the service's: the record's input offset is kept in the state, and a record
   whose offset is not above it changes nothing.
 - Not done here, since a store that sees one key at a time cannot: the service's per-partition
-  event-time clock (future and stale records, `stream/card_state.py`) and the eviction of idle
+  event-time clock (future and stale records, `stream/partition_clocks.py`) and the eviction of idle
   cards. On the benchmark's backlog (no event time in the future, none older than a window)
   neither changes a feature.
 """

@@ -2,11 +2,11 @@
 
     python -m bench.trace_context [--batch 256] [--batches 200] [--rounds 5]
 
-Times, per batch, what the scoring stage does between its decisions being encoded and their
-being handed to librdkafka (`BatchScorer._send_decisions`, and the batch span when it is on):
-reading each record's trace headers, then `KafkaSink.send_batch` to a topic on the local broker.
-The records are consumed from the broker, so `Message.headers()` converts librdkafka's headers
-as it does in the service. Four cases, interleaved within every round:
+Times, per batch, what the scoring stage does between its decisions being encoded and their being
+handed to librdkafka (`BatchOutputs.send_decisions` in stream/batch_outputs.py, and the batch span
+when it is on): reading each record's trace headers, then `KafkaSink.send_batch` to a topic on the
+local broker. The records are consumed from the broker, so `Message.headers()` converts librdkafka's
+headers as it does in the service. Four cases, interleaved within every round:
 
 - `before`: the path without trace context (headers never read, none produced);
 - `absent`: records without headers, the common case: the cost of looking;
@@ -124,7 +124,7 @@ def send_decisions(
     *,
     read_trace: bool,
 ) -> None:
-    """What `BatchScorer` does from encoded decisions (`keys`, `values`) to librdkafka, for
+    """What `BatchOutputs` does from encoded decisions (`keys`, `values`) to librdkafka, for
     one batch."""
     started = time.perf_counter()
     contexts = batch_trace_headers(messages) if read_trace else None

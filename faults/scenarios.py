@@ -58,7 +58,7 @@ FENCING_EVIDENCE = ("aborting", "lost", "fatal transaction error", "fenced")
 #: Scenario 6's goal (issue 26): a partition a replica keeps through a rebalance is never longer
 #: than this without a decision while the moved partitions' card state is restored.
 KEPT_GAP_GOAL_MS = 1_000
-#: The card state changelog's settings, as the service creates it (stream/topics.py).
+#: The card state changelog's settings, as the service creates it (stream/startup/topics.py).
 CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
 
 

@@ -90,7 +90,7 @@ def load_native(framework: Framework, path: Path) -> NativeModel:
         raise
     except Exception as exc:  # each library has its own errors for a file it cannot read
         raise ConfigurationError(
-            f"cannot load {str(path)!r} as a {framework} model: {first_line(exc)}"
+            f"cannot load {str(path)!r} as a {framework} model: {error_first_line(exc)}"
         ) from exc
 
 
@@ -133,7 +133,7 @@ def convert(native: NativeModel) -> bytes:
     except Exception as exc:  # the converters raise whatever their internals raise
         raise ConfigurationError(
             f"{converter} {importlib.metadata.version(converter)} cannot convert the "
-            f"{native.kind}: {first_line(exc)} (docs/models.md lists what converts)"
+            f"{native.kind}: {error_first_line(exc)} (docs/models.md lists what converts)"
         ) from exc
     _to_package_signature(model, native.n_features)
     model.producer_name = "fraud-model import"
@@ -148,7 +148,7 @@ def convert(native: NativeModel) -> bytes:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ConfigurationError(
-            f"the converted graph fails onnx.checker: {first_line(exc)}"
+            f"the converted graph fails onnx.checker: {error_first_line(exc)}"
         ) from exc
     serialized: bytes = model.SerializeToString()
     return serialized
@@ -161,7 +161,7 @@ def onnx_scores(model: bytes, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.f
         (scores,) = session.run([OUTPUT_NAME], {INPUT_NAME: rows})
     except ORT_ERRORS as exc:
         raise ConfigurationError(
-            f"ONNX Runtime cannot run the converted graph: {first_line(exc)}"
+            f"ONNX Runtime cannot run the converted graph: {error_first_line(exc)}"
         ) from exc
     return np.asarray(scores, np.float32).reshape(-1)
 
@@ -358,7 +358,8 @@ def _to_package_signature(model: onnx.ModelProto, n_features: int) -> None:
     )
 
 
-def meaning(native: NativeModel) -> str:
+def output_meaning(native: NativeModel) -> str:
+    """What the package's score is, in words, for its manifest."""
     if native.framework == "lightgbm":
         return "P(fraud) from the imported LightGBM Booster's predict (objective binary)"
     return (
@@ -368,6 +369,8 @@ def meaning(native: NativeModel) -> str:
 
 
 def check_installed(framework: Framework) -> None:
+    """ConfigurationError naming what to install when the converter or the native library of
+    `framework` is missing (checked before anything is loaded)."""
     converters = [p for p in ("onnx", _CONVERTER[framework]) if not _installed(p)]
     if converters:
         raise ConfigurationError(
@@ -384,7 +387,8 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def first_line(exc: BaseException) -> str:
+def error_first_line(exc: BaseException) -> str:
+    """An error's first line, cut at _MESSAGE_CHARS: converter messages can run to pages."""
     lines = str(exc).strip().splitlines()
     line = lines[0] if lines else type(exc).__name__
     return line if len(line) <= _MESSAGE_CHARS else line[:_MESSAGE_CHARS] + "…"

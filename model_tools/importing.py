@@ -29,11 +29,11 @@ from model_tools.conversion import (
     check_native,
     compare_scores,
     convert,
-    first_line,
+    error_first_line,
     load_native,
-    meaning,
     native_scores,
     onnx_scores,
+    output_meaning,
 )
 from plumbing.errors import ConfigurationError
 from scorer.decisions import DEFAULT_DECLINE_THRESHOLD, DEFAULT_REVIEW_THRESHOLD
@@ -130,7 +130,7 @@ def import_model(request: ImportRequest) -> ImportResult:
         format=FORMAT,
         model=ModelInfo(request.name, request.version),
         features=list(request.features),
-        output=ModelOutput(meaning(native), request.calibration),
+        output=ModelOutput(output_meaning(native), request.calibration),
         thresholds=ThresholdChoice(request.review, request.decline, request.thresholds_chosen_by),
         training=Training(request.training_data, request.training_window, dict(request.metrics)),
         onnx_sha256="",
@@ -229,7 +229,7 @@ def read_sample(path: Path, features: Sequence[str]) -> npt.NDArray[np.float32]:
                 path, delimiter=",", skiprows=0 if header is None else 1, ndmin=2, dtype=np.float64
             )
     except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"{where}: {first_line(exc)}") from exc
+        raise ConfigurationError(f"{where}: {error_first_line(exc)}") from exc
     if matrix.ndim != 2 or not np.issubdtype(matrix.dtype, np.number):
         raise ConfigurationError(f"{where}: need a numeric matrix [rows, columns]")
     if header is not None:

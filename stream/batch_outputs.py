@@ -27,7 +27,7 @@ from stream.sink import Headers, Output, OutputSink
 log = logging.getLogger(__name__)
 
 
-class Encoded(NamedTuple):
+class EncodedDecisions(NamedTuple):
     """A batch's encoded decisions: each one's index in the batch, key and value."""
 
     rows: list[int]
@@ -57,10 +57,10 @@ class BatchOutputs:
 
     def encode(
         self, records: list[PendingRecord], verdicts: Verdicts, decided_at: int, model_version: str
-    ) -> Encoded:
+    ) -> EncodedDecisions:
         """Keys and values of the decisions; a record whose decision cannot be encoded joins
         the failed ones (it is dead-lettered like a record the model fails on)."""
-        encoded = Encoded([], [], [])
+        encoded = EncodedDecisions([], [], [])
         scores = verdicts.scores.tolist()
         degraded = verdicts.degraded.tolist()
         failed = verdicts.failed
@@ -146,7 +146,7 @@ class BatchOutputs:
         self,
         records: list[PendingRecord],
         verdicts: Verdicts,
-        encoded: Encoded,
+        encoded: EncodedDecisions,
         contexts: list[Headers | None] | None,
         group: OutcomeGroup,
     ) -> None:

@@ -11,14 +11,14 @@ Key design decisions:
   partitions go on meanwhile, waiting a few milliseconds at most.
 - A card state record that cannot be read is skipped, with a warning: its card starts anew.
 - Warm return: a partition revoked once all its changelog records are acknowledged (and, with
-  exactly-once, committed) leaves its cards equal to a replay of its changelog up to the end
-  the changelog had then, since only the owner writes there. The replica keeps them with that
-  end offset (`Kept`) for `retain_s`; if the partition comes back meanwhile, the restore reads
-  only the records written since (the next owner's), which replace or forget cards as a full
-  replay would (a card's last record wins). In scenario 6 of the fault suite a partition came
-  back after a full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted
-  by retention, or truncated) is read whole, as is a partition kept past `retain_s`; a retained
-  partition is not owned, so no batch changes it and a record sent again skips its cards.
+  exactly-once, committed) leaves its cards equal to a replay of its changelog up to the end the
+  changelog had then, since only the owner writes there. The replica keeps them with that end offset
+  (`RetainedPartition`) for `retain_s`; if the partition comes back meanwhile, the restore reads
+  only the records written since (the next owner's), which replace or forget cards as a full replay
+  would (a card's last record wins). In scenario 6 of the fault suite a partition came back after a
+  full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted by retention, or
+  truncated) is read whole, as is a partition kept past `retain_s`; a retained partition is not
+  owned, so no batch changes it and a record sent again skips its cards.
 - Warm start (FRAUD_STATE_WARM_UP): a replica about to join reads every partition's
   changelog up to the end it has then and keeps the cards as a warm return does, so the
   partitions it is given read only what their owners wrote since. Reading from an end taken
@@ -48,7 +48,7 @@ RESTORE_APPLY_CHUNK = 1_000
 RETAIN_S = 600.0
 
 
-class Kept(NamedTuple):
+class RetainedPartition(NamedTuple):
     """A partition revoked with its cards kept."""
 
     #: The changelog's end offset when it was revoked: a return reads from there.
@@ -58,7 +58,7 @@ class Kept(NamedTuple):
     until: float
 
 
-class Loaded(NamedTuple):
+class LoadedChangelog(NamedTuple):
     """What a load added."""
 
     #: Cards added to the store.
@@ -77,7 +77,7 @@ class ChangelogLoader:
         self._history = history
         self._lock = lock
 
-    def load(self, partition: int, progress: Callable[[], None], start: int = 0) -> Loaded:
+    def load(self, partition: int, progress: Callable[[], None], start: int = 0) -> LoadedChangelog:
         """Load the partition's changelog from offset `start` into the store; `progress` is
         called after every chunk read."""
         history = self._history
@@ -97,10 +97,12 @@ class ChangelogLoader:
                 for problem in restored.rejected:
                     log.warning("skipping a card state record (the card starts anew): %s", problem)
             read += len(read_chunk)
-        return Loaded(cards, read, newest)
+        return LoadedChangelog(cards, read, newest)
 
-    def load_tail(self, partition: int, kept: Kept, progress: Callable[[], None]) -> Loaded:
+    def load_tail(
+        self, partition: int, kept: RetainedPartition, progress: Callable[[], None]
+    ) -> LoadedChangelog:
         """`load` over the partition's kept cards, from the end its changelog had when it went
         (`ChangelogTailGone` when that offset is gone: the changelog must be read whole)."""
         cards, records, newest = self.load(partition, progress, kept.end)
-        return Loaded(cards, records, max(newest, kept.watermark))
+        return LoadedChangelog(cards, records, max(newest, kept.watermark))

@@ -51,7 +51,7 @@ from scorer.columns import TransactionColumns
 from scorer.history import CardHistory, neutral_history
 from stream.card_changelog import Changelog, ChangelogBatch, ChangelogTailGone
 from stream.card_keys import KEY_SEPARATOR, card_key
-from stream.card_restore import RETAIN_S, ChangelogLoader, Kept
+from stream.card_restore import RETAIN_S, ChangelogLoader, RetainedPartition
 from stream.card_undo import CardUndo
 from stream.metrics import ServiceMetrics
 from stream.partition_clocks import PartitionClocks
@@ -120,7 +120,7 @@ class CardState:
         )
         self._undo = CardUndo() if undo else None
         #: Partitions revoked whose cards are kept (not owned: no batch changes them).
-        self._retained: dict[int, Kept] = {}
+        self._retained: dict[int, RetainedPartition] = {}
         self._lock = threading.Lock()
         self._loader = ChangelogLoader(changelog, self._history, self._lock)
 
@@ -186,7 +186,7 @@ class CardState:
         with self._lock:
             for partition, end in ends.items():
                 if partition in watermarks:
-                    self._retained[partition] = Kept(end, watermarks[partition], until)
+                    self._retained[partition] = RetainedPartition(end, watermarks[partition], until)
             released = [partition for partition in partitions if partition not in self._retained]
         self._report()
         return released
@@ -211,7 +211,7 @@ class CardState:
                 self._forget({partition})
                 raise
             with self._lock:
-                self._retained[partition] = Kept(
+                self._retained[partition] = RetainedPartition(
                     end, self._clocks.bounded(newest), time.monotonic() + self._retain_s
                 )
             log.info(
@@ -429,7 +429,7 @@ class CardState:
                 self._history.forget(doomed[start : start + FORGET_CHUNK])
 
     def _read_tail(
-        self, partition: int, kept: Kept, progress: Callable[[], None]
+        self, partition: int, kept: RetainedPartition, progress: Callable[[], None]
     ) -> tuple[int, int, int, bool]:
         """`load_tail` over the partition's kept cards, from the end it had when it went;
         all of it when that offset is gone. The last item says whether only the tail was read."""

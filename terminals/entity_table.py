@@ -3,7 +3,7 @@ they are published to (`EntityTable`; the agent, terminals/app.py, runs one of e
 
 - Each entry's events are applied to its `TerminalState` (once per input position, each label
   once per transaction, event time bounded by the table partition's `TerminalClock`,
-  terminals/table_progress.py), and the entries changed are written to the table (its
+  terminals/state.py), and the entries changed are written to the table (its
   changelog) when the agent says (terminals/table_writes.py).
 - It publishes the terminal's features and daily buckets when a label is counted or a late
   transaction lands on a day a window reads now (the scorer reads the buckets as of each

@@ -27,14 +27,14 @@ from terminals.config import FeaturesSettings
 from terminals.events import Routed, read_transaction, route_label
 from terminals.metrics import WorkerMetrics
 from terminals.order import NO_TIME, EventTimeOrder
-from terminals.output_sender import Output, letter_output
+from terminals.output_sender import RouterOutput, letter_output
 
 log = logging.getLogger(__name__)
 
 #: An input record read and decoded, waiting for its turn (terminals/order.py): its offset, and
 #: its terminal event (a transaction), its terminal's and card's events (a label), its dead
 #: letter (an invalid label), or nothing to route. A plain tuple: one is made per record.
-Read = tuple[int, "Routed | list[Routed] | Output | None"]
+QueuedRead = tuple[int, "Routed | list[Routed] | RouterOutput | None"]
 
 
 class InputReader:
@@ -42,7 +42,7 @@ class InputReader:
     docstring)."""
 
     def __init__(
-        self, config: FeaturesSettings, metrics: WorkerMetrics, order: EventTimeOrder[Read]
+        self, config: FeaturesSettings, metrics: WorkerMetrics, order: EventTimeOrder[QueuedRead]
     ) -> None:
         self._config = config
         self._metrics = metrics
@@ -60,7 +60,7 @@ class InputReader:
         outcomes: dict[str, int] = {}
         key: str | None = None
         times: list[int] = []
-        reads: list[Read] = []
+        reads: list[QueuedRead] = []
         sizes: list[int] = []
         last: tuple[str | None, int | None] = (None, None)
         for message in messages:
@@ -88,7 +88,7 @@ class InputReader:
             offset = message.offset()
             assert topic is not None and partition is not None and offset is not None
             value = message.value()
-            routed: Routed | list[Routed] | Output | None
+            routed: Routed | list[Routed] | RouterOutput | None
             if topic == transactions:
                 time_ms, routed = self._read_transaction(value, partition, offset, outcomes)
             else:
@@ -96,7 +96,7 @@ class InputReader:
             # A time past the bound, or none, moves nothing: NO_TIME takes the one before.
             times.append(time_ms if time_ms is not None and time_ms <= bound_ms else NO_TIME)
             reads.append((offset, routed))
-            sizes.append(_held(routed) if isinstance(routed, Output) else len(value or b""))
+            sizes.append(_held(routed) if isinstance(routed, RouterOutput) else len(value or b""))
         if key is not None:
             order.extend(key, times, reads, sizes)
         for outcome, count in outcomes.items():
@@ -116,7 +116,7 @@ class InputReader:
 
     def _read_label(
         self, message: Message, value: bytes | None, partition: int, offset: int
-    ) -> tuple[int | None, list[Routed] | Output]:
+    ) -> tuple[int | None, list[Routed] | RouterOutput]:
         try:
             found = route_label(value, partition, offset)
         except RecordError as exc:
@@ -142,7 +142,7 @@ class InputReader:
         return event.reported_at, found
 
 
-def _held(output: Output) -> int:
+def _held(output: RouterOutput) -> int:
     """The bytes a queued dead letter holds: its record's key, value and headers."""
     headers = sum(len(name) + len(value or b"") for name, value in output.headers or ())
     return len(output.key or b"") + len(output.value or b"") + headers

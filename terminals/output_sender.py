@@ -39,7 +39,7 @@ DELIVERY_RETRY = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=10.0)
 MAX_MESSAGE_BYTES = 1_000_000
 
 
-class Output(NamedTuple):
+class RouterOutput(NamedTuple):
     """One record to produce: an internal record (partition set) or a dead letter."""
 
     topic: str
@@ -50,9 +50,9 @@ class Output(NamedTuple):
     letter: DeadLetterRecord | None = None
 
 
-def letter_output(letter: DeadLetterRecord) -> Output:
+def letter_output(letter: DeadLetterRecord) -> RouterOutput:
     """The output that sends `letter` to its dead-letter topic."""
-    return Output(letter.topic, None, letter.key, letter.value, list(letter.headers), letter)
+    return RouterOutput(letter.topic, None, letter.key, letter.value, list(letter.headers), letter)
 
 
 class OutputSender:
@@ -76,12 +76,12 @@ class OutputSender:
         """One last wait for what is in flight (the router stops)."""
         self._producer.flush(FLUSH_SLICE_S)
 
-    def deliver(self, outputs: list[Output], stop: threading.Event) -> None:
+    def deliver(self, outputs: list[RouterOutput], stop: threading.Event) -> None:
         """Send `outputs` until every one is acknowledged (or `stop`); `outputs` is left with
         what was not."""
         attempt = 0
         while outputs and not stop.is_set():
-            failed: list[tuple[Output, KafkaError]] = []
+            failed: list[tuple[RouterOutput, KafkaError]] = []
             for output in outputs:
                 refused = self._produce(output, failed)
                 if refused is not None:
@@ -105,7 +105,7 @@ class OutputSender:
             self._delivering(True)
 
     def _produce(
-        self, output: Output, failed: list[tuple[Output, KafkaError]]
+        self, output: RouterOutput, failed: list[tuple[RouterOutput, KafkaError]]
     ) -> KafkaError | None:
         def report(error: KafkaError | None, _message: Message) -> None:
             if error is not None:
@@ -128,7 +128,7 @@ class OutputSender:
                 error: KafkaError = exc.args[0]
                 return error
 
-    def _again(self, output: Output, error: KafkaError) -> Output:
+    def _again(self, output: RouterOutput, error: KafkaError) -> RouterOutput:
         """What to send after `output` failed: a smaller dead letter when the broker refused
         it as too large, else the same output."""
         if output.letter is None or not isinstance(

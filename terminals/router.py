@@ -61,10 +61,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from terminals.config import FeaturesSettings
 from terminals.events import InputMarks, Routed, batch_by_partition
-from terminals.input_reader import InputReader, Read
+from terminals.input_reader import InputReader, QueuedRead
 from terminals.metrics import WorkerMetrics
 from terminals.order import EventTimeOrder
-from terminals.output_sender import Output, OutputSender
+from terminals.output_sender import OutputSender, RouterOutput
 from terminals.topics import events_topic_name
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Router:
         self._sender = OutputSender(
             settings, metrics, beat=progress.beat, delivering=progress.delivering
         )
-        self._order: EventTimeOrder[Read] = EventTimeOrder(
+        self._order: EventTimeOrder[QueuedRead] = EventTimeOrder(
             MAX_QUEUED, MAX_QUEUED_BYTES, config.input_wait_ms / 1000
         )
         self._reader = InputReader(config, metrics, self._order)
@@ -291,7 +291,7 @@ class Router:
 
     def _route(
         self,
-        taken: list[Read],
+        taken: list[QueuedRead],
         ends: dict[str, int],
         marks: InputMarks | None,
         behind: list[int],
@@ -300,7 +300,7 @@ class Router:
         """Route one batch: outputs acknowledged, then its offsets committed (`ends`: per input
         partition, the offset after its last record in the batch)."""
         routed: list[Routed] = []
-        outputs: list[Output] = []
+        outputs: list[RouterOutput] = []
         for _offset, found in taken:
             if isinstance(found, Routed):
                 routed.append(found)
@@ -310,7 +310,7 @@ class Router:
                 outputs.append(found)  # a dead letter
         records = batch_by_partition(routed, self._config.table_partitions, marks, behind)
         for partition, value in records.items():
-            outputs.append(Output(self._events_topic, partition, None, value, None))
+            outputs.append(RouterOutput(self._events_topic, partition, None, value, None))
         self._sender.deliver(outputs, stop)
         if stop.is_set() and outputs:
             return  # not all acknowledged: read again by the next owner

@@ -1,10 +1,10 @@
 """How far each table partition has got in event time, and what the worker tells of it.
 
-Each table partition has a clock of its own (`TableClocks`, terminals/state.py), moved only by
-the marks of its records: faust reads the internal partitions at their own speeds, so one
-partition's progress must not make another's events stale. The clocks' watermarks go to the
-progress topic after each publication round (`ProgressSender`), and the newest transaction time
-counted to a metric (`NewestCounted`).
+Each table partition has a clock of its own (a `TerminalClock` of terminals/state.py, kept in
+`TableClocks`), moved only by the marks of its records: faust reads the internal partitions at
+their own speeds, so one partition's progress must not make another's events stale. The
+clocks' watermarks go to the progress topic after each publication round (`ProgressSender`),
+and the newest transaction time counted to a metric (`NewestCounted`).
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ from training.candidates import MODEL_NAMES
 from training.card_cells import percent
 from training.card_decisions import (
     calibration_by_seed,
+    cold_start_held_out_note,
     cold_start_table,
     cost_section,
     fallback_by_seed,
     fallback_rules,
-    held_out,
     outcome_table,
     reliability_table,
     thresholds_by_seed,
@@ -249,7 +249,7 @@ over the first days. The validation and test weeks come after
 transactions on a new stream's first day and 3 % over its first 10 (1 % in steady state). Each
 seed's shipped-form model on a stream it never saw (seed + {COLD_CHECK_SEED_OFFSET}, every card
 and terminal new on day 0), day by day: legitimate ≥ review / legitimate ≥ decline / fraud
-recall at review. {held_out(runs)}
+recall at review. {cold_start_held_out_note(runs)}
 
 {cold_start_table(runs)}
 

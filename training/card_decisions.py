@@ -117,7 +117,7 @@ def thresholds_by_seed(runs: Sequence[TrainingResult]) -> str:
     return "\n".join(lines)
 
 
-def held_out(runs: Sequence[TrainingResult]) -> str:
+def cold_start_held_out_note(runs: Sequence[TrainingResult]) -> str:
     """Which cold-check streams shown were looked at when COLD_START_DAYS was chosen."""
     shown = [run.seed + COLD_CHECK_SEED_OFFSET for run in runs]
     looked = [str(seed) for seed in shown if seed in COLD_START_CHOSEN_ON]

@@ -9,11 +9,11 @@ reported in the model card, shows how the shipped model treats such cards.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from simulator.label_regimes import LabelRegime
 from simulator.replay import simulate
 from training.onnx_export import score_with_onnxruntime
+from training.results import ColdStartDay
 from training.thresholds import Chosen
 
 #: The cold-check streams COLD_START_DAYS was chosen on: the card says their columns are not
@@ -22,15 +22,6 @@ COLD_START_CHOSEN_ON = (107, 108)
 #: The stream that checks cold start in the model card: another seed, COLD_CHECK_DAYS long.
 COLD_CHECK_SEED_OFFSET = 100
 COLD_CHECK_DAYS = 10
-
-
-class ColdStartDay(NamedTuple):
-    """One day of the cold-start check: legitimate shares at or above review and decline, and
-    the fraud recall at review."""
-
-    legit_review: float
-    legit_decline: float
-    fraud_recall: float
 
 
 def check_cold_start(

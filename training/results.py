@@ -16,13 +16,21 @@ import numpy as np
 from scorer.drift import DriftReference
 from simulator.label_regimes import LabelRegime
 from training.calibration import Bin, Platt
-from training.cold_start_check import ColdStartDay
 from training.fallback_fit import FallbackFit
 from training.protocol import Metrics, Schedule
 from training.thresholds import Chosen
 
 #: Per scenario (legit included): the shares at or above review and at or above decline.
 Outcomes = dict[str, tuple[float, float]]
+
+
+class ColdStartDay(NamedTuple):
+    """One day of the cold-start check: legitimate shares at or above review and decline, and
+    the fraud recall at review."""
+
+    legit_review: float
+    legit_decline: float
+    fraud_recall: float
 
 
 class FoldResult(NamedTuple):

@@ -1,11 +1,12 @@
 """The service's configuration: one typed, frozen object, loaded once at start-up.
 
-A setting is one declaration in `stream/startup/options.py` (or, for those every service shares,
-`plumbing/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its environment
-variable, its help and its default. `plumbing/settings.py` converts and checks values from flags
-and the environment (`from_sources`) and values given in code; `__post_init__` here adds only
-the checks that involve several settings. `fraud-scorer run --help`, the reference pages and the
-deploy checks read the same declarations (`ScorerSettings.settings()`), so help, environment
+A setting is one declaration in `stream/startup/flow_options.py`,
+`stream/startup/decision_input_options.py` or `stream/startup/options.py` (or, for those every
+service shares, `plumbing/settings.py`): its name, type and bounds (`Annotated[…, meta(…)]`), its
+environment variable, its help and its default. `plumbing/settings.py` converts and checks values
+from flags and the environment (`from_sources`) and values given in code; `__post_init__` here adds
+only the checks that involve several settings. `fraud-scorer run --help`, the reference pages and
+the deploy checks read the same declarations (`ScorerSettings.settings()`), so help, environment
 names and code cannot drift apart. Extra librdkafka settings (security, SASL, SSL, tuning) pass
 through unchanged in `kafka_options` and the file `kafka_config_file`; see
 `plumbing/kafka_settings.py`.

@@ -1,6 +1,6 @@
 """What the deploy tests read: the repository's deploy files, and what the code declares (the
-settings ScorerSettings reads, the metrics stream/metrics.py defines). Shared by the modules of
-tests/deploy; nothing here starts a process or needs the network."""
+settings ScorerSettings reads, the metrics stream/metric_definitions.py defines). Shared by the
+modules of tests/deploy; nothing here starts a process or needs the network."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def config_default(name: str) -> Any:
 
 @cache
 def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Every metric of stream/metrics.py (the scorer), terminals/metrics.py (the features
+    """Every metric of stream/metric_definitions.py (the scorer), terminals/metrics.py (the features
     worker) and review/metrics.py (the review console): name → (type, label names)."""
     families: dict[str, tuple[str, tuple[str, ...]]] = {}
     registry = CollectorRegistry()
@@ -74,7 +74,7 @@ def metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
             elif isinstance(value, stream.batch_histogram.BatchHistogram):
                 for family in value.collect():
                     families[family.name] = (family.type, ())
-    assert families, "stream/metrics.py defines no metrics?"
+    assert families, "stream/metric_definitions.py defines no metrics?"
     return families
 
 

@@ -1,5 +1,5 @@
-"""The Grafana dashboard and the Prometheus alert rules agree with the metrics the service
-exports (stream/metrics.py): every query selects series that exist, with labels they have; every
+"""The Grafana dashboard and the Prometheus alert rules agree with the metrics the service exports
+(stream/metric_definitions.py): every query selects series that exist, with labels they have; every
 metric is on a panel; a panel's unit fits what it plots; every alert has a promtool unit test.
 
 The rules themselves are exercised by `promtool test rules` (`make alerts-check`, in CI)."""
@@ -29,7 +29,7 @@ from tests.deploy.repo import (
     series_names,
 )
 
-#: Label names that series outside stream/metrics.py carry, for the rules that use them.
+#: Label names that series outside stream/metric_definitions.py carry, for the rules that use them.
 #: `up` is Prometheus' own; kube_* come from kube-state-metrics on Kubernetes.
 FOREIGN_SERIES = {
     "up": set(),
@@ -45,7 +45,7 @@ def check_promql(where: str, expr: str, foreign: dict[str, set[str]] | None = No
     used = promql_series(expr)
     assert used, f"{where}: {expr!r} selects no metric"
     unknown = [name for name in used if name not in names and name not in foreign]
-    assert not unknown, f"{where}: {unknown} not defined in stream/metrics.py ({expr!r})"
+    assert not unknown, f"{where}: {unknown} not defined in stream/metric_definitions.py ({expr!r})"
     if "histogram_quantile" in expr:
         assert any(name.endswith("_bucket") for name in used), f"{where}: {expr!r}"
     allowed = {"le"} | TARGET_LABELS
@@ -78,7 +78,9 @@ def test_every_metric_is_on_a_panel() -> None:
         if name in names
     }
     missing = set(metric_families()) - shown
-    assert not missing, f"stream/metrics.py exports {sorted(missing)}, on no dashboard panel"
+    assert not missing, (
+        f"stream/metric_definitions.py exports {sorted(missing)}, on no dashboard panel"
+    )
 
 
 def _quantity(expr: str) -> str:

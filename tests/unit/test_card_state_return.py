@@ -1,4 +1,4 @@
-"""A partition that comes back to the replica that gave it up (stream/card_state.py, "Warm
+"""A partition that comes back to the replica that gave it up (stream/card_restore.py, "Warm
 return"): its kept cards plus the changelog's records since must equal a full replay of the
 changelog, the next owner's updates and tombstones included; a changelog that lost those records,
 a partition kept too long and `retain_s` 0 read the whole changelog. The changelog is an

@@ -286,7 +286,7 @@ def order_time(event: TerminalEvent) -> int:
 
 
 class Table:
-    """What the table agent does with one table partition's records (terminals/app.py)."""
+    """What the table agent does with one table partition's records (terminals/entity_table.py)."""
 
     def __init__(self) -> None:
         self.clock = TerminalClock(MS_PER_DAY)

@@ -118,7 +118,7 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
     offsets = {TRANSACTION: 0, LABEL: 0}
 
     class Table:
-        """What the worker's agent does with one table's events (terminals/app.py), and its
+        """What the worker's agent does with one table's events (terminals/entity_table.py), and its
         records as they go over Kafka (terminals/publication.py)."""
 
         def __init__(self, copy: dict[str, Any], card: bool) -> None:

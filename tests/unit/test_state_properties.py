@@ -6,7 +6,7 @@ that saw a record within its window has been forgotten.
 
 The card state runs with the real `Redelivery` (retries) and undo (exactly-once aborts) over an
 in-memory changelog; the terminal state replays what the worker's table agent does
-(terminals/app.py) with the real `TerminalState` and `TerminalClock`."""
+(terminals/entity_table.py) with the real `TerminalState` and `TerminalClock`."""
 
 from __future__ import annotations
 
@@ -373,7 +373,7 @@ def test_terminal_state_restored_and_published_equals_the_state_held(events: lis
             source, partition, offsets[source, partition], event_time, fraud, reported, tx
         )
         state = held.setdefault(terminal, TerminalState())
-        applied = state.apply(event, clock)  # what the table agent does (terminals/app.py)
+        applied = state.apply(event, clock)  # what the table agent does (terminals/entity_table.py)
         # The marks after it: the inputs have reached its times (the router's order).
         clock.advance_to(event_time if source == TRANSACTION else reported)
         if applied.publish:
