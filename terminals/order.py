@@ -21,7 +21,8 @@ has been read up to its time:
   to its end: the end of what the broker had a moment ago is not the end of a backfill still
   being written. Counted idle at its end at once, such a partition held no clock back, the
   clock ran ahead to the other inputs' time, and what came next on it was stale (issue 44).
-  In a live run the wait costs no freshness: the counts feed windows that end days back.
+  In a live run the counts then trail by up to the wait, which no feature reads: the windows
+  end days back (docs/benchmarks.md).
 - A partition whose queue holds `max_queued` records, or `max_bytes` of what they hold (a
   dead letter keeps its record's bytes), is paused (librdkafka stops fetching it and drops
   what it prefetched) and resumed below half of both: memory stays bounded while one input is
@@ -177,7 +178,7 @@ class EventTimeOrder(Generic[T]):
 
     def at_end(self, key: str) -> None:
         """Every record of the partition was read, as far as its last fetch knew (librdkafka's
-        partition EOF). It is still waited for: idle only once it has had nothing for `wait_s`."""
+        partition EOF). It is still waited for: idle only once it has read nothing for `wait_s`."""
         state = self._inputs.get(key)
         if state is not None:
             state.at_end = True
