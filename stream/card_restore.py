@@ -12,13 +12,14 @@ Key design decisions:
 - A card state record that cannot be read is skipped, with a warning: its card starts anew.
 - Warm return: a partition revoked once all its changelog records are acknowledged (and, with
   exactly-once, committed) leaves its cards equal to a replay of its changelog up to the end the
-  changelog had then, since only the owner writes there. The replica keeps them with that end offset
-  (`RetainedPartition`) for `retain_s`; if the partition comes back meanwhile, the restore reads
-  only the records written since (the next owner's), which replace or forget cards as a full replay
-  would (a card's last record wins). In scenario 6 of the fault suite a partition came back after a
-  full restore of 3 to 4 s. A changelog that no longer holds that offset (deleted by retention, or
-  truncated) is read whole, as is a partition kept past `retain_s`; a retained partition is not
-  owned, so no batch changes it and a record sent again skips its cards.
+  changelog had then, since only the owner writes there. The replica keeps them with that end
+  offset for `retain_s` (`stream/retained_partitions.py`); if the partition comes back
+  meanwhile, the restore reads only the records written since (the next owner's), which replace
+  or forget cards as a full replay would (a card's last record wins). In scenario 6 of the fault
+  suite a partition came back after a full restore of 3 to 4 s. A changelog that no longer holds
+  that offset (deleted by retention, or truncated) is read whole, as is a partition kept past
+  `retain_s`; a retained partition is not owned, so no batch changes it and a record sent again
+  skips its cards.
 - Warm start (FRAUD_STATE_WARM_UP): a replica about to join reads every partition's
   changelog up to the end it has then and keeps the cards as a warm return does, so the
   partitions it is given read only what their owners wrote since. Reading from an end taken
@@ -36,6 +37,7 @@ from typing import NamedTuple
 from scorer.history import CardHistory
 from stream.card_changelog import Changelog
 from stream.card_keys import card_key
+from stream.retained_partitions import RetainedPartition
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +45,6 @@ log = logging.getLogger(__name__)
 #: for the hold under way: a whole read (10,000 records) held it 20 ms (median; up to 100 ms
 #: when the store grows) on an idle core, 1,000 records 1.7 ms, for the same total.
 RESTORE_APPLY_CHUNK = 1_000
-#: How long, in seconds, the cards of a partition revoked cleanly stay in memory in case it comes
-#: back (default of FRAUD_STATE_RETAIN_S).
-RETAIN_S = 600.0
-
-
-class RetainedPartition(NamedTuple):
-    """A partition revoked with its cards kept."""
-
-    #: The changelog's end offset when it was revoked: a return reads from there.
-    end: int
-    watermark: int
-    #: When its cards go (`time.monotonic()`), unless it came back.
-    until: float
 
 
 class LoadedChangelog(NamedTuple):

@@ -13,8 +13,9 @@ Responsibilities:
   its idle cards evicted (`stream/partition_clocks.py`);
 - drop a partition's state when it is lost; when it is revoked with every change durable (or
   read before joining: warm start), keep its cards for FRAUD_STATE_RETAIN_S, so that if it comes
-  back only the changelog's tail is read; after an aborted transaction (exactly-once), undo the
-  changes of the batches it held, whose updates never became durable (`stream/card_undo.py`);
+  back only the changelog's tail is read (`stream/retained_partitions.py`); after an aborted
+  transaction (exactly-once), undo the changes of the batches it held, whose updates never
+  became durable (`stream/card_undo.py`);
 - say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
@@ -51,10 +52,11 @@ from scorer.columns import TransactionColumns
 from scorer.history import CardHistory, neutral_history
 from stream.card_changelog import Changelog, ChangelogBatch, ChangelogTailGone
 from stream.card_keys import KEY_SEPARATOR, card_key
-from stream.card_restore import RETAIN_S, ChangelogLoader, RetainedPartition
+from stream.card_restore import ChangelogLoader, LoadedChangelog
 from stream.card_undo import CardUndo
 from stream.metrics import ServiceMetrics
 from stream.partition_clocks import PartitionClocks
+from stream.retained_partitions import RETAIN_S, RetainedPartition, RetainedPartitions
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,6 @@ class CardState:
         is undone in memory (exactly-once). `evict_interval_s`: how often each partition
         looks for idle cards. `retain_s`: how long a partition revoked cleanly keeps its cards
         (`let_go`); 0 forgets them at once."""
-        self._retain_s = retain_s
         self._changelog = changelog
         self.changelog_topic = changelog.topic
         self._metrics = metrics
@@ -120,7 +121,7 @@ class CardState:
         )
         self._undo = CardUndo() if undo else None
         #: Partitions revoked whose cards are kept (not owned: no batch changes them).
-        self._retained: dict[int, RetainedPartition] = {}
+        self._retained = RetainedPartitions(retain_s)
         self._lock = threading.Lock()
         self._loader = ChangelogLoader(changelog, self._history, self._lock)
 
@@ -135,23 +136,12 @@ class CardState:
         now = time.monotonic()
         with self._lock:
             held = {partition for partition in partitions if partition in self._clocks}
-            retained = {p: self._retained.pop(p) for p in partitions if p in self._retained}
-        # Kept past their time (the restore thread was too busy to forget them): read whole.
-        expired = {partition for partition, kept in retained.items() if kept.until <= now}
-        retained = {p: kept for p, kept in retained.items() if p not in expired}
+            retained, expired = self._retained.take(partitions, now)
         self._forget(held | expired)
         for partition in partitions:
             started = time.monotonic()
             kept = retained.get(partition)
-            try:
-                if kept is not None:
-                    cards, records, newest, tail = self._read_tail(partition, kept, progress)
-                else:
-                    cards, records, newest = self._loader.load(partition, progress)
-                    tail = False
-            except BaseException:
-                self._forget({partition})  # no half-restored partition stays in memory
-                raise
+            (cards, records, newest), tail = self._load(partition, progress, kept)
             with self._lock:
                 self._clocks.start(partition, newest)
             seconds = time.monotonic() - started
@@ -180,13 +170,10 @@ class CardState:
         durable, whose cards are kept for `retain_s` ("Warm return": stream/card_restore.py).
         Return the others, whose cards stay in memory until `forget_cards` (a revoke leaves that
         to the restore thread: half of a million cards take about 0.4 s to forget)."""
-        ends = ends if self.retains and ends is not None else {}
         watermarks = self._let_go(set(partitions))
-        until = time.monotonic() + self._retain_s
+        now = time.monotonic()
         with self._lock:
-            for partition, end in ends.items():
-                if partition in watermarks:
-                    self._retained[partition] = RetainedPartition(end, watermarks[partition], until)
+            self._retained.keep_revoked(ends or {}, watermarks, now)
             released = [partition for partition in partitions if partition not in self._retained]
         self._report()
         return released
@@ -205,15 +192,9 @@ class CardState:
                     continue
             started = time.monotonic()
             end = self._changelog.end(partition)
-            try:
-                cards, records, newest = self._loader.load(partition, progress)
-            except BaseException:
-                self._forget({partition})
-                raise
+            (cards, records, newest), _ = self._load(partition, progress)
             with self._lock:
-                self._retained[partition] = RetainedPartition(
-                    end, self._clocks.bounded(newest), time.monotonic() + self._retain_s
-                )
+                self._retained.keep(partition, end, self._clocks.bounded(newest), time.monotonic())
             log.info(
                 "warmed up card state topic=%s partition=%s cards=%s changelog_records=%s "
                 "(kept until assigned, up to %ss) in %.3fs",
@@ -221,7 +202,7 @@ class CardState:
                 partition,
                 cards,
                 records,
-                self._retain_s,
+                self._retained.retain_s,
                 time.monotonic() - started,
             )
         self._report()
@@ -229,16 +210,14 @@ class CardState:
     @property
     def retains(self) -> bool:
         """Whether a partition revoked cleanly keeps its cards (`retain_s` > 0)."""
-        return self._retain_s > 0
+        return self._retained.retains
 
     def expire_retained(self) -> None:
         """Forget the cards of the partitions kept past `retain_s` (on the restore thread, in
         order with the restores, so a partition that came back is never forgotten)."""
         now = time.monotonic()
         with self._lock:
-            expired = {p for p, kept in self._retained.items() if kept.until <= now}
-            for partition in expired:
-                del self._retained[partition]
+            expired = self._retained.expire(now)
         if expired:
             log.info("forgetting the kept cards of partitions %s (not back)", sorted(expired))
             self.forget_cards(sorted(expired))
@@ -408,7 +387,7 @@ class CardState:
                 watermark = self._clocks.stop(partition)
                 if watermark is not None:
                     watermarks[partition] = watermark
-                self._retained.pop(partition, None)
+                self._retained.drop(partition)
             if self._undo is not None:
                 self._undo.forget(partitions, prefixes)  # a partition that went stays gone
         return watermarks
@@ -428,17 +407,24 @@ class CardState:
             with self._lock:
                 self._history.forget(doomed[start : start + FORGET_CHUNK])
 
-    def _read_tail(
-        self, partition: int, kept: RetainedPartition, progress: Callable[[], None]
-    ) -> tuple[int, int, int, bool]:
-        """`load_tail` over the partition's kept cards, from the end it had when it went;
-        all of it when that offset is gone. The last item says whether only the tail was read."""
+    def _load(
+        self, partition: int, progress: Callable[[], None], kept: RetainedPartition | None = None
+    ) -> tuple[LoadedChangelog, bool]:
+        """Load the partition's changelog: whole, or over its `kept` cards from the end it had
+        when it went (whole when that offset is gone); the bool says whether only the tail was
+        read. A load that fails forgets what it read: no half-restored partition stays."""
         try:
-            return *self._loader.load_tail(partition, kept, progress), True
-        except ChangelogTailGone as gone:
-            log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
+            if kept is None:
+                return self._loader.load(partition, progress), False
+            try:
+                return self._loader.load_tail(partition, kept, progress), True
+            except ChangelogTailGone as gone:
+                log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
+                self._forget({partition})
+                return self._loader.load(partition, progress), False
+        except BaseException:
             self._forget({partition})
-            return *self._loader.load(partition, progress), False
+            raise
 
     def _report(self) -> None:
         # Set under the lock: the consuming and restore threads both report, and a count read

@@ -6,7 +6,9 @@ takes `registry=`): the service uses prometheus_client's default one, which `/me
 a test gives each replica its own and reads it with `registry.get_sample_value()`. The code
 never updates them here: `ServiceMetrics` (stream/metrics.py) adds the small methods it calls.
 The definitions stand apart from those methods so that every name, help text and bucket the
-dashboards, alerts and docs/metrics.md rely on reads in one place.
+dashboards, alerts and docs/metrics.md rely on reads in one place. Their attributes are public
+because another module updates them: `ServiceMetrics`, and only it; the rest of the code calls
+its methods (STYLE.md, item 8).
 """
 
 from __future__ import annotations
@@ -33,45 +35,46 @@ SCORE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7,
 
 
 class MetricDefinitions:
-    """The scorer's metrics on one registry; `ServiceMetrics` records in them."""
+    """The scorer's metrics on one registry, one attribute each; `ServiceMetrics` records in
+    them."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
         r = registry
-        self._consumed = Counter(
+        self.consumed = Counter(
             "fraud_records_consumed_total", "Records read from the input topic", registry=r
         )
-        self._decisions = Counter(
+        self.decisions = Counter(
             "fraud_decisions_produced_total",
             "Decisions acknowledged by the broker",
             ["decision"],
             registry=r,
         )
-        self._dead_letters = Counter(
+        self.dead_letters = Counter(
             "fraud_dead_letters_total",
             "Dead letters acknowledged by the broker",
             ["reason"],
             registry=r,
         )
-        self._batch_size = Histogram(
+        self.batch_size = Histogram(
             "fraud_batch_size_records",
             "Records per scored micro-batch",
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
-        self._batch_wait = Histogram(
+        self.batch_wait = Histogram(
             "fraud_batch_wait_seconds",
             "Time from a batch's first record to its flush",
             buckets=SHORT_SECONDS_BUCKETS,
             registry=r,
         )
-        self._inference = Histogram(
+        self.inference = Histogram(
             "fraud_inference_seconds",
             "Time of one model call (features excluded)",
             buckets=SHORT_SECONDS_BUCKETS,
             registry=r,
         )
-        self._stage = Histogram(
+        self.stage = Histogram(
             "fraud_stage_seconds",
             "Where a batch's time goes, one observation per batch and stage (stream/scoring.py, "
             "Stages): queue (producer to batch), batch (to its close), handoff, state, terminal, "
@@ -81,65 +84,65 @@ class MetricDefinitions:
             registry=r,
         )
         for stage in STAGES:
-            self._stage.labels(stage)
-        self._event_to_decision = BatchHistogram(
+            self.stage.labels(stage)
+        self.event_to_decision = BatchHistogram(
             "fraud_event_to_decision_seconds",
             "Transaction event_time to decided_at",
             LATENCY_SECONDS_BUCKETS,
             registry=r,
         )
-        self._in_flight = Gauge(
+        self.in_flight = Gauge(
             "fraud_in_flight_records",
             "Records consumed whose outcome is not yet durable",
             registry=r,
         )
-        self._in_flight_bytes = Gauge(
+        self.in_flight_bytes = Gauge(
             "fraud_in_flight_bytes",
             "Key and value bytes of the records counted in fraud_in_flight_records",
             registry=r,
         )
-        self._paused = Gauge(
+        self.paused = Gauge(
             "fraud_paused_partitions", "Assigned partitions paused by backpressure", registry=r
         )
-        self._held = Gauge(
+        self.held = Gauge(
             "fraud_held_partitions",
             "Partitions waiting at a record whose schema lookup failed for a cause that may "
             "pass (the Schema Registry down or refusing): read again after a backoff",
             registry=r,
         )
-        self._consumer_lag = Gauge(
+        self.consumer_lag = Gauge(
             "fraud_consumer_lag_records",
             "Log end offset minus committed offset, per partition (what KEDA's Kafka scaler uses)",
             ["topic", "partition"],
             registry=r,
         )
-        self._time_lag = Gauge(
+        self.time_lag = Gauge(
             "fraud_time_lag_seconds",
             "Age of the oldest event_time in the batch being scored now",
             registry=r,
         )
-        self._batch_cap = Gauge(
+        self.batch_cap = Gauge(
             "fraud_batch_size_cap_records", "Current cap on records per micro-batch", registry=r
         )
-        self._batch_cap_changes = Counter(
+        self.batch_cap_changes = Counter(
             "fraud_batch_size_cap_changes_total",
             "Changes of the adaptive batch cap",
             ["direction"],
             registry=r,
         )
-        self._reasons = Histogram(
+        self.reasons = Histogram(
             "fraud_reasons_seconds",
             "Time to compute the reasons of a batch's flagged decisions (one model call)",
             buckets=SHORT_SECONDS_BUCKETS,
             registry=r,
         )
-        self._rule_hits = Counter(
+        self.rule_hits = Counter(
             "fraud_rule_hits_total",
             "Decisions a rule hit (FRAUD_RULES), by rule",
             ["rule"],
             registry=r,
         )
-        self._rules_updates = Counter(
+        self.rules_updates = Counter(
             "fraud_rules_updates_total",
             "Records of the rules topic, by result (applied, rejected: dead-lettered, "
             "refused_at_start: refused while the topic was read at start, not dead-lettered "
@@ -150,51 +153,51 @@ class MetricDefinitions:
             ["result"],
             registry=r,
         )
-        self._rules_entries = Gauge(
+        self.rules_entries = Gauge(
             "fraud_rules_entries",
             "Rules in force: list entries, segment overrides and expression rules",
             registry=r,
         )
-        self._late = Counter(
+        self.late = Counter(
             "fraud_late_records_total",
             "Transactions whose decision deadline had passed at batch time",
             registry=r,
         )
-        self._degraded = Counter(
+        self.degraded = Counter(
             "fraud_degraded_decisions_total",
             "Decisions made by the fallback rules instead of the model",
             ["cause"],
             registry=r,
         )
-        self._retries = Counter(
+        self.retries = Counter(
             "fraud_delivery_retries_total",
             "Retries of outputs the broker did not acknowledge",
             ["cause"],
             registry=r,
         )
-        self._dead_letter_failures = Counter(
+        self.dead_letter_failures = Counter(
             "fraud_dead_letter_produce_failures_total",
             "Dead letters the broker did not acknowledge (each is retried)",
             ["cause"],
             registry=r,
         )
-        self._stalled = Gauge(
+        self.stalled = Gauge(
             "fraud_delivery_stalled",
             "1 while retries are exhausted and fetching is stopped",
             registry=r,
         )
-        self._producer_replacements = Counter(
+        self.producer_replacements = Counter(
             "fraud_producer_replacements_total",
             "Transactional producers replaced after every broker went away or an abort was refused "
             "as INVALID_TXN_STATE (exactly-once)",
             registry=r,
         )
-        self._poison = Counter(
+        self.poison = Counter(
             "fraud_poison_records_total",
             "Records isolated by bisection as breaking the model",
             registry=r,
         )
-        self._restore = Histogram(
+        self.restore = Histogram(
             "fraud_state_restore_seconds",
             "Time to restore one partition's card state from its changelog, by what was read: "
             "whole (the changelog from its start) or tail (a partition that came back with its "
@@ -203,28 +206,28 @@ class MetricDefinitions:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
             registry=r,
         )
-        self._restore_records = Counter(
+        self.restore_records = Counter(
             "fraud_state_restore_changelog_records",
             "Changelog records read by card state restores, by what was read (whole or tail)",
             ["read"],
             registry=r,
         )
         for read in ("whole", "tail"):
-            self._restore.labels(read)
-            self._restore_records.labels(read)
-        self._kept = Gauge(
+            self.restore.labels(read)
+            self.restore_records.labels(read)
+        self.kept = Gauge(
             "fraud_state_kept_partitions",
             "Partitions revoked with every change durable whose cards this replica keeps, not "
             "owned, for FRAUD_STATE_RETAIN_S: a return reads only the changelog's tail",
             registry=r,
         )
-        self._restoring = Gauge(
+        self.restoring = Gauge(
             "fraud_state_restoring_partitions",
             "Assigned partitions paused while their card state restores in the background (the "
             "partitions already owned are scored meanwhile)",
             registry=r,
         )
-        self._out_of_bounds = Counter(
+        self.out_of_bounds = Counter(
             "fraud_state_event_time_out_of_bounds_total",
             "Records whose event time the card state did not take as it is: future (past the "
             "wall clock plus the allowed skew: counted as of the partition's watermark) or "
@@ -232,7 +235,7 @@ class MetricDefinitions:
             ["reason"],
             registry=r,
         )
-        self._rollbacks = Counter(
+        self.rollbacks = Counter(
             "fraud_state_rollbacks_total",
             "Card state rollbacks after an aborted transaction (exactly-once), by method: undo "
             "(the aborted batches' changes put back) or reload (read from the changelog)",
@@ -240,38 +243,38 @@ class MetricDefinitions:
             registry=r,
         )
         for reason in ("future", "stale"):
-            self._out_of_bounds.labels(reason)
+            self.out_of_bounds.labels(reason)
         for method in ("undo", "reload"):
-            self._rollbacks.labels(method)
-        self._cards = Gauge(
+            self.rollbacks.labels(method)
+        self.card_state_cards = Gauge(
             "fraud_card_state_cards", "Cards whose history this replica holds", registry=r
         )
-        self._card_bytes = Gauge(
+        self.card_state_bytes = Gauge(
             "fraud_card_state_bytes", "Memory held by the card histories", registry=r
         )
-        self._terminals = Gauge(
+        self.terminals = Gauge(
             "fraud_terminal_risk_terminals",
             "Terminals in this replica's copy of terminal-risk",
             registry=r,
         )
-        self._terminal_bytes = Gauge(
+        self.terminal_bytes = Gauge(
             "fraud_terminal_risk_bytes",
             "Memory held by this replica's copy of terminal-risk",
             registry=r,
         )
-        self._terminal_age = Gauge(
+        self.terminal_age = Gauge(
             "fraud_terminal_risk_newest_record_age_seconds",
             "Age of the newest terminal-risk record this replica holds (its Kafka timestamp): "
             "it grows while the features worker publishes nothing",
             registry=r,
         )
-        self._terminal_state_age = Gauge(
+        self.terminal_state_age = Gauge(
             "fraud_terminal_risk_state_age_seconds",
             "How far (event time) the newest transaction scored is past what the features "
             "worker has counted and published (its progress records); NaN until known",
             registry=r,
         )
-        self._terminal_skipped = Counter(
+        self.terminal_skipped = Counter(
             "fraud_terminal_risk_records_skipped_total",
             "terminal-risk records not taken: invalid, or future (as of a day past this host's "
             "clock plus the allowed skew); progress: a progress record not readable or past the "
@@ -279,17 +282,17 @@ class MetricDefinitions:
             ["reason"],
             registry=r,
         )
-        self._card_frauds = Gauge(
+        self.card_frauds = Gauge(
             "fraud_card_frauds_cards",
             "Cards in this replica's copy of card-frauds (those with a confirmed fraud)",
             registry=r,
         )
-        self._card_frauds_bytes = Gauge(
+        self.card_frauds_bytes = Gauge(
             "fraud_card_frauds_bytes",
             "Memory held by this replica's copy of card-frauds",
             registry=r,
         )
-        self._card_frauds_skipped = Counter(
+        self.card_frauds_skipped = Counter(
             "fraud_card_frauds_records_skipped_total",
             "card-frauds records not taken: invalid, or future (as of a day past this host's "
             "clock plus the allowed skew)",
@@ -297,10 +300,10 @@ class MetricDefinitions:
             registry=r,
         )
         for reason in ("invalid", "future"):
-            self._terminal_skipped.labels(reason)
-            self._card_frauds_skipped.labels(reason)
-        self._terminal_skipped.labels("progress")
-        self._topic_reader_age = Gauge(
+            self.terminal_skipped.labels(reason)
+            self.card_frauds_skipped.labels(reason)
+        self.terminal_skipped.labels("progress")
+        self.topic_reader_age = Gauge(
             "fraud_topic_reader_read_age_seconds",
             "Seconds since a topic reader (reader: rules, terminal-risk, terminal-risk-progress, "
             "card-frauds, the control topics; labels) last read its topic without error: it "
@@ -309,7 +312,7 @@ class MetricDefinitions:
             ["reader"],
             registry=r,
         )
-        self._topic_reader_errors = Counter(
+        self.topic_reader_errors = Counter(
             "fraud_topic_reader_errors_total",
             "What went wrong in a topic reader, by cause: unreadable (a pass over the topic "
             "failed: no metadata, not authorized, a read error), record (a record its table "
@@ -319,10 +322,10 @@ class MetricDefinitions:
             ["reader", "cause"],
             registry=r,
         )
-        self._model = Gauge(
+        self.model = Gauge(
             "fraud_model_info", "The model in use (value 1)", ["model_version"], registry=r
         )
-        self._expected_flag_rate = Gauge(
+        self.expected_flag_rate = Gauge(
             "fraud_model_expected_flag_ratio",
             "The share of decisions at review or decline the model in use expects at its "
             "thresholds, as a range (bound: low, high; the package's [thresholds] "
@@ -331,44 +334,44 @@ class MetricDefinitions:
             ["bound"],
             registry=r,
         )
-        self._history_time_scale = Gauge(
+        self.history_time_scale = Gauge(
             "fraud_history_time_scale",
             "FRAUD_HISTORY_TIME_SCALE: how many times faster than real time event time runs for "
             "the history windows (1 in production); fraud-loadgen reads it to send simulated "
             "time at the same pace",
             registry=r,
         )
-        self._provider = Gauge(
+        self.provider = Gauge(
             "fraud_execution_provider_info",
             "The ONNX Runtime execution provider in use (value 1)",
             ["provider"],
             registry=r,
         )
-        self._scores = BatchHistogram(
+        self.scores = BatchHistogram(
             "fraud_model_score",
             "Scores of the served model (every record it scored)",
             SCORE_BUCKETS,
             registry=r,
         )
-        self._shadow_scores = BatchHistogram(
+        self.shadow_scores = BatchHistogram(
             "fraud_shadow_model_score",
             "Scores of the challenger in shadow (FRAUD_SHADOW_MODEL), of the same records",
             SCORE_BUCKETS,
             registry=r,
         )
-        self._shadow_decisions = Counter(
+        self.shadow_decisions = Counter(
             "fraud_shadow_decisions_total",
             "Records scored by both models, by the served model's label and the challenger's "
             "(each by its own thresholds, rules not applied): agreement is served == shadow",
             ["served", "shadow"],
             registry=r,
         )
-        self._shadow_failures = Counter(
+        self.shadow_failures = Counter(
             "fraud_shadow_failures_total",
             "Batches the challenger in shadow failed on (decided and sent without shadow records)",
             registry=r,
         )
-        self._shadow_dropped = Counter(
+        self.shadow_dropped = Counter(
             "fraud_shadow_records_dropped_total",
             "Shadow records not written, decisions unaffected: busy (the challenger still had "
             "its most batches waiting), late (not scored within FRAUD_SHADOW_TIMEOUT_MS of the "
@@ -377,15 +380,15 @@ class MetricDefinitions:
             registry=r,
         )
         for reason in ("busy", "late", "refused"):
-            self._shadow_dropped.labels(reason)
-        self._score_psi = Gauge(
+            self.shadow_dropped.labels(reason)
+        self.score_psi = Gauge(
             "fraud_score_psi",
             "Population stability index of the served model's scores over the last "
             "FRAUD_DRIFT_WINDOW scored records, against its package's [drift] reference "
             "(above 0.25: a shift worth a look)",
             registry=r,
         )
-        self._flagged_outcomes = Counter(
+        self.flagged_outcomes = Counter(
             "fraud_flagged_outcomes_total",
             "Flagged (review or decline) transactions whose labels had their time to arrive "
             "(FRAUD_OBSERVED_PRECISION_MATURITY_DAYS), by outcome: fraud (a fraud label came), "
@@ -395,26 +398,26 @@ class MetricDefinitions:
             registry=r,
         )
         for outcome in ("fraud", "legit", "unreported"):
-            self._flagged_outcomes.labels(outcome)
-        self._flagged_pending = Gauge(
+            self.flagged_outcomes.labels(outcome)
+        self.flagged_pending = Gauge(
             "fraud_flagged_outcomes_pending",
             "Flagged transactions followed until their labels have had their time to arrive",
             registry=r,
         )
-        self._flagged_untracked = Counter(
+        self.flagged_untracked = Counter(
             "fraud_flagged_outcomes_untracked_total",
             "Flagged transactions not followed for observed precision: "
             "FRAUD_OBSERVED_PRECISION_MAX_PENDING were followed already",
             registry=r,
         )
-        self._feature_psi = Gauge(
+        self.feature_psi = Gauge(
             "fraud_feature_psi",
             "Population stability index of a drift feature of the served model's package over "
             "the last FRAUD_DRIFT_WINDOW scored records, against its [drift] reference",
             ["feature"],
             registry=r,
         )
-        self._model_reloads = Counter(
+        self.model_reloads = Counter(
             "fraud_model_reloads_total",
             "New model packages found at FRAUD_MODEL_PATH (role served) or FRAUD_SHADOW_MODEL "
             "(role shadow): loaded (it scores from the next batch), refused (a check failed; "
@@ -424,8 +427,8 @@ class MetricDefinitions:
             registry=r,
         )
         for result in ("loaded", "refused", "unavailable"):
-            self._model_reloads.labels("served", result)
-        self._model_rollbacks = Counter(
+            self.model_reloads.labels("served", result)
+        self.model_rollbacks = Counter(
             "fraud_model_rollbacks_total",
             "Models the scoring stage went back from: a newly loaded model failed most records "
             "of a batch (dead letters, or the fallback rules) that the model before it decided; "

@@ -7,7 +7,7 @@ model is rolled back (counted and logged). A model with no model before it to go
 judged by what it fails of its last records, and found unavailable (its batch decided by the
 fallback rules) rather than letting it dead-letter the traffic. The scoring stage
 (`stream/scoring.py`) asks `ModelInUse` for each batch's verdicts and decides nothing about
-models itself.
+models itself. The drift of the model in use is measured by `stream/drift_watch.py`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from scorer.decide import DecisionPolicy, Verdicts
-from scorer.drift import DriftWindow
-from scorer.features import FEATURE_NAMES
 from scorer.flag_rate import range_in_use
 from scorer.model import Scorer
 from scorer.reasons import Explainer
+from stream.drift_watch import DriftWatch
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ServingModel
 
@@ -110,9 +109,8 @@ class ModelInUse:
         self.policy = policy
         self.explainer = explainer
         self._metrics = metrics
-        self._drift_window = drift_window
-        #: The served model's drift measurement (None: its package has no [drift] reference).
-        self.drift = _drift_of(scorer, drift_window)
+        #: The served model's drift measurement, fed by the scoring stage.
+        self.drift = DriftWatch(scorer, metrics=metrics, window=drift_window)
         self._probation: _Probation | None = None
         self._failures = _Failures()
 
@@ -182,14 +180,13 @@ class ModelInUse:
         """Score from now on with `model`."""
         self.scorer, self.policy, self.explainer = model
         self._failures = _Failures()
-        self.drift = _drift_of(model.scorer, self._drift_window)
         provider = str(getattr(model.scorer, "provider", "unknown"))
         self._metrics.set_model(
             model.scorer.model_version,
             provider,
             range_in_use(getattr(model.scorer, "package", None), model.policy.thresholds),
         )
-        self._metrics.clear_drift()
+        self.drift.follow(model.scorer)
         log.info("model %s serves from this batch on", model.scorer.model_version)
 
 
@@ -198,14 +195,3 @@ def _failing(verdicts: Verdicts) -> int:
     rules because the model was found broken (late records decided by the rules are not its
     failure)."""
     return len(verdicts.failed) + verdicts.by_rules_model_unavailable
-
-
-def _drift_of(scorer: Scorer, window: int) -> DriftWindow | None:
-    """The drift measurement of a model whose package has a [drift] reference."""
-    package = getattr(scorer, "package", None)
-    reference = None if package is None else package.manifest.drift
-    if reference is None:
-        return None
-    return DriftWindow(
-        reference, {name: FEATURE_NAMES.index(name) for name in reference.features}, window
-    )

@@ -315,12 +315,7 @@ class BatchScorer:
             if self._recent is not None:
                 self._recent.note(verdicts.features, by_model)
             metrics.observe_scores(verdicts.scores[by_model])
-            if self._model.drift is not None:
-                psi = self._model.drift.observe(
-                    verdicts.scores[by_model], verdicts.features[by_model]
-                )
-                if psi is not None:
-                    metrics.set_drift(psi)
+            self._model.drift.observe(verdicts.scores, verdicts.features, by_model)
         if verdicts.rule_counts:
             metrics.record_rule_hits(verdicts.rule_counts)
         if verdicts.reasons:
