@@ -11,6 +11,11 @@ start-up, and the records of the compacted rules topic, each a change to the top
 - Bounded, so that no record or file costs much more to hold and to apply than its bytes: a
   topic record's size (refused before it is parsed) and its key, a file's size, and the number
   of rules and of overrides (the expressions' own bounds: scorer/rule_expressions.py).
+- A topic record's value may say its format (`format_version`, contracts/record_format.py);
+  absent, it is 1. One of a newer format is refused as any record that cannot be used: its
+  fields may mean what this release does not know. While the format is 1 the field is left
+  out: release 0.1.0 refuses a rule or override with a field it does not know, so a record
+  that says `"format_version": 1` would be refused by a replica rolled back to it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.decision import DECLINE, REVIEW
+from contracts.record_format import FIRST_FORMAT, check_format
 from contracts.reference_data import MCC_FAMILIES
 from contracts.transaction import MAX_ID_CHARS
 from plumbing.bounded_read import read_bounded
@@ -36,6 +42,9 @@ from scorer.columns import TransactionColumns
 from scorer.decisions import Thresholds
 from scorer.rule_expressions import Condition, RulesError, compile_condition, is_in
 
+#: The newest format of a rules-topic record this release reads (contracts/record_format.py).
+#: Its writers (operators, `kcat`) leave the field out while it is 1: see the module docstring.
+FORMAT = 1
 #: A rules file with one of these suffixes is YAML; any other is TOML.
 YAML_SUFFIXES = (".yaml", ".yml")
 #: A rules-topic record's value may hold this many bytes; a larger one is refused before it is
@@ -160,6 +169,24 @@ class _RuleSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 
 class _NamedRuleSpec(_RuleSpec, frozen=True, kw_only=True):
     name: str
+
+
+class _TopicOverrideSpec(_OverrideSpec, frozen=True, kw_only=True):
+    """An override as a topic record gives it: the file's fields, and its format."""
+
+    format_version: int = FIRST_FORMAT
+
+
+class _TopicRuleSpec(_RuleSpec, frozen=True, kw_only=True):
+    """A rule as a topic record gives it: the file's fields, and its format."""
+
+    format_version: int = FIRST_FORMAT
+
+
+class _Format(msgspec.Struct, frozen=True):
+    """A topic record's format alone, whatever else it holds (checked before its fields)."""
+
+    format_version: Any = FIRST_FORMAT
 
 
 class FileSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -292,6 +319,17 @@ _Entry = TypeVar("_Entry")
 
 
 def _decode(value: bytes, spec: type[_Spec]) -> _Spec:
+    """A topic record's value as `spec`, once its format is one this release reads (before its
+    fields: a newer format's may be unknown here); RulesError if it cannot be used."""
+    found = _decode_only(value, _Format).format_version
+    try:
+        check_format(found, "rules-topic", FORMAT)
+    except ValueError as exc:
+        raise RulesError(str(exc)) from None
+    return _decode_only(value, spec)
+
+
+def _decode_only(value: bytes, spec: type[_Spec]) -> _Spec:
     try:
         return msgspec.json.decode(value, type=spec)
     except msgspec.DecodeError as exc:
@@ -338,10 +376,10 @@ def topic_change(key: str, value: bytes | None) -> Change:
     if len(rest) > MAX_NAME_CHARS:
         raise RulesError(_too_long_name(rest))
     if kind == "override":
-        override = None if value is None else _override(rest, _decode(value, _OverrideSpec))
+        override = None if value is None else _override(rest, _decode(value, _TopicOverrideSpec))
         return OverrideChange(rest, override)
     if kind == "rule":
-        rule = None if value is None else _rule(rest, _decode(value, _RuleSpec))
+        rule = None if value is None else _rule(rest, _decode(value, _TopicRuleSpec))
         return RuleChange(rest, rule)
     raise RulesError("keys start with deny:, allow:, override: or rule:")
 

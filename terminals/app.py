@@ -154,8 +154,13 @@ def build_app(
             has_events = False
             try:
                 batch = decode_batch(event.message.value)
-            except ValueError as exc:  # not written by this worker: nothing to count
-                log.error("skipping an internal record: %s", exc)
+            except ValueError as exc:  # not written by this worker, or by a newer release
+                log.error(
+                    "skipping an internal record (partition=%s offset=%s): %s",
+                    partition,
+                    offset,
+                    exc,
+                )
             else:
                 has_events = bool(batch.events or batch.cards)
                 terminals.apply(partition, batch.events)

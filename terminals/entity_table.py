@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: Entries of a table kept decoded (a few kB each): the active terminals of a large acquirer.
 MAX_DECODED = 100_000
+#: The metric's result of an event not applied: its entry's table value cannot be read (one
+#: of a newer release's format, terminals/state.py), so the entry is left as it is.
+UNREADABLE = "unreadable"
 
 
 class EntityTable:
@@ -177,7 +180,10 @@ class EntityTable:
     ) -> None:
         try:
             state = self._load(key)
-        except ValueError:
+        except ValueError:  # logged; overwriting it would lose what a newer release counted
+            for event in events:
+                skipped = (event.source, UNREADABLE)
+                results[skipped] = results.get(skipped, 0) + 1
             return
         if state is None:
             state = TerminalState()

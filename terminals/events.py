@@ -19,6 +19,9 @@ record per partition and batch instead of one per input record, which is what ke
 per-record cost off the table's side. The record also carries how far the router has read each
 of its inputs (`InputMarks`, terminals/order.py): the table partition's clock moves only with the
 minimum over the inputs (terminals/state.py), never with whichever input was read first.
+Its last element is its format (`FORMAT`, contracts/record_format.py): absent from release
+0.1.0's records (format 1); a record of a newer format is refused (`decode_batch`), and the
+agent skips it as any internal record it cannot read.
 
 Pure functions: no faust, no Kafka.
 """
@@ -32,7 +35,15 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from contracts.label import decode_label
+from contracts.record_format import FIRST_FORMAT, check_format
 from contracts.transaction import decode_transaction
+
+#: The internal record's format (contracts/record_format.py).
+FORMAT = 1
+#: How the format's refusals name the record.
+RECORD = "terminal-events"
+#: Who reads the worker's own records: a format is read by one release before another writes it.
+WORKERS = "every features worker, with a release that reads the format before one writes it"
 
 TRANSACTION: Literal["t"] = "t"
 LABEL: Literal["l"] = "l"
@@ -80,16 +91,23 @@ class InputMarks(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 class TerminalBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """The events of one internal record, of one partition: [terminal_id, event] pairs, and
-    [card_id, event] pairs (labels only; none in a record of an older worker), and the router's
-    marks (none in a record of an older worker: it moves no clock)."""
+    [card_id, event] pairs (labels only; none in a record of an older worker), the router's
+    marks (none in a record of an older worker: it moves no clock), and its format."""
 
     events: list[tuple[str, TerminalEvent]]
     cards: list[tuple[str, TerminalEvent]] = []
     marks: InputMarks | None = None
+    #: Written as the last element (`FORMAT`); absent from release 0.1.0's records (format 1).
+    #: Release 0.1.0's decoder ignores an array_like struct's extra trailing elements (checked
+    #: with cc13c04's `decode_batch` and the msgspec 0.23.0 it locks), so it still reads what
+    #: this release writes: the format is written, not left out as the rules topic's is.
+    format_version: int = FIRST_FORMAT
 
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder(TerminalBatch)
+#: Element of the record that holds its format.
+_FORMAT_AT = len(TerminalBatch.__struct_fields__) - 1
 
 
 def partition_of(terminal_id: str, partitions: int) -> int:
@@ -112,20 +130,36 @@ def batch_by_partition(
         partition = partition_of(key, partitions)
         batch = by_partition.get(partition)
         if batch is None:
-            batch = by_partition[partition] = TerminalBatch([], [], marks)
+            batch = by_partition[partition] = TerminalBatch([], [], marks, FORMAT)
         (batch.cards if card else batch.events).append((key, event))
     for partition in also:
         if partition not in by_partition:
-            by_partition[partition] = TerminalBatch([], [], marks)
+            by_partition[partition] = TerminalBatch([], [], marks, FORMAT)
     return {p: _encode(batch) for p, batch in by_partition.items()}
 
 
 def decode_batch(value: bytes | None) -> TerminalBatch:
-    """Read an internal record back; ValueError if it is not one (never expected)."""
+    """Read an internal record back; ValueError if it is not one (never expected), or if it is
+    of a newer format than FORMAT (a newer release wrote it) or its format is not a number."""
     try:
-        return _decoder.decode(value or b"")
+        batch = _decoder.decode(value or b"")
     except msgspec.MsgspecError as exc:
+        _check_format_of_unreadable(value)
         raise ValueError(f"not a batch of terminal events: {exc}") from exc
+    if batch.format_version != FORMAT:  # the common case costs one comparison
+        check_format(batch.format_version, RECORD, FORMAT, WORKERS)
+    return batch
+
+
+def _check_format_of_unreadable(value: bytes | None) -> None:
+    """A record this release cannot decode may be a newer format's, whose elements mean what
+    this one does not know: then the error names its format."""
+    try:
+        raw = msgspec.json.decode(value or b"")
+    except msgspec.MsgspecError:
+        return
+    if isinstance(raw, list) and len(raw) > _FORMAT_AT:
+        check_format(raw[_FORMAT_AT], RECORD, FORMAT, WORKERS)
 
 
 def route_transaction(value: bytes | None, partition: int, offset: int) -> Routed | None:

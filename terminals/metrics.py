@@ -47,7 +47,9 @@ class WorkerMetrics:
             "Re-keyed terminal events applied to the table, by result: counted; duplicate (an "
             "input record read again after a restart or rebalance, not counted twice); repeated "
             "(a label with the outcome already in force for its transaction); corrected (a "
-            "label that changed its transaction's outcome); stale (older than every window)",
+            "label that changed its transaction's outcome); stale (older than every window); "
+            "unreadable (the entry's table value cannot be read, one of a newer release's "
+            "format: not applied)",
             ["source", "result"],
             registry=self.registry,
         )

@@ -57,7 +57,10 @@ nor take a bucket for a day that will not come for years; a day older than every
 the clock's day changes nothing.
 
 Serialized for the table's changelog as JSON: `{"as_of_day", "positions", "published", "risk",
-"labels"}` with `risk` the `TerminalRisk.to_bytes()` document.
+"labels", "format_version"}` with `risk` the `TerminalRisk.to_bytes()` document, and the value's
+format (`FORMAT`, contracts/record_format.py; absent from release 0.1.0's values: format 1). A
+value of a newer format is refused (`from_bytes`): its entry is skipped, never read as this
+release's.
 """
 
 from __future__ import annotations
@@ -70,10 +73,13 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.event_time import EventClock
+from contracts.record_format import FIRST_FORMAT, FORMAT_FIELD, check_format
 from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS
 from scorer.terminal_risk import TerminalRisk
-from terminals.events import TRANSACTION, InputMarks, TerminalEvent
+from terminals.events import TRANSACTION, WORKERS, InputMarks, TerminalEvent
 
+#: The table value's format (contracts/record_format.py).
+FORMAT = 1
 #: `as_of_day` of a terminal that has seen nothing yet.
 NO_DAY = -1
 #: An input's time before it has shown one (as terminals/order.py says it).
@@ -270,10 +276,15 @@ class _Stored(msgspec.Struct, frozen=True):
     published: list[float] | None = None
     #: transaction_id → [day, fraud] (older values have no labels: nothing remembered).
     labels: dict[str, tuple[int, bool]] = {}
+    #: Absent from release 0.1.0's values (format 1), whose decoder ignores it (a field it does
+    #: not know), so it still reads what this release writes.
+    format_version: int = FIRST_FORMAT
 
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(_Stored)
+#: How the format's refusals name the value.
+RECORD = "features-worker table"
 
 
 class TerminalState:
@@ -397,16 +408,21 @@ class TerminalState:
             msgspec.Raw(self.risk.to_bytes()),
             self.published,
             self.labels,
+            FORMAT,
         )
         return _encoder.encode(stored)
 
     @classmethod
     def from_bytes(cls, value: bytes) -> TerminalState:
-        """The inverse of `to_bytes`; ValueError for anything it did not write."""
+        """The inverse of `to_bytes`; ValueError for anything it did not write, and for a
+        value of a newer format than FORMAT (a newer release wrote it)."""
         try:
             stored = _decoder.decode(value)
         except msgspec.MsgspecError as exc:
+            _check_format_of_unreadable(value)
             raise ValueError(f"not a terminal state: {exc}") from exc
+        if stored.format_version != FORMAT:
+            check_format(stored.format_version, RECORD, FORMAT, WORKERS)
         state = cls()
         state.risk = TerminalRisk.from_bytes(bytes(stored.risk))
         state.as_of_day = stored.as_of_day
@@ -414,3 +430,13 @@ class TerminalState:
         state.published = stored.published
         state.labels = dict(stored.labels)
         return state
+
+
+def _check_format_of_unreadable(value: bytes) -> None:
+    """A value this release cannot decode may be a newer format's: then the error names it."""
+    try:
+        raw = msgspec.json.decode(value)
+    except msgspec.MsgspecError:
+        return
+    if isinstance(raw, dict) and FORMAT_FIELD in raw:
+        check_format(raw[FORMAT_FIELD], RECORD, FORMAT, WORKERS)
