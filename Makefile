@@ -17,7 +17,7 @@ PROMTOOL ?= $(shell command -v promtool 2>/dev/null || echo $(TOOLS)/promtool/us
 
 .PHONY: help venv kafka-up kafka-down kafka-status kafka-up-secure kafka-down-secure \
 	kafka-status-secure registry-up registry-down mlflow-up mlflow-down test test-secure unit check docs docs-serve demo model bench \
-	faults flywheel flywheel-audit clean \
+	faults upgrade-check flywheel flywheel-audit clean \
 	alerts-check lock resolve-check compose-check helm-check
 
 help:
@@ -40,6 +40,7 @@ help:
 	@echo "make model       retrain and export the shipped ONNX model"
 	@echo "make bench       decoding per input format; service vs pass-through, faust, Quix Streams and per-record; p99 at 5,000 tx/s"
 	@echo "make faults      fault-injection scenarios, both modes, on a broker of their own (:9292)"
+	@echo "make upgrade-check  release 0.1.0's worker and scorers, with state, replaced one by one under load"
 	@echo "make flywheel    v1 serves, the world drifts, v2 trained from the topics, shadowed, promoted"
 	@echo "make flywheel-audit  what a random audit buys the flywheel, 3 seeds (about 45 min)"
 	@echo "make alerts-check      promtool: Prometheus config and alert-rule unit tests"
@@ -228,6 +229,14 @@ FAULTS_ARGS ?=
 faults: venv
 	$(PY) -m faults $(FAULTS_ARGS)
 
+# The rolling upgrade from release 0.1.0 (fault scenario 7, faults/upgrade.py), both guarantees,
+# on the fault suite's broker: the release is installed from its commit into .upgrade/ once
+# (about 20 s with pip's cache warm). `make test` runs its short form, exactly-once. UPGRADE_ARGS,
+# e.g. --short, --mode at-least-once.
+UPGRADE_ARGS ?=
+upgrade-check: venv
+	$(PY) -m faults --scenario 7 $(UPGRADE_ARGS)
+
 # FLYWHEEL_ARGS, e.g. --cards 2000 --late-days 5 (python -m flywheel -h).
 flywheel: venv
 	ops/kafka/kafka.sh status >/dev/null 2>&1 || ops/kafka/kafka.sh up
@@ -246,5 +255,5 @@ clean:
 	-ops/kafka/kafka.sh down
 	-ops/kafka/kafka.sh down --secure
 	-KAFKA_PORT=9292 KAFKA_CONTROLLER_PORT=9293 KAFKA_STATE_DIR=.kafka-faults ops/kafka/kafka.sh down
-	rm -rf $(VENV) $(QUIX_VENV) .kafka .kafka-secure .kafka-faults .faults-logs .registry .mlflow .postgres $(TOOLS) .pytest_cache \
+	rm -rf $(VENV) $(QUIX_VENV) .kafka .kafka-secure .kafka-faults .faults-logs .upgrade .registry .mlflow .postgres $(TOOLS) .pytest_cache \
 		.mypy_cache .ruff_cache *.egg-info

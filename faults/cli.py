@@ -4,6 +4,8 @@ figures per scenario and a final table, exit 1 if any check failed.
     python -m faults                          the full suite, both modes (make faults)
     python -m faults --short                  CI's version: scenarios 1, 3, 4, 5, shorter
     python -m faults --mode exactly-once --scenario 2 3
+    python -m faults --scenario 7             the rolling upgrade from release 0.1.0
+                                              (make upgrade-check)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from faults.broker import DEFAULT_PORT, DEFAULT_STATE_DIR, REPO, Broker
 from faults.harness import ScenarioRun
+from faults.release import DEFAULT_ROOT as DEFAULT_RELEASE_ROOT
+from faults.release import FIRST_RELEASE, FIRST_RELEASE_COMMIT, install_release
 from faults.results import Result, Settings
 from faults.scenarios import SCENARIOS, Scenario
 from faults.timing import FULL, SHORT, Timing
@@ -31,6 +35,8 @@ log = logging.getLogger("faults")
 #: the rebalance with held state (6): 27 to 46 s a mode at the short size (50,000 cards), more
 #: than CI can add, and a figure to measure more than a guarantee to keep.
 SHORT_SCENARIOS = (1, 3, 4, 5)
+#: The scenario that needs a release installed (`faults/release.py`).
+UPGRADE = 7
 
 MODES = {"at-least-once": (False,), "exactly-once": (True,), "both": (False, True)}
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -105,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=REPO / ".faults-logs",
         help="replica logs go to a folder per run under this one",
+    )
+    parser.add_argument(
+        "--release-root",
+        type=Path,
+        default=DEFAULT_RELEASE_ROOT,
+        help=f"scenario 7 installs release {FIRST_RELEASE} (commit {FIRST_RELEASE_COMMIT[:12]}) "
+        "into a virtualenv under this folder, or uses the one there (default: %(default)s)",
     )
     parser.add_argument(
         "--keep-broker", action="store_true", help="leave the broker running at the end"
@@ -222,6 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rate is not None:
         timing = dataclasses.replace(timing, rate=args.rate)
     log_dir = args.log_dir / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        release = install_release(root=args.release_root) if UPGRADE in numbers else None
+    except ConfigurationError as exc:
+        print(f"python -m faults: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     broker = Broker(args.port, args.state_dir)
     started_here = not broker.running
     started = time.monotonic()
@@ -237,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_in_flight_records=args.max_in_flight_records,
                     max_in_flight_bytes=args.max_in_flight_bytes,
                     state_warm_up=args.state_warm_up,
+                    release=release,
                 )
                 result = run_one(broker, scenario, settings, timing, log_dir, args.keep_topics)
                 rows.append((scenario, result))

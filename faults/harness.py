@@ -16,9 +16,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -33,9 +33,11 @@ from faults.reading import (
     read_decisions,
     read_inputs,
 )
+from faults.release import Release
 from faults.replicas import Replica, Sampler, lag_samples
 from faults.results import Result, Settings
 from faults.verifier import DeadLetter, Decision, FaultWindow, InputRecord, verify
+from faults.zombie import Freeze
 from plumbing.metrics_text import by_key
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,10 @@ class ScenarioRun:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.result = Result(scenario, settings.mode)
         self.replicas: list[Replica] = []
+        #: Features workers (`python -m terminals run`): not members of the group, not sampled.
+        self.workers: list[Replica] = []
+        #: Topics a scenario made beyond the three above: deleted with them.
+        self.extra_topics: list[str] = []
         self.faults: list[FaultWindow] = []
         #: Dead letters a scenario saved before destroying them (scenario 5 deletes the topic).
         self.saved_dead_letters: list[DeadLetter] = []
@@ -108,7 +114,7 @@ class ScenarioRun:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        for replica in self.replicas:
+        for replica in [*self.replicas, *self.workers]:
             if replica.alive:
                 replica.signal(signal.SIGCONT)
                 replica.kill()
@@ -127,7 +133,7 @@ class ScenarioRun:
         try:
             existing = self.admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
             topics = [self.input_topic, self.output_topic, self.dlq_topic, self.changelog_topic]
-            topics = [t for t in topics if t in existing]
+            topics = [t for t in [*topics, *self.extra_topics] if t in existing]
             for future in self.admin.delete_topics(topics).values():
                 future.result(timeout=ADMIN_TIMEOUT_S)
         except Exception as exc:  # the broker may be the thing that broke
@@ -158,8 +164,9 @@ class ScenarioRun:
 
     # -- replicas and load ------------------------------------------------------------------
 
-    def replica(self, name: str, *extra: str) -> Replica:
-        """Start a replica of the scenario's group (`extra`: more `fraud-scorer run` flags)."""
+    def replica(self, name: str, *extra: str, release: Release | None = None) -> Replica:
+        """Start a replica of the scenario's group (`extra`: more `fraud-scorer run` flags),
+        of this tree's code or of `release`'s."""
         s = self.settings
         args = [
             *("--bootstrap-servers", self.bootstrap, "--group-id", self.group),
@@ -171,9 +178,17 @@ class ScenarioRun:
             *("--max-in-flight-bytes", str(s.max_in_flight_bytes)),
             *extra,
         ]
-        replica = Replica(name, args, self.log_dir / f"{name}.log").start()
+        replica = Replica(name, args, self.log_dir / f"{name}.log", **_code_of(release)).start()
         self.replicas.append(replica)
         return replica
+
+    def worker(self, name: str, args: list[str], release: Release | None = None) -> Replica:
+        """Start a features worker (`fraud-features run` with `args`), of this tree's code or
+        of `release`'s."""
+        path = self.log_dir / f"{name}.log"
+        worker = Replica(name, args, path, module="terminals", **_code_of(release)).start()
+        self.workers.append(worker)
+        return worker
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
@@ -212,7 +227,7 @@ class ScenarioRun:
                 why = f"exited with {replica.process.returncode} on its own: restarted"
             replica.retired = True
             log.error("%s %s: %s %s", self.result.scenario, self.result.mode, replica.name, why)
-            self.replicas.append(Replica(replica.name, replica.args, replica.log_path).start())
+            self.replicas.append(replica.again().start())
             if self.settings.exactly_once and _exited_on_fatal_error(replica):
                 self.fatal_exits.append(replica.name)
                 self.result.figures["fatal_exits"] = str(len(self.fatal_exits))
@@ -388,50 +403,18 @@ class ScenarioRun:
             topic_check(inputs, decisions)
 
 
-@dataclass(frozen=True)
-class Freeze:
-    """Scenario 3's zombie: when it was frozen and thawed (epoch ms), and the input partitions
-    it owned when frozen."""
-
-    stopped_ms: int
-    thawed_ms: int
-    partitions: frozenset[int]
-
-    def late_writes(
-        self, inputs: list[InputRecord], decisions: list[Decision]
-    ) -> tuple[int, int, int]:
-        """Decisions produced before the freeze and first visible after the thaw.
-
-        Returns the zombie's (decisions for its inputs), how many of those repeat another
-        decision, and the others'. A zombie frozen inside its commit, its offsets already sent
-        under the old generation, completes that transaction at the thaw: Kafka lets it, and
-        the new owner's offset fetch waits for it (KIP-447), so those writes appear late but
-        once. Fencing must stop any other: a late write that repeats a decision. The others'
-        are the second replica's, committed in time but held behind the zombie's open
-        transaction on a shared output partition until it ended: read_committed at work."""
-        zombie_ids = {r.transaction_id for r in inputs if r.partition in self.partitions}
-        decided: dict[str, int] = {}
-        for d in decisions:
-            decided[d.transaction_id] = decided.get(d.transaction_id, 0) + 1
-        late = duplicated = released = 0
-        for d in decisions:
-            visible = d.visible_at_ms or d.decided_at_ms
-            if d.produced_ms is None or d.produced_ms > self.stopped_ms or visible < self.thawed_ms:
-                continue
-            if d.transaction_id in zombie_ids:
-                late += 1
-                duplicated += decided[d.transaction_id] > 1
-            else:
-                released += 1
-        return late, duplicated, released
-
-
 def _exited_on_fatal_error(replica: Replica) -> bool:
     """Whether the replica exited 1 on a fatal transaction error (its log says so)."""
     if replica.process is None or replica.process.returncode != 1:
         return False
     text = replica.log_path.read_text(errors="replace")
     return "stopping on a fatal Kafka error" in text and "fatal transaction error" in text
+
+
+def _code_of(release: Release | None) -> dict[str, Any]:
+    """A replica's interpreter and working directory: this tree's (the defaults), or a
+    release's."""
+    return {} if release is None else {"python": str(release.python), "cwd": release.source}
 
 
 def _holds(condition: Callable[[], bool]) -> bool:

@@ -1,13 +1,16 @@
 """The service replicas of a scenario, as child processes, and what is sampled from them.
 
-Each replica is `python -m stream run` with its own instance id, metrics port and log file, so
-signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM) are real. The `Sampler` scrapes every live replica
+Each replica is `python -m stream run` (or the features worker, `python -m terminals run`) with
+its own instance id, metrics port and log file, so signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM)
+are real. It runs this tree's code, or a release's (`faults/release.py`): that release's
+interpreter, from its source directory. The `Sampler` scrapes every live replica
 a few times a second: in-flight records and bytes (the memory bound), paused partitions and
 readiness.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import socket
@@ -47,24 +50,35 @@ def lag_samples(exposition: str) -> list[tuple[dict[str, str], float]]:
 
 @dataclass
 class Replica:
-    """One `fraud-scorer run` child process."""
+    """One `fraud-scorer run` (or `fraud-features run`) child process."""
 
     name: str
     args: list[str]
     log_path: Path
     metrics_port: int = field(default_factory=free_port)
+    #: `stream` (the scorer) or `terminals` (the features worker).
+    module: str = "stream"
+    #: The interpreter and working directory: this tree's, or a release's.
+    python: str = sys.executable
+    cwd: Path = REPO
     process: subprocess.Popen[bytes] | None = None
     #: Set when the scenario ends this process on purpose (or another took its place), so
     #: that its exit is no failure.
     retired: bool = False
 
     def start(self) -> Replica:
-        command = [sys.executable, "-m", "stream", "run", *self.args]
+        command = [self.python, "-m", self.module, "run", *self.args]
         command += ["--instance-id", self.name, "--metrics-host", "127.0.0.1"]
         command += ["--metrics-port", str(self.metrics_port)]
         with self.log_path.open("ab") as out:  # the child keeps its own descriptor
-            self.process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT
+            )
         return self
+
+    def again(self) -> Replica:
+        """The same replica (name, code, arguments, log) as a new process, not started."""
+        return dataclasses.replace(self, metrics_port=free_port(), process=None, retired=False)
 
     @property
     def pid(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from faults.release import Release
 from faults.verifier import Report
 
 
@@ -23,6 +24,8 @@ class Settings:
     #: Scenario 6's replicas read every partition's card state before joining
     #: (FRAUD_STATE_WARM_UP).
     state_warm_up: str = "on"
+    #: Scenario 7: the release its worker and replicas start as, before the upgrade.
+    release: Release | None = None
 
     @property
     def mode(self) -> str:

@@ -1,4 +1,4 @@
-"""The six fault scenarios. Each runs against the suite's own broker under an open-loop load,
+"""The seven fault scenarios. Each runs against the suite's own broker under an open-loop load,
 injects its fault, waits for the service to recover, and leaves the checks to
 `ScenarioRun.finish()` (the verifier, lag, pauses, memory) plus its own.
 
@@ -13,7 +13,9 @@ injects its fault, waits for the service to recover, and leaves the checks to
    before it starts, `faults/held_state.py`) is joined by a second one, which later leaves
    (SIGTERM); the partitions the first keeps throughout must go on being decided while the
    moved partitions' state is restored in the background (the longest gap between their
-   decisions, against `KEPT_GAP_GOAL_MS`), with the latency and the restore times as figures.
+   decisions, against `KEPT_GAP_GOAL_MS`), with the latency and the restore times as figures;
+7. a rolling upgrade: the first release's worker and replicas, with state, replaced one at a
+   time by this tree's (`faults/upgrade.py`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from typing import NamedTuple
 
 from confluent_kafka.admin import NewTopic
 
-from faults.harness import ADMIN_TIMEOUT_S, Freeze, ScenarioRun
+from faults.harness import ADMIN_TIMEOUT_S, ScenarioRun
 from faults.held_state import write_held_states
 from faults.reading import read_dead_letters
+from faults.release import FIRST_RELEASE
 from faults.replica_logs import Restore, moved_away, restores, resumes
 from faults.replicas import Replica
 from faults.timeline import latency, longest_gaps, silences
 from faults.timing import Timing
+from faults.upgrade import rolling_upgrade
 from faults.verifier import Decision, InputRecord
+from faults.zombie import Freeze
 
 log = logging.getLogger(__name__)
 
@@ -413,5 +418,6 @@ SCENARIOS = {
         Scenario(4, "rebalance storm", rebalance_storm),
         Scenario(5, "DLQ deleted", delete_dlq),
         Scenario(6, "rebalance with held state", rebalance_with_held_state),
+        Scenario(7, f"rolling upgrade from {FIRST_RELEASE}", rolling_upgrade),
     )
 }

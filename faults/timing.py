@@ -22,6 +22,8 @@ class Timing:
     #: Scenario 6: cards whose state the first replica holds, and how long the second stays.
     held_cards: int
     joined_s: float
+    #: Scenario 7: past transactions written before the release starts.
+    history_records: int
 
 
 FULL = Timing(
@@ -36,6 +38,7 @@ FULL = Timing(
     dlq_gone_s=10,
     held_cards=1_000_000,
     joined_s=20,
+    history_records=40_000,
 )
 #: CI's version: a fifth of the load, one kill, a 12 s storm, 50,000 cards held, shorter windows.
 SHORT = Timing(
@@ -50,4 +53,5 @@ SHORT = Timing(
     dlq_gone_s=4,
     held_cards=50_000,
     joined_s=5,
+    history_records=10_000,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from faults.harness import Freeze
 from faults.verifier import DeadLetter, Decision, FaultWindow, InputRecord, Report, verify
+from faults.zombie import Freeze
 
 T0 = 1_800_000_000_000
 GUARANTEES = [pytest.param(False, id="at-least-once"), pytest.param(True, id="exactly-once")]

@@ -37,6 +37,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The features worker's image: its own tag while an upgrade holds it back, else the scorer's. */}}
+{{- define "fraud-scorer.featuresImage" -}}
+{{- printf "%s:%s" .Values.image.repository (default (default .Chart.AppVersion .Values.image.tag) .Values.features.imageTag) -}}
+{{- end -}}
+
 {{/* The Secret holding the librdkafka properties file, if any. */}}
 {{- define "fraud-scorer.kafkaConfigSecret" -}}
 {{- if .Values.kafka.config.existingSecret -}}
