@@ -90,7 +90,8 @@ kafka-status-secure:
 # So does the install of Debian's Chromium and chromedriver for the review console's browser
 # test (ops/tools/browser.sh; apt, once). A PostgreSQL server (Debian's, about 3 s) serves the
 # review console's shared-store tests (ops/postgres/postgres.sh, 127.0.0.1:15432).
-# The tests create their own topics, users, ACLs and schemas.
+# The tests create their own topics, users, ACLs and schemas. The unit tier runs first, on every
+# core (pytest-xdist); the tiers with brokers after it, one test at a time.
 test: venv
 	@if ops/kafka/kafka.sh status >/dev/null 2>&1; then plain=0; else plain=1; fi; \
 	if ops/kafka/kafka.sh status --secure >/dev/null 2>&1; then secure=0; else secure=1; fi; \
@@ -104,7 +105,8 @@ test: venv
 		&& ops/postgres/postgres.sh up || status=$$?; \
 	wait $$mlflow_up || status=$$?; cat .mlflow/up.log; \
 	wait $$browser_up || status=$$?; cat $(TOOLS)/browser.log; \
-	if [ $$status = 0 ]; then $(PY) -m pytest $(PYTEST_ARGS) || status=$$?; fi; \
+	if [ $$status = 0 ]; then $(PY) -m pytest -n auto tests/unit $(PYTEST_ARGS) || status=$$?; fi; \
+	if [ $$status = 0 ]; then $(PY) -m pytest --ignore=tests/unit $(PYTEST_ARGS) || status=$$?; fi; \
 	if [ $$mlflow = 1 ]; then ops/mlflow/mlflow.sh down; fi; \
 	if [ $$postgres = 1 ]; then ops/postgres/postgres.sh down; fi; \
 	if [ $$registry = 1 ]; then ops/registry/registry.sh down; fi; \
@@ -137,7 +139,7 @@ test-secure: venv
 	exit $$status
 
 unit: venv
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto tests/unit $(PYTEST_ARGS)
 
 check: venv
 	$(VENV)/bin/ruff format --check .
