@@ -53,5 +53,5 @@ SHORT = Timing(
     dlq_gone_s=4,
     held_cards=50_000,
     joined_s=5,
-    history_records=10_000,
+    history_records=20_000,
 )

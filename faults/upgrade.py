@@ -4,15 +4,15 @@ at a time by this tree's code.
 
 The state, written before the release starts (`History`):
 - past transactions (the same simulated cards and terminals as the load's, moved 12 days to 1
-  day back) and a label for each of their frauds: the worker counts them into terminal risk and
-  card frauds, and the replicas into their cards' history and its changelog;
+  day back) and a label for each card's first fraud: the worker counts them into terminal risk
+  and card frauds, and the replicas into their cards' history and its changelog;
 - a rule on the rules topic that reviews every transaction over an amount.
 
 Under the load, as docs/upgrading.md says, the readers of the worker's records first: each scorer
 replica in turn (SIGTERM, then this tree's replica under the same instance id; exactly-once: the
 same transactional id). Then the worker (SIGTERM, then this tree's worker under the same app id,
-restoring its tables from the changelogs the release wrote); it is then given more labels, so
-that it counts on top of what it restored.
+restoring its tables from the changelogs the release wrote); it is then given the labels of the
+other frauds of those cards, so that it counts on top of what it restored.
 
 The checks, beyond the verifier's (nothing lost; nothing duplicated under exactly-once):
 - every decision's feature row equals an unbroken run's: this tree's code deciding the same
@@ -104,8 +104,8 @@ class History:
         self.newest_ms = self._write(records)
 
     def _write(self, count: int) -> int:
-        """The past transactions (the load's first `count`, moved back), the labels of half of
-        their frauds and the rule; returns the newest time written (epoch ms)."""
+        """The past transactions (the load's first `count`, moved back), the labels of each
+        card's first fraud and the rule; returns the newest time written (epoch ms)."""
         # The load's own simulator and seed (faults/load.py): its cards and terminals.
         seed = self.run.settings.seed
         batch = TransactionSimulator(seed, id_prefix=f"f{seed}").generate(count)
@@ -123,7 +123,14 @@ class History:
             if batch.is_fraud[i]:
                 reported = min(int(moved[i]) + 3_600_000, now_ms - 60_000)
                 labels.append(_label(record, reported))
-        given, self._later = labels[::2], labels[1::2]
+        # Each card's first fraud now, its others after the worker's upgrade: the upgraded
+        # worker then counts on top of what it restored, for the same cards and terminals.
+        firsts: set[str] = set()
+        given: list[dict[str, object]] = []
+        for label in labels:
+            card = str(label["card_id"])
+            (self._later if card in firsts else given).append(label)
+            firsts.add(card)
         for label in given:
             self._give(label)
         rule = {"when": f"amount > {RULE_AMOUNT}", "then": "review"}

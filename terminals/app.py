@@ -11,8 +11,8 @@ transactions, labels (key card_id) ─► Router (terminals/router.py, librdkafk
                      │                            ▼  when the terminal's buckets change
                      │              terminal-risk (compacted, key terminal_id; a tombstone once
                      │                             neutral or idle)
-                     └─ labels ───► table "card-state" (key card_id, value TerminalState)
-                                    └► changelog <app-id>-card-state-changelog (compacted)
+                     └─ labels ───► table "card-frauds" (key card_id, value TerminalState)
+                                    └► changelog <app-id>-card-frauds-changelog (compacted)
                                                   ▼  when the card's frauds change
                                     card-frauds (compacted, key card_id; a tombstone once idle)
 ```

@@ -8,14 +8,15 @@ be compacted: the scorer rebuilds its copies by reading each whole topic, and un
 delete policy a terminal (or card) whose record has not changed for the retention time would
 lose it. An existing output topic without `cleanup.policy=compact` stops the worker.
 
-The internal topics, `<app id>-terminal-events` (the re-keyed events), and the tables'
-changelogs `<app id>-terminal-state-changelog` and `<app id>-card-state-changelog` (compacted), with
+The internal topics, `<app id>-terminal-events` (the re-keyed events), and the tables' changelogs
+`<app id>-terminal-state-changelog` and `<app id>-card-frauds-changelog` (compacted), with
 FRAUD_FEATURES_TABLE_PARTITIONS partitions, are created here too before faust starts, and `run`
 waits until the broker's metadata lists every topic the worker reads: faust would create its
 internal topics itself, but a consumer group that forms before a brand-new topic shows in the
 metadata is assigned none of its partitions, and nothing would be read from it until the next
-metadata refresh (minutes). An internal topic with another partition count stops the worker
-(the count is fixed once they exist).
+metadata refresh (minutes). An internal topic with another partition count stops the worker (the
+count is fixed once they exist). The per-card table's changelog of release 0.1.0, `<app id>-card-
+state-changelog`, is copied into the new one first (terminals/card_table_migration.py).
 
 The transactions and dead-letter topics belong to the scorer (`fraud-scorer create-topics`); a
 missing transactions topic stops the worker with a message that says so.
@@ -37,6 +38,7 @@ from confluent_kafka.admin import (
 from contracts.worker_progress import progress_topic_name
 from plumbing.errors import ConfigurationError
 from plumbing.topic_admin import ADMIN_TIMEOUT_S, create_missing
+from terminals.card_table_migration import FORMER_CARD_TABLE_NAME, migrate_card_table
 from terminals.config import FeaturesSettings
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ METADATA_POLL_S = 0.2
 COMPACT = {"cleanup.policy": "compact"}
 #: faust's names of the tables (a changelog is <app id>-<table>-changelog).
 TABLE_NAME = "terminal-state"
-CARD_TABLE_NAME = "card-state"
+CARD_TABLE_NAME = "card-frauds"
 
 
 def events_topic_name(app_id: str) -> str:
@@ -136,6 +138,8 @@ def prepare_topics(config: FeaturesSettings) -> None:
                 f"FRAUD_FEATURES_TABLE_PARTITIONS is {partitions}: the count is fixed once the "
                 "topics exist (set it back, or start afresh with a new FRAUD_FEATURES_APP_ID)"
             )
+    former = changelog_topic_name(config.app_id, FORMER_CARD_TABLE_NAME)
+    migrate_card_table(config, admin, former, changelogs[1], partitions)
 
 
 def _admin(config: FeaturesSettings) -> AdminClient:
