@@ -139,7 +139,9 @@ def _decision(record: dict[str, Any], i: int) -> Decision:
         False,
         int(record["event_time"]),
         int(record["event_time"]) + 12,
-        reasons=(Reason("log_amount", "amount 120.00", 0.3),) * 3 if flagged else (),
+        reasons=(Reason(feature="log_amount", text="amount 120.00", contribution=0.3),) * 3
+        if flagged
+        else (),
     )
 
 

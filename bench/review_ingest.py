@@ -54,11 +54,14 @@ TEMPLATES = 20_000
 PARTITIONS = 6
 #: How long a phase may take to show every case before the run is called failed.
 DRAIN_TIMEOUT_S = 600.0
+#: As the scorer writes them: each reason's words twice, as `text` and the deprecated `label`.
 _REASONS = (
-    b',"reasons":[{"feature":"card_testing_velocity","label":"6 small online payments in '
-    b'minutes","contribution":0.28},{"feature":"log_amount","label":"amount 0.71",'
-    b'"contribution":0.0008},{"feature":"card_since_previous","label":"2 minutes since the '
-    b'card\'s previous transaction","contribution":0.0005}],"rules":["night_ecom"]'
+    b',"reasons":[{"feature":"card_testing_velocity","text":"6 small online payments in '
+    b'minutes","label":"6 small online payments in minutes","contribution":0.28},'
+    b'{"feature":"log_amount","text":"amount 0.71","label":"amount 0.71",'
+    b'"contribution":0.0008},{"feature":"card_since_previous","text":"2 minutes since the '
+    b'card\'s previous transaction","label":"2 minutes since the card\'s previous '
+    b'transaction","contribution":0.0005}],"rules":["night_ecom"]'
 )
 
 
@@ -190,7 +193,8 @@ def console_run(broker: Broker, args: Any, tmp: Path) -> dict[str, Any]:
 def store_run(open_cases: int, tmp: Path) -> dict[str, Any]:
     store = CaseStore(str(tmp / "store.db"))
     details = TransactionDetails(120.5, "EUR", "merch-00001", "merch-00001-t1", "FR", "ecom", 60)
-    reasons = [{"feature": "card_testing_velocity", "label": "6 small online payments in minutes",
+    words = "6 small online payments in minutes"
+    reasons = [{"feature": "card_testing_velocity", "text": words, "label": words,
                 "contribution": 0.28}] * 3  # fmt: skip
     rng = random.Random(7)
     started = time.monotonic()

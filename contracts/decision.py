@@ -11,16 +11,31 @@ import numpy.typing as npt
 APPROVE, REVIEW, DECLINE = "approve", "review", "decline"
 
 
-class Reason(msgspec.Struct, frozen=True, gc=False):
-    """Why the model flagged a transaction: one feature and how much it added to the score."""
+class Reason(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """Why the model flagged a transaction: one feature and how much it added to the score.
+
+    The feature's value in words is `text`. Release 0.1.0 wrote it as `label` only; this
+    release writes both, with the same value, and `label` goes in the release after next. A
+    reason made or decoded with one of them gets the other too, so a 0.1.0 decision reads the
+    same as a new one. Keyword-only: 0.1.0's positional order (feature, label, contribution)
+    cannot be mistaken for this one."""
 
     #: A name from the feature catalogue (docs/features.md).
     feature: str
     #: The feature's value in words, e.g. "7d average spend 310.00, 9.0x the card's 30-day
     #: average".
-    label: str
+    text: str = ""
+    #: Deprecated: the same as `text`, written for the consumers of release 0.1.0's decisions
+    #: for one more release; removed in the release after next.
+    label: str = ""
     #: The score with the feature's value minus the score with the reference row's value.
     contribution: float
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            msgspec.structs.force_setattr(self, "text", self.label)
+        elif not self.label:
+            msgspec.structs.force_setattr(self, "label", self.text)
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):

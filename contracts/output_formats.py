@@ -7,7 +7,9 @@ Each registry format has a schema of the decision contract's fields and types:
 (`<output topic>-value`) to BACKWARD compatibility, the registry rule under which a consumer with
 the new schema reads what the old one wrote, and registers the schema there by serializing one
 decision, so a registry that refuses it stops the start; a later version of this service may
-only add fields with defaults. Every decision is then written with that schema's id
+only add fields with defaults (as a reason's `text` was added beside `label`, which stays,
+deprecated, until the release after next: Avro with a default, Protobuf as field 4; JSON Schema
+describes it without declaring it, see there). Every decision is then written with that schema's id
 (`confluent_kafka.schema_registry`'s serializers, which look the id up once and cache it). The
 JSON Schema serializer does not validate each decision against the schema: the service made
 them, from the same contract. Dead letters keep the input's bytes exactly, whatever the formats.
@@ -52,8 +54,22 @@ DECISION_AVRO_SCHEMA = json.dumps(
                         "name": "Reason",
                         "fields": [
                             {"name": "feature", "type": "string"},
-                            {"name": "label", "type": "string"},
+                            {
+                                "name": "label",
+                                "type": "string",
+                                "default": "",
+                                "doc": "deprecated: the same as text; removed in the release "
+                                "after next",
+                            },
                             {"name": "contribution", "type": "double"},
+                            # Added after 0.1.0: a default, so that this schema reads 0.1.0's
+                            # decisions (BACKWARD); there they read "" (take `label` then).
+                            {
+                                "name": "text",
+                                "type": "string",
+                                "default": "",
+                                "doc": "the feature's value in words",
+                            },
                         ],
                     },
                 },
@@ -98,8 +114,9 @@ message Decision {
 
   message Reason {
     string feature = 1;
-    string label = 2;
+    string label = 2 [deprecated = true];  // the same as text; removed in the release after next
     double contribution = 3;
+    string text = 4;            // the feature's value in words ("" in 0.1.0's: take label)
   }
 }
 """
@@ -123,9 +140,20 @@ DECISION_JSON_SCHEMA = json.dumps(
                 "type": "array",
                 "items": {
                     "type": "object",
+                    # `text` is described, not declared: 0.1.0's reason object is open (any other
+                    # property allowed), and a registry's BACKWARD check refuses a property
+                    # added to an open object, as old data could hold anything under that name
+                    # (Confluent: PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL, for a typed one;
+                    # Apicurio: "property schemas narrowed", even for an empty schema).
+                    "description": "also text (a string): the feature's value in words, absent "
+                    "from release 0.1.0's decisions (read label then)",
                     "properties": {
                         "feature": {"type": "string"},
-                        "label": {"type": "string"},
+                        "label": {
+                            "type": "string",
+                            "description": "deprecated: the same as text; removed in the "
+                            "release after next",
+                        },
                         "contribution": {"type": "number"},
                     },
                     "required": ["feature", "label", "contribution"],
@@ -252,13 +280,18 @@ def decision_message() -> Any:
     )
     message = proto.message_type.add(name="Decision")
     reason = message.nested_type.add(name="Reason")
-    for number, (name, field_type) in enumerate(
-        (("feature", "TYPE_STRING"), ("label", "TYPE_STRING"), ("contribution", "TYPE_DOUBLE")),
-        start=1,
-    ):
-        reason.field.add(
+    reason_fields = (
+        ("feature", "TYPE_STRING"),
+        ("label", "TYPE_STRING"),  # deprecated: removed in the release after next; never reuse 2
+        ("contribution", "TYPE_DOUBLE"),
+        ("text", "TYPE_STRING"),  # added after 0.1.0
+    )
+    for number, (name, field_type) in enumerate(reason_fields, start=1):
+        field = reason.field.add(
             name=name, number=number, type=getattr(kind, field_type), label=kind.LABEL_OPTIONAL
         )
+        if name == "label":
+            field.options.deprecated = True
     fields = (
         ("transaction_id", "TYPE_STRING"),
         ("card_id", "TYPE_STRING"),

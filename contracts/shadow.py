@@ -12,11 +12,11 @@ class ShadowDecision(msgspec.Struct, frozen=True, gc=False):
 
     transaction_id: str
     card_id: str
-    #: The challenger's version, score, and label by its own thresholds (rules not applied).
+    #: The challenger's version, score, and decision by its own thresholds (rules not applied).
     model_version: str
     score: float
     decision: str
-    #: The served model's version, score, and label by its thresholds (rules not applied).
+    #: The served model's version, score, and decision by its thresholds (rules not applied).
     served_model_version: str
     served_score: float
     served_decision: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
 
@@ -72,7 +72,8 @@ class NewCase(NamedTuple):
     model_version: str
     event_time: int
     decided_at: int
-    #: JSON-ready: [{"feature", "label", "contribution"}…] and the rules' names.
+    #: JSON-ready: [{"feature", "text", "label", "contribution"}…] (`case_reason`) and the
+    #: rules' names.
     reasons: list[dict[str, Any]]
     rules: list[str]
     details: TransactionDetails | None
@@ -304,10 +305,26 @@ def _case_row(case: NewCase, now: int) -> tuple[Any, ...]:
     )
 
 
+def case_reason(reason: Mapping[str, Any]) -> dict[str, Any]:
+    """A reason as a case keeps it and the API answers it: `{"feature", "text", "label",
+    "contribution"}`, `label` the same as `text` (deprecated, as on the decisions topic; kept so
+    that a console rolled back to release 0.1.0 still shows the cases stored since). A decision
+    of release 0.1.0, and a case a 0.1.0 console stored, have only `label`: it is the text."""
+    text = reason.get("text") or reason.get("label") or ""
+    return {
+        "feature": reason["feature"],
+        "text": text,
+        "label": text,
+        "contribution": reason["contribution"],
+    }
+
+
 def _case_dict(row: dict[str, Any]) -> dict[str, Any]:
     case = dict(row)
     for name in _JSON_FIELDS & case.keys():
         case[name] = json.loads(case[name])
+    if "reasons" in case:
+        case["reasons"] = [case_reason(reason) for reason in case["reasons"]]
     if case.get("fraud") is not None:
         case["fraud"] = bool(case["fraud"])
     return case

@@ -39,7 +39,7 @@ from confluent_kafka import (
 
 from contracts.transaction import MAX_EVENT_TIME_MS, MAX_ID_CHARS, decode_transaction
 from plumbing.errors import DecodeError, ValidationError
-from review.cases import CaseStore, NewCase, TransactionDetails
+from review.cases import CaseStore, NewCase, TransactionDetails, case_reason
 from review.metrics import ReviewMetrics
 from review.settings import ReviewSettings
 
@@ -62,9 +62,12 @@ _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 _Text = Annotated[str, msgspec.Meta(max_length=1_000)]
 
 
-class _Reason(msgspec.Struct, frozen=True):
+class _Reason(msgspec.Struct, frozen=True, kw_only=True):
     feature: Annotated[str, msgspec.Meta(max_length=200)]
-    label: _Text
+    #: The feature's value in words; a decision of release 0.1.0 has only `label`, the same
+    #: words (written beside `text` for one more release, deprecated).
+    text: _Text = ""
+    label: _Text = ""
     contribution: float
 
 
@@ -376,7 +379,7 @@ class Ingest:
             decision.model_version,
             decision.event_time,
             decision.decided_at,
-            [msgspec.structs.asdict(reason) for reason in decision.reasons],
+            [case_reason(msgspec.structs.asdict(reason)) for reason in decision.reasons],
             list(decision.rules),
             details,
             CardTimelines.unpack(earlier),

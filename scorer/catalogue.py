@@ -7,9 +7,10 @@ its value into a sentence. docs/features.md is generated from it:
 
     python -m scorer.catalogue > docs/features.md
 
-Labels read the transaction's whole catalogue row, so one can relate two features ("7-day
-average 9.0x the card's 30-day average"). Counts and amounts are stored as log(1 + x)
-(`LOG1P_FEATURES`); labels and rules read them as x.
+A feature's text (its value in words, a reason's `text`) reads the transaction's whole
+catalogue row, so one can relate two features ("7-day average 9.0x the card's 30-day
+average"). Counts and amounts are stored as log(1 + x) (`LOG1P_FEATURES`); texts and rules read
+them as x.
 """
 
 from __future__ import annotations
@@ -29,15 +30,16 @@ from contracts.terminal_risk import DELAY_DAYS, FRESH_WINDOWS_DAYS, TERMINAL_FEA
 from scorer.card_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
 from scorer.features import FEATURE_NAMES, TINY_AMOUNT
 
-#: A catalogue row by feature name → a short, human-readable sentence.
-Label = Callable[[Mapping[str, float]], str]
+#: A catalogue row by feature name → the feature's value in a short, human-readable sentence.
+Text = Callable[[Mapping[str, float]], str]
 
 
 class Feature(NamedTuple):
     name: str
     group: str
     description: str
-    label: Label
+    #: The feature's value in words, from a catalogue row: a reason's `text`.
+    text: Text
     #: What the feature says something about, with the features that say the same thing
     #: otherwise (a card's four velocity windows): reason codes move them together.
     reason: str
@@ -76,7 +78,7 @@ def _ratio(row: Mapping[str, float], window: str) -> str:
     return f"{ratio:.1f}x the card's 30-day average"
 
 
-def _flag(yes: str, no: str, name: str) -> Label:
+def _flag(yes: str, no: str, name: str) -> Text:
     return lambda row: yes if row[name] >= 0.5 else no
 
 
@@ -154,7 +156,7 @@ _GROUPS = {
 }
 
 
-def _labels() -> dict[str, Label]:
+def _texts() -> dict[str, Text]:
     mcc = {
         "everyday": "everyday spending",
         "travel": "travel",
@@ -162,7 +164,7 @@ def _labels() -> dict[str, Label]:
         "high_value": "high-value goods",
         "cash": "cash or quasi-cash",
     }
-    labels: dict[str, Label] = {
+    texts: dict[str, Text] = {
         "log_amount": lambda r: f"amount {_money(r['log_amount'])}",
         "tiny_amount": _flag(
             "amount below 2, typical of a card-testing probe", "amount of 2 or more", "tiny_amount"
@@ -202,21 +204,21 @@ def _labels() -> dict[str, Label]:
     }
     for channel in ("pos", "ecom", "atm"):
         name = f"channel_{channel}"
-        labels[name] = _flag(f"{channel} channel", f"not the {channel} channel", name)
+        texts[name] = _flag(f"{channel} channel", f"not the {channel} channel", name)
     for family, words in mcc.items():
         name = f"mcc_{family}"
-        labels[name] = _flag(f"merchant category: {words}", f"merchant category not {words}", name)
+        texts[name] = _flag(f"merchant category: {words}", f"merchant category not {words}", name)
     for w, words in zip(WINDOW_NAMES, ("hour", "day", "7 days", "30 days"), strict=True):
-        labels.update(_card_window_labels(w, words))
+        texts.update(_card_window_texts(w, words))
     for w in ("1d", "7d", "30d"):
-        labels.update(_terminal_window_labels(w))
+        texts.update(_terminal_window_texts(w))
     for days in FRESH_WINDOWS_DAYS:
-        labels[f"terminal_fresh_frauds_{days}d"] = _fresh_label("terminal", days)
-        labels[f"card_fresh_frauds_{days}d"] = _fresh_label("card", days)
-    return labels
+        texts[f"terminal_fresh_frauds_{days}d"] = _fresh_text("terminal", days)
+        texts[f"card_fresh_frauds_{days}d"] = _fresh_text("card", days)
+    return texts
 
 
-def _card_window_labels(w: str, words: str) -> dict[str, Label]:
+def _card_window_texts(w: str, words: str) -> dict[str, Text]:
     def average(r: Mapping[str, float]) -> str:
         spend = f"{w} average spend {_money(r[f'card_avg_amount_{w}'])}"
         return spend if w == "30d" else f"{spend}, {_ratio(r, w)}"
@@ -229,7 +231,7 @@ def _card_window_labels(w: str, words: str) -> dict[str, Label]:
     }
 
 
-def _terminal_window_labels(w: str) -> dict[str, Label]:
+def _terminal_window_texts(w: str) -> dict[str, Text]:
     span = "a day" if w == "1d" else f"{w[:-1]} days"
     return {
         f"terminal_tx_{w}": lambda r: (
@@ -245,7 +247,7 @@ def _terminal_window_labels(w: str) -> dict[str, Label]:
     }
 
 
-def _fresh_label(entity: str, days: int) -> Label:
+def _fresh_text(entity: str, days: int) -> Text:
     name = f"{entity}_fresh_frauds_{days}d"
     span = "today and yesterday" if days == 2 else f"the last {days} days"
     where = "at the terminal" if entity == "terminal" else "on the card"
@@ -274,10 +276,10 @@ REASON_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def _catalogue() -> tuple[Feature, ...]:
-    labels = _labels()
+    texts = _texts()
     reason = {name: group for group, names in REASON_GROUPS.items() for name in names}
     return tuple(
-        Feature(name, _GROUPS[name], _DESCRIPTIONS[name], labels[name], reason.get(name, name))
+        Feature(name, _GROUPS[name], _DESCRIPTIONS[name], texts[name], reason.get(name, name))
         for name in FEATURE_NAMES
     )
 
@@ -300,7 +302,7 @@ def _duration(seconds: float) -> str:
 
 
 CATALOGUE: tuple[Feature, ...] = _catalogue()
-#: Features stored as log1p(x): rules and labels read them as x (`natural_values`).
+#: Features stored as log1p(x): rules and texts read them as x (`natural_values`).
 LOG1P_FEATURES: frozenset[str] = frozenset(
     feature.name
     for feature in CATALOGUE

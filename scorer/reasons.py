@@ -94,7 +94,11 @@ class Explainer:
             lead = next((j for j in members if moved[j]), members[0])
             feature = CATALOGUE[int(self._columns[lead])]
             reasons.append(
-                Reason(feature.name, feature.label(values), round(float(contribution[g]), 6))
+                Reason(
+                    feature=feature.name,
+                    text=feature.text(values),
+                    contribution=round(float(contribution[g]), 6),
+                )
             )
         return tuple(reasons)
 

@@ -82,8 +82,9 @@ async function openCase() {
   ];
   for (const [name, value] of shown) fields.append(text("dt", name), text("dd", value));
   const reasons = document.getElementById("case-reasons");
+  // A reason's words are `text`; a case from a decision of release 0.1.0 may have only `label`.
   reasons.replaceChildren(...current.reasons.map((r) =>
-    text("li", `${r.label} (+${r.contribution.toFixed(3)})`)));
+    text("li", `${r.text || r.label} (+${r.contribution.toFixed(3)})`)));
   const rules = document.getElementById("case-rules");
   rules.replaceChildren(...current.rules.map((r) => text("li", r)));
   const timeline = document.getElementById("case-timeline");

@@ -420,6 +420,7 @@ def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
         assert decision["decision"] in ("approve", "review", "decline")
         assert int(decision["event_time"]) == event_times[decision["transaction_id"]]
         assert isinstance(decision["reasons"], list) and isinstance(decision["rules"], list)
+        assert all(r["text"] and r["label"] == r["text"] for r in decision["reasons"])
     subject = f"{topics.output}-value"
     assert registry.get_compatibility(subject) == "BACKWARD"
     kind = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}[registry_format]

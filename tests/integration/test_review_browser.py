@@ -114,6 +114,9 @@ def _analyst_session(browser: WebDriver, console: ReviewConsole, tmp_path: Path)
         "return [...document.querySelectorAll('#case-reasons li')].map(li => li.textContent)"
     )
     assert reasons and all(reasons)
+    # Each in its words (`text`), as the API has them.
+    words = [reason["text"] for reason in console.case(top).json()["reasons"]]
+    assert [item.rsplit(" (+", 1)[0] for item in reasons] == words
     browser.save_screenshot(str(shots / "review-case.png"))
 
     # The fraud key closes it: it leaves the queue, and its label is on the topic.

@@ -35,11 +35,13 @@ def transaction(tid: str, card: str, amount: float, merchant: str = "m-1") -> di
 
 
 def decision(tid: str, card: str, score: float, verdict: str = "review") -> dict[str, Any]:
+    """A decision as the scorer writes it: a reason's words as `text` and, deprecated, `label`."""
+    words = f"amount of {tid}"
     return {
         "transaction_id": tid, "card_id": card, "score": score, "decision": verdict,
         "model_version": "fraud-gbdt-test", "degraded": False, "event_time": NOW_MS,
         "decided_at": NOW_MS + 20,
-        "reasons": [{"feature": "amount", "label": f"amount of {tid}", "contribution": 0.3}],
+        "reasons": [{"feature": "amount", "text": words, "label": words, "contribution": 0.3}],
         "rules": ["night_ecom"],
     }  # fmt: skip
 
@@ -109,8 +111,9 @@ def test_flagged_decisions_become_cases_queued_by_expected_loss(console_factory)
     first = console.case("t-2").json()
     assert first["merchant_id"] == "m-1" and first["terminal_id"] == "T-t-2"
     assert first["reasons"] == [
-        {"feature": "amount", "label": "amount of t-2", "contribution": 0.3}
-    ]
+        {"feature": "amount", "text": "amount of t-2", "label": "amount of t-2",
+         "contribution": 0.3}
+    ]  # fmt: skip
     assert first["rules"] == ["night_ecom"]
     assert [d["decision"] for d in first["timeline"]] == ["approve", "review"]
     assert [d["score"] for d in first["timeline"]] == [pytest.approx(0.01), pytest.approx(0.5)]
@@ -134,6 +137,20 @@ def test_flagged_decisions_become_cases_queued_by_expected_loss(console_factory)
     assert console.metric(skipped.format("invalid", console.transactions)) == 2
     assert console.metric(skipped.format("too_large", console.transactions)) == 1
     assert len(console.cases()) == 3  # t/6 closed above; the rest unchanged
+
+
+def test_a_decision_of_release_010_shows_its_reason_by_its_label(console_factory) -> None:
+    console = console_factory().start()
+    written_by_010 = decision("t-010", "card-a", 0.5)
+    written_by_010["reasons"] = [
+        {"feature": "amount", "label": "amount of t-010", "contribution": 0.3}
+    ]  # 0.1.0 had no `text`
+    produce(console.decisions, [(b"k", encode(written_by_010))])
+    assert [c["transaction_id"] for c in console.wait_for_cases(1)] == ["t-010"]
+    assert console.case("t-010").json()["reasons"] == [
+        {"feature": "amount", "text": "amount of t-010", "label": "amount of t-010",
+         "contribution": 0.3}
+    ]  # fmt: skip
 
 
 def test_declines_open_cases_where_configured(console_factory) -> None:

@@ -42,7 +42,8 @@ def test_every_review_and_decline_carries_three_reasons(topics_factory, service_
     for decision in flagged:
         reasons = decision["reasons"]
         assert len(reasons) == 3, decision
-        assert all(reason["feature"] in BY_NAME and reason["label"] for reason in reasons)
+        assert all(reason["feature"] in BY_NAME and reason["text"] for reason in reasons)
+        assert all(reason["label"] == reason["text"] for reason in reasons)  # deprecated
         contributions = [reason["contribution"] for reason in reasons]
         assert contributions == sorted(contributions, reverse=True)
     assert all("reasons" not in d for d in decisions if d["decision"] == "approve")

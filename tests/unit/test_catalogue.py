@@ -29,9 +29,9 @@ def test_counts_and_amounts_are_said_in_their_own_units() -> None:
     row["log_amount"] = math.log1p(1234.5)
     row["card_avg_amount_7d"] = math.log1p(900.0)
     row["card_avg_amount_30d"] = math.log1p(100.0)
-    assert BY_NAME["card_tx_1h"].label(row) == "6 transactions on the card in the last hour"
-    assert BY_NAME["log_amount"].label(row) == "amount 1,234.50"
-    assert BY_NAME["card_avg_amount_7d"].label(row) == (
+    assert BY_NAME["card_tx_1h"].text(row) == "6 transactions on the card in the last hour"
+    assert BY_NAME["log_amount"].text(row) == "amount 1,234.50"
+    assert BY_NAME["card_avg_amount_7d"].text(row) == (
         "7d average spend 900.00, 9.0x the card's 30-day average"
     )
     assert {"card_tx_1h", "log_amount", "terminal_frauds_30d"} <= LOG1P_FEATURES

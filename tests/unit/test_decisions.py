@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 
 from contracts.dead_letter import MAX_MESSAGE_CHARS, SourceRecord, dead_letter_headers
-from contracts.decision import Decision, encode_decision
+from contracts.decision import Decision, Reason, encode_decision
 from plumbing.errors import ScoreError, ValidationError
 from scorer.decisions import Thresholds, classify, valid_scores
 
@@ -40,6 +40,29 @@ def test_decision_wire_format_has_every_contract_field() -> None:
         "event_time": 10,
         "decided_at": 20,
     }
+
+
+def test_a_reason_carries_its_words_as_text_and_as_the_deprecated_label_alike() -> None:
+    reason = Reason(feature="log_amount", text="amount 229.90", contribution=0.3)
+    d = Decision("t", "c", 0.9, "review", "m-1", False, 10, 20, reasons=(reason,))
+    (written,) = msgspec.json.decode(encode_decision(d))["reasons"]
+    assert written == {
+        "feature": "log_amount",
+        "text": "amount 229.90",
+        "label": "amount 229.90",
+        "contribution": 0.3,
+    }
+
+
+def test_a_reason_of_a_release_010_decision_reads_its_label_as_its_text() -> None:
+    written_by_010 = (
+        b'{"transaction_id":"t","card_id":"c","score":0.9,"decision":"review",'
+        b'"model_version":"m-1","degraded":false,"event_time":10,"decided_at":20,'
+        b'"reasons":[{"feature":"log_amount","label":"amount 229.90","contribution":0.3}]}'
+    )
+    (reason,) = msgspec.json.decode(written_by_010, type=Decision).reasons
+    assert reason == Reason(feature="log_amount", text="amount 229.90", contribution=0.3)
+    assert reason.text == reason.label == "amount 229.90"
 
 
 SOURCE = SourceRecord("transactions", 2, 41, 1000, b"card", b"{bad", [("trace-id", b"abc")])

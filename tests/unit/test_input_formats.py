@@ -6,14 +6,18 @@ And what each decision format needs."""
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from typing import Any
 
+import fastavro
+import msgspec
 import pytest
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from contracts.decision import Decision, encode_decision
+from contracts.decision import Decision, Reason, encode_decision
 from contracts.input_formats import (
     _deserialized,
     _message_dict,
@@ -21,7 +25,12 @@ from contracts.input_formats import (
     protobuf_paths,
     transaction_decoder,
 )
-from contracts.output_formats import DECISION_PROTO, decision_encoder, decision_message
+from contracts.output_formats import (
+    DECISION_AVRO_SCHEMA,
+    DECISION_PROTO,
+    decision_encoder,
+    decision_message,
+)
 from contracts.transaction import decode_transaction
 from plumbing.errors import (
     ConfigurationError,
@@ -89,11 +98,50 @@ def test_the_protobuf_decision_message_is_the_proto_text_and_round_trips() -> No
     declared = re.findall(r"^  \S+(?: \S+)? (\w+) = (\d+);", DECISION_PROTO, re.MULTILINE)
     assert fields == [(name, int(number)) for name, number in declared]
     assert [name for name, _ in fields] == list(Decision.__struct_fields__)
+    # A reason's fields keep their numbers: `text` is new as 4, the deprecated `label` keeps 2
+    # (never reused: a consumer of 0.1.0's schema reads 2 as the words).
+    reason = message.Reason.DESCRIPTOR
+    declared = re.findall(r"^    \S+ (\w+) = (\d+)( \[deprecated = true\])?;", DECISION_PROTO, re.M)
+    assert [(f.name, f.number, f.GetOptions().deprecated) for f in reason.fields] == [
+        (name, int(number), bool(deprecated)) for name, number, deprecated in declared
+    ]
+    assert [(f.name, f.number) for f in reason.fields] == [
+        ("feature", 1), ("label", 2), ("contribution", 3), ("text", 4)
+    ]  # fmt: skip
+    assert {f.name for f in reason.fields} == set(Reason.__struct_fields__)
     decision = message(
         transaction_id="t", score=0.9, decision="decline", rules=["deny"],
-        reasons=[message.Reason(feature="amount", label="1,000", contribution=0.4)],
+        reasons=[message.Reason(feature="amount", text="1,000", label="1,000", contribution=0.4)],
     )  # fmt: skip
     assert message.FromString(decision.SerializeToString()) == decision
+
+
+def test_the_avro_decision_schema_reads_a_decision_of_release_010() -> None:
+    """0.1.0's reasons had `label` only: this schema reads them (its `text` defaults to ""), as
+    the registry's BACKWARD check requires (tests/integration/test_registry_output.py)."""
+    schema = json.loads(DECISION_AVRO_SCHEMA)
+    release_010 = json.loads(DECISION_AVRO_SCHEMA)
+    (reasons,) = (f for f in release_010["fields"] if f["name"] == "reasons")
+    reasons["type"]["items"]["fields"] = [
+        {"name": "feature", "type": "string"},
+        {"name": "label", "type": "string"},
+        {"name": "contribution", "type": "double"},
+    ]
+    written = {
+        **msgspec.to_builtins(Decision("t", "c", 0.9, "review", "m", False, 1, 2)),
+        "reasons": [{"feature": "log_amount", "label": "amount 229.90", "contribution": 0.3}],
+        "rules": [], "features": "",
+    }  # fmt: skip
+    value = io.BytesIO()
+    fastavro.schemaless_writer(value, fastavro.parse_schema(release_010), written)
+    value.seek(0)
+    read = fastavro.schemaless_reader(
+        value, fastavro.parse_schema(release_010), fastavro.parse_schema(schema)
+    )
+    assert isinstance(read, dict)
+    assert read["reasons"] == [
+        {"feature": "log_amount", "label": "amount 229.90", "contribution": 0.3, "text": ""}
+    ]
 
 
 def _payment_class() -> Any:

@@ -84,7 +84,8 @@ def test_contributions_are_the_score_each_feature_adds_over_the_reference(
     assert [r.contribution for r in first] == pytest.approx([0.15, 0.12, 0.1], abs=1e-6)
     assert [r.feature for r in second] == ["terminal_risk_7d", "card_amount_zscore", "card_tx_1h"]
     assert [r.contribution for r in second] == pytest.approx([0.27, 0.04, 0.0], abs=1e-6)
-    assert second[0].label == "90% of the terminal's transactions over 7 days were confirmed fraud"
+    assert second[0].text == "90% of the terminal's transactions over 7 days were confirmed fraud"
+    assert second[0].label == second[0].text  # the deprecated field, written for one release
 
 
 def test_the_extra_model_call_holds_only_the_flagged_rows(tmp_path: Path) -> None:
@@ -93,7 +94,7 @@ def test_the_extra_model_call_holds_only_the_flagged_rows(tmp_path: Path) -> Non
     explainer = Explainer(fake, columns, np.zeros(NUM_FEATURES, np.float32))
     batch = transactions(64)
     verdicts = decide_batch(batch, fake, POLICY, now_ms(), explainer=explainer)
-    flagged = [i for i, label in enumerate(verdicts.decisions) if label != "approve"]
+    flagged = [i for i, decision in enumerate(verdicts.decisions) if decision != "approve"]
     assert flagged, "the batch holds amounts above 150"
     assert sorted(verdicts.reasons) == flagged
     assert all(len(reasons) == 3 for reasons in verdicts.reasons.values())
@@ -131,7 +132,7 @@ def test_the_shipped_package_explains_with_its_reference_row() -> None:
     )
     (reasons,) = explainer.explain(suspicious, scorer.score(suspicious))
     assert len(reasons) == 3
-    assert len({r.label for r in reasons}) == 3
+    assert len({r.text for r in reasons}) == 3
     assert reasons[0].contribution >= reasons[1].contribution >= reasons[2].contribution
 
 
@@ -152,7 +153,7 @@ def test_every_feature_value_gets_a_sentence_and_extreme_rows_get_reasons(
     for row in features:
         values = dict(zip(FEATURE_NAMES, row.tolist(), strict=True))
         for feature in CATALOGUE:
-            assert isinstance(feature.label(values), str)
+            assert isinstance(feature.text(values), str)
     explainer = Explainer(SHIPPED_SCORER, SHIPPED.feature_index, SHIPPED_REFERENCE)
     explained = explainer.explain(features, SHIPPED_SCORER.score(features))
     assert [len(reasons) for reasons in explained] == [3, 3, 3]
@@ -163,9 +164,7 @@ def test_the_time_of_day_is_one_reason_not_two() -> None:
     values = dict.fromkeys(FEATURE_NAMES, 0.0)
     values["hour_sin"], values["hour_cos"] = 1.0, 0.0
     assert (
-        BY_NAME["hour_sin"].label(values)
-        == BY_NAME["hour_cos"].label(values)
-        == ("time of day 06h")
+        BY_NAME["hour_sin"].text(values) == BY_NAME["hour_cos"].text(values) == ("time of day 06h")
     )
 
 

@@ -1,17 +1,25 @@
-"""The review console's pure logic: the join window's bound and restart offsets, and the
-failed-login throttle."""
+"""The review console's pure logic: the join window's bound and restart offsets, the
+failed-login throttle, and a reason's words from a decision (or a stored case) of release 0.1.0."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from review.auth import FAILURE_WINDOW_S, MAX_FAILURES, Throttle, Throttled, client_key
-from review.cases import TransactionDetails
-from review.ingest import TIMELINE_LENGTH, CardTimelines, RecentTransactions, _Decision
+from review.cases import CaseStore, NewCase, TransactionDetails, case_reason
+from review.ingest import (
+    TIMELINE_LENGTH,
+    CardTimelines,
+    RecentTransactions,
+    _Decision,
+    _decode_decision,
+)
 
 DETAILS = TransactionDetails(1.0, "EUR", "m", None, "FR", "pos", None)
 
@@ -116,3 +124,36 @@ def test_a_timeline_keeps_the_cards_last_decisions_in_order() -> None:
     assert [d["event_time"] for d in earlier] == [1_000 + n for n in range(5, TIMELINE_LENGTH + 5)]
     assert earlier[-1] == {"event_time": 1_014, "score": 0.14, "decision": "approve"}
     assert timelines.record(_Decision("x", "other", 0.1, "approve", "m", 1, 1)) == b""
+
+
+#: A review as release 0.1.0 wrote it: its reason's words under `label` only.
+DECISION_010 = (
+    b'{"transaction_id":"t-010","card_id":"card","score":0.62,"decision":"review",'
+    b'"model_version":"m","degraded":false,"event_time":1000,"decided_at":1020,'
+    b'"reasons":[{"feature":"log_amount","label":"amount 229.90","contribution":0.3}]}'
+)
+
+
+def test_the_console_shows_a_reason_of_a_release_010_decision_by_its_label(
+    tmp_path: Path,
+) -> None:
+    decision = _decode_decision(DECISION_010)
+    reasons = [case_reason(msgspec.structs.asdict(r)) for r in decision.reasons]
+    shown = {"feature": "log_amount", "text": "amount 229.90", "label": "amount 229.90",
+             "contribution": 0.3}  # fmt: skip
+    assert reasons == [shown]
+    # A decision of this release says it twice; a case a 0.1.0 console stored, as `label` only.
+    new = _decode_decision(DECISION_010.replace(b'"label"', b'"text":"amount 229.90","label"'))
+    assert [case_reason(msgspec.structs.asdict(r)) for r in new.reasons] == [shown]
+    stored_010 = [{"feature": "log_amount", "label": "amount 229.90", "contribution": 0.3}]
+    store = CaseStore(str(tmp_path / "review.db"))
+    try:
+        store.open_cases(
+            NewCase(tid, "card", 0.62, "review", "m", 1000, 1020, r, [], DETAILS, [])
+            for tid, r in (("t-010", reasons), ("t-stored-by-010", stored_010))
+        )
+        for tid in ("t-010", "t-stored-by-010"):
+            case = store.case(tid)
+            assert case is not None and case["reasons"] == [shown]
+    finally:
+        store.close()
