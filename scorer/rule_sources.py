@@ -368,8 +368,8 @@ def topic_change(key: str, value: bytes | None) -> Change:
             raise RulesError("the id is empty")
         if len(entry_id) > MAX_ID_CHARS:
             raise RulesError(_too_long_id(entry_id))
-        if value is not None:  # free-form (a reason, who listed it): checked, not read
-            _decode(value, dict[str, Any])
+        if value is not None:  # free-form (a reason, who listed it): checked, not read, so
+            _decode_only(value, dict[str, Any])  # no format changes whether the id is listed
         return ListChange((kind, list_kind), entry_id, value is not None)
     if kind in ("override", "rule") and not rest:
         raise RulesError(f"the {kind} name is empty")

@@ -291,6 +291,9 @@ RULES_0_1_0 = [
     (b"allow:merchant:m-1", b"{}"),
 ]
 RULE_KEYS = [key.decode() for key, _ in RULES_0_1_0]
+#: The records whose value is read: rules and overrides (a deny or allow value is free-form).
+READ_RULES = RULES_0_1_0[:2]
+READ_RULE_KEYS = RULE_KEYS[:2]
 
 
 class RuleSpec010(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -320,14 +323,26 @@ def test_writers_leave_the_format_out_while_it_is_1_since_0_1_0_refuses_it() -> 
         msgspec.json.decode(with_rules_format(value, b"1"), type=RuleSpec010)
 
 
-@pytest.mark.parametrize(("key", "value"), RULES_0_1_0, ids=RULE_KEYS)
+@pytest.mark.parametrize(("key", "value"), READ_RULES, ids=READ_RULE_KEYS)
 def test_a_rules_record_of_a_newer_format_is_refused_naming_it(key: bytes, value: bytes) -> None:
     for newer in (with_rules_format(value, b"2"), with_rules_format(value, b'2, "unless": "x"')):
         with pytest.raises(RulesError, match="rules-topic record of format 2, newer"):
             Rules.EMPTY.with_update(key.decode(), newer)
 
 
-@pytest.mark.parametrize(("key", "value"), RULES_0_1_0, ids=RULE_KEYS)
+@pytest.mark.parametrize(("key", "value"), RULES_0_1_0[2:], ids=RULE_KEYS[2:])
+@pytest.mark.parametrize("found", [b"2", b'"2"', b"null"])
+def test_a_list_entry_of_any_format_is_listed_as_0_1_0_lists_it(
+    key: bytes, value: bytes, found: bytes
+) -> None:
+    """Neither release reads a deny or allow value beyond its being a JSON object: whether the
+    id is listed never depends on its format (docs/contracts.md)."""
+    listed = Rules.EMPTY.with_update(key.decode(), with_rules_format(value, found))
+    assert listed.summary() == Rules.EMPTY.with_update(key.decode(), value).summary()
+    assert len(listed) == 1
+
+
+@pytest.mark.parametrize(("key", "value"), READ_RULES, ids=READ_RULE_KEYS)
 @pytest.mark.parametrize("found", [b'"1"', b"1.5", b"true", b"null", b"0", b"-1"])
 def test_a_rules_record_whose_format_is_not_a_number_is_refused(
     key: bytes, value: bytes, found: bytes
