@@ -7,10 +7,17 @@ from the new changelog and forget every card's frauds counted before, so before 
 Decisions:
 - Per partition, to the same partition, key, value and tombstone alike, in offset order: faust
   restores a partition from its own changelog partition, keeping the last value per key.
-- Copied when the new changelog partition holds fewer records than the former one: the first
-  start of the new release, or a copy broken off. A partition is then copied again whole: the
-  records it repeats carry the same values in the same order, so the restored table is the same.
-  Once faust has written to the new changelog, it holds at least as many.
+- What was copied is committed, per partition, as the former changelog's offset reached, in the
+  consumer group `<app id>-card-table-migration`: a later start copies only a partition whose
+  commit is short of the former's end (a copy broken off, or records the release wrote since).
+  A partition is then copied again from its start: the records it repeats carry the same values
+  in the same order, so the restored table is the same.
+- Streamed: one partition at a time, each record produced as it is read, so memory stays at
+  librdkafka's queue whatever the changelog's size; a read or a delivery that makes no progress
+  for `STALL_TIMEOUT_S` stops the worker with a message (it copies again at its next start).
+- Every worker must be stopped before the first of the new release starts (docs/upgrading.md;
+  the Helm chart recreates the worker's pods): a 0.1.0 worker still writing the former changelog
+  after the copy would lose what it writes then.
 - The former changelog is left as it is (a rollback to 0.1.0 restores from it, without what the
   new release counted since); delete it once no rollback is wanted (CHANGELOG: the release
   after next stops looking for it).
@@ -22,9 +29,9 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
+from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from plumbing.errors import ConfigurationError
@@ -37,16 +44,28 @@ log = logging.getLogger(__name__)
 FORMER_CARD_TABLE_NAME = "card-state"
 READ_BATCH = 5_000
 READ_WAIT_S = 1.0
-#: A partition not read to its end in this long (a broker away) stops the worker.
-READ_TIMEOUT_S = 120.0
-FLUSH_TIMEOUT_S = 120.0
+#: A partition whose read or copy makes no progress for this long stops the worker.
+STALL_TIMEOUT_S = 120.0
+#: When librdkafka's queue is full, serve delivery reports this long before producing again.
+QUEUE_FULL_BACKOFF_S = 0.05
+COORDINATOR_BACKOFF_S = 0.2
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+def migration_group(app_id: str) -> str:
+    """The consumer group whose commits say how far each partition was copied."""
+    return f"{app_id}-card-table-migration"
 
 
 def migrate_card_table(
     config: FeaturesSettings, admin: AdminClient, former: str, new: str, partitions: int
 ) -> int:
-    """Copy the partitions of changelog `former` that `new` holds fewer records of; return the
-    records copied (0 when there is no former changelog).
+    """Copy each partition of changelog `former` not copied yet into `new`; return the records
+    copied (0 when there is no former changelog).
 
     Raises ConfigurationError when the former changelog has another partition count, or it
     cannot be read or copied."""
@@ -63,35 +82,28 @@ def migrate_card_table(
     consumer = Consumer(
         {
             **kafka,
-            "group.id": f"{config.app_id}-card-table-migration-{uuid.uuid4().hex[:8]}",
+            "group.id": migration_group(config.app_id),
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
         }
     )
     producer = Producer({**kafka, "enable.idempotence": True})
-    refused: list[str] = []
-
-    def delivered(error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            refused.append(error.str())
-
     copied = 0
     try:
-        for partition, records in _read(consumer, former, partitions).items():
-            _, held = consumer.get_watermark_offsets(
-                TopicPartition(new, partition), ADMIN_TIMEOUT_S
+        for position in _committed(consumer, former, partitions):
+            partition = position.partition
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(former, partition), ADMIN_TIMEOUT_S
             )
-            if held >= len(records):
+            if position.offset >= high:
                 continue
-            for key, value in records:
-                producer.produce(new, value, key, partition=partition, on_delivery=delivered)
-                producer.poll(0)
-            copied += len(records)
-        left = producer.flush(FLUSH_TIMEOUT_S)
-        if left or refused:
-            why = refused[0] if refused else f"{left} records not acknowledged"
-            raise ConfigurationError(f"copying {former!r} into {new!r}: {why}; start again")
+            copied += _copy(consumer, producer, former, new, partition, low, high)
+            consumer.commit(offsets=[TopicPartition(former, partition, high)], asynchronous=False)
+    except KafkaException as exc:
+        raise ConfigurationError(
+            f"copying {former!r} into {new!r}: {exc}; the worker copies again at its next start"
+        ) from exc
     finally:
         consumer.close()
     if copied:
@@ -101,31 +113,87 @@ def migrate_card_table(
     return copied
 
 
-_Record = tuple[bytes | None, bytes | None]
-
-
-def _read(consumer: Consumer, topic: str, partitions: int) -> dict[int, list[_Record]]:
-    """Every record of each partition, in order, up to the partition's end now."""
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), ADMIN_TIMEOUT_S)
-        for p in range(partitions)
-    }
-    records: dict[int, list[_Record]] = {p: [] for p in range(partitions)}
-    waiting = {p for p, (low, high) in ends.items() if high > low}
-    consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in sorted(waiting)])
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    while waiting:
-        if time.monotonic() > deadline:
-            raise ConfigurationError(
-                f"{topic!r} partitions {sorted(waiting)} not read to their end: start again"
+def _committed(consumer: Consumer, topic: str, partitions: int) -> list[TopicPartition]:
+    """The group's commits on `topic`, asked again while its coordinator is being found or
+    loaded (a new group's first question is often answered so)."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+    while True:
+        try:
+            found: list[TopicPartition] = consumer.committed(
+                [TopicPartition(topic, p) for p in range(partitions)], ADMIN_TIMEOUT_S
             )
-        for message in consumer.consume(READ_BATCH, READ_WAIT_S):
-            error, partition = message.error(), message.partition() or 0
-            if error is None:
-                records[partition].append((message.key(), message.value()))
-            elif error.code() == KafkaError._PARTITION_EOF:
-                if (message.offset() or 0) >= ends[partition][1]:
-                    waiting.discard(partition)
-            else:
-                raise ConfigurationError(f"reading {topic!r} partition {partition}: {error.str()}")
-    return records
+            return found
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            again = isinstance(error, KafkaError) and error.code() in _COORDINATOR_MOVING
+            if not again or time.monotonic() > deadline:
+                raise
+            time.sleep(COORDINATOR_BACKOFF_S)
+
+
+def _copy(
+    consumer: Consumer,
+    producer: Producer,
+    former: str,
+    new: str,
+    partition: int,
+    low: int,
+    high: int,
+) -> int:
+    """Produce every record of `former`'s partition from `low` up to `high` to the same partition
+    of `new`, and wait until each is acknowledged; return how many."""
+    refused: list[str] = []
+
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            refused.append(error.str())
+
+    count = 0
+    if high > low:
+        consumer.assign([TopicPartition(former, partition, low)])
+        stalled_at = time.monotonic() + STALL_TIMEOUT_S
+        done = False
+        while not done:
+            messages = consumer.consume(READ_BATCH, READ_WAIT_S)
+            if messages:
+                stalled_at = time.monotonic() + STALL_TIMEOUT_S
+            elif time.monotonic() > stalled_at:
+                raise ConfigurationError(
+                    f"{former!r} partition {partition} not read to its end; the worker copies "
+                    "again at its next start"
+                )
+            for message in messages:
+                error = message.error()
+                if error is None:
+                    _produce(producer, new, partition, message, delivered)
+                    count += 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    done = done or (message.offset() or 0) >= high
+                else:
+                    raise KafkaException(error)
+    left = producer.flush(STALL_TIMEOUT_S)
+    if left or refused:
+        why = refused[0] if refused else f"{left} records not acknowledged"
+        raise ConfigurationError(
+            f"copying {former!r} partition {partition} into {new!r}: {why}; the worker copies "
+            "again at its next start"
+        )
+    return count
+
+
+def _produce(
+    producer: Producer,
+    topic: str,
+    partition: int,
+    message: Message,
+    delivered: Callable[[KafkaError | None, Message], None],
+) -> None:
+    while True:
+        try:
+            producer.produce(
+                topic, message.value(), message.key(), partition=partition, on_delivery=delivered
+            )
+            producer.poll(0)
+            return
+        except BufferError:
+            producer.poll(QUEUE_FULL_BACKOFF_S)

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from faults.reading import read_to_end
 from plumbing.errors import ConfigurationError
-from terminals.card_table_migration import FORMER_CARD_TABLE_NAME, migrate_card_table
+from terminals.card_table_migration import (
+    FORMER_CARD_TABLE_NAME,
+    migrate_card_table,
+    migration_group,
+)
 from terminals.config import FeaturesSettings
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name
 from tests.integration.conftest import BOOTSTRAP
@@ -67,22 +71,31 @@ def test_the_former_changelog_is_copied_once_partition_by_partition(admin: Admin
     assert migrate_card_table(config, admin, former, new, PARTITIONS) == len(FORMER)
     copied = _by_partition(new)
     assert copied == _by_partition(former)
-    # A second start copies nothing: the new changelog holds as many records.
+    # A second start copies nothing: every partition's copy is committed.
     assert migrate_card_table(config, admin, former, new, PARTITIONS) == 0
     assert _by_partition(new) == copied
 
 
-def test_a_copy_broken_off_is_done_again_for_its_partition_only(admin: AdminClient) -> None:
+def test_a_partition_written_since_or_broken_off_is_copied_again_alone(
+    admin: AdminClient,
+) -> None:
     config, former, new = _topics(admin)
     _produce(former, FORMER)
-    _produce(new, [FORMER[0], *[r for r in FORMER if r[0] == 1]])  # partition 0 broken off
+    assert migrate_card_table(config, admin, former, new, PARTITIONS) == len(FORMER)
+    # 0.1.0 wrote one more record to partition 1 since (a worker started too early), and the
+    # copy of partition 2 broke off after its first record.
+    _produce(former, [(1, b"card-1-late", b'{"days":[3]}')])
+    consumer = Consumer(
+        {"bootstrap.servers": BOOTSTRAP, "group.id": migration_group(config.app_id)}
+    )
+    consumer.commit(offsets=[TopicPartition(former, 2, 1)], asynchronous=False)
+    consumer.close()
 
-    assert migrate_card_table(config, admin, former, new, PARTITIONS) == 3 + 3
-    copied = _by_partition(new)
-    expected = _by_partition(former)
-    assert copied[0] == [expected[0][0], *expected[0]]  # the same last value per key
-    assert copied[1] == expected[1]
-    assert copied[2] == expected[2]
+    assert migrate_card_table(config, admin, former, new, PARTITIONS) == 4 + 3
+    copied, expected = _by_partition(new), _by_partition(former)
+    assert copied[0] == expected[0]
+    assert copied[1] == expected[1][:3] + expected[1]  # the same last value per key
+    assert copied[2] == expected[2] + expected[2]
 
 
 def test_no_former_changelog_copies_nothing(admin: AdminClient) -> None:
