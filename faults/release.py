@@ -3,9 +3,9 @@ that an upgrade scenario can run it beside this tree's code (`make upgrade-check
 
 A clone may not carry tags, so a release is named by its commit in the repository's own history
 (CHANGELOG.md gives the same commit). Its source is `git archive`d, not checked out, so the
-working tree is never touched; `pip install` reads the dependencies from that commit's
-pyproject.toml (pip's cache makes a second install take seconds). An install that is there
-already, for the same commit, is used as it is.
+working tree is never touched. Its dependencies are installed as the release shipped them: from
+its CPU image's lock (`requirements/cpu.txt`, pinned and hashed), then the release itself without
+dependencies. An install that is there already, for the same commit, is used as it is.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +76,11 @@ def install_release(
     with tempfile.TemporaryFile() as archive:
         _run(["git", "-C", str(REPO), "archive", "--format=tar", commit], stdout=archive)
         archive.seek(0)
-        with tarfile.open(fileobj=archive) as tar:
-            tar.extractall(release.source, filter="data")
+        _run(["tar", "-x", "-C", str(release.source)], stdin=archive)
     _run([sys.executable, "-m", "venv", str(release.root / "venv")])
     pip = [str(release.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, str(release.source)])
+    _run([*pip, "--requirement", str(release.source / "requirements" / "cpu.txt")])
+    _run([*pip, "--no-deps", str(release.source)])
     marker.write_text(commit + "\n")
     return release
 
@@ -90,9 +89,12 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=False)
 
 
-def _run(command: list[str], stdout: IO[bytes] | None = None) -> None:
+def _run(
+    command: list[str], stdout: IO[bytes] | None = None, stdin: IO[bytes] | None = None
+) -> None:
     done = subprocess.run(
         command,
+        stdin=stdin,
         stdout=stdout if stdout is not None else subprocess.PIPE,
         stderr=subprocess.PIPE,
         timeout=INSTALL_TIMEOUT_S,
