@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
 import numpy as np
 
-from contracts.card_frauds import decode_card_frauds
+from contracts.card_frauds import CardFraudsRecord, decode_card_frauds
 from contracts.decision import Decision, decode_features
 from contracts.terminal_risk import NUM_TERMINAL_FEATURES, decode_terminal_risk
 from faults.harness import ScenarioRun
@@ -21,7 +21,7 @@ from faults.replicas import Replica
 from faults.upgrade_history import DAY_MS, RULE_AMOUNT, RULE_HIT, History, alive
 from scorer.features import NUM_TRANSACTION_FEATURES
 from scorer.history import NUM_HISTORY_FEATURES
-from scorer.terminal_risk import TerminalRisk, fresh_frauds, terminal_features
+from scorer.terminal_risk import TerminalRisk, terminal_features
 
 UNBROKEN_TIMEOUT_S = 240.0
 #: Columns of a feature row, by kind.
@@ -89,27 +89,30 @@ def check_upgrade(run: ScenarioRun, history: History, labelled_ms: int, upgraded
 
 
 def _check_card_frauds(run: ScenarioRun, history: History) -> None:
-    """Every card's published frauds, as the scorer reads them today, are those of its labels,
-    each counted once."""
-    today = time.time_ns() // 1_000_000 // DAY_MS
+    """Every card's published frauds are those of its labels, day by day, each counted once (a
+    record lists every day with a fraud, 38 at most: the history spans 12)."""
     expected: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for card, _, day in history.frauds:
         expected[card][day] += 1
     published = _latest(run, history.card_frauds_topic, decode_card_frauds)
-    wrong = []
-    for card in expected.keys() | published.keys():
-        days = expected.get(card, {})
-        want = _fresh(list(days), list(days.values()), today)
-        record = published.get(card)
-        got = _fresh([], [], today) if record is None else _fresh(record.days, record.frauds, today)
-        if not np.array_equal(want, got):
-            wrong.append(card)
+    wrong = [
+        card
+        for card in expected.keys() | published.keys()
+        if dict(expected.get(card, {})) != _days(published.get(card))
+    ]
     run.result.figures["cards_with_frauds"] = str(len(expected))
     run.result.check(
         "the upgraded worker's card frauds count every label once",
         bool(expected) and not wrong,
         f"{len(wrong)} cards differ, e.g. {wrong[:3]}",
     )
+
+
+def _days(record: CardFraudsRecord | None) -> dict[int, int]:
+    """A published card record's frauds by day (none without a record)."""
+    if record is None:
+        return {}
+    return {int(d): int(f) for d, f in zip(record.days, record.frauds, strict=True)}
 
 
 def _check_terminal_risk(run: ScenarioRun, history: History) -> None:
@@ -148,12 +151,6 @@ def _latest(run: ScenarioRun, topic: str, decode: Callable[[bytes], _Record]) ->
         else:
             latest[key] = decode(value)
     return latest
-
-
-def _fresh(days: Iterable[int], frauds: Iterable[int], today: int) -> np.ndarray:
-    d = np.array([list(days)], np.int64).reshape(1, -1)
-    f = np.array([list(frauds)], np.int64).reshape(1, -1)
-    return fresh_frauds(d, f, np.array([today], np.int64))
 
 
 def _inputs(run: ScenarioRun) -> dict[str, _Input]:
