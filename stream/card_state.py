@@ -420,6 +420,7 @@ class CardState:
                 return self._loader.load_tail(partition, kept, progress), True
             except ChangelogTailGone as gone:
                 log.warning("partition=%s: %s; reading its whole changelog", partition, gone)
+                self._forget({partition})
                 return self._loader.load(partition, progress), False
         except BaseException:
             self._forget({partition})
