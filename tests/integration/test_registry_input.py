@@ -349,11 +349,14 @@ def test_a_mapping_that_does_not_fit_the_registered_schema_stops_the_start(
     assert "card_id = 'pan', but the input schema has no such field" in service.log()
 
 
-def _decision_deserializer(output_format: str, registry: SchemaRegistryClient) -> Any:
+def decision_deserializer(
+    output_format: str, registry: SchemaRegistryClient, avro_reader_schema: str | None = None
+) -> Any:
     """Confluent's deserializer of decisions in `output_format`, as a team's consumer makes it,
-    returning dicts."""
+    returning dicts; in Avro it reads with `avro_reader_schema` (None: the writer's schema, by
+    the id in each record)."""
     if output_format == "avro":
-        return AvroDeserializer(registry)  # the writer's schema, by the id in each record
+        return AvroDeserializer(registry, avro_reader_schema)
     if output_format == "json-schema":
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
@@ -409,7 +412,7 @@ def test_a_registry_format_in_and_out_read_back_by_a_confluent_deserializer(
     produce(topics.input, serialize(serializer, topics.input, records))
 
     context = SerializationContext(topics.output, MessageField.VALUE)
-    deserialize = _decision_deserializer(registry_format, registry)
+    deserialize = decision_deserializer(registry_format, registry)
     decisions = [deserialize(m.value(), context) for m in read_topic(topics.output, 200)]
     assert Counter(d["transaction_id"] for d in decisions) == Counter(
         r["transaction_id"] for r in records

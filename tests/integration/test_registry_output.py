@@ -14,11 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
-from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
-from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf.json_format import MessageToDict
 
 from contracts.decision import Decision, Reason
 from contracts.output_formats import (
@@ -32,6 +31,7 @@ from contracts.output_formats import (
 from tests.integration.conftest import Topics, produce, read_topic
 from tests.integration.test_registry_input import (
     REGISTRY_CLIENT,
+    decision_deserializer,
     registry,  # noqa: F401 (a fixture)
 )
 
@@ -116,20 +116,6 @@ def release_010_serializer(output_format: str, client: SchemaRegistryClient) -> 
     return serialize
 
 
-def upgraded_consumer(output_format: str, client: SchemaRegistryClient) -> _Serialize:
-    """A team's consumer with this release's schema, returning dicts."""
-    if output_format == "avro":
-        return AvroDeserializer(client, DECISION_AVRO_SCHEMA)
-    if output_format == "json-schema":
-        return JSONDeserializer(None, schema_registry_client=client)
-    read = ProtobufDeserializer(decision_message(), {"use.deprecated.format": False})
-    return lambda value, context: MessageToDict(
-        read(value, context),
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
-
-
 @pytest.mark.parametrize("output_format", ["avro", "protobuf", "json-schema"])
 def test_the_schema_with_text_evolves_the_subject_and_both_releases_decisions_read(
     output_format: str,
@@ -153,7 +139,8 @@ def test_the_schema_with_text_evolves_the_subject_and_both_releases_decisions_re
     assert registry.get_compatibility(subject) == "BACKWARD"
     versions = registry.get_versions(subject)
     assert len(versions) == 2, "this release's schema is the subject's second version"
-    consume = upgraded_consumer(output_format, registry)
+    # A team's consumer with this release's schema.
+    consume = decision_deserializer(output_format, registry, DECISION_AVRO_SCHEMA)
     old, new = (consume(m.value(), context) for m in read_topic(topics.output, 2))
     (old_reason,), (new_reason,) = old["reasons"], new["reasons"]
     assert new_reason["text"] == new_reason["label"] == WORDS
