@@ -34,6 +34,7 @@ from tests.integration.test_registry_input import (
     decision_deserializer,
     registry,  # noqa: F401 (a fixture)
 )
+from tests.support.release_010 import release_010_avro
 
 WORDS = "amount 229.90"
 #: A review as release 0.1.0 wrote it: its reason's words under `label` only.
@@ -50,18 +51,6 @@ DECISION = Decision(
 )  # fmt: skip
 #: A serializer's or deserializer's call: (value, context) -> value.
 _Serialize = Callable[[Any, Any], Any]
-
-
-def release_010_avro() -> str:
-    """0.1.0's Avro schema: this release's, with 0.1.0's reason record."""
-    schema = json.loads(DECISION_AVRO_SCHEMA)
-    (reasons,) = (field for field in schema["fields"] if field["name"] == "reasons")
-    reasons["type"]["items"]["fields"] = [
-        {"name": "feature", "type": "string"},
-        {"name": "label", "type": "string"},
-        {"name": "contribution", "type": "double"},
-    ]
-    return json.dumps(schema)
 
 
 def release_010_json_schema() -> str:

@@ -39,6 +39,7 @@ from plumbing.errors import (
     SchemaUnknownError,
 )
 from stream.startup.config import ScorerSettings
+from tests.support.release_010 import release_010_avro
 
 
 def failing(exc: BaseException) -> Any:
@@ -120,13 +121,7 @@ def test_the_avro_decision_schema_reads_a_decision_of_release_010() -> None:
     """0.1.0's reasons had `label` only: this schema reads them (its `text` defaults to ""), as
     the registry's BACKWARD check requires (tests/integration/test_registry_output.py)."""
     schema = json.loads(DECISION_AVRO_SCHEMA)
-    release_010 = json.loads(DECISION_AVRO_SCHEMA)
-    (reasons,) = (f for f in release_010["fields"] if f["name"] == "reasons")
-    reasons["type"]["items"]["fields"] = [
-        {"name": "feature", "type": "string"},
-        {"name": "label", "type": "string"},
-        {"name": "contribution", "type": "double"},
-    ]
+    release_010 = json.loads(release_010_avro())
     written = {
         **msgspec.to_builtins(Decision("t", "c", 0.9, "review", "m", False, 1, 2)),
         "reasons": [{"feature": "log_amount", "label": "amount 229.90", "contribution": 0.3}],
