@@ -69,7 +69,7 @@ RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-cache-dir /src
 
 FROM base
 COPY --from=build /opt/venv /opt/venv
-# numba caches the compiled card update (scorer/card_update.py) here: the only path the Helm
+# numba caches the compiled card update (scorer/card_history_update.py) here: the only path the Helm
 # chart's read-only root leaves writable is /tmp. Without a cache a start compiles it (~1 s).
 ENV PATH=/opt/venv/bin:$PATH \
     NUMBA_CACHE_DIR=/tmp/numba-cache

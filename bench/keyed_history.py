@@ -3,8 +3,8 @@
 `CardHistory` (the service's own update, windows and features) and handed back to be stored.
 
 Responsibilities and decisions:
-- The stored value is the card's changelog form (`CardStore`: one `STATE_DTYPE` record behind a
-  version byte, `STATE_BYTES` bytes), so the framework stores and changelogs exactly what the
+- The stored value is the card's changelog form (`CardHistoryStore`: one `STATE_DTYPE` record behind
+  a version byte, `STATE_BYTES` bytes), so the framework stores and changelogs exactly what the
   service's changelog holds for the card.
 - One scratch `CardHistory` does the arithmetic and holds no card between records: the
   framework's store is the only state, as it would be for any user of that framework.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from scorer.card_history import CardHistory
 from scorer.columns import TransactionColumns
-from scorer.history import CardHistory
 
 
 class KeyedHistory:

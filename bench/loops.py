@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, Message
 
 from bench.decide import MAX_BATCH_SIZE, Decider
 from plumbing.kafka_settings import parse_kafka_options
-from scorer.card_record import STATE_BYTES
+from scorer.card_history_record import STATE_BYTES
 from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors, create_consumer, create_producer
 

@@ -5,9 +5,9 @@ memory (issue: per-card state, "restore time for a partition is measured and rep
 
 It writes one state record per card to partition 0 of a fresh one-partition changelog, in
 exactly-once form (transactions of 10,000 records, so the restore also steps over markers),
-restores it with `CardState.restore` (what a replica runs on an assignment), prints the figures
-as one JSON line and writes them to bench/results/state-restore.json. The topic is deleted at
-the end.
+restores it with `OwnedCardHistory.restore` (what a replica runs on an assignment), prints the
+figures as one JSON line and writes them to bench/results/state-restore.json. The topic is deleted
+at the end.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from bench.harness import REPO, connect, tool_parser
-from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_changelog import KafkaChangelog
-from stream.card_state import CardState
+from scorer.card_history_record import STATE_BYTES, STATE_VERSION
+from stream.card_history_changelog import KafkaChangelog
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from stream.startup.kafka_clients import READER_DEFAULTS
 
 RESULTS = REPO / "bench" / "results" / "state-restore.json"
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         topic = broker.topic("state-restore", 1)
         fill_s = fill(args.bootstrap_servers, topic, args.cards)
         registry = CollectorRegistry()
-        state = CardState(
+        state = OwnedCardHistory(
             KafkaChangelog({**READER_DEFAULTS, "bootstrap.servers": args.bootstrap_servers}, topic),
             time_scale=1.0,
             metrics=ServiceMetrics(registry),

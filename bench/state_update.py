@@ -6,8 +6,8 @@ A batch read from a backlog comes from one partition (librdkafka hands out a fet
 partition), but a live stream's batch gathers what arrived within `max_wait_ms` from every
 partition the replica owns: at 5,000 tx/s and 10 ms, about 50 records from all of them. The
 benchmark backlog's transactions are spread over P partitions by card (as Kafka's key hash
-would) and fed, in order, through `CardState.update` (what a replica runs per batch) in batches
-of `--batch` records, after the partitions are restored from an empty changelog on the local
+would) and fed, in order, through `OwnedCardHistory.update` (what a replica runs per batch) in
+batches of `--batch` records, after the partitions are restored from an empty changelog on the local
 broker. Each round applies fresh offsets; the figure is the best round, in µs per record,
 including reading the batch into columns. One JSON line; also written to
 bench/results/state-update.json. The changelog topic is deleted at the end.
@@ -28,9 +28,9 @@ from bench.harness import BACKLOG_TEMPLATES, REPO, Broker, backlog_templates, co
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
 from scorer.columns import TransactionColumns
-from stream.card_changelog import KafkaChangelog
-from stream.card_state import CardState
+from stream.card_history_changelog import KafkaChangelog
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from stream.startup.kafka_clients import READER_DEFAULTS
 
 RESULTS = REPO / "bench" / "results" / "state-update.json"
@@ -63,8 +63,9 @@ def _positive(text: str) -> int:
 def microseconds_per_record(
     broker: Broker, transactions: list[Transaction], partitions: int, batch: int, rounds: int
 ) -> float:
-    """Best round's µs per record of `CardState.update` over `transactions` in `partitions`."""
-    state = CardState(
+    """Best round's µs per record of `OwnedCardHistory.update` over `transactions` in
+    `partitions`."""
+    state = OwnedCardHistory(
         KafkaChangelog(
             {**READER_DEFAULTS, "bootstrap.servers": broker.bootstrap},
             broker.topic(f"state-update-{partitions}", partitions),

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 
+from scorer.card_history import CardHistory
 from scorer.columns import TransactionColumns
-from scorer.history import CardHistory
 
 #: Cards built per `CardHistory` (one vectorised pass each).
 CHUNK = 50_000

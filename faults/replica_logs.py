@@ -2,7 +2,7 @@
 
 The lines are the service's own: `stream/service.py` logs each partition revoked or lost and
 each one resumed once its card state is loaded ("partition=N resumed: its card state loaded
-X s after its assignment"); `stream/card_state.py` logs each restore ("restored card state
+X s after its assignment"); `stream/owned_card_history.py` logs each restore ("restored card state
 topic=… partition=N cards=C changelog_records=R in X s", with "(kept cards, changelog read
 from O)" before "in" when only the changelog's tail was read). Plain logic over the text,
 unit-tested.

@@ -19,8 +19,8 @@ from faults.harness import ScenarioRun
 from faults.reading import committed_offsets, end_offsets, read_to_end
 from faults.replicas import Replica
 from faults.upgrade_history import DAY_MS, RULE_AMOUNT, RULE_HIT, History, alive
+from scorer.card_history import NUM_HISTORY_FEATURES
 from scorer.features import NUM_TRANSACTION_FEATURES
-from scorer.history import NUM_HISTORY_FEATURES
 from scorer.terminal_risk import TerminalRisk, terminal_features
 
 UNBROKEN_TIMEOUT_S = 240.0

@@ -27,7 +27,7 @@ from contracts.reference_data import (
     MCC_FAMILY_RANGES,
 )
 from contracts.terminal_risk import DELAY_DAYS, FRESH_WINDOWS_DAYS, TERMINAL_FEATURE_NAMES
-from scorer.card_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
+from scorer.card_history_record import CARD_TESTING_WINDOW_MS, MAX_ZSCORE, RING_SIZE, WINDOW_NAMES
 from scorer.features import FEATURE_NAMES, TINY_AMOUNT
 
 #: A catalogue row by feature name → the feature's value in a short, human-readable sentence.

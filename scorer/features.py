@@ -2,7 +2,7 @@
 
 Everything after field extraction is vectorised numpy; there is no per-record Python beyond
 reading the decoded fields into columns (`scorer/columns.py`). Four groups of columns: the
-transaction's own fields (here), its card's history (`scorer/history.py`, per partition), its
+transaction's own fields (here), its card's history (`scorer/card_history.py`, per partition), its
 terminal's risk from confirmed outcomes (`scorer/terminal_risk.py`) and its card's confirmed
 frauds known so far (`scorer/card_frauds.py`). Training replays its simulated stream through the
 same code, so the model and the service can never disagree on what a feature means.
@@ -16,8 +16,8 @@ import numpy.typing as npt
 from contracts.card_frauds import CARD_FRAUD_FEATURE_NAMES, NUM_CARD_FRAUD_FEATURES
 from contracts.reference_data import COUNTRY_CURRENCIES, HIGH_RISK_COUNTRIES, MCC_FAMILIES
 from contracts.terminal_risk import NUM_TERMINAL_FEATURES, TERMINAL_FEATURE_NAMES
+from scorer.card_history import HISTORY_FEATURE_NAMES, NUM_HISTORY_FEATURES, neutral_history
 from scorer.columns import TINY_AMOUNT, TransactionColumns, TransactionFields, letters_index
-from scorer.history import HISTORY_FEATURE_NAMES, NUM_HISTORY_FEATURES, neutral_history
 from scorer.terminal_risk import NEUTRAL_TERMINAL_FEATURES
 
 __all__ = [

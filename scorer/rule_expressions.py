@@ -24,9 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.transaction import MAX_ID_CHARS
+from scorer.card_history import MS_PER_DAY, MS_PER_HOUR
 from scorer.catalogue import BY_NAME, LOG1P_FEATURES
 from scorer.columns import TransactionColumns
-from scorer.history import MS_PER_DAY, MS_PER_HOUR
 
 #: An expression may nest this deep. The compiled closures recurse once per level on every
 #: batch; the bound keeps any accepted rule far from Python's recursion limit.

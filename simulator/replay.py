@@ -2,7 +2,7 @@
 
 Training must see exactly the features the service computes, so nothing here computes a
 feature itself: the stream goes, in event-time order and in micro-batches like the service's,
-through `scorer.history.CardHistory` (one per partition: the service keys one store by
+through `scorer.card_history.CardHistory` (one per partition: the service keys one store by
 partition and card, which gives each partition's cards the same features; cards idle past the
 longest window are evicted each simulated day, as the service does), the terminal-risk
 buckets (`scorer.terminal_risk.add_events` / `window_features`, the functions behind the faust
@@ -31,10 +31,10 @@ import numpy.typing as npt
 
 from contracts.card_frauds import NUM_CARD_FRAUD_FEATURES
 from contracts.terminal_risk import MS_PER_DAY, NUM_TERMINAL_FEATURES
+from scorer.card_history import NUM_HISTORY_FEATURES, CardHistory
 from scorer.columns import TransactionColumns
 from scorer.fallback import fallback_scores, red_flags
 from scorer.features import NUM_FEATURES, build_features
-from scorer.history import NUM_HISTORY_FEATURES, CardHistory
 from scorer.terminal_risk import (
     add_events,
     day_of,

@@ -19,7 +19,7 @@ from deadletter.router import DeadLetterRecord, DeadLetterRouter
 from plumbing.errors import ScoreError
 from scorer.decide import Verdicts
 from scorer.isolation import as_score_error
-from stream.card_changelog import ChangelogBatch
+from stream.card_history_changelog import ChangelogBatch
 from stream.outcomes import OutcomeGroup
 from stream.pending_record import PendingRecord
 from stream.sink import Headers, Output, OutputSink

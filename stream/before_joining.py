@@ -17,7 +17,7 @@ from typing import Protocol
 from confluent_kafka import KafkaException
 
 from plumbing.health import HealthState
-from stream.card_state import CardState
+from stream.owned_card_history import OwnedCardHistory
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,9 @@ def wait_for_control_topics(
         table.loaded.wait(poll_s)
 
 
-def warm_up_card_state(state: CardState, health: HealthState, stopping: threading.Event) -> None:
+def warm_up_card_history(
+    state: OwnedCardHistory, health: HealthState, stopping: threading.Event
+) -> None:
     """FRAUD_STATE_WARM_UP: read every partition's card state before joining the group, so
     the partitions given to this replica read only the changelog written since (not ready
     meanwhile; a stop ends it)."""

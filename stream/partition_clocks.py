@@ -1,6 +1,6 @@
 """Each owned partition's event-time clock: its watermark, the newest event time its records
 applied, which no single record can move past the wall clock plus the allowed skew
-(`contracts/event_time.py`). The card state (`stream/card_state.py`) reads every batch's
+(`contracts/event_time.py`). The card state (`stream/owned_card_history.py`) reads every batch's
 records at the times their clocks allow, and evicts idle cards as of them.
 
 Key design decisions:

@@ -8,7 +8,7 @@ on the consuming thread inside `poll` or `close`).
   the batch being scored finishes, outputs are flushed and what was decided is committed,
   within the shutdown deadline while stopping; then everything held for them is forgotten, but
   their cards when every change reached the changelog: those are kept with the changelog's end
-  offset, for a return that reads only what was written since (`stream/card_state.py`).
+  offset, for a return that reads only what was written since (`stream/owned_card_history.py`).
 - Lost (the group moved on without us): nothing of them may be committed. Exactly-once aborts
   the open transaction, which holds outputs of the kept partitions too, so the replica rewinds
   those to their commit.
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from contracts.offsets import OffsetTracker, PartitionKey, SourceOffset
-from stream.card_state import CardState
 from stream.flow import FlowControl
 from stream.handoff import Handoff
 from stream.held_partitions import HeldPartitions
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from stream.pending_record import PendingRecord
 from stream.restores import BackgroundRestores
 from stream.sink import OutputSink
@@ -56,7 +56,7 @@ class Rebalance:
         tracker: OffsetTracker,
         lag: LagMonitor,
         metrics: ServiceMetrics,
-        card_state: CardState | None,
+        card_history: OwnedCardHistory | None,
         transactions: TransactionalSink | None,
         release_records: Callable[[set[PartitionKey]], int],
         commit: Callable[[], bool],
@@ -77,13 +77,15 @@ class Rebalance:
         self._tracker = tracker
         self._lag = lag
         self._metrics = metrics
-        self._card_state = card_state
+        self._card_history = card_history
         self._transactions = transactions
         self._release_records = release_records
         self._commit = commit
         self._request_rewind = request_rewind
         self._restores = (
-            BackgroundRestores(card_state, self._restore_failed) if card_state is not None else None
+            BackgroundRestores(card_history, self._restore_failed)
+            if card_history is not None
+            else None
         )
         #: Assigned partitions whose card state is not loaded yet (the restores' own set, kept
         #: here too for a per-record check without their lock).
@@ -200,11 +202,11 @@ class Rebalance:
         """The changelog's end offsets of these partitions (for a restored one: its state may
         be kept), or None when the broker does not say within a second. Asked in the revoke
         callback: no next owner can have written there yet."""
-        if self._card_state is None or not self._card_state.retains:
+        if self._card_history is None or not self._card_history.retains:
             return None
         if self._shutdown_deadline is not None:  # stopping: nothing will come back here
             return None
-        topic = self._card_state.changelog_topic
+        topic = self._card_history.changelog_topic
         restored = [p.partition for p in partitions if (p.topic, p.partition) not in self.restoring]
         if not restored:
             return None
@@ -226,8 +228,8 @@ class Rebalance:
             self._restores.cancel([p.partition for p in partitions])
             self.restoring.difference_update(keys)
             self._metrics.set_restoring_partitions(len(self.restoring))
-        if self._card_state is not None and self._restores is not None:
-            gone = self._card_state.let_go([p.partition for p in partitions], changelog_ends)
+        if self._card_history is not None and self._restores is not None:
+            gone = self._card_history.let_go([p.partition for p in partitions], changelog_ends)
             self._restores.forget(gone)  # their cards, off the consuming thread
         if self._transactions is not None:
             self._transactions.forget(keys)

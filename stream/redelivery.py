@@ -27,8 +27,8 @@ from contracts.offsets import position_of
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from plumbing.errors import DeliveryError, RecordRejectedError, TransientDeliveryError
-from stream.card_state import CardOwnership
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import CardOwnership
 from stream.refusals import replacement
 from stream.sink import Output, OutputSink
 
@@ -49,11 +49,12 @@ class Redelivery:
         delivery_timeout_s: float,
         max_message_bytes: int,
         metrics: ServiceMetrics,
-        card_state: Callable[[int, str], CardOwnership] | None = None,
+        current_card: Callable[[int, str], CardOwnership] | None = None,
     ) -> None:
-        """`card_state(partition, card_id)` says what a card's state is now (card history on)."""
+        """`current_card(partition, card_id)` says what a card's history is now (card history
+        on)."""
         self._metrics = metrics
-        self._card_state = card_state
+        self._current_card = current_card
         self._policy = policy
         self._router = router
         self._delivery_timeout_s = delivery_timeout_s
@@ -159,7 +160,7 @@ class Redelivery:
             if isinstance(error, RecordRejectedError):
                 output = self._reroute(output, error)
             if output.kind == "changelog":
-                current = self._current_card_state(output)
+                current = self._as_the_card_is_now(output)
                 if current is None:
                     output.delivered()  # its partition went; the next owner has the state
                     continue
@@ -168,11 +169,11 @@ class Redelivery:
         outputs.sort(key=lambda output: position_of(output.source))
         return outputs
 
-    def _current_card_state(self, output: Output) -> Output | None:
+    def _as_the_card_is_now(self, output: Output) -> Output | None:
         """The card state output as the card is now; None when its partition is not ours."""
-        if self._card_state is None or output.partition is None or output.key is None:
+        if self._current_card is None or output.partition is None or output.key is None:
             return output
-        owned, state = self._card_state(output.partition, output.key.decode())
+        owned, state = self._current_card(output.partition, output.key.decode())
         return dataclasses.replace(output, value=state) if owned else None
 
     def _reroute(self, output: Output, error: RecordRejectedError) -> Output:

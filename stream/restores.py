@@ -36,7 +36,7 @@ EXPIRY_CHECK_S = 1.0
 
 
 class RestorableState(Protocol):
-    """What the restores need of the card state (`stream.card_state.CardState`)."""
+    """What the restores need of the card state (`stream.owned_card_history.OwnedCardHistory`)."""
 
     def restore(self, partitions: Sequence[int], progress: Callable[[], None]) -> None: ...
 

@@ -1,9 +1,11 @@
 """Partitions given up with their cards kept: one revoked with every change durable (or read
 before joining: warm start) keeps its cards, not owned, for `retain_s` (FRAUD_STATE_RETAIN_S),
 so that if it comes back its restore reads only the changelog's tail (why that equals a full
-read: "Warm return" in stream/card_restore.py). Kept past that time, its cards are forgotten.
+read: "Warm return" in stream/card_history_restore.py). Kept past that time, its cards are
+forgotten.
 
-`CardState` (stream/card_state.py) holds one `RetainedPartitions` and calls it under its lock.
+`OwnedCardHistory` (stream/owned_card_history.py) holds one `RetainedPartitions` and calls it
+under its lock.
 """
 
 from __future__ import annotations

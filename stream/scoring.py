@@ -35,13 +35,13 @@ from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from stream.batch_outputs import BatchOutputs, trace_contexts
 from stream.batcher import Batch
-from stream.card_changelog import ChangelogBatch
-from stream.card_state import CardState
+from stream.card_history_changelog import ChangelogBatch
 from stream.metrics import ServiceMetrics
 from stream.model_in_use import ModelInUse
 from stream.model_reload import ModelReloader
 from stream.observed_precision import ObservedPrecision
 from stream.outcomes import OutcomeGroup, OutputLabel
+from stream.owned_card_history import OwnedCardHistory
 from stream.pending_record import PendingRecord
 from stream.rules_table import RulesTable
 from stream.shadow import Shadow
@@ -121,7 +121,7 @@ class BatchScorer:
         output_topic: str,
         policy: DecisionPolicy,
         metrics: ServiceMetrics,
-        card_state: CardState | None = None,
+        card_history: OwnedCardHistory | None = None,
         terminals: TerminalRiskTable | None = None,
         card_frauds: CardFraudsTable | None = None,
         encode: DecisionEncoder = encode_decision,
@@ -159,7 +159,7 @@ class BatchScorer:
         self._observed_precision = observed_precision
         self._rules = rules
         self._metrics = metrics
-        self._card_state = card_state
+        self._card_history = card_history
         self._terminals = terminals
         self._card_frauds = card_frauds
         self._tracker = tracker
@@ -251,8 +251,8 @@ class BatchScorer:
         dead_letters = self._outputs.dead_letter(records, failed, group, model_version)
         contexts = trace_contexts(records, dead_letters)
         if changelog:
-            assert self._card_state is not None
-            topic = self._card_state.changelog_topic
+            assert self._card_history is not None
+            topic = self._card_history.changelog_topic
             self._outputs.send_changelog(records, changelog, topic, group)
         self._outputs.send_decisions(records, verdicts, encoded, contexts, group)
         if self._shadow is not None:
@@ -287,10 +287,10 @@ class BatchScorer:
     ) -> tuple[npt.NDArray[np.float32] | None, list[ChangelogBatch]]:
         """The batch's history rows, once (outside the poison bisection: a state update
         applies once); neutral, with an error logged, should the state itself fail."""
-        if self._card_state is None or columns is None:
+        if self._card_history is None or columns is None:
             return None, []
         try:
-            return self._card_state.update(records, columns)
+            return self._card_history.update(records, columns)
         except Exception:
             log.exception("card history failed for a batch: its history features are neutral")
             return None, []

@@ -27,7 +27,7 @@ from contracts.transaction import Transaction
 from plumbing.errors import DecodeError, RecordError, RegistryUnavailableError
 from plumbing.kafka_errors import ACCESS_DENIED
 from stream.batcher import Batch, MicroBatcher
-from stream.before_joining import wait_for_control_topics, warm_up_card_state
+from stream.before_joining import wait_for_control_topics, warm_up_card_history
 from stream.commits import Commits, StoredOffsets, TransactionCommits, committed_positions
 from stream.controller import BatchSizeController
 from stream.flow import FlowControl
@@ -71,7 +71,7 @@ class ScoringService:
         self._tracker = parts.tracker
         self._metrics = parts.metrics
         self._transactions = parts.transactions
-        self._card_state = parts.card_state
+        self._card_history = parts.card_history
         self._terminals = parts.terminals
         self._card_frauds = parts.card_frauds
         self._rules = parts.rules
@@ -134,7 +134,7 @@ class ScoringService:
             tracker=parts.tracker,
             lag=parts.lag,
             metrics=parts.metrics,
-            card_state=parts.card_state,
+            card_history=parts.card_history,
             transactions=parts.transactions,
             release_records=self._release_records,
             commit=self._commit,
@@ -176,8 +176,8 @@ class ScoringService:
             timeout_s=self._config.terminal_risk_load_timeout_s,
             poll_s=IDLE_POLL_S,
         )
-        if self._card_state is not None and self._config.state_warm_up == "on":
-            warm_up_card_state(self._card_state, self._health, self._stopping)
+        if self._card_history is not None and self._config.state_warm_up == "on":
+            warm_up_card_history(self._card_history, self._health, self._stopping)
         self._consumer.subscribe(
             [self._config.input_topic],
             on_assign=self._rebalance.on_assign,
@@ -354,10 +354,10 @@ class ScoringService:
         self._tracker.forget([(tp.topic, tp.partition) for tp in assignment])
         for position in committed:
             self._consumer.seek(position)
-        if self._card_state is not None:
+        if self._card_history is not None:
             # The aborted updates never reached the changelog: undo them.
             positions = {tp.partition: max(tp.offset, -1) for tp in committed}
-            self._card_state.rollback(positions, self._health.beat)
+            self._card_history.rollback(positions, self._health.beat)
         self._transactions.end_rewind()
         self._rewind_pending = False
         log.warning(

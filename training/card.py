@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import onnx
 
 from contracts.terminal_risk import DELAY_DAYS
+from scorer.card_history import HISTORY_FEATURE_NAMES
 from scorer.catalogue import BY_NAME
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.flag_rate import FLAG_RATE_MARGIN
-from scorer.history import HISTORY_FEATURE_NAMES
 from simulator.fraud import DEFAULT_SCENARIOS
 from simulator.label_regimes import LabelRegime
 from training import gbdt, handbook_recipe, mlp
@@ -101,7 +101,7 @@ How outcomes reach the model) |
 ## What it is
 
 The fraud model the `fraud-scorer` service ships with. It scores a transaction from its own
-fields, its card's history (`scorer/history.py`, kept per partition by the service), its
+fields, its card's history (`scorer/card_history.py`, kept per partition by the service), its
 terminal's confirmed frauds (`scorer/terminal_risk.py`, from the `labels` feedback: risk over
 windows that end the handbook's {DELAY_DAYS} days back, and the frauds confirmed so far on the
 last 2 and 7 days) and its card's confirmed frauds so far on the same days
@@ -305,7 +305,7 @@ design.
 {features}
 
 History windows are exponentially decayed counts and sums (time constant = the window), so the
-state per card is fixed-size; see `scorer/history.py`. A transaction without history (a new
+state per card is fixed-size; see `scorer/card_history.py`. A transaction without history (a new
 card, or any card when the caller has none) gets the values of a card seen for the first time;
 a terminal without a `terminal-risk` record gets zeros, as in the handbook.
 

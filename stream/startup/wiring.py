@@ -30,8 +30,7 @@ from scorer.reasons import Explainer
 from scorer.recent_rows import RecentRows
 from scorer.rules import Rules
 from scorer.terminal_risk import day_length_ms
-from stream.card_changelog import KafkaChangelog
-from stream.card_state import CardState
+from stream.card_history_changelog import KafkaChangelog
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
 from stream.model_reload import (
@@ -41,6 +40,7 @@ from stream.model_reload import (
     shadow_config,
 )
 from stream.observed_precision import ObservedPrecision
+from stream.owned_card_history import OwnedCardHistory
 from stream.redelivery import Redelivery
 from stream.rules_guard import RulesGuard
 from stream.rules_table import RulesTable
@@ -76,7 +76,7 @@ class Collaborators:
     #: Exactly-once mode: the sink, which also commits the transactions.
     transactions: TransactionalSink | None = None
     #: Per-card history (FRAUD_CARD_HISTORY=on), the copies of terminal-risk and card-frauds.
-    card_state: CardState | None = None
+    card_history: OwnedCardHistory | None = None
     terminals: TerminalRiskTable | None = None
     card_frauds: CardFraudsTable | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
@@ -111,7 +111,7 @@ def batch_scorer(config: ScorerSettings, parts: Collaborators) -> BatchScorer:
         output_topic=config.output_topic,
         policy=parts.policy,
         metrics=parts.metrics,
-        card_state=parts.card_state,
+        card_history=parts.card_history,
         terminals=parts.terminals,
         card_frauds=parts.card_frauds,
         encode=parts.encode,
@@ -166,8 +166,8 @@ def build_collaborators(
     the model loaded at start-up from `model_source` (FRAUD_MODEL_PATH), replaced by newer ones
     there while FRAUD_MODEL_POLL_S > 0."""
     router = dead_letter_router(config)
-    card_state = (
-        CardState(
+    card_history = (
+        OwnedCardHistory(
             KafkaChangelog(kafka, config.changelog_topic),
             time_scale=config.history_time_scale,
             metrics=metrics,
@@ -185,14 +185,14 @@ def build_collaborators(
         delivery_timeout_s=delivery_timeout_s,
         max_message_bytes=max_message_bytes,
         metrics=metrics,
-        card_state=None if card_state is None else card_state.current,
+        current_card=None if card_history is None else card_history.current,
     )
     tracker = OffsetTracker()
 
     def committed(positions: dict[PartitionKey, int]) -> None:
         lag.committed(positions)
-        if card_state is not None:
-            card_state.committed(positions)
+        if card_history is not None:
+            card_history.committed(positions)
 
     transactions = (
         TransactionalSink(
@@ -226,7 +226,7 @@ def build_collaborators(
         policy=model.policy,
         tracker=tracker,
         transactions=transactions,
-        card_state=card_state,
+        card_history=card_history,
         terminals=TerminalRiskTable(
             kafka, config.terminal_risk_topic, metrics, clock=clock, day_ms=day_ms
         ),

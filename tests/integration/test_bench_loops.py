@@ -11,7 +11,7 @@ import msgspec
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.loops import MODES, STATE_TOPIC_SUFFIX, run
-from scorer.card_record import STATE_BYTES
+from scorer.card_history_record import STATE_BYTES
 from simulator.transactions import TransactionSimulator
 from stream.startup.config import ScorerSettings
 from tests.integration.conftest import BOOTSTRAP, Topics, encode, produce, read_topic

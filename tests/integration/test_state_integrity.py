@@ -19,10 +19,10 @@ from deadletter.router import DeadLetterRouter
 from plumbing.errors import TransientDeliveryError
 from scorer.columns import TransactionColumns
 from simulator.transactions import TransactionSimulator
-from stream.card_changelog import KafkaChangelog
-from stream.card_state import CardState
+from stream.card_history_changelog import KafkaChangelog
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
+from stream.owned_card_history import OwnedCardHistory
 from stream.redelivery import Redelivery
 from stream.sink import KafkaSink, Output
 from tests.integration.conftest import BOOTSTRAP, encode, produce, read_topic
@@ -32,8 +32,8 @@ from tests.unit.fakes import message
 CARDS = 1_000
 
 
-def restored(changelog: str, registry: CollectorRegistry | None = None) -> CardState:
-    state = CardState(
+def restored(changelog: str, registry: CollectorRegistry | None = None) -> OwnedCardHistory:
+    state = OwnedCardHistory(
         KafkaChangelog({"bootstrap.servers": BOOTSTRAP}, changelog),
         time_scale=1.0,
         metrics=ServiceMetrics(registry or CollectorRegistry()),
@@ -100,7 +100,7 @@ def test_a_retried_card_state_never_ends_older_than_the_cards_newest(topics_fact
     transactions = [decode_transaction(encode(r)) for r in simulator.generate(600).records]
     card = Counter(t.card_id for t in transactions[:200]).most_common(1)[0][0]
     metrics = ServiceMetrics(CollectorRegistry())
-    state = CardState(
+    state = OwnedCardHistory(
         KafkaChangelog({"bootstrap.servers": BOOTSTRAP}, changelog),
         time_scale=1.0,
         metrics=metrics,
@@ -112,7 +112,7 @@ def test_a_retried_card_state_never_ends_older_than_the_cards_newest(topics_fact
         delivery_timeout_s=10.0,
         max_message_bytes=1_000_000,
         metrics=metrics,
-        card_state=state.current,
+        current_card=state.current,
     )
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
     sink = FailOnce(KafkaSink(producer, redelivery.failed), redelivery.failed, card)

@@ -14,7 +14,7 @@ import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from plumbing.errors import DeliveryError, ScoreError, TransientDeliveryError
-from stream.card_changelog import ChangelogBatch, ChangelogTailGone
+from stream.card_history_changelog import ChangelogBatch, ChangelogTailGone
 from stream.outcomes import OutcomeGroup
 from stream.sink import Headers, Output
 from tests.support.records import offset_of
@@ -49,7 +49,8 @@ class FakeScorer:
 
 
 class Change(NamedTuple):
-    """One changelog record of a `CardState.update`, on its own (tests look at them one by one)."""
+    """One changelog record of a `OwnedCardHistory.update`, on its own (tests look at them one by
+    one)."""
 
     partition: int
     card_id: str
@@ -58,7 +59,7 @@ class Change(NamedTuple):
 
 
 def changes(batches: Iterable[ChangelogBatch]) -> list[Change]:
-    """The changelog records of `CardState.update`'s per-partition batches, one by one."""
+    """The changelog records of `OwnedCardHistory.update`'s per-partition batches, one by one."""
     return [
         Change(batch.partition, card_id.decode(), state, batch.batch_index)
         for batch in batches

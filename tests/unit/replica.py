@@ -19,9 +19,9 @@ from deadletter.policy import RetryPolicy
 from plumbing.health import HealthState
 from scorer.decisions import DEFAULT_THRESHOLDS
 from simulator.transactions import TransactionSimulator
-from stream.card_state import CardState
 from stream.lag import LagMonitor
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from stream.redelivery import Redelivery
 from stream.service import ScoringService
 from stream.startup.config import ScorerSettings
@@ -71,13 +71,13 @@ class Replica:
         self,
         scorer: FakeScorer | None = None,
         *,
-        card_state: bool = False,
+        card_history: bool = False,
         terminals: Any = None,
         decode: TransactionDecoder = decode_transaction,
         tracer: Any = None,
         **settings: object,
     ) -> None:
-        """`card_state`: keep card history, its changelog in `self.changelog` (a list in
+        """`card_history`: keep card history, its changelog in `self.changelog` (a list in
         memory that receives every card state output once the sink delivers it).
         `terminals`: a stand-in for the copy of terminal-risk (start, close, loaded,
         features). `decode`: how a record's value becomes a transaction. `tracer`: the batch
@@ -98,15 +98,15 @@ class Replica:
         self.metrics = ServiceMetrics(CollectorRegistry())
         self.changelog = MemoryChangelog()
         self.consumer.ends = lambda topic, partition: self.changelog.end(partition)
-        self.card_state = (
-            CardState(
+        self.card_history = (
+            OwnedCardHistory(
                 self.changelog,
                 time_scale=1.0,
                 metrics=self.metrics,
                 undo=self.config.exactly_once,
                 retain_s=self.config.state_retain_s,
             )
-            if card_state
+            if card_history
             else None
         )
         self.redelivery = Redelivery(
@@ -115,7 +115,7 @@ class Replica:
             delivery_timeout_s=0.01,
             max_message_bytes=1_000_000,
             metrics=self.metrics,
-            card_state=None if self.card_state is None else self.card_state.current,
+            current_card=None if self.card_history is None else self.card_history.current,
         )
         self.sink = AutoSink(self.redelivery.failed, self.changelog)
         self.scorer = scorer or FakeScorer()
@@ -156,7 +156,7 @@ class Replica:
             policy=self.config.decision_policy(DEFAULT_THRESHOLDS),
             tracker=tracker,
             transactions=self.transactions,
-            card_state=self.card_state,
+            card_history=self.card_history,
             terminals=terminals,
             decode=decode,
             tracer=tracer,

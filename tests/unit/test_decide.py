@@ -126,8 +126,8 @@ def test_nan_for_every_row_is_a_broken_model_not_poison() -> None:
 
 def test_history_and_terminal_columns_follow_their_records_through_isolation() -> None:
     from contracts.terminal_risk import NUM_TERMINAL_FEATURES
+    from scorer.card_history import NUM_HISTORY_FEATURES
     from scorer.features import FEATURE_NAMES, NUM_TRANSACTION_FEATURES
-    from scorer.history import NUM_HISTORY_FEATURES
 
     n = 24
     history = np.zeros((n, NUM_HISTORY_FEATURES), np.float32)

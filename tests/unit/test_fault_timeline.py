@@ -114,11 +114,12 @@ def test_latency_of_nothing_is_zero() -> None:
     assert latency([undated]) == Latency(0, 0.0, 0.0, 0.0)
 
 
-# The service's own lines (stream/service.py, stream/card_state.py), as a replica logs them.
+# The service's own lines (stream/service.py, stream/owned_card_history.py), as a replica logs
+# them.
 LOG = """\
 2026-12-03 08:00:00,001 INFO stream.service: assigned tx[0], tx[1], tx[2], tx[3]
-2026-12-03 08:00:01,002 INFO stream.card_state: restored card state topic=g-card-state-changelog \
-partition=0 cards=16667 changelog_records=16667 in 0.412s
+2026-12-03 08:00:01,002 INFO stream.owned_card_history: restored card state \
+topic=g-card-state-changelog partition=0 cards=16667 changelog_records=16667 in 0.412s
 2026-12-03 08:00:01,003 INFO stream.service: partition=0 resumed: its card state loaded 0.420s \
 after its assignment
 2026-12-03 08:00:09,004 INFO stream.service: revoked tx[1], tx[3]: releasing 12 undecided \
@@ -127,7 +128,8 @@ records, committing what was decided
 nothing of them is committed
 2026-12-03 08:00:11,006 INFO stream.service: revoked other-tx[0]: releasing 0 undecided records
 2026-12-03 08:00:12,007 INFO stream.service: assigned tx[1]
-2026-12-03 08:00:12,107 INFO stream.card_state: restored card state topic=g-card-state-changelog \
+2026-12-03 08:00:12,107 INFO stream.owned_card_history: restored card state \
+topic=g-card-state-changelog \
 partition=1 cards=3 changelog_records=950 (kept cards, changelog read from 16700) in 0.031s
 """
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from bench.keyed_history import KeyedHistory
+from scorer.card_history import STATE_BYTES, CardHistory
 from scorer.columns import TransactionColumns
-from scorer.history import STATE_BYTES, CardHistory
 from simulator.transactions import TransactionSimulator
 
 TIME_SCALE = 40.0

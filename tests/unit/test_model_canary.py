@@ -18,20 +18,20 @@ from contracts.offsets import OffsetTracker
 from contracts.transaction import decode_transaction
 from deadletter.router import DeadLetterRouter
 from plumbing.errors import ConfigurationError, ModelUnavailableError
+from scorer.card_history import CardHistory
 from scorer.columns import TransactionColumns
 from scorer.decide import DecisionPolicy, decide_batch
 from scorer.decisions import Thresholds
 from scorer.features import FEATURE_NAMES, NUM_FEATURES, build_features
-from scorer.history import CardHistory
 from scorer.isolation import check_canary
 from scorer.model_package import promote
 from scorer.model_source import DirectorySource
 from scorer.recent_rows import ROWS_PER_BATCH, RecentRows
 from simulator.transactions import TransactionSimulator
 from stream.batcher import Batch
-from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.model_reload import ModelReloader, ServingModel, load_serving_model
+from stream.owned_card_history import OwnedCardHistory
 from stream.package_check import sanity_check
 from stream.pending_record import PendingRecord
 from stream.scoring import BatchScorer
@@ -246,7 +246,7 @@ def scoring_stage(
     metrics: ServiceMetrics,
     sink: MemorySink,
 ) -> BatchScorer:
-    state = CardState(MemoryChangelog(), time_scale=1.0, metrics=metrics)
+    state = OwnedCardHistory(MemoryChangelog(), time_scale=1.0, metrics=metrics)
     state.restore([0])
     return BatchScorer(
         serving.scorer,
@@ -256,7 +256,7 @@ def scoring_stage(
         output_topic="decisions",
         policy=serving.policy,
         metrics=metrics,
-        card_state=state,
+        card_history=state,
         explainer=serving.explainer,
         reloader=reloader,
         recent=RecentRows(),

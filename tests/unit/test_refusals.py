@@ -79,10 +79,10 @@ def test_card_states_sent_for_a_refused_record_are_sent_as_they_are() -> None:
     refused = RefusedOutputs(ROUTER, max_message_bytes=1_000)
     refused.remember(decision(), TOO_LARGE)
     again = decision()
-    card_state = dataclasses.replace(
+    changelog_output = dataclasses.replace(
         again, kind="changelog", topic="g-card-state-changelog", label="card_state", partition=0
     )
-    assert refused.instead_of_remembered(card_state) is card_state
+    assert refused.instead_of_remembered(changelog_output) is changelog_output
     assert refused.instead_of_remembered(again).kind == "dead_letter"
 
 

@@ -18,22 +18,22 @@ from prometheus_client import CollectorRegistry
 
 from contracts.terminal_risk import NUM_TERMINAL_FEATURES
 from contracts.transaction import decode_transaction
+from scorer.card_history import CardHistory
 from scorer.columns import TransactionColumns
-from scorer.history import CardHistory
-from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from stream.sink import Output
 from tests.support.waiting import wait_until
 from tests.unit.fakes import MemoryChangelog
 from tests.unit.replica import RECORDS, TOPIC, Replica, messages, record_value, tp
 
 
-def states(state: CardState, partition: int, cards: set[str]) -> dict[str, bytes | None]:
+def states(state: OwnedCardHistory, partition: int, cards: set[str]) -> dict[str, bytes | None]:
     return {card: state.current(partition, card).state for card in cards}
 
 
-def restored(changelog: MemoryChangelog, partitions: list[int]) -> CardState:
-    state = CardState(changelog, time_scale=1.0, metrics=ServiceMetrics(CollectorRegistry()))
+def restored(changelog: MemoryChangelog, partitions: list[int]) -> OwnedCardHistory:
+    state = OwnedCardHistory(changelog, time_scale=1.0, metrics=ServiceMetrics(CollectorRegistry()))
     state.restore(partitions)
     return state
 
@@ -68,9 +68,9 @@ def test_lost_partitions_never_wipe_the_updates_of_the_partitions_kept(scoring: 
     sys.setswitchinterval(1e-6)
     try:
         with Replica(
-            card_state=True, scoring=scoring, max_batch_size=8, handoff_batches=4
+            card_history=True, scoring=scoring, max_batch_size=8, handoff_batches=4
         ) as replica:
-            state = replica.card_state
+            state = replica.card_history
             assert state is not None
             update, let_go = state.update, state.let_go
             in_update, dropped = threading.Event(), threading.Event()
@@ -113,7 +113,7 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
     # The card with the most transactions among the first records of partition 0.
     counts = Counter(str(RECORDS[o]["card_id"]) for o in range(1_000))
     card = counts.most_common(1)[0][0]
-    with Replica(card_state=True, max_batch_size=4) as replica:
+    with Replica(card_history=True, max_batch_size=4) as replica:
         failed: list[Output] = []
 
         def fail_first(output: Output) -> bool:
@@ -129,8 +129,8 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
         end = same_card[5] + 1
         replica.consumer.feed(messages(0, range(end)))
         wait_until(lambda: replica.consumer.stored.get((TOPIC, 0)) == end)
-        assert replica.card_state is not None
-        held = replica.card_state.current(0, card).state
+        assert replica.card_history is not None
+        held = replica.card_history.current(0, card).state
     assert failed, "the first state of the card failed once"
     written = [state for key, state in replica.changelog.partitions[0] if key == card]
     assert written[-1] == held, "the card's last changelog record is its newest state"
@@ -139,8 +139,8 @@ def test_a_card_state_sent_again_is_the_cards_newest() -> None:
 
 
 def test_a_revoked_partition_is_let_go_at_once_and_its_cards_forgotten_off_the_loop() -> None:
-    with Replica(card_state=True, state_retain_s=0.0) as replica:
-        state = replica.card_state
+    with Replica(card_history=True, state_retain_s=0.0) as replica:
+        state = replica.card_history
         assert state is not None
         forgotten_on: list[str] = []
         forget_cards = state.forget_cards
@@ -164,10 +164,10 @@ def test_a_revoked_partition_is_let_go_at_once_and_its_cards_forgotten_off_the_l
         assert states(state, 0, cards[0]) == expected_states(range(100), 0)
 
 
-def owning_two_partitions(replica: Replica, decided: int) -> CardState:
+def owning_two_partitions(replica: Replica, decided: int) -> OwnedCardHistory:
     """The replica's card state once it owns partitions 0 and 1 and has decided their first
     `decided` records each."""
-    state = replica.card_state
+    state = replica.card_history
     assert state is not None
     replica.consumer.assign(tp(0, 1))
     wait_until(lambda: state.owned() == [0, 1])
@@ -177,7 +177,7 @@ def owning_two_partitions(replica: Replica, decided: int) -> CardState:
 
 
 def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_return() -> None:
-    with Replica(card_state=True) as replica:
+    with Replica(card_history=True) as replica:
         state = owning_two_partitions(replica, 100)
         gauge = replica.metrics.registry.get_sample_value
         held = gauge("fraud_card_state_cards")
@@ -200,13 +200,13 @@ def test_a_partition_revoked_with_its_states_delivered_keeps_its_cards_for_its_r
 
 
 def test_a_replica_warmed_up_joins_then_reads_only_the_tail_of_what_it_is_given() -> None:
-    replica = Replica(card_state=True, state_warm_up="on")
+    replica = Replica(card_history=True, state_warm_up="on")
     changelog = replica.changelog
     for partition in (0, 1):
-        for card, card_state in expected_states(range(40), partition).items():
-            changelog.append(partition, card, card_state)
+        for card, state_record in expected_states(range(40), partition).items():
+            changelog.append(partition, card, state_record)
     with replica:
-        state = replica.card_state
+        state = replica.card_history
         assert state is not None
         wait_until(lambda: changelog.reads[:2] == [(0, 0), (1, 0)], what="the warm-up")
         end = changelog.end(1)
@@ -220,7 +220,7 @@ def test_a_replica_warmed_up_joins_then_reads_only_the_tail_of_what_it_is_given(
 
 
 def test_a_warm_up_that_fails_leaves_the_replica_to_join_cold() -> None:
-    replica = Replica(card_state=True, state_warm_up="on")
+    replica = Replica(card_history=True, state_warm_up="on")
 
     def unlisted() -> list[int]:
         raise RuntimeError("changelog cards-changelog cannot be listed")
@@ -236,7 +236,7 @@ def test_a_warm_up_that_fails_leaves_the_replica_to_join_cold() -> None:
 
 def test_a_partition_revoked_with_a_card_state_undelivered_forgets_its_cards() -> None:
     # Its kept cards would hold a state the changelog lacks: a return must read it all.
-    with Replica(card_state=True) as replica:
+    with Replica(card_history=True) as replica:
         state = owning_two_partitions(replica, 50)
         gauge = replica.metrics.registry.get_sample_value
         replica.sink.fail_when = lambda output: output.kind == "changelog" and output.partition == 1
@@ -260,8 +260,8 @@ def test_a_revoke_whose_transaction_does_not_commit_keeps_no_cards(commit_fails:
     # the cards were kept with the aborted updates; the return read only the changelog's tail,
     # and the kept cards, newer by input offset, stayed unlike the changelog for good. After
     # the abort nothing rewound the partition kept either: it never committed again.
-    with Replica(card_state=True, processing_guarantee="exactly-once", transaction_ms=1.0) as r:
-        state = r.card_state
+    with Replica(card_history=True, processing_guarantee="exactly-once", transaction_ms=1.0) as r:
+        state = r.card_history
         assert state is not None
         r.consumer.assign(tp(0, 1))
         wait_until(lambda: state.owned() == [0, 1])
@@ -305,7 +305,7 @@ def test_a_revoke_whose_transaction_does_not_commit_keeps_no_cards(commit_fails:
 def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
     # Finding 8: every abort reloaded the whole card state from the changelog.
     with Replica(
-        card_state=True, processing_guarantee="exactly-once", transaction_ms=1.0
+        card_history=True, processing_guarantee="exactly-once", transaction_ms=1.0
     ) as replica:
         replica.consumer.assign(tp(0, 1))
         replica.consumer.feed(messages(0, range(200)) + messages(1, range(200)))
@@ -325,9 +325,9 @@ def test_an_aborted_transaction_undoes_its_card_states_in_memory() -> None:
         )
         replica.consumer.feed(messages(0, range(200, 400)) + messages(1, range(200, 400)))
         wait_until(lambda: replica.committed() == {(TOPIC, 0): 400, (TOPIC, 1): 400})
-        assert replica.card_state is not None
+        assert replica.card_history is not None
         expected = {p: expected_states(range(400), p) for p in (0, 1)}
-        held = {p: states(replica.card_state, p, set(expected[p])) for p in (0, 1)}
+        held = {p: states(replica.card_history, p, set(expected[p])) for p in (0, 1)}
     assert replica.consumer.seeks, "the transaction aborted and the consumer went back"
     assert reads == [], "no changelog was read again"
     assert held == expected
@@ -432,8 +432,8 @@ def test_a_partition_restoring_its_state_never_stops_the_partitions_kept(guarant
     # callback, and scored nothing meanwhile (about 9 s per million cards). Partition 1's
     # restore now waits on a gate while partition 0 goes on; partition 1 is scored once it
     # opens, with the history its changelog held.
-    with Replica(card_state=True, processing_guarantee=guarantee, max_batch_size=8) as replica:
-        state, gauge = replica.card_state, replica.metrics.registry.get_sample_value
+    with Replica(card_history=True, processing_guarantee=guarantee, max_batch_size=8) as replica:
+        state, gauge = replica.card_history, replica.metrics.registry.get_sample_value
         assert state is not None
         changelog_read, gate = replica.changelog.read, threading.Event()
 
@@ -444,8 +444,8 @@ def test_a_partition_restoring_its_state_never_stops_the_partitions_kept(guarant
 
         replica.changelog.read = gated_read  # type: ignore[method-assign]
         held = expected_states(range(20), partition=1)
-        for card, card_state in held.items():
-            replica.changelog.append(1, card, card_state)
+        for card, state_record in held.items():
+            replica.changelog.append(1, card, state_record)
         replica.consumer.assign(tp(0))
         replica.consumer.feed(messages(0, range(50)))
         wait_until(lambda: replica.progress().get((TOPIC, 0)) == 50)

@@ -2,11 +2,11 @@
 transaction the feature row training computed for it.
 
 Serving here is the service's own code, in the order a live system runs it: the scorer's card
-state (`stream.card_state.CardState`, batches of 256 across partitions as the consumer makes
-them), the features worker's per-terminal state (`terminals.state.TerminalState`: each
-transaction and each fraud label at its report time, publishing what it decides to publish), the
-`terminal-risk` record as the worker encodes it (`encode_publications`) and the scorer decodes it,
-and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs); and
+state (`stream.owned_card_history.OwnedCardHistory`, batches of 256 across partitions as the
+consumer makes them), the features worker's per-terminal state (`terminals.state.TerminalState`:
+each transaction and each fraud label at its report time, publishing what it decides to publish),
+the `terminal-risk` record as the worker encodes it (`encode_publications`) and the scorer decodes
+it, and the scorer's join against its copy (`terminal_features`, what `TerminalRiskTable` runs); and
 the same for each card's confirmed frauds (the worker's per-card state fed with the labels, the
 `card-frauds` record, `card_features`, what `CardFraudsTable` runs).
 Training is `simulator.replay.simulate`. The scorer scores a transaction before the worker has
@@ -44,8 +44,8 @@ from scorer.features import FEATURE_NAMES, build_features
 from scorer.terminal_risk import terminal_features
 from simulator.replay import REPLAY_PARTITIONS, simulate
 from simulator.transactions import DEFAULT_START_TIME_MS, TransactionSimulator
-from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
 from terminals.publication import encode_publications
 from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
@@ -92,14 +92,14 @@ def labels() -> list[dict[str, object]]:
 def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> Served:
     n = len(columns.amount)
     clock = EventClock(wall_ms=lambda: 2**62)  # simulated time is never in the future here
-    card_state = CardState(
+    card_history = OwnedCardHistory(
         MemoryChangelog(),
         time_scale=1.0,
         metrics=ServiceMetrics(CollectorRegistry()),
         clock=clock,
         evict_interval_s=1e9,
     )
-    card_state.restore(list(range(REPLAY_PARTITIONS)))
+    card_history.restore(list(range(REPLAY_PARTITIONS)))
     worker_clock = TerminalClock(MS_PER_DAY, clock)
     scorer_copy: dict[str, TerminalRiskRecord] = {}
     card_copy: dict[str, CardFraudsRecord] = {}
@@ -196,7 +196,7 @@ def serve(columns: TransactionColumns, all_labels: list[dict[str, object]]) -> S
                     terminal_id,
                     TerminalEvent(TRANSACTION, 0, offsets[TRANSACTION], int(batch.event_time[i])),
                 )
-        history[rows] = card_state.update(list(_records(batch, start)), batch)[0]
+        history[rows] = card_history.update(list(_records(batch, start)), batch)[0]
     features = build_features(columns, history, terminal, card_frauds)
     return Served(features, as_published, publications)
 

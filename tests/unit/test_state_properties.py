@@ -27,12 +27,12 @@ from contracts.transaction import MAX_EVENT_TIME_MS, Transaction
 from deadletter.policy import RetryPolicy
 from deadletter.router import DeadLetterRouter
 from plumbing.errors import TransientDeliveryError
-from scorer.card_record import LONGEST_WINDOW_MS
+from scorer.card_history_record import LONGEST_WINDOW_MS
 from scorer.columns import TransactionColumns
 from scorer.terminal_risk import day_length_ms
-from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
 from stream.outcomes import OutcomeGroup
+from stream.owned_card_history import OwnedCardHistory
 from stream.redelivery import Redelivery
 from stream.sink import Output
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
@@ -149,7 +149,7 @@ class CardHarness:
     def __post_init__(self) -> None:
         metrics = ServiceMetrics(CollectorRegistry())
         self.clock = EventClock(wall_ms=lambda: WALL_MS)
-        self.state = CardState(
+        self.state = OwnedCardHistory(
             self.changelog,
             time_scale=1.0,
             metrics=metrics,
@@ -165,7 +165,7 @@ class CardHarness:
             delivery_timeout_s=0.0,
             max_message_bytes=1_000_000,
             metrics=metrics,
-            card_state=self.state.current,
+            current_card=self.state.current,
         )
 
     # -- the sink --------------------------------------------------------------------------
@@ -272,13 +272,13 @@ class CardHarness:
         if self.exactly_once:
             self.commit()
         held = {p: self._states(self.state, p) for p in PARTITIONS}
-        restored = CardState(
+        restored = OwnedCardHistory(
             self.changelog, time_scale=1.0, metrics=ServiceMetrics(CollectorRegistry())
         )
         restored.restore(list(PARTITIONS))
         assert {p: self._states(restored, p) for p in PARTITIONS} == held
         self.changelog.compact()
-        compacted = CardState(
+        compacted = OwnedCardHistory(
             self.changelog, time_scale=1.0, metrics=ServiceMetrics(CollectorRegistry())
         )
         compacted.restore(list(PARTITIONS))
@@ -288,7 +288,7 @@ class CardHarness:
                 assert card in held[partition], f"card {card} of {partition} forgotten"
 
     @staticmethod
-    def _states(state: CardState, partition: int) -> dict[str, bytes]:
+    def _states(state: OwnedCardHistory, partition: int) -> dict[str, bytes]:
         found = {card: state.current(partition, card).state for card in CARDS}
         return {card: value for card, value in found.items() if value is not None}
 

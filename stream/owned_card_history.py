@@ -4,7 +4,7 @@ kept durable in a compacted changelog topic.
 Responsibilities:
 - restore a partition's state from its changelog before the partition's first batch is scored
   (on assignment, on the restore thread of `stream/restores.py` while the partition is
-  paused), and say how long that took (what a restore reads: `stream/card_restore.py`);
+  paused), and say how long that took (what a restore reads: `stream/card_history_restore.py`);
 - turn a batch's records into their history feature rows (in consumption order) and into the
   changelog records their updates produced (changed cards, and tombstones for cards idle past
   the longest window), to be written with the batch's outputs: the commit that covers a batch's
@@ -15,16 +15,16 @@ Responsibilities:
   read before joining: warm start), keep its cards for FRAUD_STATE_RETAIN_S, so that if it comes
   back only the changelog's tail is read (`stream/retained_partitions.py`); after an aborted
   transaction (exactly-once), undo the changes of the batches it held, whose updates never
-  became durable (`stream/card_undo.py`);
+  became durable (`stream/card_history_undo.py`);
 - say what a card's state is now, for a changelog record sent again (`stream/redelivery.py`).
 
 Key design decisions:
-- The changelog (`stream/card_changelog.py`) is partitioned as the input: a card's state
+- The changelog (`stream/card_history_changelog.py`) is partitioned as the input: a card's state
   moves with its transactions on a rebalance.
 - One store for every owned partition, not one per partition: a batch's cards are updated in
   one vectorised pass, so its cost does not grow with the partitions it spans (one history
   per partition cost over three times as much a record: docs/benchmarks.md, "Figures behind
-  design choices"). A card's key is its id behind its partition (`stream/card_keys.py`).
+  design choices"). A card's key is its id behind its partition (`stream/card_history_keys.py`).
 - Updates are idempotent by input offset (`CardHistory`): a record read again after a crash
   changes nothing twice.
 - A batch with records of a partition that is not loaded (revoked or lost while the batch was
@@ -47,13 +47,13 @@ import numpy.typing as npt
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction
-from scorer.card_store import CardSnapshot
+from scorer.card_history import CardHistory, neutral_history
+from scorer.card_history_store import CardSnapshot
 from scorer.columns import TransactionColumns
-from scorer.history import CardHistory, neutral_history
-from stream.card_changelog import Changelog, ChangelogBatch, ChangelogTailGone
-from stream.card_keys import KEY_SEPARATOR, card_key
-from stream.card_restore import ChangelogLoader, LoadedChangelog
-from stream.card_undo import CardUndo
+from stream.card_history_changelog import Changelog, ChangelogBatch, ChangelogTailGone
+from stream.card_history_keys import KEY_SEPARATOR, card_key
+from stream.card_history_restore import ChangelogLoader, LoadedChangelog
+from stream.card_history_undo import CardHistoryUndo
 from stream.metrics import ServiceMetrics
 from stream.partition_clocks import PartitionClocks
 from stream.retained_partitions import RETAIN_S, RetainedPartition, RetainedPartitions
@@ -91,7 +91,7 @@ class CardOwnership(NamedTuple):
 FORGET_CHUNK = 20_000
 
 
-class CardState:
+class OwnedCardHistory:
     """The card histories of the partitions this replica owns."""
 
     def __init__(
@@ -119,7 +119,7 @@ class CardState:
             self._history.longest_window_ms,
             evict_interval_s,
         )
-        self._undo = CardUndo() if undo else None
+        self._undo = CardHistoryUndo() if undo else None
         #: Partitions revoked whose cards are kept (not owned: no batch changes them).
         self._retained = RetainedPartitions(retain_s)
         self._lock = threading.Lock()
@@ -167,9 +167,10 @@ class CardState:
     def let_go(self, partitions: Sequence[int], ends: Mapping[int, int] | None = None) -> list[int]:
         """Partitions that went are no longer owned: from now on no batch updates them and
         `current` says so. `ends`: the changelog's end offset of those revoked with every change
-        durable, whose cards are kept for `retain_s` ("Warm return": stream/card_restore.py).
-        Return the others, whose cards stay in memory until `forget_cards` (a revoke leaves that
-        to the restore thread: half of a million cards take about 0.4 s to forget)."""
+        durable, whose cards are kept for `retain_s` ("Warm return":
+        stream/card_history_restore.py). Return the others, whose cards stay in memory until
+        `forget_cards` (a revoke leaves that to the restore thread: half of a million cards take
+        about 0.4 s to forget)."""
         watermarks = self._let_go(set(partitions))
         now = time.monotonic()
         with self._lock:

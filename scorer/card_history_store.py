@@ -4,7 +4,7 @@ an index from card key to row, and the row's changelog form.
 Responsibilities and decisions:
 - A card's key is whatever string identifies it to the owner: its id (training), or its id
   qualified by its input partition in the service, whose one store holds every partition the
-  replica owns (`stream/card_state.py`).
+  replica owns (`stream/owned_card_history.py`).
 - Rows are taken from a free list and the columns double when it runs out, so a new card costs
   no allocation in the common case and memory per card is fixed (`STATE_BYTES` serialized).
 - A card's changelog record is its row as one `STATE_DTYPE` record behind a version byte; a
@@ -29,7 +29,7 @@ from typing import NamedTuple, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from scorer.card_record import (
+from scorer.card_history_record import (
     INITIAL_CAPACITY,
     NUM_SUMS,
     RING_SIZE,
@@ -38,7 +38,7 @@ from scorer.card_record import (
     STATE_DTYPE,
     STATE_VERSION,
 )
-from scorer.card_update import CardColumns
+from scorer.card_history_update import CardColumns
 
 _T = TypeVar("_T", bound=np.generic)
 
@@ -62,7 +62,7 @@ class CardSnapshot(NamedTuple):
 
 
 class Restored(NamedTuple):
-    """What `CardStore.restore_states` did with a run of changelog records."""
+    """What `CardHistoryStore.restore_states` did with a run of changelog records."""
 
     #: Why records were refused, one line each (their cards start anew).
     rejected: list[str]
@@ -70,7 +70,7 @@ class Restored(NamedTuple):
     newest_event_ms: int
 
 
-class CardStore:
+class CardHistoryStore:
     """The rows of a set of cards, by key. Not thread-safe: one owner calls it."""
 
     def __init__(self) -> None:

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-import stream.card_restore as card_restore
+import stream.card_history_restore as card_history_restore
 from contracts.event_time import EventClock
 from contracts.offsets import SourceOffset
 from contracts.transaction import MAX_EVENT_TIME_MS, Transaction, decode_transaction
-from scorer.card_record import SERIALIZED_STATE_DTYPE, STATE_DTYPE, STATE_VERSION
+from scorer.card_history import MS_PER_DAY, CardHistory
+from scorer.card_history_record import SERIALIZED_STATE_DTYPE, STATE_DTYPE, STATE_VERSION
 from scorer.columns import TransactionColumns
-from scorer.history import MS_PER_DAY, CardHistory
 from simulator.transactions import TransactionSimulator
-from stream.card_state import CardState
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from tests.unit.fakes import Change, MemoryChangelog, changes
 
 TOPIC = "transactions"
@@ -59,9 +59,9 @@ def new_state(
     *,
     partitions: list[int] | None = None,
     **settings: Any,
-) -> CardState:
+) -> OwnedCardHistory:
     """A card state owning `partitions` (default: 0 and those the changelog holds)."""
-    state = CardState(
+    state = OwnedCardHistory(
         changelog,
         time_scale=1.0,
         metrics=ServiceMetrics(registry or CollectorRegistry()),
@@ -72,7 +72,7 @@ def new_state(
     return state
 
 
-def apply(state: CardState, changelog: MemoryChangelog, batch: list[Record]) -> list[Change]:
+def apply(state: OwnedCardHistory, changelog: MemoryChangelog, batch: list[Record]) -> list[Change]:
     """One batch through the state, its changelog records written (as the sink does)."""
     columns = TransactionColumns.from_transactions([r.transaction for r in batch])
     records = changes(state.update(batch, columns)[1])
@@ -81,7 +81,7 @@ def apply(state: CardState, changelog: MemoryChangelog, batch: list[Record]) -> 
     return records
 
 
-def held(state: CardState, card_ids: set[str], partition: int = 0) -> dict[str, bytes]:
+def held(state: OwnedCardHistory, card_ids: set[str], partition: int = 0) -> dict[str, bytes]:
     """The serialized state of each of these cards that `state` holds."""
     found = {card: state.current(partition, card).state for card in card_ids}
     return {card: value for card, value in found.items() if value is not None}
@@ -138,7 +138,7 @@ def test_a_stream_replayed_from_the_past_is_not_moved_to_today_by_one_record() -
     # clock must not move the partition's clock to today either, which would make every card
     # of the replay idle.
     changelog = MemoryChangelog()
-    state = CardState(
+    state = OwnedCardHistory(
         changelog,
         time_scale=1.0,
         metrics=ServiceMetrics(CollectorRegistry()),
@@ -231,8 +231,8 @@ def test_a_restored_partition_knows_a_stale_record(
     # A restore used to start the partition's clock anew: the first record after it, however
     # old, was applied, so a replay of last year's records after a rebalance rewrote cards the
     # owner before would have left alone. Read one record at a time, every run is distinct
-    # (`CardStore`'s numpy path); read whole, the run repeats cards (its step-by-step path).
-    monkeypatch.setattr(card_restore, "RESTORE_APPLY_CHUNK", chunk)
+    # (`CardHistoryStore`'s numpy path); read whole, the run repeats cards (its step-by-step path).
+    monkeypatch.setattr(card_history_restore, "RESTORE_APPLY_CHUNK", chunk)
     changelog = MemoryChangelog(chunk=chunk)
     records = stream()
     owner = new_state(changelog)

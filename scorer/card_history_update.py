@@ -2,8 +2,8 @@
 in turn, and its history features, in one machine-code loop (numba).
 
 `CardHistory.update_and_features` orders a batch (per card by event time, ties by offset) and
-calls `apply_in_order` with its `CardStore` columns; the arithmetic is the one the module
-docstring of `scorer/history.py` describes. One loop over the records replaces a vectorised
+calls `apply_in_order` with its `CardHistoryStore` columns; the arithmetic is the one the module
+docstring of `scorer/card_history.py` describes. One loop over the records replaces a vectorised
 numpy pass per round (the r-th transaction of every card), whose fixed cost of some forty numpy
 calls was paid again for every transaction a card had in the batch.
 
@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit, types
 
-from scorer.card_record import (
+from scorer.card_history_record import (
     COL_AVG,
     COL_COUNTRIES,
     COL_MERCHANTS,
@@ -50,7 +50,7 @@ Flags = npt.NDArray[np.bool_]
 
 
 class CardColumns(NamedTuple):
-    """A `CardStore`'s columns, one row per card, which the update changes in place."""
+    """A `CardHistoryStore`'s columns, one row per card, which the update changes in place."""
 
     times: Ints  # [cards, 2]: last_ms, offset
     sums: npt.NDArray[np.float32]  # [cards, NUM_SUMS]

@@ -9,7 +9,7 @@ Key design decisions:
   again: about 9 s per million cards). Past `UNDO_MAX_CARDS` copies between two commits the
   copies are dropped and an abort reloads, so memory stays bounded.
 - A partition that went must not come back by an undo: its copies and offsets go with it.
-- No lock of its own: the card state (`stream/card_state.py`) calls it under its lock.
+- No lock of its own: the card state (`stream/owned_card_history.py`) calls it under its lock.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scorer.card_store import CardSnapshot
+from scorer.card_history_store import CardSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class _Undo(NamedTuple):
     snapshots: list[CardSnapshot]
 
 
-class CardUndo:
+class CardHistoryUndo:
     """The copies of the card rows that the batches not yet committed changed."""
 
     def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """The card-history changelog: the compacted topic the scorer's per-card history is kept durable
-in (stream/card_state.py), and how it is read back for a restore.
+in (stream/owned_card_history.py), and how it is read back for a restore.
 
 - The changelog partition is the input partition: a card's state lives where its transactions
   are, and moves with them on a rebalance.

@@ -4,7 +4,7 @@ Transactions are keyed by `card_id`, so each card's history lives with its parti
 `CardHistory` holds, for every card it has seen, one fixed-size numpy record (`STATE_DTYPE`,
 `STATE_BYTES` bytes serialized) and turns a micro-batch into the `HISTORY_FEATURE_NAMES` columns:
 the batch is prepared with a few vectorised numpy passes, then applied record by record in one
-compiled loop (`scorer/card_update.py`). Responsibilities and decisions:
+compiled loop (`scorer/card_history_update.py`). Responsibilities and decisions:
 
 - Windows are exponentially decayed counters: a count or amount sum over a window of length w
   is kept as a sum whose terms decay as exp(-age / w). At a steady rate it has the mean of the
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from scorer.card_record import (
+from scorer.card_history_record import (
     CARD_TESTING_WINDOW_MS,
     HISTORY_FEATURE_NAMES,
     LONGEST_WINDOW_MS,
@@ -51,8 +51,8 @@ from scorer.card_record import (
     merchant_hashes,
     validate_scale,
 )
-from scorer.card_store import CardStore
-from scorer.card_update import apply_in_order
+from scorer.card_history_store import CardHistoryStore
+from scorer.card_history_update import apply_in_order
 from scorer.columns import TINY_AMOUNT, TransactionColumns, letters_index
 
 __all__ = [
@@ -67,10 +67,10 @@ __all__ = [
 ]
 
 
-class CardHistory(CardStore):
+class CardHistory(CardHistoryStore):
     """Per-card state, by card key: its features, and how a batch updates it (the rows, their
-    changelog form and restore are `CardStore`'s). Keys are card ids, or card ids qualified by
-    their input partition where one history serves several partitions (the service).
+    changelog form and restore are `CardHistoryStore`'s). Keys are card ids, or card ids qualified
+    by their input partition where one history serves several partitions (the service).
 
     Not thread-safe: one owner (the partition's scoring path) calls it.
     """

@@ -6,10 +6,10 @@ from __future__ import annotations
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from scorer.card_record import STATE_BYTES, STATE_VERSION
-from stream.card_changelog import RESTORE_BATCH, KafkaChangelog
-from stream.card_state import CardState
+from scorer.card_history_record import STATE_BYTES, STATE_VERSION
+from stream.card_history_changelog import RESTORE_BATCH, KafkaChangelog
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from tests.integration.conftest import BOOTSTRAP, produce
 
 #: More records than one read returns, so the restore is still reading when the late one lands.
@@ -17,8 +17,10 @@ CARDS = 3 * RESTORE_BATCH
 STATE = bytes([STATE_VERSION]) + bytes(STATE_BYTES - 1)
 
 
-def card_state(changelog: str, registry: CollectorRegistry, retain_s: float = 0.0) -> CardState:
-    return CardState(
+def owned_card_history(
+    changelog: str, registry: CollectorRegistry, retain_s: float = 0.0
+) -> OwnedCardHistory:
+    return OwnedCardHistory(
         KafkaChangelog({"bootstrap.servers": BOOTSTRAP}, changelog),
         time_scale=1.0,
         metrics=ServiceMetrics(registry),
@@ -45,7 +47,7 @@ def test_a_restore_reads_what_committed_and_ends_at_the_last_marker(topics_facto
             producer.abort_transaction(30)
     registry = CollectorRegistry()
 
-    card_state(changelog, registry).restore([0])
+    owned_card_history(changelog, registry).restore([0])
 
     assert registry.get_sample_value("fraud_card_state_cards") == 200
 
@@ -56,7 +58,7 @@ def test_a_restore_does_not_chase_records_written_after_it_began(topics_factory)
     changelog = topics_factory(partitions=1).input
     produce(changelog, [(f"card-{i}".encode(), STATE) for i in range(CARDS)])
     registry = CollectorRegistry()
-    state = card_state(changelog, registry)
+    state = owned_card_history(changelog, registry)
     writer = Producer({"bootstrap.servers": BOOTSTRAP})
     late: list[str] = []
 
@@ -78,7 +80,7 @@ def test_a_warm_up_reads_every_partition_and_an_assignment_only_what_came_since(
     changelog = topics_factory(partitions=2).input
     produce(changelog, [(f"card-{i}".encode(), STATE) for i in range(1_000)])
     registry = CollectorRegistry()
-    state = card_state(changelog, registry, retain_s=600.0)
+    state = owned_card_history(changelog, registry, retain_s=600.0)
 
     state.warm_up()
 

@@ -1,4 +1,4 @@
-"""Per-card history (scorer/history.py): order, idempotence, restore, eviction, robustness."""
+"""Per-card history (scorer/card_history.py): order, idempotence, restore, eviction, robustness."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.transaction import MAX_AMOUNT, MAX_EVENT_TIME_MS, MAX_ID_CHARS
-from scorer.card_store import _OFFSET_AT
-from scorer.columns import TransactionColumns
-from scorer.features import FEATURE_NAMES, build_features
-from scorer.history import (
+from scorer.card_history import (
     HISTORY_FEATURE_NAMES,
     MS_PER_DAY,
     MS_PER_HOUR,
@@ -19,6 +16,9 @@ from scorer.history import (
     CardHistory,
     neutral_history,
 )
+from scorer.card_history_store import _OFFSET_AT
+from scorer.columns import TransactionColumns
+from scorer.features import FEATURE_NAMES, build_features
 from simulator.transactions import TransactionSimulator
 
 COLUMN = {name: i for i, name in enumerate(HISTORY_FEATURE_NAMES)}

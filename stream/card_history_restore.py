@@ -1,12 +1,12 @@
 """What a card state restore reads: a partition's changelog loaded into the replica's one card
 store, whole, or only its tail over the cards kept since the partition went. Restores, warm
-returns and warm starts (`stream/card_state.py`) all load through here; the restore thread that
-runs them is `stream/restores.py`'s.
+returns and warm starts (`stream/owned_card_history.py`) all load through here; the restore thread
+that runs them is `stream/restores.py`'s.
 
 Key design decisions:
 - A restore keeps, per card, the state with the highest input offset; a tombstone forgets the
-  card, and a state after it starts the card anew (`CardStore.restore`). What it reads, and up
-  to where: `stream/card_changelog.py`.
+  card, and a state after it starts the card anew (`CardHistoryStore.restore`). What it reads, and
+  up to where: `stream/card_history_changelog.py`.
 - The card state's lock is taken per `RESTORE_APPLY_CHUNK` records loaded, so batches of other
   partitions go on meanwhile, waiting a few milliseconds at most.
 - A card state record that cannot be read is skipped, with a warning: its card starts anew.
@@ -34,9 +34,9 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from scorer.history import CardHistory
-from stream.card_changelog import Changelog
-from stream.card_keys import card_key
+from scorer.card_history import CardHistory
+from stream.card_history_changelog import Changelog
+from stream.card_history_keys import card_key
 from stream.retained_partitions import RetainedPartition
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""The replica's card state (stream/card_state.py) over batches that mix partitions: one store
-keyed by partition and card must behave as one history per partition; and a changelog whose
-leader is not known yet. The changelog reads are Kafka's (tests/integration/test_card_state.py);
-here every changelog is empty."""
+"""The replica's card state (stream/owned_card_history.py) over batches that mix partitions: one
+store keyed by partition and card must behave as one history per partition; and a changelog whose
+leader is not known yet. The changelog reads are Kafka's
+(tests/integration/test_card_history_restore.py); here every changelog is empty."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from prometheus_client import CollectorRegistry
 
 from contracts.offsets import SourceOffset
 from contracts.transaction import Transaction, decode_transaction
-from scorer.card_record import STATE_BYTES, STATE_VERSION
-from scorer.card_store import CardStore, Restored
+from scorer.card_history import MS_PER_DAY, CardHistory, neutral_history
+from scorer.card_history_record import STATE_BYTES, STATE_VERSION
+from scorer.card_history_store import CardHistoryStore, Restored
 from scorer.columns import TransactionColumns
-from scorer.history import MS_PER_DAY, CardHistory, neutral_history
 from simulator.transactions import TransactionSimulator
-from stream import card_changelog, card_restore
-from stream.card_changelog import watermarks
-from stream.card_state import CardState
+from stream import card_history_changelog, card_history_restore
+from stream.card_history_changelog import watermarks
 from stream.metrics import ServiceMetrics
+from stream.owned_card_history import OwnedCardHistory
 from tests.unit.fakes import MemoryChangelog, changes
 
 TOPIC = "transactions"
@@ -42,8 +42,8 @@ def new_state(
     *,
     changelog: MemoryChangelog | None = None,
     **settings: Any,
-) -> CardState:
-    state = CardState(
+) -> OwnedCardHistory:
+    state = OwnedCardHistory(
         changelog or MemoryChangelog(),
         time_scale=1.0,
         metrics=ServiceMetrics(registry or CollectorRegistry()),
@@ -70,7 +70,7 @@ def records(count: int, partitions: int, seed: int = 4) -> list[Record]:
     return out
 
 
-def update(state: CardState, batch: list[Record]):
+def update(state: OwnedCardHistory, batch: list[Record]):
     """The batch's history rows, and its changelog records one by one."""
     columns = TransactionColumns.from_transactions([r.transaction for r in batch])
     rows, batches = state.update(batch, columns)
@@ -200,7 +200,7 @@ class LeaderElection:
 def test_a_changelog_without_a_leader_yet_is_asked_again(
     monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    monkeypatch.setattr(card_changelog, "LEADER_RETRY_S", 0.0)
+    monkeypatch.setattr(card_history_changelog, "LEADER_RETRY_S", 0.0)
     consumer = LeaderElection(refusals=3, code=code)
     assert watermarks(consumer, TopicPartition("changelog", 0)) == (0, 42)  # type: ignore[arg-type]
     assert consumer.asked == 4
@@ -225,15 +225,15 @@ def test_a_restore_holds_the_state_lock_for_a_piece_of_each_read_only(
     registry = CollectorRegistry()
     state = new_state([], registry, changelog=changelog)
     holds: list[tuple[int, bool]] = []
-    load = CardStore.restore_states
+    load = CardHistoryStore.restore_states
 
-    def recorded(store: CardStore, keys: list[str], states: list[bytes | None]) -> Restored:
+    def recorded(store: CardHistoryStore, keys: list[str], states: list[bytes | None]) -> Restored:
         holds.append((len(keys), state._lock.locked()))
         return load(store, keys, states)
 
-    monkeypatch.setattr(CardStore, "restore_states", recorded)
+    monkeypatch.setattr(CardHistoryStore, "restore_states", recorded)
     state.restore([0])
-    piece = card_restore.RESTORE_APPLY_CHUNK
+    piece = card_history_restore.RESTORE_APPLY_CHUNK
     assert holds == [(piece, True), (piece, True), (2_500 - 2 * piece, True)]
     assert registry.get_sample_value("fraud_card_state_cards") == 2_500
 
@@ -261,7 +261,7 @@ def test_two_threads_reports_of_the_card_count_land_in_the_order_of_the_changes(
     # The consuming thread and the restore thread both report the card count: a report read
     # before another thread's change must not be set after that thread's report.
     metrics = _HeldCardGauge()
-    state = CardState(MemoryChangelog(), time_scale=1.0, metrics=metrics)
+    state = OwnedCardHistory(MemoryChangelog(), time_scale=1.0, metrics=metrics)
     state.restore([0, 1, 2])
     update(state, records(300, partitions=3))
     metrics.armed = True

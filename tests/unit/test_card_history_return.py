@@ -1,4 +1,4 @@
-"""A partition that comes back to the replica that gave it up (stream/card_restore.py, "Warm
+"""A partition that comes back to the replica that gave it up (stream/card_history_restore.py, "Warm
 return"): its kept cards plus the changelog's records since must equal a full replay of the
 changelog, the next owner's updates and tombstones included; a changelog that lost those records,
 a partition kept too long and `retain_s` 0 read the whole changelog. The changelog is an
@@ -11,11 +11,19 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from scorer.card_history import MS_PER_DAY, neutral_history
 from scorer.columns import TransactionColumns
-from scorer.history import MS_PER_DAY, neutral_history
-from stream.card_state import CardState
+from stream.owned_card_history import OwnedCardHistory
 from tests.unit.fakes import MemoryChangelog, changes
-from tests.unit.test_card_state_integrity import NOW_MS, Record, apply, at, held, new_state, stream
+from tests.unit.test_card_history_integrity import (
+    NOW_MS,
+    Record,
+    apply,
+    at,
+    held,
+    new_state,
+    stream,
+)
 
 RECORDS = stream(partitions=2)
 CARDS = {r.transaction.card_id for r in RECORDS}
@@ -26,7 +34,7 @@ def of(partition: int, records: list[Record]) -> list[Record]:
     return [r for r in records if r.position[0][1] == partition]
 
 
-def features(state: CardState, batch: list[Record]) -> np.ndarray:
+def features(state: OwnedCardHistory, batch: list[Record]) -> np.ndarray:
     columns = TransactionColumns.from_transactions([r.transaction for r in batch])
     rows, _ = state.update(batch, columns)
     assert rows is not None
@@ -44,7 +52,7 @@ def restores(registry: CollectorRegistry, read: str) -> tuple[float | None, floa
 
 def given_up_and_moved_on(
     changelog: MemoryChangelog, registry: CollectorRegistry | None = None
-) -> tuple[CardState, int]:
+) -> tuple[OwnedCardHistory, int]:
     """Replica `a` decides FIRST on partitions 0 and 1, gives partition 1 up with its changelog's
     end; replica `b` restores it, decides SECOND's records of it, forgets one card (a tombstone,
     as an eviction writes) and gives it up again. Returns `a` and the end it kept."""

@@ -1,5 +1,5 @@
 """One card's history record: the windows it keeps, its fields and their serialized form, and
-the small vectorised helpers `CardHistory` (`scorer/history.py`) builds on.
+the small vectorised helpers `CardHistory` (`scorer/card_history.py`) builds on.
 
 A record has a fixed size (`STATE_DTYPE`, `STATE_BYTES` serialized with a version byte), so the
 memory per card is fixed and the changelog value of a card is the same bytes on every platform.
