@@ -126,7 +126,7 @@ class Run(NamedTuple):
     price_per_hour: float
     #: Extra librdkafka settings, given alike to every confluent-kafka contender.
     kafka_options: tuple[str, ...]
-    #: Extra flags of every service contender (e.g. --processes 2).
+    #: Extra flags of every service contender (e.g. --scoring inline).
     service_flags: tuple[str, ...]
     #: Contender logs, the profile, the latency run's report.
     logs: Path
@@ -231,7 +231,7 @@ def contender(
     run: Run, broker: Broker, name: str, backlog: str, role: str, wrapper: Sequence[str] = ()
 ) -> Measurement:
     """Run one contender over the backlog as `role` (a name unique in this run); `wrapper`
-    prefixes its command (a profiler)."""
+    prefixes its command (a profiler, or bench/scaling.py's shell starting several copies)."""
     output = broker.topic(f"{role}-out", run.partitions)
     group = broker.group(role)
     env: dict[str, str] = {}

@@ -145,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FLAG",
-        help="extra flag of every service contender, e.g. --service-flag=--processes "
-        "--service-flag=2 (repeatable)",
+        help="extra flag of every service contender, e.g. --service-flag=--scoring "
+        "--service-flag=inline (repeatable)",
     )
     table = parser.add_argument_group(
         "latency table",

@@ -1,7 +1,10 @@
 """Scaling studies of the service, beside `make bench`:
 
-- `processes`: pipeline throughput with `--processes 1` and `--processes 2` on this host
-  (rounds interleaved, medians and spreads), the across-cores curve's first step;
+- `processes`: pipeline throughput of one service process, and of two in the one group (what
+  two pods or `docker compose up --scale scorer=2` run: each its own instance id and metrics
+  port) on this host (rounds interleaved, arm order rotated, medians and spreads), each with the
+  peak of its processes' summed resident memory and their CPU seconds: the across-cores curve's
+  first step;
 - `models`: pipeline throughput and p99 event→decision at 5,000 tx/s with the shipped model and
   with synthetic models costing about 10x and 100x its CPU time per row at batch 256 (MLPs of
   the width that gets there, calibrated on this machine: the shipped model is trees, whose cost
@@ -21,6 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bench.contenders import Run, contender, latency
-from bench.harness import Broker, produce_backlog
+from bench.harness import Broker, free_port, process_cpu_s, produce_backlog
 from bench.model_speed import measure
 from scorer.features import FEATURE_NAMES, NUM_FEATURES
 from scorer.model import OnnxScorer
@@ -46,6 +50,11 @@ PROBE_MULTIPLY_ADDS = 200_000
 CALIBRATION_BATCH = 256
 #: Each model is run with batches scored on the consuming thread and on the scoring thread.
 SCORING_MODES = ("inline", "thread")
+#: The arms of the processes study: how many copies of the service run side by side.
+PROCESS_ARMS: dict[str, int] = {"1_process": 1, "2_processes": 2}
+#: How often the service's processes are sampled for memory and CPU.
+SAMPLE_INTERVAL_S = 0.25
+KIB_PER_MB = 1024
 
 
 def multiply_adds_per_row(model: onnx.ModelProto) -> int:
@@ -117,26 +126,106 @@ def _run(args: argparse.Namespace, scratch: Path, flags: Sequence[str] = ()) -> 
     )
 
 
-def _processes(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Path) -> Any:
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    for index in range(args.rounds):
-        for count in rates:
-            run = _run(args, scratch, ("--processes", str(count)))
-            m = contender(run, broker, "pipeline", backlog, f"procs{count}-{index}")
-            if m.records_per_s is not None:
-                rates[count].append(m.records_per_s)
-            print(f"round {index + 1}: {count} process(es): {m.records_per_s}", file=sys.stderr)
-    medians = {
-        count: statistics.median(values) if values else None for count, values in rates.items()
-    }
-    table: dict[str, object] = {
-        f"{count}_processes": {
-            "median_tps": medians[count],
-            "spread": [min(values), max(values)] if values else None,
+class ServiceWatch(threading.Thread):
+    """Samples the service's processes until stopped: the interpreters running `-m stream` in
+    `group` (one, or several copies) and every process below them (each one's model-package
+    check child, `stream/package_check.py`, while it starts).
+    Figures: the peak of the summed resident memory of them all and of the `-m stream` ones
+    alone, and the CPU seconds of them all (each process's as last sampled)."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(daemon=True)
+        self._group = group
+        self._done = threading.Event()
+        self._peak_kib = {"all": 0, "service": 0}
+        self._cpu_s: dict[int, float] = {}
+        self._services: set[int] = set()
+
+    def run(self) -> None:
+        while not self._done.wait(SAMPLE_INTERVAL_S):
+            services, tree = self._pids()
+            self._services |= services
+            kib = {"all": 0, "service": 0}
+            for pid in tree:
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    self._cpu_s[pid] = process_cpu_s(pid)
+                except OSError:  # gone since listed
+                    continue
+                rss = next((ln.split()[1] for ln in status.splitlines() if ln[:6] == "VmRSS:"), 0)
+                kib["all"] += int(rss)
+                kib["service"] += int(rss) if pid in services else 0
+            self._peak_kib = {k: max(v, kib[k]) for k, v in self._peak_kib.items()}
+
+    def _pids(self) -> tuple[set[int], set[int]]:
+        """The `-m stream` processes of the group, and those with all their descendants."""
+        services, parents = set(), {}
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                stat = (proc / "stat").read_text()
+            except OSError:  # gone since listed
+                continue
+            parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if argv[:3] == [sys.executable, "-m", "stream"] and self._group in argv:
+                services.add(int(proc.name))
+        tree = set(services)
+        while grown := {pid for pid, parent in parents.items() if parent in tree} - tree:
+            tree |= grown
+        return services, tree
+
+    def stop(self) -> dict[str, float | int]:
+        """End the sampling; the figures of the processes seen."""
+        self._done.set()
+        self.join()
+        return {
+            "processes": len(self._services),
+            "peak_rss_mb": round(self._peak_kib["all"] / KIB_PER_MB, 1),
+            "service_peak_rss_mb": round(self._peak_kib["service"] / KIB_PER_MB, 1),
+            "cpu_s": round(sum(self._cpu_s.values()), 2),
         }
-        for count, values in rates.items()
+
+
+def _copies(count: int, role: str) -> list[str]:
+    """A `contender` wrapper starting the service `count` times side by side, each with its
+    own instance id and metrics port (the last value of a repeated flag wins); the shell ignores
+    the SIGINT that stops the run and waits for the services' drain."""
+    port = free_port()
+    starts = " & ".join(
+        f'"$@" --instance-id {role}-{i} --metrics-port {port + i}' for i in range(count)
+    )
+    return ["sh", "-c", f"trap '' INT; {starts} & wait", "sh"]
+
+
+def _summary(values: Sequence[float]) -> dict[str, object]:
+    return {
+        "median": statistics.median(values) if values else None,
+        "spread": [min(values), max(values)] if values else None,
     }
-    one, two = medians[1], medians[2]
+
+
+def _processes(args: argparse.Namespace, broker: Broker, backlog: str, scratch: Path) -> Any:
+    rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in PROCESS_ARMS}
+    arms = list(PROCESS_ARMS)
+    for index in range(args.rounds):
+        for arm in arms[index % len(arms) :] + arms[: index % len(arms)]:
+            copies = PROCESS_ARMS[arm]
+            role = f"{arm}-{index}"
+            watch = ServiceWatch(broker.group(role))
+            watch.start()
+            wrapper = _copies(copies, role) if copies > 1 else ()
+            m = contender(_run(args, scratch), broker, "pipeline", backlog, role, wrapper)
+            measured = {"tps": m.records_per_s, "outputs": m.outputs, **watch.stop()}
+            rounds[arm].append(measured)
+            print(f"round {index + 1}: {arm}: {measured} {m.error or ''}", file=sys.stderr)
+    table: dict[str, Any] = {}
+    for arm, runs in rounds.items():
+        table[arm] = {
+            key: _summary([r[key] for r in runs if r[key] is not None])
+            for key in ("tps", "peak_rss_mb", "service_peak_rss_mb", "cpu_s")
+        }
+        table[arm]["rounds"] = runs
+    one, two = (table[arm]["tps"]["median"] for arm in PROCESS_ARMS)
     table["speedup"] = round(two / one, 2) if one and two else None
     return table
 
@@ -184,8 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "study",
         choices=["processes", "models"],
-        help="processes: --processes 1 against 2; models: the shipped model against 10x and "
-        "100x heavier ones",
+        help="processes: one service process against two in one group; models: the shipped "
+        "model against 10x and 100x heavier ones",
     )
     parser.add_argument(
         "--bootstrap-servers",

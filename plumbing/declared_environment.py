@@ -74,7 +74,6 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_OBSERVED_PRECISION_MAX_PENDING": ("fraud-scorer",),
     "FRAUD_OUTPUT_FORMAT": ("fraud-scorer",),
     "FRAUD_OUTPUT_TOPIC": ("fraud-loadgen", "fraud-review", "fraud-scorer"),
-    "FRAUD_PROCESSES": ("fraud-scorer",),
     "FRAUD_PROCESSING_GUARANTEE": ("fraud-scorer",),
     "FRAUD_REASONS": ("fraud-scorer",),
     "FRAUD_RETRY_BACKOFF_MAX_MS": ("fraud-scorer",),

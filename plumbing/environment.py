@@ -4,9 +4,12 @@ and the check each command makes of its environment before it starts.
 A `FRAUD_*` variable that nothing declares is a mistake: a misspelt `FRAUD_RULE` (meant:
 `FRAUD_RULES`) would otherwise start the scorer without its deny list, and nobody would know.
 So `check_environment` refuses it, in one line naming it and the closest declared name, before
-any setting is read. A variable that another command reads but this one does not (the scorer's
-`FRAUD_METRICS_PORT` given to `fraud-features`, whose setting is `FRAUD_FEATURES_METRICS_PORT`)
-is a warning naming its readers, since one environment often serves several commands.
+any setting is read. A variable that a release read and this one does not (`REMOVED`) is
+refused the same way, saying what to do instead: a deployment that still sets it expects a
+behaviour that is gone. A variable that another command reads but this one does not (the
+scorer's `FRAUD_METRICS_PORT` given to `fraud-features`, whose setting is
+`FRAUD_FEATURES_METRICS_PORT`) is a warning naming its readers, since one environment often
+serves several commands.
 
 The declared names are those of every command's settings (`plumbing/settings.py`), listed in
 `plumbing/declared_environment.py`, which `python -m ops.tools.reference_pages` writes from the
@@ -40,6 +43,13 @@ READ_DIRECTLY: dict[str, tuple[str, ...]] = {
     "FRAUD_TEST_SCHEMA_REGISTRY_URL": (TEST_SUITE,),
 }
 
+#: `FRAUD_*` variables that a release read and this one does not → what to do instead. Each
+#: stops every command that finds it set (never declared again under the same name).
+REMOVED: dict[str, str] = {
+    "FRAUD_PROCESSES": "removed after release 0.1.0: run one fraud-scorer process per pod or "
+    "container, and more replicas for more cores (docs/architecture.md)",
+}
+
 
 def readers() -> dict[str, tuple[str, ...]]:
     """Every declared `FRAUD_*` name → what reads it (commands, the test suite)."""
@@ -60,26 +70,29 @@ def check_environment(
     for `command`, before it reads any.
 
     Raises ConfigurationError, one line, naming every variable nothing declares and the
-    closest declared name. Returns one warning per variable that `command` does not read and
-    another reader does (`passes_on`: the commands it starts with its own environment, whose
-    variables it reads as theirs). `declared`: name → readers (by default, the project's).
+    closest declared name, and every removed one (`REMOVED`) with what to do instead. Returns
+    one warning per variable that `command` does not read and another reader does
+    (`passes_on`: the commands it starts with its own environment, whose variables it reads as
+    theirs). `declared`: name → readers (by default, the project's).
     """
     environ = os.environ if environ is None else environ
     known = readers() if declared is None else dict(declared)
     mine = {command, *passes_on}
     own = sorted(name for name, who in known.items() if mine & set(who))
-    unknown: list[str] = []
+    refused: list[str] = []
     warnings: list[str] = []
     for name in sorted(environ):
         if not name.startswith(PREFIX) or not environ[name]:
             continue
         who = known.get(name)
-        if who is None:
-            unknown.append(_unknown(name, known))
+        if name in REMOVED:
+            refused.append(f"{name} was {REMOVED[name]}")
+        elif who is None:
+            refused.append(_unknown(name, known))
         elif not mine & set(who):
             warnings.append(_foreign(name, who, command, own))
-    if unknown:
-        raise ConfigurationError("; ".join(unknown))
+    if refused:
+        raise ConfigurationError("; ".join(refused))
     return warnings
 
 

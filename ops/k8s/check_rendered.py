@@ -1,6 +1,6 @@
 """Contracts of the rendered chart that only hold once Helm has filled in the values: the
-environment the pods get is one the service reads and accepts; every scorer process's metrics
-port is exposed and scraped; the autoscaler (KEDA's ScaledObject or the HPA fallback) scales the
+environment the pods get is one the service reads and accepts; the scorer's metrics port is
+exposed and scraped; the autoscaler (KEDA's ScaledObject or the HPA fallback) scales the
 scorer's workload, and only its pods, to at most the partitions the topics Job creates; the
 pre-install hook Job mounts and runs as nothing the release creates after it; the features
 worker is probed where it serves its health; the PrometheusRule holds ops/prometheus/alerts.yml.
@@ -18,7 +18,6 @@ import yaml
 
 from plumbing.kafka_settings import CONFIG_FILE_ENV
 from stream.startup.config import ScorerSettings
-from stream.startup.supervisor import child_command
 from terminals.config import FeaturesSettings
 
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
@@ -84,18 +83,8 @@ def check_features(deployment: Doc) -> list[str]:
     return problems
 
 
-def metrics_ports(config: ScorerSettings) -> dict[str, int]:
-    """Port name → port of each process of a scorer pod, as the supervisor assigns them."""
-    ports = {}
-    for index in range(config.processes):
-        command = child_command([], config, index)
-        name = f"metrics-{index}" if index else "metrics"
-        ports[name] = int(command[command.index("--metrics-port") + 1])
-    return ports
-
-
 def check_scraping(by_kind: dict[tuple[str, str], Doc], expected: dict[str, int]) -> list[str]:
-    """The Service and the monitors expose and scrape each process's port."""
+    """The Service and the monitors expose and scrape the scorer's port (by its name)."""
     problems = []
     for (kind, _name), doc in by_kind.items():
         if kind == "Service":
@@ -219,10 +208,10 @@ def check(docs: list[Doc]) -> list[str]:
     grace = pod["terminationGracePeriodSeconds"]
     if not grace > config.shutdown_timeout_s:
         problems.append(f"termination grace {grace}s <= drain {config.shutdown_timeout_s}s")
-    expected = metrics_ports(config)
+    expected = {"metrics": config.metrics_port}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     if ports != expected:
-        problems.append(f"the scorer's ports {ports} != its processes' metrics ports {expected}")
+        problems.append(f"the scorer's ports {ports} != its metrics port {expected}")
     problems += check_scraping(by_kind, expected)
     problems += check_autoscaler(by_kind, scorer, config)
     problems += check_hooks(docs)

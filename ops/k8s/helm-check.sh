@@ -5,13 +5,13 @@
 #   2. values.schema.json: helm template must refuse bad values (ops/k8s/must-reject-values.txt);
 #   3. helm template for the combinations users run, with and without KEDA and the Prometheus
 #      Operator (--api-versions stands for the cluster's APIs): default (no KEDA: the HPA
-#      fallback); KEDA + PrometheusRule; GPU; Kafka secret + ServiceMonitor + 4 processes +
-#      extra env/volumes + pod security context + ServiceAccount annotations; existing secret +
-#      existing ServiceAccount + PodMonitor + 2 processes + fixed replicas + required
-#      anti-affinity; exactly-once as a StatefulSet, into .tools/helm-check/; each must hold
-#      the autoscaler and rules its capabilities call for;
+#      fallback); KEDA + PrometheusRule; GPU; Kafka secret + ServiceMonitor + extra
+#      env/volumes + pod security context + ServiceAccount annotations; existing secret +
+#      existing ServiceAccount + PodMonitor + fixed replicas + required anti-affinity;
+#      exactly-once as a StatefulSet, into .tools/helm-check/; each must hold the autoscaler
+#      and rules its capabilities call for;
 #   4. the rendered contracts (ops/k8s/check_rendered.py): env read and accepted by the service,
-#      every process's port exposed and scraped, the autoscaler on the scorer only and within
+#      the scorer's metrics port exposed and scraped, the autoscaler on the scorer only and within
 #      the partitions, hook Job dependencies created before it, the features worker's probes,
 #      the PrometheusRule equal to ops/prometheus/alerts.yml, grace longer than the drain;
 #   5. against a real kube-apiserver and etcd built from the Go module proxy
@@ -49,7 +49,7 @@ say "helm lint"
 "$helm" lint --strict "$chart" >"$out/lint.log" 2>&1 || { cat "$out/lint.log" >&2; die "helm lint"; }
 "$helm" lint --strict "$chart" -f "$chart/values-gpu.yaml" \
   --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true \
-  --set prometheusRule.enabled=true --set processes=2 \
+  --set prometheusRule.enabled=true \
   --set-string 'kafka.config.properties.security\.protocol=SASL_SSL' \
   >>"$out/lint.log" 2>&1 || { cat "$out/lint.log" >&2; die "helm lint (gpu, options)"; }
 
@@ -102,7 +102,7 @@ render secret-servicemonitor "${keda[@]}" --set metrics.serviceMonitor.enabled=t
   --set-string 'kafka.config.properties.sasl\.mechanism=SCRAM-SHA-512' \
   --set-string 'kafka.config.properties.sasl\.username=fraud-scorer' \
   --set-string 'kafka.config.properties.sasl\.password=not-a-secret' \
-  --set autoscaling.authenticationRef=kafka-credentials --set processes=4 \
+  --set autoscaling.authenticationRef=kafka-credentials \
   --set-json 'extraEnv=[{"name":"OTEL_SERVICE_NAME","value":"fraud-scorer"},{"name":"FRAUD_KAFKA_OPTIONS","valueFrom":{"secretKeyRef":{"name":"kafka-client","key":"options"}}}]' \
   --set-json 'features.extraEnv=[{"name":"OTEL_SERVICE_NAME","value":"fraud-features"}]' \
   --set-json 'extraVolumes=[{"name":"kafka-ca","secret":{"secretName":"kafka-ca"}}]' \
@@ -113,7 +113,7 @@ kinds secret-servicemonitor +ScaledObject +ServiceAccount +Secret
 render existing-secret-podmonitor --set metrics.podMonitor.enabled=true \
   --set kafka.config.existingSecret=kafka-client --set autoscaling.enabled=false \
   --set replicaCount=3 --set antiAffinity=required --set topics.create=false \
-  --set processes=2 --set serviceAccount.create=false --set serviceAccount.name=fraud
+  --set serviceAccount.create=false --set serviceAccount.name=fraud
 kinds existing-secret-podmonitor -ScaledObject -HorizontalPodAutoscaler -ServiceAccount -Secret
 render statefulset-exactly-once --set workload=StatefulSet \
   --set-string env.FRAUD_PROCESSING_GUARANTEE=exactly-once
@@ -218,7 +218,7 @@ for crd in "${crds[@]}"; do crd_args+=(--crd "$crd"); done
 say "helm install, upgrade, uninstall: with KEDA and the Prometheus Operator's CRDs"
 install_check --expect=+ScaledObject --expect=-HorizontalPodAutoscaler --expect=+PrometheusRule -- \
   --set-string 'kafka.config.properties.security\.protocol=SASL_SSL' --set prometheusRule.enabled=true \
-  --set metrics.serviceMonitor.enabled=true --set processes=2 \
+  --set metrics.serviceMonitor.enabled=true \
   || die "helm install/upgrade/uninstall with KEDA"
 say "negative controls: objects the dry run must reject (ops/k8s/must-reject.yaml)"
 "$py" "$repo/ops/k8s/dry_run.py" --server "https://127.0.0.1:$apiserver_port" --token "$token" \

@@ -186,8 +186,7 @@ def metrics_page() -> str:
         "stream/metric_definitions.py, terminals/metrics.py and review/metrics.py; "
         "do not edit. -->",
         "",
-        "The scorer serves these on `/metrics` (`FRAUD_METRICS_PORT`, 9102; with "
-        "`FRAUD_PROCESSES` above 1, each process on that port plus its index), the features "
+        "The scorer serves these on `/metrics` (`FRAUD_METRICS_PORT`, 9102), the features "
         "worker on its own port (`FRAUD_FEATURES_METRICS_PORT`). Both also serve `/healthz` "
         "(200 while the loop runs; the scorer turns 503 after 30 s without a pass: stuck) and "
         "`/readyz` (503 while starting, shutting down, while outputs cannot be delivered, or "

@@ -31,7 +31,6 @@ from stream.startup.kafka_clients import (
     max_message_bytes,
     reader_settings,
 )
-from stream.startup.supervisor import supervise
 from stream.startup.topics import ensure_changelog, ensure_topics
 from stream.startup.wiring import build_collaborators
 
@@ -164,7 +163,6 @@ def run_service(config: ScorerSettings, stop: StopRequest) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     stop = StopRequest()
     if args.command == "run":
@@ -176,8 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "create-topics":
             ensure_topics(config, args.partitions, args.replication_factor)
             return EXIT_OK
-        if config.processes > 1:
-            return EXIT_OK if stop.requested else supervise(argv, config, lambda: stop.requested)
         return run_service(config, stop)
     except ConfigurationError as exc:
         log.error("%s", exc)

@@ -2,8 +2,8 @@
 variable and help, default (`plumbing/settings.py` makes flags, `--help` and errors of them).
 Three classes in a chain, in the order `--help` lists them: how records flow
 (`stream/startup/flow_options.py`), what a decision reads besides its record
-(`stream/startup/decision_input_options.py`), and here the model, the device, the processes and
-the metrics server.
+(`stream/startup/decision_input_options.py`), and here the model, the device and the metrics
+server.
 
 `ScorerSettings` (`stream/startup/config.py`) adds the checks that involve several settings and the
 values derived from them.
@@ -139,16 +139,6 @@ class ScorerOptions(DecisionInputOptions, frozen=True, kw_only=True):
             "(model.toml [thresholds])",
         ),
     ] = None
-    processes: Annotated[
-        int,
-        meta(
-            "FRAUD_PROCESSES",
-            "consumer processes of this replica, supervised; each scores on one core and "
-            "serves its metrics on metrics_port + its index",
-            ge=1,
-            le=256,
-        ),
-    ] = 1
     metrics_host: Annotated[
         str,
         meta("FRAUD_METRICS_HOST", "address of the /metrics, /healthz and /readyz server"),

@@ -15,11 +15,9 @@ from typing import Any
 
 import pytest
 
-from plumbing.errors import ConfigurationError
 from plumbing.health import HealthServer, HealthState
 from review.settings import ReviewSettings
 from stream.startup.config import ScorerSettings
-from stream.startup.supervisor import child_command
 from terminals.config import FeaturesSettings
 from terminals.health import STALL_AFTER_S, WorkerHealth
 from tests.deploy.repo import (
@@ -313,29 +311,17 @@ def test_the_features_worker_is_probed_where_it_serves_its_health() -> None:
     assert probed == {port.group(1)}
 
 
-def test_every_process_has_its_metrics_port_scraped() -> None:
-    # fraud-scorer run --processes N: process i serves metrics_port + i
-    # (stream/startup/supervisor.py).
-    config = ScorerSettings(processes=3, metrics_port=9102)
-    served = []
-    for index in range(config.processes):
-        command = child_command([], config, index)
-        served.append(int(command[command.index("--metrics-port") + 1]))
-    assert served == [9102, 9103, 9104], "the chart numbers the ports as metrics.port + index"
-    assert values_ref(env_value_expr("FRAUD_PROCESSES")) == ".Values.processes"
-    loop = "{{- range $i := until (int .Values.processes) }}"
-    name = '{{ include "fraud-scorer.metricsPortName" $i }}'
+def test_the_scorer_s_one_metrics_port_is_exposed_probed_and_scraped() -> None:
+    # One process per pod (docs/architecture.md): one port, `metrics`, which the Service
+    # exposes, the probes ask and the monitors scrape (the features pods name theirs the same).
     deployment = template("deployment.yaml")
-    assert f"{loop}\n            - name: {name}\n" in deployment
-    assert "containerPort: {{ add $.Values.metrics.port $i }}" in deployment
-    service = template("service.yaml")
-    assert f"port: {{{{ add $.Values.metrics.port $i }}}}\n      targetPort: {name}" in service
-    assert f"{loop}\n    - port: {name}\n      path: /metrics" in template("servicemonitor.yaml")
-    assert f"{loop}\n    - port: {name}\n      path: /metrics" in template("podmonitor.yaml")
-    # The probes ask the first process, whose port keeps the name `metrics`.
-    helpers = template("_helpers.tpl")
-    assert "{{- if . }}metrics-{{ . }}{{ else }}metrics{{ end -}}" in helpers
+    assert "- name: metrics\n              containerPort: {{ .Values.metrics.port }}" in deployment
     assert set(re.findall(r"\n\s+port: (\S+)", deployment)) == {"metrics"}
+    service = template("service.yaml")
+    assert "port: {{ .Values.metrics.port }}\n      targetPort: metrics" in service
+    for monitor in ("servicemonitor.yaml", "podmonitor.yaml"):
+        assert "- port: metrics\n      path: /metrics" in template(monitor), monitor
+    assert ".Values.processes" not in all_templates()
 
 
 def test_the_metrics_port_is_one_value() -> None:
@@ -416,13 +402,9 @@ def test_the_schema_knows_what_the_templates_compare() -> None:
     assert properties["workload"]["enum"] == ["Deployment", "StatefulSet"]
     anti = set(re.findall(r'\.Values\.antiAffinity "(\w+)"', template("deployment.yaml")))
     assert anti < set(properties["antiAffinity"]["enum"])
-    # The schema refuses at install what the service would refuse at start, no more, no less.
-    low, high = properties["processes"]["minimum"], properties["processes"]["maximum"]
-    for accepted in (low, high):
-        ScorerSettings.from_sources({}, {"FRAUD_PROCESSES": str(accepted)})
-    for refused in (low - 1, high + 1):
-        with pytest.raises(ConfigurationError):
-            ScorerSettings.from_sources({}, {"FRAUD_PROCESSES": str(refused)})
+    # `processes` was removed (one process per pod): an upgrade that still sets it is refused
+    # as an unknown key (ops/k8s/must-reject-values.txt has make helm-check try it).
+    assert "processes" not in properties
 
 
 def test_the_gpu_profile_asks_for_a_gpu_and_the_cuda_provider() -> None:

@@ -237,14 +237,12 @@ class ServiceProcess:
     args: list[str]
     log_path: Path
     metrics_port: int
-    #: What the interpreter runs: `fraud-scorer` itself unless a test says.
-    launcher: tuple[str, ...] = ("-m", "stream")
     process: subprocess.Popen[bytes] = field(init=False)
 
     def start(self) -> ServiceProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                [sys.executable, *self.launcher, "run", *self.args],
+                [sys.executable, "-m", "stream", "run", *self.args],
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -276,16 +274,7 @@ class ServiceProcess:
         """The sum of a metric's samples over all label values."""
         return sum(s.value for s in samples(self.metrics()) if s.name == name)
 
-    def wait_for_metric(
-        self,
-        name: str,
-        at_least: float,
-        timeout_s: float = 60.0,
-        process: subprocess.Popen[bytes] | None = None,
-    ) -> None:
-        """`process`: the one whose exit ends the wait (a supervised child's supervisor);
-        this one's by default."""
-        process = process or self.process
+    def wait_for_metric(self, name: str, at_least: float, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -293,7 +282,7 @@ class ServiceProcess:
                     return
             except (OSError, AssertionError):
                 pass
-            assert process.poll() is None, f"service exited early:\n{self.log()}"
+            assert self.process.poll() is None, f"service exited early:\n{self.log()}"
             time.sleep(0.1)
         raise AssertionError(f"{name} did not reach {at_least} in {timeout_s}s:\n{self.log()}")
 
@@ -314,15 +303,8 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     started: list[ServiceProcess] = []
     group = f"fraud-scorer-{uuid.uuid4().hex[:10]}"
 
-    def start(
-        topics: Topics,
-        *extra: str,
-        instance: str = "a",
-        launcher: tuple[str, ...] = ("-m", "stream"),
-    ) -> ServiceProcess:
-        # A supervisor numbers its processes' ports from this one up.
-        processes = int(extra[extra.index("--processes") + 1]) if "--processes" in extra else 1
-        port = free_port(processes)
+    def start(topics: Topics, *extra: str, instance: str = "a") -> ServiceProcess:
+        port = free_port()
         args = [
             "--bootstrap-servers",
             BOOTSTRAP,
@@ -348,7 +330,7 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
             f"{topics.input}-card-frauds",
             *extra,
         ]
-        service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port, launcher)
+        service = ServiceProcess(args, tmp_path / f"service-{instance}.log", port)
         service.start()
         started.append(service)
         return service

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -203,116 +201,3 @@ def test_restart_after_sigkill_loses_nothing(topics_factory, service_factory):
     for d in decisions:
         earlier = first_seen.setdefault(d["transaction_id"], d)
         assert (earlier["score"], earlier["decision"]) == (d["score"], d["decision"])
-
-
-def test_two_supervised_processes_share_the_partitions_and_stop_together(
-    topics_factory, service_factory
-):
-    topics = topics_factory(partitions=4)
-    records, sent = simulated(4000, seed=13, prefix="procs")
-    service = service_factory(topics, "--processes", "2")
-    deadline = time.monotonic() + 60
-    while service.log().count("INFO stream.rebalance: assigned tx") < 2:
-        assert time.monotonic() < deadline, service.log()
-        time.sleep(0.2)
-    produce(topics.input, records)
-
-    decisions = decisions_of(topics.output, len(sent))
-    # Each child serves its own metrics, on the base port and the next one.
-    counts = []
-    for port in (service.metrics_port, service.metrics_port + 1):
-        child = type(service)(service.args, service.log_path, port)
-        counts.append(child.metric("fraud_records_consumed_total"))
-    service.signal(signal.SIGTERM)
-
-    assert service.wait() == 0, service.log()
-    assert Counter(d["transaction_id"] for d in decisions) == Counter(
-        r["transaction_id"] for r in sent
-    )
-    assert sum(counts) >= len(sent) and all(c > 0 for c in counts), counts
-    log = service.log_path.read_text()  # whole: log() is only its tail
-    assert "instance=a-0" in log and "instance=a-1" in log
-
-
-def test_the_supervisor_restarts_a_process_that_dies(topics_factory, service_factory):
-    topics = topics_factory(partitions=2)
-    service = service_factory(topics, "--processes", "2")
-    service.wait_for_metric("fraud_records_consumed_total", 0)
-    pid = service.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert len(children) == 2
-    os.kill(int(children[0]), signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while service.log().count("starting instance=a-0") < 2:
-        assert time.monotonic() < deadline, service.log()
-        time.sleep(0.2)
-    assert "process 0 exited with status -9: restarting it" in service.log()
-    records, sent = simulated(500, seed=14, prefix="restart")
-    produce(topics.input, records)
-
-    decided = {d["transaction_id"] for d in decisions_of(topics.output, len(sent), timeout_s=90)}
-
-    assert decided == {r["transaction_id"] for r in sent}
-    service.signal(signal.SIGTERM)
-    assert service.wait() == 0
-
-
-def test_processes_drain_and_exit_when_their_supervisor_is_killed(topics_factory, service_factory):
-    topics = topics_factory(partitions=2)
-    service = service_factory(topics, "--processes", "2")
-    deadline = time.monotonic() + 60
-    while service.log().count("INFO stream.rebalance: assigned tx") < 2:
-        assert time.monotonic() < deadline, service.log()
-        time.sleep(0.2)
-    pid = service.process.pid
-    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    assert len(children) == 2
-
-    os.kill(pid, signal.SIGKILL)
-    service.process.wait(timeout=10)
-
-    deadline = time.monotonic() + 60
-    while any(Path(f"/proc/{child}").exists() for child in children):
-        assert time.monotonic() < deadline, f"orphaned processes still running:\n{service.log()}"
-        time.sleep(0.2)
-    assert service.log().count("stopped; records left uncommitted: 0") == 2, service.log()
-
-
-#: The supervisor, with its watch over the children's /healthz shortened from minutes to seconds.
-QUICK_WATCH_SUPERVISOR = (
-    "import sys; from stream.startup import child_health as h; "
-    "h.STARTUP_GRACE_S, h.CHECK_INTERVAL_S, h.CHECK_TIMEOUT_S = 15.0, 0.5, 0.5; "
-    "from stream.startup.cli import main; sys.exit(main())"
-)
-
-
-def test_the_supervisor_kills_and_restarts_a_process_that_hangs(topics_factory, service_factory):
-    # A pod's liveness probe sees only the first process's port: a frozen second process was
-    # seen by nobody. The supervisor asks each child's /healthz itself.
-    topics = topics_factory(partitions=2)
-    service = service_factory(topics, "--processes", "2", launcher=("-c", QUICK_WATCH_SUPERVISOR))
-    second = type(service)(service.args, service.log_path, service.metrics_port + 1)
-    try:
-        service.wait_for_metric("fraud_records_consumed_total", 0)
-        second.wait_for_metric("fraud_records_consumed_total", 0, process=service.process)
-        pid = service.process.pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        os.kill(int(children[1]), signal.SIGSTOP)  # alive to the kernel, silent to everyone
-        deadline = time.monotonic() + 60
-        while "process 1 exited with status -9: restarting it" not in service.log():
-            assert time.monotonic() < deadline, service.log()
-            time.sleep(0.2)
-        assert "process 1: /healthz failed 3 checks in a row; killing it" in service.log()
-        second.wait_for_metric("fraud_records_consumed_total", 0, process=service.process)
-        records, sent = simulated(500, seed=15, prefix="hung")
-        produce(topics.input, records)
-
-        decided = {
-            d["transaction_id"] for d in decisions_of(topics.output, len(sent), timeout_s=120)
-        }
-
-        assert decided == {r["transaction_id"] for r in sent}
-        assert "process 0:" not in service.log(), "the healthy process was left alone"
-    finally:
-        service.signal(signal.SIGTERM)
-    assert service.wait(90) == 0, service.log()

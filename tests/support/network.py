@@ -9,20 +9,20 @@ import urllib.request
 from pathlib import Path
 
 
-def free_port(count: int = 1) -> int:
-    """The first of `count` consecutive TCP ports on 127.0.0.1 that nothing listens on now.
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now.
 
     Drawn below the kernel's ephemeral range: a port in it can be taken, between this check
     and the server's bind, by any outgoing connection (a Kafka client's, say), which is how
-    a supervised second process once found its metrics port in use.
+    a test's second scorer process once found its metrics port in use.
     """
     low, _ = _ephemeral_range()
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(10_000, low - count)
-        if all(_bindable(port) for port in range(base, base + count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports below {low} on 127.0.0.1")
+        port = rng.randrange(10_000, low)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port below {low} on 127.0.0.1")
 
 
 def _ephemeral_range() -> tuple[int, int]:

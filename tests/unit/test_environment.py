@@ -15,7 +15,7 @@ import pytest
 from ops.tools.reference_pages import READERS
 from plumbing import environment
 from plumbing.declared_environment import DECLARED
-from plumbing.environment import READ_DIRECTLY, check_environment, readers
+from plumbing.environment import READ_DIRECTLY, REMOVED, check_environment, readers
 from plumbing.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,21 @@ def test_every_unknown_variable_is_named_in_one_line():
     assert "FRAUD_RULE is not a setting of any command; did you mean FRAUD_RULES?" in message
     assert "FRAUD_ZZZZZZZZ is not a setting of any command" in message
     assert "LOG_LEVEL" not in message
+
+
+def test_a_removed_variable_stops_every_command_saying_what_to_do_instead():
+    for command in ("fraud-scorer", "fraud-features"):
+        with pytest.raises(ConfigurationError) as refused:
+            check_environment(command, {"FRAUD_PROCESSES": "2", "FRAUD_RULES": "rules.toml"})
+        assert str(refused.value) == (
+            "FRAUD_PROCESSES was removed after release 0.1.0: run one fraud-scorer process per "
+            "pod or container, and more replicas for more cores (docs/architecture.md)"
+        )
+    assert check_environment("fraud-scorer", {"FRAUD_PROCESSES": ""}) == []
+
+
+def test_a_removed_variable_is_declared_by_no_command():
+    assert not set(REMOVED) & set(readers())
 
 
 def test_a_variable_of_another_command_is_a_warning_naming_it_and_the_own_setting():
@@ -156,7 +171,7 @@ def test_the_directly_read_names_are_not_also_a_command_s_setting():
 
 #: Files that set or name `FRAUD_*` variables for people and machines: every name there must
 #: be one the project reads. (CHANGELOG.md and bench/results/ are history: they may name what
-#: was renamed since.)
+#: was renamed since; docs/ may name what was removed, `REMOVED`, to say what to do instead.)
 DOCUMENTS = (
     "README.md",
     "Dockerfile",
@@ -199,6 +214,8 @@ def test_every_variable_the_docs_chart_compose_and_scripts_name_is_declared():
         for name in set(_NAME.findall(text)):
             # `--help` shows an option's value as its name in capitals: not a variable.
             flag = "--" + name.lower().replace("_", "-")
+            if name in REMOVED and path.is_relative_to(REPO / "docs"):
+                continue
             if name not in declared and not re.search(rf"{flag}[ =]{name}\b", text):
                 stale[name] = str(path.relative_to(REPO))
     assert not stale, f"names no command declares: {stale}"

@@ -143,14 +143,6 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/*
-The scorer's metrics ports, one per process: `fraud-scorer run` with FRAUD_PROCESSES=N serves
-process i's /metrics on metrics.port + i (stream/startup/supervisor.py). Named metrics, metrics-1, …
-*/}}
-{{- define "fraud-scorer.metricsPortName" -}}
-{{- if . }}metrics-{{ . }}{{ else }}metrics{{ end -}}
-{{- end -}}
-
 {{- define "fraud-scorer.kafkaConfigDir" -}}/etc/fraud-scorer/kafka{{- end -}}
 
 {{/*
@@ -160,15 +152,15 @@ and the `extraEnv` entries. Settings the chart derives from other values cannot 
 through either.
 */}}
 {{- define "fraud-scorer.env" -}}
-{{- $reserved := list "KAFKA_BOOTSTRAP_SERVERS" "FRAUD_INPUT_TOPIC" "FRAUD_OUTPUT_TOPIC" "FRAUD_DLQ_TOPIC" "FRAUD_GROUP_ID" "FRAUD_METRICS_PORT" "FRAUD_PROCESSES" "FRAUD_SHUTDOWN_TIMEOUT_S" "FRAUD_KAFKA_CONFIG_FILE" "FRAUD_INSTANCE_ID" -}}
+{{- $reserved := list "KAFKA_BOOTSTRAP_SERVERS" "FRAUD_INPUT_TOPIC" "FRAUD_OUTPUT_TOPIC" "FRAUD_DLQ_TOPIC" "FRAUD_GROUP_ID" "FRAUD_METRICS_PORT" "FRAUD_SHUTDOWN_TIMEOUT_S" "FRAUD_KAFKA_CONFIG_FILE" "FRAUD_INSTANCE_ID" -}}
 {{- range $name, $value := .Values.env }}
 {{- if has $name $reserved }}
-{{- fail (printf "env.%s is set by the chart from other values (kafka.*, metrics.port, processes, shutdownTimeoutSeconds)" $name) }}
+{{- fail (printf "env.%s is set by the chart from other values (kafka.*, metrics.port, shutdownTimeoutSeconds)" $name) }}
 {{- end }}
 {{- end }}
 {{- range .Values.extraEnv }}
 {{- if has .name $reserved }}
-{{- fail (printf "extraEnv %s is set by the chart from other values (kafka.*, metrics.port, processes, shutdownTimeoutSeconds)" .name) }}
+{{- fail (printf "extraEnv %s is set by the chart from other values (kafka.*, metrics.port, shutdownTimeoutSeconds)" .name) }}
 {{- end }}
 {{- if hasKey $.Values.env .name }}
 {{- fail (printf "%s is in both env and extraEnv: keep one" .name) }}
