@@ -229,9 +229,13 @@ def build_app(
         started = time.thread_time()
         generation = writes.generation
         reached = clocks.reached()  # before the round: what it publishes covers it
-        await terminals.publish_due()
-        await cards.publish_due()
-        if writes.generation == generation:  # else partitions moved: the round stopped
+        sent_terminals = await terminals.publish_due()
+        sent_cards = await cards.publish_due()
+        # The progress says the round's records are there to read: only once they are (a
+        # scorer that trusts it never reads counts older than it says).
+        delivered = await terminals.acknowledged(sent_terminals)
+        delivered &= await cards.acknowledged(sent_cards)
+        if delivered and writes.generation == generation:  # else the round stopped or failed
             await progress.send(reached)
         metrics.stage_cpu("publish", time.thread_time() - started)
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, NamedTuple
 
 import faust
 
@@ -56,6 +57,14 @@ MAX_DECODED = 100_000
 #: The metric's result of an event not applied: its entry's table value cannot be read (one
 #: of a newer release's format, terminals/state.py), so the entry is left as it is.
 UNREADABLE = "unreadable"
+
+
+class Sent(NamedTuple):
+    """A record a publication round sent: its entry and what completes on its acknowledgement."""
+
+    partition: int
+    key: str
+    delivery: Awaitable[object]
 
 
 class EntityTable:
@@ -250,16 +259,17 @@ class EntityTable:
                 due.setdefault(key, None)
             newest_days.setdefault(key, state.newest_day)
 
-    async def publish_due(self) -> None:
+    async def publish_due(self) -> list[Sent]:
         """One round (every FRAUD_FEATURES_PUBLISH_INTERVAL_MS): publish each due entry once,
         as it is now, however many records changed it since the last round. A partition's
         records are all taken and encoded before the first is sent (no event is applied in
         between, so each record is its entry as one moment saw it), its terminals' features in
-        one call (`terminals/publication.py`)."""
+        one call (`terminals/publication.py`). Returns what it sent, for `acknowledged`."""
         generation = self._generation
+        sent: list[Sent] = []
         for partition, due in list(self._due.items()):
             if self._generation != generation:
-                return  # partitions moved meanwhile: their new owner publishes them
+                return sent  # partitions moved meanwhile: their new owner publishes them
             keys = list(due)
             due.clear()
             taken = []
@@ -277,16 +287,41 @@ class EntityTable:
             values = encode_publications(taken, card=self._card)
             for (key, _), value in zip(taken, values, strict=True):
                 if self._generation != generation:
-                    return  # their new owner publishes them (`_due_of`: not in its table)
-                await self._send(key, value)
+                    return sent  # their new owner publishes them (`_due_of`: not in its table)
+                sent.append(Sent(partition, key, await self._send(key, value)))
+        return sent
 
-    async def _send(self, key: str, value: bytes | None) -> None:
+    async def acknowledged(self, sent: list[Sent]) -> bool:
+        """Wait until the broker has acknowledged every record of a round (`publish_due`);
+        False when one failed. A failed entry is due again (its next round sends it as it is
+        then), unless its partition moved meanwhile (its new owner publishes it)."""
+        generation = self._generation
+        failed = 0
+        for partition, key, delivery in sent:
+            try:
+                await delivery
+            except Exception as exc:  # whatever the producer failed with, the entry is unpublished
+                failed += 1
+                if failed == 1:
+                    log.error("publishing %s %r failed: %s; sending it again", self._what, key, exc)
+                state = self._decoded.get(key) if self._generation == generation else None
+                if state is not None:  # else forgotten, or its partition moved: not ours
+                    state.publication_lost()
+                    self._unwritten[partition].add(key)
+                    self._due_of(partition)[key] = None
+        if failed:
+            log.error("%s %s publications of a round failed: due again", failed, self._what)
+        return not failed
+
+    async def _send(self, key: str, value: bytes | None) -> Awaitable[object]:
         """Through the producer itself, so records and tombstones keep their order (a topic's
-        send would not take a None value)."""
-        await self._app.producer.send(
+        send would not take a None value); returns what completes on the broker's
+        acknowledgement."""
+        delivery = await self._app.producer.send(
             self._topic, key.encode(), value, partition=None, timestamp=None, headers=None
         )
         self._metrics.published(tombstone=value is None, card=self._card)
+        return delivery
 
     async def evict_if_due(self, partition: int) -> None:
         """Forget the partition's idle entries, at most every `evict_interval_s`."""

@@ -387,6 +387,12 @@ class TerminalState:
         self.published = current
         return Publication(self.as_of_day, (days, counts))
 
+    def publication_lost(self) -> None:
+        """The broker did not acknowledge what `take_publication` gave: what the topic holds
+        of this entry is unknown, so the next `take_publication` sends it again, as it is then
+        (its record, or a tombstone when no count is left)."""
+        self.published = []
+
     def unpublished(self) -> bool:
         """Whether the day or the buckets differ from what was last published (the worker
         publishes such a terminal once `publication_due`: `take_publication`)."""

@@ -23,11 +23,22 @@ NOW_MS = int(time.time() * 1000)
 
 
 class Producer:
+    """Keeps what it is sent; the broker refuses the records of the keys in `failing`."""
+
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, bytes | None]] = []
+        self.failing: set[bytes] = set()
 
-    async def send(self, _topic: str, key: bytes, value: bytes | None, **_: Any) -> None:
+    async def send(
+        self, _topic: str, key: bytes, value: bytes | None, **_: Any
+    ) -> asyncio.Future[None]:
         self.sent.append((key, value))
+        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if key in self.failing:
+            delivery.set_exception(RuntimeError("KafkaTimeoutError"))
+        else:
+            delivery.set_result(None)
+        return delivery
 
 
 class App:
@@ -108,3 +119,29 @@ def test_the_newest_day_kept_per_entry_makes_the_eviction_the_buckets_make(
             state = entities._decoded[key]
             assert kept >= state.newest_day
             assert clock.idle_since(kept) == clock.idle_since(state.newest_day), key
+
+
+def test_a_publication_the_broker_did_not_acknowledge_is_sent_again_in_the_next_round() -> None:
+    # The worker's progress follows a round only once the round is acknowledged
+    # (terminals/app.py): a failed record must not count as published, or the topic would keep
+    # the entry's older record while the progress says it is up to date.
+    entities, clocks, app = table_of({})
+    clocks.of(0).follow(marks(NOW_MS))
+    for key in ("A", "B"):  # a confirmed fraud is published at once
+        entities.apply(0, [(key, TerminalEvent("l", 0, 1, NOW_MS, True, NOW_MS, f"tx-{key}"))])
+    app.producer.failing = {b"A"}
+
+    async def rounds() -> list[bool]:
+        acknowledged = [await entities.acknowledged(await entities.publish_due())]
+        app.producer.failing = set()
+        for _ in range(2):
+            acknowledged.append(await entities.acknowledged(await entities.publish_due()))
+        return acknowledged
+
+    assert asyncio.run(rounds()) == [False, True, True]
+    (a_first, a_again), (b,) = (
+        [value for key, value in app.producer.sent if key == name] for name in (b"A", b"B")
+    )
+    assert a_again == a_first and a_first is not None, "the same record, sent again"
+    assert b is not None, "the acknowledged entry is not sent twice"
+    assert len(app.producer.sent) == 3, "the third round has nothing to send"
