@@ -111,4 +111,5 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_TRANSACTIONAL_ID": ("fraud-scorer",),
     "FRAUD_TRANSACTION_MAX_RECORDS": ("fraud-scorer",),
     "FRAUD_TRANSACTION_MS": ("fraud-scorer",),
+    "FRAUD_WAIT_FOR_WORKER": ("fraud-scorer",),
 }

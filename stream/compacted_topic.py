@@ -25,6 +25,11 @@ the observed precision). Responsibilities and decisions:
   logged at CRITICAL, counted (`cause="stopped"`) and named by `stopped()`, which the service's
   liveness asks for the control topics (`/healthz` fails, so the replica is restarted).
 - No consumer group, nothing committed: a reader always rebuilds its table from the topic.
+- Read up to now, on request: `ask_read_to_end()` has the reader ask each partition's end
+  offset, and `read_to_end(asked)` is true once it has read that far (records written before
+  the request are applied): what the scorer's wait for the features worker
+  (`stream/worker_alignment.py`) needs so it never scores with a table behind the worker's
+  progress record.
 """
 
 from __future__ import annotations
@@ -122,6 +127,12 @@ class CompactedTopicReader:
         #: Only what is there at the first look starts at `start_at`: a partition found later
         #: (the topic made, or grown, since) holds nothing written before the start.
         self._first_look = True
+        #: `ask_read_to_end`: the requests made, the one whose ends are known, those ends, and
+        #: the last request read up to them. Plain ints written by one thread each.
+        self._end_asked = 0
+        self._end_taken = 0
+        self._asked_ends: dict[int, int] = {}
+        self._end_reached = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         if metrics is not None:
             metrics.watch_topic_reader(name, self.read_age_s)
@@ -153,6 +164,17 @@ class CompactedTopicReader:
         before `loaded`), rather than written since."""
         end = self._catch_up_ends.get(message.partition() or 0, 0)
         return (message.offset() or 0) < end
+
+    def ask_read_to_end(self) -> int:
+        """Ask the reader to read every partition up to its end as of now; returns the request,
+        for `read_to_end`. Cheap to ask often: the reader asks the ends at its next read, once
+        for all the requests made since."""
+        self._end_asked += 1
+        return self._end_asked
+
+    def read_to_end(self, asked: int) -> bool:
+        """Whether every record written before request `asked` was made has been applied."""
+        return self._end_reached >= asked
 
     # -- the reader's thread ---------------------------------------------------------------
 
@@ -198,6 +220,7 @@ class CompactedTopicReader:
                     partitions = self._partitions(consumer)
                     if partitions is None:
                         self._first_look = False
+                        self._end_reached = self._end_asked  # nothing to read
                         self._read_fine()
                         self._set_loaded("the topic does not exist (yet): read as empty")
                         self._stop.wait(MISSING_TOPIC_RETRY_S)
@@ -266,6 +289,10 @@ class CompactedTopicReader:
         for _ in range(READS_PER_ROUND):
             if self._stop.is_set():
                 return
+            asked = self._end_asked
+            if asked > self._end_taken:
+                self._asked_ends = self._ends_now(consumer)
+                self._end_taken = asked
             messages = consumer.consume(READ_BATCH, POLL_S)
             failed: str | None = None
             for message in messages:
@@ -288,18 +315,35 @@ class CompactedTopicReader:
             self._after_read(bool(messages))
             if failed is not None:
                 raise _Unreadable(f"reading it: {failed}")
-            if not self.loaded.is_set() and self._caught_up(consumer):
+            if not self.loaded.is_set() and self._caught_up(consumer, self._ends):
                 self._read_fine()  # read to its end: whatever failed before is over
                 self._set_loaded(self._loaded_note())
+            taken = self._end_taken
+            if taken > self._end_reached and self._caught_up(consumer, self._asked_ends):
+                self._end_reached = taken
 
-    def _caught_up(self, consumer: Consumer) -> bool:
-        """Whether every partition's position has reached its end at the start (one that held
-        no record then has no position to ask for)."""
-        left = [p for p, end in self._ends.items() if end > self._firsts[p]]
+    def _ends_now(self, consumer: Consumer) -> dict[int, int]:
+        """Each assigned partition's end offset now (the broker asked)."""
+        ends: dict[int, int] = {}
+        for partition in sorted(self._ends):
+            try:
+                _, ends[partition] = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise _Unreadable(
+                    f"partition {partition}'s end unknown: {_described(exc)}"
+                ) from None
+        return ends
+
+    def _caught_up(self, consumer: Consumer, ends: Mapping[int, int]) -> bool:
+        """Whether every partition's position has reached its end in `ends` (one that held no
+        record when it was assigned, and still holds none, has no position to ask for)."""
+        left = [p for p, end in ends.items() if end > self._next.get(p, self._firsts[p])]
         if not left:
             return True
         positions = consumer.position([TopicPartition(self.topic, p) for p in left])
-        return all(tp.offset >= self._ends[tp.partition] for tp in positions)
+        return all(tp.offset >= ends[tp.partition] for tp in positions)
 
     def _read_fine(self) -> None:
         """A pass over the topic went without error."""

@@ -274,6 +274,12 @@ class MetricDefinitions:
             "worker has counted and published (its progress records); NaN until known",
             registry=r,
         )
+        self.worker_wait = Counter(
+            "fraud_worker_wait_seconds",
+            "Seconds scoring waited, with FRAUD_WAIT_FOR_WORKER=on (replays and backfills), for "
+            "the features worker's published state to reach the next batch's newest transaction",
+            registry=r,
+        )
         self.terminal_skipped = Counter(
             "fraud_terminal_risk_records_skipped_total",
             "terminal-risk records not taken: invalid, or future (as of a day past this host's "

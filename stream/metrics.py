@@ -124,6 +124,9 @@ class ServiceMetrics(MetricDefinitions):
     def set_held_partitions(self, count: int) -> None:
         self.held.set(count)
 
+    def waited_for_worker(self, seconds: float) -> None:
+        self.worker_wait.inc(seconds)
+
     def set_consumer_lag(self, topic: str, partition: int, lag: int) -> None:
         self.consumer_lag.labels(topic, str(partition)).set(lag)
 

@@ -9,8 +9,9 @@ invalid records, forms batches and scores them itself, or hands them to the scor
 the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
 
 The consumer is polled on every pass of the loop, whatever else happens: while fetching must
-stop (outputs failing, the scoring thread stuck, the in-flight bound reached) its partitions are
-paused, so a poll only serves rebalances and keeps the replica in its group.
+stop (outputs failing, the scoring thread stuck, the in-flight bound reached, a batch waiting for
+the features worker with FRAUD_WAIT_FOR_WORKER=on) its partitions are paused, so a poll only
+serves rebalances and keeps the replica in its group.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from stream.scoring_thread import ScoringThread
 from stream.sink import Output
 from stream.startup.config import ScorerSettings
 from stream.startup.wiring import Collaborators, batch_scorer
+from stream.worker_alignment import HeldForWorker
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class ScoringService:
         self._observed_precision = parts.observed_precision
         self._tracer = parts.tracer
         self._client_errors = parts.client_errors
+        #: FRAUD_WAIT_FOR_WORKER=on: batches waiting for the features worker (fetching paused).
+        self._held_for_worker = HeldForWorker(parts.worker_alignment)
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
         self._commits: Commits = (
@@ -207,9 +211,11 @@ class ScoringService:
             self._wait_for_scoring_thread()
         else:
             self._accept(self._fetch())
-            due = self._batcher.take_due(time.monotonic())
-            if due is not None:
-                self._hand_off(due)
+            self._held_for_worker.release(self._hand_off)
+            if not self._held_for_worker:
+                due = self._batcher.take_due(time.monotonic())
+                if due is not None:
+                    self._held_for_worker.offer(due, self._hand_off)
         self._sink.poll()
         self._record_progress()
 
@@ -236,6 +242,8 @@ class ScoringService:
             and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S
         ):
             blocked_by = "scoring thread busy"
+        elif self._held_for_worker:
+            blocked_by = "a batch waits for the features worker (FRAUD_WAIT_FOR_WORKER=on)"
         self._flow.update(self._tracker.in_flight, self._tracker.in_flight_bytes, blocked_by)
         self._held.release_due(self._flow.paused)
 
@@ -253,6 +261,8 @@ class ScoringService:
         tracker = self._tracker
         room = min(self._batcher.room, self._flow.room(tracker.in_flight, tracker.in_flight_bytes))
         wait_s = self._batcher.seconds_until_due(time.monotonic())
+        if self._held_for_worker:
+            wait_s = IDLE_POLL_S  # whatever else is due waits behind the held batch
         if self._flow.paused or room <= 0 or wait_s is None:
             # poll() hands over a first record the moment it arrives, which starts the batch's
             # deadline on time; paused partitions return nothing, but callbacks are served.
@@ -308,7 +318,7 @@ class ScoringService:
                 continue
             full = self._batcher.add(PendingRecord(message, result, position), now_s)
             if full is not None:
-                self._hand_off(full)
+                self._held_for_worker.offer(full, self._hand_off)
         self._metrics.record_consumed(len(records))
 
     def _on_consume_error(self, error: KafkaError, message: Message) -> None:
@@ -388,7 +398,8 @@ class ScoringService:
         def revoked(record: PendingRecord) -> bool:
             return record.position[0] in keys
 
-        return self._batcher.discard(revoked) + self._handoff.discard(revoked)
+        released = self._batcher.discard(revoked) + self._handoff.discard(revoked)
+        return released + self._held_for_worker.discard(revoked)
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -397,7 +408,9 @@ class ScoringService:
         `shutdown_timeout_s`."""
         deadline = time.monotonic() + self._config.shutdown_timeout_s
         self._rebalance.shutting_down(deadline)
-        if self._scoring_thread.error is None:
+        if self._held_for_worker:  # never scored ahead of the worker, not even to stop
+            log.info("%s records held for the worker: uncommitted", self._held_for_worker.records)
+        elif self._scoring_thread.error is None:
             last = self._batcher.drain(time.monotonic())
             if last is not None:
                 self._hand_off(last)

@@ -147,6 +147,14 @@ class WorkerTable(Generic[R]):
     def close(self) -> None:
         self._reader.close()
 
+    def ask_read_to_end(self) -> int:
+        """Ask the reader to read the topic up to its end as of now (`read_to_end`)."""
+        return self._reader.ask_read_to_end()
+
+    def read_to_end(self, asked: int) -> bool:
+        """Whether every record written before request `asked` is in the table."""
+        return self._reader.read_to_end(asked)
+
     def __len__(self) -> int:
         return len(self._records)
 
@@ -268,13 +276,21 @@ class TerminalRiskTable(WorkerTable[TerminalRiskRecord]):
             self._newest_scored_ms = max(self._newest_scored_ms, newest)
         return terminal_features(self._records, terminal_ids, event_time // self._day_ms)
 
+    def counted_to_ms(self) -> int:
+        """How far (epoch ms) the worker's published state reaches: the minimum over its table
+        partitions' progress records; -1 until every one has told it."""
+        counted_to, partitions = self._counted_to, self._partitions
+        if not partitions or len(counted_to) < partitions:
+            return -1
+        return min(counted_to.values())
+
     def state_age_s(self) -> float:
         """How far (event-time seconds) the newest transaction scored is past the worker's
         progress; NaN until every table partition has told it and a transaction was scored."""
-        counted_to, newest = self._counted_to, self._newest_scored_ms
-        if newest < 0 or not self._partitions or len(counted_to) < self._partitions:
+        counted_to, newest = self.counted_to_ms(), self._newest_scored_ms
+        if newest < 0 or counted_to < 0:
             return float("nan")
-        return max(0.0, (newest - min(counted_to.values())) / 1000.0)
+        return max(0.0, (newest - counted_to) / 1000.0)
 
     def _apply_progress(self, message: Message) -> None:
         value = message.value()

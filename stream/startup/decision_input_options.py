@@ -204,6 +204,18 @@ class DecisionInputOptions(FlowOptions, frozen=True, kw_only=True):
             "training sees exactly what serving saw (docs/contracts.md)",
         ),
     ] = "off"
+    wait_for_worker: Annotated[
+        OnOff,
+        meta(
+            "FRAUD_WAIT_FOR_WORKER",
+            "replays and backfills only: on, a batch is scored only once the features "
+            "worker's published state (its progress records) reaches the batch's newest "
+            "transaction, so a replay at any speed gets the terminal and card-fraud columns of "
+            "its own time; meanwhile every partition is paused (fraud_worker_wait_seconds_total)."
+            " Off in normal serving, where a decision never waits for the worker "
+            '(docs/state.md, "Replays and backfills")',
+        ),
+    ] = "off"
     terminal_risk_load_timeout_s: Annotated[
         float,
         meta(

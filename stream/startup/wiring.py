@@ -51,6 +51,7 @@ from stream.startup.config import ScorerSettings
 from stream.startup.kafka_clients import ClientErrors, create_shadow_producer
 from stream.tracing import BatchTracer, batch_tracer
 from stream.transactional_sink import TransactionalSink
+from stream.worker_alignment import WorkerAlignment
 from stream.worker_tables import CardFraudsTable, TerminalRiskTable
 
 
@@ -79,6 +80,8 @@ class Collaborators:
     card_history: OwnedCardHistory | None = None
     terminals: TerminalRiskTable | None = None
     card_frauds: CardFraudsTable | None = None
+    #: FRAUD_WAIT_FOR_WORKER=on: when a batch may be scored (stream/worker_alignment.py).
+    worker_alignment: WorkerAlignment | None = None
     #: What the Kafka clients' error callback saw (a client that failed for good stops the loop).
     client_errors: ClientErrors | None = None
     #: How an input record's value becomes a transaction (FRAUD_INPUT_FORMAT), and a
@@ -214,6 +217,12 @@ def build_collaborators(
     # The worker's tables count days as the worker does, and trust dates as far as the card state.
     clock, day_ms = event_clock(config), day_length_ms(config.history_time_scale)
     recent = RecentRows()
+    terminals = TerminalRiskTable(
+        kafka, config.terminal_risk_topic, metrics, clock=clock, day_ms=day_ms
+    )
+    card_frauds = CardFraudsTable(
+        kafka, config.card_frauds_topic, metrics, clock=clock, day_ms=day_ms
+    )
     return Collaborators(
         consumer=consumer,
         sink=transactions or KafkaSink(new_producer(), redelivery.failed),
@@ -227,11 +236,12 @@ def build_collaborators(
         tracker=tracker,
         transactions=transactions,
         card_history=card_history,
-        terminals=TerminalRiskTable(
-            kafka, config.terminal_risk_topic, metrics, clock=clock, day_ms=day_ms
-        ),
-        card_frauds=CardFraudsTable(
-            kafka, config.card_frauds_topic, metrics, clock=clock, day_ms=day_ms
+        terminals=terminals,
+        card_frauds=card_frauds,
+        worker_alignment=(
+            WorkerAlignment(terminals, card_frauds, clock, metrics)
+            if config.wait_for_worker == "on"
+            else None
         ),
         client_errors=client_errors,
         decode=transaction_decoder(
