@@ -9,9 +9,8 @@ invalid records, forms batches and scores them itself, or hands them to the scor
 the broker acknowledged (`contracts/offsets.py`); librdkafka commits what is stored.
 
 The consumer is polled on every pass of the loop, whatever else happens: while fetching must
-stop (outputs failing, the scoring thread stuck, the in-flight bound reached, a batch waiting for
-the features worker with FRAUD_WAIT_FOR_WORKER=on) its partitions are paused, so a poll only
-serves rebalances and keeps the replica in its group.
+stop (outputs failing, the scoring thread stuck, the in-flight bound reached) its partitions are
+paused, so a poll only serves rebalances and keeps the replica in its group.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class ScoringService:
         self._observed_precision = parts.observed_precision
         self._tracer = parts.tracer
         self._client_errors = parts.client_errors
-        #: FRAUD_WAIT_FOR_WORKER=on: batches waiting for the features worker (fetching paused).
+        #: FRAUD_WAIT_FOR_WORKER=on: batches waiting for the features worker (in flight).
         self._held_for_worker = HeldForWorker(parts.worker_alignment)
         #: Why the broker refuses to let this replica consume (an ACL), while it does.
         self._access_denied: str | None = None
@@ -242,8 +241,6 @@ class ScoringService:
             and time.monotonic() - self._handoff_full_since >= HANDOFF_WAIT_MAX_S
         ):
             blocked_by = "scoring thread busy"
-        elif self._held_for_worker:
-            blocked_by = "a batch waits for the features worker (FRAUD_WAIT_FOR_WORKER=on)"
         self._flow.update(self._tracker.in_flight, self._tracker.in_flight_bytes, blocked_by)
         self._held.release_due(self._flow.paused)
 

@@ -15,10 +15,11 @@ watermark alignment holds a source that runs ahead of the others:
   records the progress vouches for are in them before the batch is scored.
 - A transaction dated past this host's clock plus the allowed skew counts as of that bound, as
   its card history does.
-- While a batch waits, the consuming loop pauses every partition and keeps polling (the group
-  keeps the replica), and no later batch is scored before it: records are decided in order.
-  `fraud_worker_wait_seconds_total` counts the wait; a log line says what is waited for, once
-  when a wait starts and again every LOG_EVERY_S while it lasts.
+- While a batch waits, the replica reads on up to its in-flight bound (FRAUD_MAX_IN_FLIGHT_*;
+  backpressure then pauses its partitions, and the loop keeps polling, so the group keeps it),
+  so the batches behind are ready when the worker reaches them; none is scored before the one
+  held: records are decided in order. `fraud_worker_wait_seconds_total` counts the wait; a log
+  line says what is waited for when a wait starts, at most once every LOG_EVERY_S.
 
 What this does not bound: the worker running ahead of the scorer. Its published records then
 hold counts of days after a transaction scored. The terminal windows read only days at least
@@ -89,7 +90,7 @@ class WorkerAlignment:
         if newest_ms <= self._aligned_to_ms:
             if self._waiting_since is not None:
                 self._count_wait()
-                log.info(
+                log.debug(
                     "the features worker reached the held batch after %.1fs: scoring resumes",
                     self._now() - self._waiting_since,
                 )

@@ -211,8 +211,9 @@ class DecisionInputOptions(FlowOptions, frozen=True, kw_only=True):
             "replays and backfills only: on, a batch is scored only once the features "
             "worker's published state (its progress records) reaches the batch's newest "
             "transaction, so a replay at any speed gets the terminal and card-fraud columns of "
-            "its own time; meanwhile every partition is paused (fraud_worker_wait_seconds_total)."
-            " Off in normal serving, where a decision never waits for the worker "
+            "its own time; meanwhile it reads on up to its in-flight bound "
+            "(fraud_worker_wait_seconds_total). Off in normal serving, where a decision never "
+            "waits for the worker "
             '(docs/state.md, "Replays and backfills")',
         ),
     ] = "off"
