@@ -2,11 +2,13 @@
 topic the broker does not know is read as empty; one that cannot be read (no metadata, not
 authorized, its ends unknown, read errors) keeps the reader not loaded and says why; a
 consumer that fails is replaced and reads on from where it stopped; nothing is silent
-(issue 43, finding 2). The same against the real broker: tests/integration/
+(issue 43, finding 2); a read to the end is done only once what was written before it is
+applied, and never while the ends cannot be had. The same against the real broker: tests/integration/
 test_control_topics.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -345,3 +347,41 @@ def test_a_reader_whose_thread_ends_says_so_and_counts_it(
     assert not reader.loaded.is_set()
     reader.close()
     assert reader.stopped() is None, "closed: stopped on purpose"
+
+
+def test_a_read_to_the_end_counts_only_once_what_was_written_before_it_is_applied(
+    reading: Callable[..., Reading],
+) -> None:
+    # FRAUD_WAIT_FOR_WORKER (stream/worker_alignment.py) scores a held batch only once the
+    # tables hold what the worker's progress vouches for.
+    gate, applied = threading.Event(), []
+
+    def apply(message: Any) -> None:
+        if message.offset() == 15:
+            gate.wait(5)
+        applied.append(message.offset())
+
+    reader, _, _ = reading(apply=apply)
+    wait_until(reader.loaded.is_set, what="loaded")
+    reader.script.records = 20  # type: ignore[attr-defined]  # 10 more written since
+    asked = reader.ask_read_to_end()
+    wait_until(lambda: 14 in applied, what="reading on")
+    time.sleep(0.1)
+    assert not reader.read_to_end(asked), "offset 15 is not applied yet"
+    gate.set()
+    wait_until(lambda: reader.read_to_end(asked), what="read to the end")
+    assert applied == list(range(20))
+
+
+def test_a_read_to_the_end_whose_ends_cannot_be_had_is_never_done(
+    reading: Callable[..., Reading],
+) -> None:
+    reader, applied, registry = reading()
+    wait_until(reader.loaded.is_set, what="loaded")
+    reader.script.ends_fail = 10**9  # type: ignore[attr-defined]
+    asked = reader.ask_read_to_end()
+    wait_until(lambda: errors(registry, "unreadable") >= 2, what="ends asked and refused")
+    assert not reader.read_to_end(asked), "fails closed: an end not known is not reached"
+    reader.script.ends_fail = 0  # type: ignore[attr-defined]
+    wait_until(lambda: reader.read_to_end(asked), what="read to the end once the ends are had")
+    assert applied == list(range(10))
