@@ -257,16 +257,7 @@ class CompactedTopicReader:
     def _assign(self, consumer: Consumer, new: set[int]) -> None:
         """Start reading `new` partitions: where a failed consumer stopped, or where the reader
         starts; each one's end is asked first (all or none are assigned)."""
-        watermarks: dict[int, tuple[int, int]] = {}
-        for partition in sorted(new):
-            try:
-                watermarks[partition] = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
-                )
-            except KafkaException as exc:
-                raise _Unreadable(
-                    f"partition {partition}'s end unknown: {_described(exc)}"
-                ) from None
+        watermarks = self._watermarks(consumer, new)
         start = self._start_at if self._first_look else OFFSET_BEGINNING
         for partition, (first, end) in watermarks.items():
             if partition not in self._ends:
@@ -291,7 +282,8 @@ class CompactedTopicReader:
                 return
             asked = self._end_asked
             if asked > self._end_taken:
-                self._asked_ends = self._ends_now(consumer)
+                watermarks = self._watermarks(consumer, set(self._ends))
+                self._asked_ends = {p: end for p, (_, end) in watermarks.items()}
                 self._end_taken = asked
             messages = consumer.consume(READ_BATCH, POLL_S)
             failed: str | None = None
@@ -322,19 +314,20 @@ class CompactedTopicReader:
             if taken > self._end_reached and self._caught_up(consumer, self._asked_ends):
                 self._end_reached = taken
 
-    def _ends_now(self, consumer: Consumer) -> dict[int, int]:
-        """Each assigned partition's end offset now (the broker asked)."""
-        ends: dict[int, int] = {}
-        for partition in sorted(self._ends):
+    def _watermarks(self, consumer: Consumer, partitions: set[int]) -> dict[int, tuple[int, int]]:
+        """Each partition's first and end offsets now, asked of the broker; _Unreadable when
+        one is not given."""
+        watermarks: dict[int, tuple[int, int]] = {}
+        for partition in sorted(partitions):
             try:
-                _, ends[partition] = consumer.get_watermark_offsets(
+                watermarks[partition] = consumer.get_watermark_offsets(
                     TopicPartition(self.topic, partition), METADATA_TIMEOUT_S
                 )
             except KafkaException as exc:
                 raise _Unreadable(
                     f"partition {partition}'s end unknown: {_described(exc)}"
                 ) from None
-        return ends
+        return watermarks
 
     def _caught_up(self, consumer: Consumer, ends: Mapping[int, int]) -> bool:
         """Whether every partition's position has reached its end in `ends` (one that held no
