@@ -68,6 +68,10 @@ def test_kafka_options_pass_through_and_secrets_are_masked() -> None:
         ),
         ({"FRAUD_INPUT_FORMAT": "avro"}, "Schema Registry wire format: set schema_registry_url"),
         ({"FRAUD_INPUT_MAPPING": "/nonexistent/mapping.toml"}, "cannot read input mapping"),
+        (
+            {"FRAUD_WAIT_FOR_WORKER": "yes"},
+            "FRAUD_WAIT_FOR_WORKER: wait_for_worker must be one of off, on, got 'yes'",
+        ),
     ],
 )
 def test_bad_settings_name_the_setting_and_value(env: dict[str, str], message: str) -> None:
