@@ -3,8 +3,8 @@ topic the broker does not know is read as empty; one that cannot be read (no met
 authorized, its ends unknown, read errors) keeps the reader not loaded and says why; a
 consumer that fails is replaced and reads on from where it stopped; nothing is silent
 (issue 43, finding 2); a read to the end is done only once what was written before it is
-applied, and never while the ends cannot be had. The same against the real broker: tests/integration/
-test_control_topics.py."""
+applied, and never while the ends cannot be had. The same against the real broker:
+tests/integration/test_control_topics.py."""
 
 from __future__ import annotations
 
