@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -151,12 +152,19 @@ def connect(prog: str, bootstrap: str) -> Broker | None:
     return broker
 
 
-def backlog_templates(count: int, start_time_ms: int | None = None) -> list[dict[str, object]]:
+def backlog_templates(
+    count: int, start_time_ms: int | None = None, terminals: int | None = None
+) -> list[dict[str, object]]:
     """The simulated transactions (contract records) a backlog repeats, from `start_time_ms`
-    (default: now)."""
+    (default: now). With `terminals`, each names one of that many terminals instead of its own
+    (`T<crc32 of its id mod terminals>`: a terminal's transactions stay together)."""
     start = time.time_ns() // 1_000_000 if start_time_ms is None else start_time_ms
     simulator = TransactionSimulator(BACKLOG_SEED, start_time_ms=start, id_prefix="bench")
-    return simulator.generate(count, rate_per_s=BACKLOG_EVENT_RATE).records
+    records = simulator.generate(count, rate_per_s=BACKLOG_EVENT_RATE).records
+    if terminals is not None:
+        for r in records:
+            r["terminal_id"] = f"T{zlib.crc32(str(r['terminal_id']).encode()) % terminals:05d}"
+    return records
 
 
 def record_parts(templates: Sequence[dict[str, object]]) -> tuple[list[bytes], list[bytes]]:
@@ -173,7 +181,9 @@ def record_parts(templates: Sequence[dict[str, object]]) -> tuple[list[bytes], l
     return keys, middles
 
 
-def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
+def produce_backlog(
+    bootstrap: str, topic: str, records: int, terminals: int | None = None
+) -> float:
     """Produce `records` valid simulated transactions keyed by card; return the seconds taken.
 
     A block of BACKLOG_TEMPLATES simulated transactions is produced over and over with fresh
@@ -181,6 +191,7 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     card's history goes on as the simulator's does: a backlog of millions costs seconds instead
     of minutes of simulation. The last copy ends about now (no event time is in the future).
     Services read it with `--history-time-scale` `time_scale(BACKLOG_SEED, BACKLOG_EVENT_RATE)`.
+    `terminals`: as `backlog_templates`.
     """
     started = time.monotonic()
     producer = Producer(
@@ -189,7 +200,8 @@ def produce_backlog(bootstrap: str, topic: str, records: int) -> float:
     count = min(BACKLOG_TEMPLATES, records)
     span_ms = math.ceil(count * MS_PER_S / BACKLOG_EVENT_RATE)
     copies = math.ceil(records / count)
-    templates = backlog_templates(count, time.time_ns() // 1_000_000 - copies * span_ms)
+    start = time.time_ns() // 1_000_000 - copies * span_ms
+    templates = backlog_templates(count, start, terminals)
     keys, middles = record_parts(templates)
     times = [int(str(r["event_time"])) for r in templates]
     produce = producer.produce

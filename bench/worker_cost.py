@@ -2,7 +2,8 @@
 (issue 44), live and catching up.
 
     python -m bench.worker_cost [--rate 5000] [--duration 30] [--records 100000]
-                                [--partitions 12] [--runs 3] [--profile]
+                                [--partitions 12] [--runs 3] [--write-interval-ms MS]
+                                [--combine {on,off}] [--terminals N] [--profile]
 
 Each run starts `fraud-features run` on fresh topics and measures two phases one after the
 other. Live: once it is ready, transactions are produced at `--rate` for `--duration` seconds,
@@ -19,7 +20,11 @@ comes from /proc over each phase (start-up excluded); its stages from its own
 publication rounds run on faust's event loop beside other tasks, so theirs includes some of
 what those do while a send waits). The runs' median and range go to
 bench/results/worker-cost.json. `--profile` records the first run under py-spy and prints where
-the time goes.
+the time goes. `--write-interval-ms` and `--combine` set the worker's
+FRAUD_FEATURES_WRITE_INTERVAL_MS and FRAUD_FEATURES_COMBINE (unset: its defaults).
+`--terminals N` makes every transaction, live and backlog, name one of N terminals instead of
+the simulator's 9,855 (each terminal mapped to one of N by its id's crc32): a world of dense
+merchants, each terminal seeing many transactions a second.
 """
 
 from __future__ import annotations
@@ -103,10 +108,12 @@ def cpu_seconds(pid: int) -> dict[str, float]:
     return by_name
 
 
-def produce_live(bootstrap: str, topic: str, rate: float, duration_s: float) -> int:
+def produce_live(
+    bootstrap: str, topic: str, rate: float, duration_s: float, terminals: int | None = None
+) -> int:
     """Produce simulated transactions timed now, at `rate` a second for `duration_s`, open
-    loop; return how many."""
-    templates = backlog_templates(BACKLOG_TEMPLATES)
+    loop; return how many. `terminals`: as `backlog_templates`."""
+    templates = backlog_templates(BACKLOG_TEMPLATES, terminals=terminals)
     keys, middles = record_parts(templates)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     total = int(rate * duration_s)
@@ -130,6 +137,15 @@ def produce_live(bootstrap: str, topic: str, rate: float, duration_s: float) -> 
     return total
 
 
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment variables the options set for the worker (none left to its defaults)."""
+    chosen = {
+        "FRAUD_FEATURES_WRITE_INTERVAL_MS": args.write_interval_ms,
+        "FRAUD_FEATURES_COMBINE": args.combine,
+    }
+    return {name: str(value) for name, value in chosen.items() if value is not None}
+
+
 def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> dict[str, Any]:
     """Start a fresh worker on fresh topics, give it the mode's load, and return what it cost
     from the moment it was ready until it had counted everything."""
@@ -150,8 +166,6 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
         *("--history-time-scale", str(scale), "--auto-offset-reset", "earliest"),
         *("--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--log-level", "WARNING"),
     ]
-    if args.write_interval_ms is not None:
-        command += ["--write-interval-ms", str(args.write_interval_ms)]
     profile = data_dir / "profile.txt" if args.profile else None
     if profile is not None:
         spy = py_spy()
@@ -161,7 +175,12 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
     log_path = data_dir / "worker.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=REPO,
+            env={**os.environ, **worker_env(args)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         wait_ready(process, f"http://127.0.0.1:{port}/readyz", READY_TIMEOUT_S)
@@ -170,9 +189,9 @@ def one_run(broker: Broker, args: argparse.Namespace, mode: str, note: Any) -> d
         before = cpu_seconds(pid)
         started = time.monotonic()
         if mode == CATCH_UP:
-            produce_backlog(broker.bootstrap, transactions, args.records)
+            produce_backlog(broker.bootstrap, transactions, args.records, args.terminals)
         else:
-            produce_live(broker.bootstrap, transactions, args.rate, args.duration)
+            produce_live(broker.bootstrap, transactions, args.rate, args.duration, args.terminals)
         written = _Written(broker.bootstrap, f"bench-{run}")
         try:
             result = _measure(process, port, pid, before, started, written, note)
@@ -316,6 +335,22 @@ def main() -> int:
         "each changed entry at every internal record, as the worker did before it had one",
     )
     parser.add_argument(
+        "--combine",
+        choices=("on", "off"),
+        default=None,
+        help="the worker's FRAUD_FEATURES_COMBINE (default: unset, its own default): whether it "
+        "counts a terminal's transactions together",
+    )
+    parser.add_argument(
+        "--terminals",
+        type=int,
+        default=None,
+        metavar="N",
+        help="every transaction (live and backlog) names one of N terminals instead of its own, "
+        "by its id's crc32 mod N (default: the simulator's 9,855): each terminal sees many "
+        "transactions a second",
+    )
+    parser.add_argument(
         "--modes",
         default=",".join(MODES),
         help="comma-separated, of %(default)s (default: both)",
@@ -332,6 +367,8 @@ def main() -> int:
         parser.error(f"--modes takes {', '.join(MODES)}")
     if min(args.records, args.runs, args.partitions) < 1 or args.rate <= 0 or args.duration <= 0:
         parser.error("--records, --runs, --partitions, --rate and --duration must be positive")
+    if args.terminals is not None and args.terminals < 1:
+        parser.error("--terminals must be at least 1")
     broker = connect(parser.prog, args.bootstrap_servers)
     if broker is None:
         return 1
