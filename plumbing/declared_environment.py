@@ -18,6 +18,7 @@ DECLARED: dict[str, tuple[str, ...]] = {
     "FRAUD_DRIFT_WINDOW": ("fraud-scorer",),
     "FRAUD_FEATURES_APP_ID": ("fraud-features",),
     "FRAUD_FEATURES_AUTO_OFFSET_RESET": ("fraud-features",),
+    "FRAUD_FEATURES_COMBINE": ("fraud-features",),
     "FRAUD_FEATURES_DATA_DIR": ("fraud-features",),
     "FRAUD_FEATURES_EVICT_INTERVAL_S": ("fraud-features",),
     "FRAUD_FEATURES_INPUT_WAIT_MS": ("fraud-features",),

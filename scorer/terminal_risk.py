@@ -137,10 +137,10 @@ class TerminalRisk:
     def __init__(self) -> None:
         self._days, self._counts = empty_buckets(1)
 
-    def add_transaction(self, day: int) -> None:
-        """Count one transaction of this terminal on `day`: `add_events` for one event, without
-        its arrays (the features worker counts each transaction so, and the vectorised path's
-        set-up was most of its cost per event)."""
+    def add_transaction(self, day: int, count: int = 1) -> None:
+        """Count `count` transactions of this terminal on `day`: `add_events` for one day,
+        without its arrays (the features worker counts transactions so, and the vectorised
+        path's set-up was most of its cost per event)."""
         slot = day % BUCKET_DAYS
         days, counts = self._days[0], self._counts[0]
         held = int(days[slot])
@@ -149,7 +149,7 @@ class TerminalRisk:
         if day > held:
             days[slot] = day
             counts[slot] = 0
-        counts[slot, _TRANSACTIONS] += 1
+        counts[slot, _TRANSACTIONS] += count
 
     def add_label(self, day_of_transaction: int, fraud: bool) -> None:
         """Count one confirmed outcome of a transaction made on `day_of_transaction`; a legit

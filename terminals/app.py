@@ -162,8 +162,8 @@ def build_app(
                     exc,
                 )
             else:
-                has_events = bool(batch.events or batch.cards)
-                terminals.apply(partition, batch.events)
+                has_events = bool(batch.events or batch.cards or batch.runs)
+                terminals.apply(partition, batch.events, batch.runs)
                 cards.apply(partition, batch.cards)
                 if batch.marks is not None:
                     clocks.of(partition).follow(batch.marks)

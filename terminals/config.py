@@ -18,7 +18,7 @@ import msgspec
 from contracts.event_time import DEFAULT_MAX_CLOCK_SKEW_MS, EventClock
 from plumbing.settings import NAME_PATTERN, ServiceSettings, Topic, meta
 from scorer.terminal_risk import day_length_ms
-from terminals.state import TerminalClock
+from terminals.table_clock import TerminalClock
 
 #: An app id names the consumer group and prefixes the worker's internal topics.
 _AppId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=NAME_PATTERN)]
@@ -172,6 +172,18 @@ class FeaturesSettings(ServiceSettings, frozen=True, kw_only=True):
             le=600_000,
         ),
     ] = 30_000
+    combine: Annotated[
+        Literal["on", "off"],
+        meta(
+            "FRAUD_FEATURES_COMBINE",
+            "on: the router sends each terminal's transactions of a routed batch as one run "
+            "(their offsets and times), which the table counts in one step instead of an "
+            "event each: cheaper where terminals see many transactions a second, each still "
+            "counted once. Writes internal records of format 2, which releases before this one "
+            "skip: leave it off until no rollback to such a release is planned "
+            '(docs/state.md, "The combiner")',
+        ),
+    ] = "off"
     auto_offset_reset: Annotated[
         Literal["earliest", "latest"],
         meta(
@@ -230,11 +242,15 @@ class FeaturesSettings(ServiceSettings, frozen=True, kw_only=True):
 
     @property
     def clock(self) -> TerminalClock:
-        """A new event-time clock (one per table partition): days of `day_ms`, bounded by the
-        wall clock plus the allowed skew (history time, like the days)."""
-        return TerminalClock(
-            self.day_ms, EventClock(self.max_clock_skew_ms, self.history_time_scale)
-        )
+        """A new event-time clock (one per table partition): days of `day_ms`, bounded by
+        `event_clock`."""
+        return TerminalClock(self.day_ms, self.event_clock)
+
+    @property
+    def event_clock(self) -> EventClock:
+        """The bound on event times: the wall clock plus the allowed skew (history time, like
+        the days)."""
+        return EventClock(self.max_clock_skew_ms, self.history_time_scale)
 
     @property
     def service(self) -> str:

@@ -38,17 +38,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, NamedTuple
 
 import faust
 
 from terminals.config import FeaturesSettings
-from terminals.events import TerminalEvent, partition_of
+from terminals.events import TRANSACTION, TerminalEvent, TransactionRun, partition_of
 from terminals.metrics import WorkerMetrics
 from terminals.publication import encode_publications
-from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
+from terminals.state import COUNTED, DUPLICATE, STALE, TerminalState
+from terminals.table_clock import NO_DAY, TerminalClock
 from terminals.table_progress import TableClocks
+from terminals.unpublished import Unpublished
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +131,20 @@ class EntityTable:
         self._unwritten.clear()
         self._generation += 1
 
-    def apply(self, partition: int, pairs: list[tuple[str, TerminalEvent]]) -> None:
-        """Apply one internal record's events of this table's entries, in their order, against
-        the partition's clock as it was before the record (its marks come after them)."""
-        by_key: dict[str, list[TerminalEvent]] = {}
+    def apply(
+        self,
+        partition: int,
+        pairs: list[tuple[str, TerminalEvent]],
+        runs: Sequence[tuple[str, TransactionRun]] = (),
+    ) -> None:
+        """Apply one internal record's events and transaction runs of this table's entries, in
+        the router's order (a run after the first `events_before` events of its terminal),
+        against the partition's clock as it was before the record (its marks come after)."""
+        by_key: dict[str, list[TerminalEvent | TransactionRun]] = {}
         for key, event in pairs:
             by_key.setdefault(key, []).append(event)
+        if runs:
+            by_key = _place_runs(by_key, runs)
         clock = self._clocks.of(partition)
         results: dict[tuple[str, str], int] = {}
         for key, events in by_key.items():
@@ -183,7 +193,7 @@ class EntityTable:
         self,
         partition: int,
         key: str,
-        events: list[TerminalEvent],
+        events: list[TerminalEvent | TransactionRun],
         clock: TerminalClock,
         results: dict[tuple[str, str], int],
     ) -> None:
@@ -191,8 +201,10 @@ class EntityTable:
             state = self._load(key)
         except ValueError:  # logged; overwriting it would lose what a newer release counted
             for event in events:
-                skipped = (event.source, UNREADABLE)
-                results[skipped] = results.get(skipped, 0) + 1
+                if isinstance(event, TransactionRun):
+                    _add(results, TRANSACTION, UNREADABLE, len(event.offsets))
+                else:
+                    _add(results, event.source, UNREADABLE)
             return
         if state is None:
             state = TerminalState()
@@ -200,9 +212,20 @@ class EntityTable:
         changed = publish = False
         oldest = NO_DAY  # the oldest day a change not published at once counted on
         for event in events:
+            if isinstance(event, TransactionRun):
+                run = state.apply_run(event, clock)
+                _add(results, TRANSACTION, COUNTED, run.counted)
+                _add(results, TRANSACTION, DUPLICATE, run.duplicate)
+                _add(results, TRANSACTION, STALE, run.stale)
+                if run.clamped:
+                    self._metrics.future_event(run.clamped)
+                changed |= run.changed
+                publish |= run.publish
+                if run.oldest_day != NO_DAY:
+                    oldest = run.oldest_day if oldest == NO_DAY else min(oldest, run.oldest_day)
+                continue
             applied = state.apply(event, clock)
-            counted = (event.source, applied.result)
-            results[counted] = results.get(counted, 0) + 1
+            _add(results, event.source, applied.result)
             if applied.clamped:
                 self._metrics.future_event()
             changed |= applied.changed
@@ -354,3 +377,29 @@ class EntityTable:
         if idle:
             self._metrics.evicted(len(idle), card=self._card)
             log.info("forgot %s idle %ss of partition %s", len(idle), self._what, partition)
+
+
+def _place_runs(
+    events: dict[str, list[TerminalEvent | TransactionRun]],
+    runs: Sequence[tuple[str, TransactionRun]],
+) -> dict[str, list[TerminalEvent | TransactionRun]]:
+    """Each entry's events with its runs among them, in the router's order: a run after the
+    first `events_before` of its entry's events."""
+    placed: dict[str, list[TerminalEvent | TransactionRun]] = {}
+    taken: dict[str, int] = {}
+    for key, run in runs:
+        items = placed.setdefault(key, [])
+        done = taken.get(key, 0)
+        if run.events_before > done:
+            items.extend(events.get(key, ())[done : run.events_before])
+            taken[key] = run.events_before
+        items.append(run)
+    for key, own in events.items():
+        placed.setdefault(key, []).extend(own[taken.get(key, 0) :])
+    return placed
+
+
+def _add(results: dict[tuple[str, str], int], source: str, result: str, count: int = 1) -> None:
+    """Count `count` events of `source` with `result` (the metric's labels)."""
+    if count:
+        results[(source, result)] = results.get((source, result), 0) + count

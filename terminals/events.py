@@ -19,9 +19,22 @@ record per partition and batch instead of one per input record, which is what ke
 per-record cost off the table's side. The record also carries how far the router has read each
 of its inputs (`InputMarks`, terminals/order.py): the table partition's clock moves only with the
 minimum over the inputs (terminals/state.py), never with whichever input was read first.
-Its last element is its format (`FORMAT`, contracts/record_format.py): absent from release
+Its fourth element is its format (`FORMAT`, contracts/record_format.py): absent from release
 0.1.0's records (format 1); a record of a newer format is refused (`decode_batch`), and the
 agent skips it as any internal record it cannot read.
+
+The combiner (`FRAUD_FEATURES_COMBINE=on`, format 2): a terminal's transactions within the
+routed batch travel as one `TransactionRun` (their input partitions, offsets and event times:
+three lists of numbers) instead of an event each, after the format as the record's fifth
+element. The table counts a run in one loop (`TerminalState.apply_run`), not an event at a
+time. A run never spans another event of its terminal (a label, or a transaction dated past the
+clock's bound, which counts on a day that depends on what came before it): that event's place
+is kept (`TransactionRun.events_before`), and a run keeps its transactions in the router's
+order, so it counts exactly what its transactions one by one would. Each transaction keeps its
+input partition and offset in the run, so a run routed again after a crash (whose batch may end
+elsewhere than the first time) counts only the transactions past its terminal's position in
+their partition: exactly once, as the events are (docs/state.md, "The combiner"). A run of one
+transaction travels as its event.
 
 Pure functions: no faust, no Kafka.
 """
@@ -38,8 +51,10 @@ from contracts.label import decode_label
 from contracts.record_format import FIRST_FORMAT, check_format
 from contracts.transaction import decode_transaction
 
-#: The internal record's format (contracts/record_format.py).
-FORMAT = 1
+#: The internal record's format (contracts/record_format.py): 2 carries transaction runs (the
+#: combiner); a record without runs is written as format 1, which every release reads.
+FORMAT = 2
+PLAIN_FORMAT = 1
 #: How the format's refusals name the record.
 RECORD = "terminal-events"
 #: Who reads the worker's own records: a format is read by one release before another writes it.
@@ -89,25 +104,41 @@ class InputMarks(msgspec.Struct, frozen=True, array_like=True, gc=False):
     reached: dict[str, tuple[int, bool]]
 
 
+class TransactionRun(msgspec.Struct, array_like=True, gc=False):
+    """A terminal's transactions routed together (the combiner), in the router's order: the
+    table counts them in one loop, each input position once."""
+
+    #: How many of the terminal's events in the same record come before this run.
+    events_before: int
+    #: Per transaction: its input partition, its offset there, and its event time (epoch ms).
+    partitions: list[int]
+    offsets: list[int]
+    event_times: list[int]
+
+
 class TerminalBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """The events of one internal record, of one partition: [terminal_id, event] pairs, and
     [card_id, event] pairs (labels only; none in a record of an older worker), the router's
-    marks (none in a record of an older worker: it moves no clock), and its format."""
+    marks (none in a record of an older worker: it moves no clock), its format, and
+    [terminal_id, run] pairs (format 2: the combiner's)."""
 
     events: list[tuple[str, TerminalEvent]]
     cards: list[tuple[str, TerminalEvent]] = []
     marks: InputMarks | None = None
-    #: Written as the last element (`FORMAT`); absent from release 0.1.0's records (format 1).
+    #: The fourth element (`FORMAT`); absent from release 0.1.0's records (format 1).
     #: Release 0.1.0's decoder ignores an array_like struct's extra trailing elements (checked
     #: with cc13c04's `decode_batch` and the msgspec 0.23.0 it locks), so it still reads what
     #: this release writes: the format is written, not left out as the rules topic's is.
     format_version: int = FIRST_FORMAT
+    #: Format 2 only. A release that reads only format 1 refuses such a record on its format
+    #: (it would otherwise ignore the runs, a trailing element, and lose their counts).
+    runs: list[tuple[str, TransactionRun]] = []
 
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder(TerminalBatch)
 #: Element of the record that holds its format.
-_FORMAT_AT = len(TerminalBatch.__struct_fields__) - 1
+_FORMAT_AT = TerminalBatch.__struct_fields__.index("format_version")
 
 
 def partition_of(terminal_id: str, partitions: int) -> int:
@@ -121,21 +152,85 @@ def batch_by_partition(
     partitions: int,
     marks: InputMarks | None = None,
     also: Iterable[int] = (),
+    *,
+    combine_to_ms: int | None = None,
 ) -> dict[int, bytes]:
-    """The internal records of routed events: one per partition, events in their order, each
-    with `marks`; and a record of the marks alone for each partition of `also` that has no
-    events."""
-    by_partition: dict[int, TerminalBatch] = {}
+    """The internal records of routed events: one per partition, events in their order (each
+    terminal's, when combining), each with `marks`; and a record of the marks alone for each
+    partition of `also` that has no events. With `combine_to_ms` (the clock's bound: a later
+    time counts on the clock's day, which depends on the order), a terminal's transactions
+    dated up to it go as runs (`TransactionRun`, format 2), each cut where another event of
+    that terminal comes between."""
+    by_partition: dict[int, _Building] = {}
     for key, event, card in routed:
         partition = partition_of(key, partitions)
         batch = by_partition.get(partition)
         if batch is None:
-            batch = by_partition[partition] = TerminalBatch([], [], marks, FORMAT)
-        (batch.cards if card else batch.events).append((key, event))
+            batch = by_partition[partition] = _Building()
+        if card:
+            batch.cards.append((key, event))
+        elif combine_to_ms is None:
+            batch.events.append((key, event))
+        elif event.source == TRANSACTION and event.event_time <= combine_to_ms:
+            batch.add_transaction(key, event)
+        else:
+            batch.add_cut(key, event)
     for partition in also:
         if partition not in by_partition:
-            by_partition[partition] = TerminalBatch([], [], marks, FORMAT)
-    return {p: _encode(batch) for p, batch in by_partition.items()}
+            by_partition[partition] = _Building()
+    return {p: batch.encode(marks) for p, batch in by_partition.items()}
+
+
+class _Building:
+    """One internal record while the router fills it."""
+
+    __slots__ = ("cards", "events", "items", "open_runs")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, TerminalEvent]] = []
+        self.cards: list[tuple[str, TerminalEvent]] = []
+        #: Combining: per terminal, its events and runs in the router's order.
+        self.items: dict[str, list[TerminalEvent | TransactionRun]] = {}
+        #: Combining: per terminal, its last run while no other event of it has cut it.
+        self.open_runs: dict[str, TransactionRun] = {}
+
+    def add_transaction(self, key: str, event: TerminalEvent) -> None:
+        run = self.open_runs.get(key)
+        if run is None:
+            run = self.open_runs[key] = TransactionRun(0, [], [], [])
+            self.items.setdefault(key, []).append(run)
+        run.partitions.append(event.partition)
+        run.offsets.append(event.offset)
+        run.event_times.append(event.event_time)
+
+    def add_cut(self, key: str, event: TerminalEvent) -> None:
+        """An event of a terminal that is not in a run: its later transactions count after."""
+        self.items.setdefault(key, []).append(event)
+        self.open_runs.pop(key, None)
+
+    def encode(self, marks: InputMarks | None) -> bytes:
+        """A run of one transaction goes as its event (cheaper to read than a run); the runs
+        say how many of their terminal's events come before them."""
+        events, runs = self.events, []
+        for key, items in self.items.items():
+            before = 0
+            for item in items:
+                if isinstance(item, TransactionRun):
+                    if len(item.offsets) > 1:
+                        item.events_before = before
+                        runs.append((key, item))
+                        continue
+                    [partition], [offset], [time_ms] = (
+                        item.partitions,
+                        item.offsets,
+                        item.event_times,
+                    )
+                    item = TerminalEvent(TRANSACTION, partition, offset, time_ms)
+                events.append((key, item))
+                before += 1
+        if runs:
+            return _encode((events, self.cards, marks, FORMAT, runs))
+        return _encode((events, self.cards, marks, PLAIN_FORMAT))
 
 
 def decode_batch(value: bytes | None) -> TerminalBatch:
@@ -148,6 +243,15 @@ def decode_batch(value: bytes | None) -> TerminalBatch:
         raise ValueError(f"not a batch of terminal events: {exc}") from exc
     if batch.format_version != FORMAT:  # the common case costs one comparison
         check_format(batch.format_version, RECORD, FORMAT, WORKERS)
+        if batch.runs:
+            raise ValueError("not a batch of terminal events: runs in a record of format 1")
+    for _, run in batch.runs:
+        count = len(run.offsets)
+        if not count or len(run.partitions) != count or len(run.event_times) != count:
+            raise ValueError(
+                "not a batch of terminal events: a run without transactions, or whose "
+                "partitions, offsets and times differ in number"
+            )
     return batch
 
 

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from contracts.event_time import EventClock
 from deadletter.router import DeadLetterRouter
 from plumbing.errors import RecordError
 from terminals.config import FeaturesSettings
@@ -49,7 +48,7 @@ class InputReader:
         self._order = order
         self._dead_letters = DeadLetterRouter(config.dlq_topic, config.service)
         #: An event or report time past this clock's bound moves no mark.
-        self._event_clock = EventClock(config.max_clock_skew_ms, config.history_time_scale)
+        self._event_clock = config.event_clock
 
     def read(self, messages: list[Message], keys: Mapping[tuple[str, int], str]) -> None:
         """Decode what was read and queue it for its turn, a run of one partition's records at

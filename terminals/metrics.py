@@ -190,8 +190,8 @@ class WorkerMetrics:
     def stage_cpu(self, stage: str, seconds: float) -> None:
         self._stage_cpu.labels(stage).inc(seconds)
 
-    def future_event(self) -> None:
-        self._future.inc()
+    def future_event(self, count: int = 1) -> None:
+        self._future.inc(count)
 
     def published(self, *, tombstone: bool = False, card: bool = False) -> None:
         if card:

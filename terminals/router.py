@@ -124,6 +124,8 @@ class Router:
         settings = {**config.kafka_settings(), **(kafka or {})}
         settings["bootstrap.servers"] = config.bootstrap_servers
         self._config = config
+        #: The bound of the transactions the combiner sends as runs (None: it is off).
+        self._event_clock = config.event_clock if config.combine == "on" else None
         self._metrics = metrics
         self._progress = progress
         self._events_topic = events_topic_name(config.app_id)
@@ -308,7 +310,11 @@ class Router:
                 routed.extend(found)
             elif found is not None:
                 outputs.append(found)  # a dead letter
-        records = batch_by_partition(routed, self._config.table_partitions, marks, behind)
+        clock = self._event_clock
+        combine_to_ms = None if clock is None else clock.bound_ms()
+        records = batch_by_partition(
+            routed, self._config.table_partitions, marks, behind, combine_to_ms=combine_to_ms
+        )
         for partition, value in records.items():
             outputs.append(RouterOutput(self._events_topic, partition, None, value, None))
         self._sender.deliver(outputs, stop)

@@ -18,7 +18,7 @@ Around the buckets the entry keeps:
   transaction counts are first read by a window DELAY_DAYS later, so they are published when
   they must be, not when they happen: a counted label (the fresh-label windows read it at once)
   and a late transaction on a day some window reads now are published at once; other counts
-  once the worker's clock is PUBLISH_WITHIN_DAYS past their day (`publication_due`, the
+  once the worker's clock is PUBLISH_WITHIN_DAYS past their day (terminals/unpublished.py, the
   worker's day close), a day before any window reads them. A terminal that sees a transaction
   every day is then published about once a week instead of every day (in the handbook's world,
   where a terminal sees about one a day, that was a record per transaction). A terminal with no
@@ -39,16 +39,17 @@ Around the buckets the entry keeps:
   keyed by card, so those of one transaction keep their order. Only frauds are remembered: a
   legitimate label of a transaction never reported as fraud changes no count.
 
-The clock (`TerminalClock`, one per table partition) says what is stale and which terminals are
-idle. It moves only with what every input has reached: the minimum, over every partition of the
-transactions and labels topics, of the time the router has read it up to (a label's report
-time), as the routers' marks say (`InputMarks`, terminals/order.py); an idle input (read to its
-end) holds it back no longer, and once every input is idle it is the newest of them. The router
-routes in that order, so an event is judged against the time every input had reached when it
-was routed, as in a live run: a label counts by its report time against the transactions it
-refers to, and is never stale because another input was read ahead. Never with an event's own
-time: a clock moved by whichever input is read first (the small labels topic, read to its end
-while a backlog of transactions is at its first days) made every older transaction stale.
+The clock (`TerminalClock`, terminals/table_clock.py, one per table partition) says what is
+stale and which terminals are idle. It moves only with what every input has reached: the
+minimum, over every partition of the transactions and labels topics, of the time the router has
+read it up to (a label's report time), as the routers' marks say (`InputMarks`,
+terminals/order.py); an idle input (read to its end) holds it back no longer, and once every
+input is idle it is the newest of them. The router routes in that order, so an event is judged
+against the time every input had reached when it was routed, as in a live run: a label counts by
+its report time against the transactions it refers to, and is never stale because another input
+was read ahead. Never with an event's own time: a clock moved by whichever input is read first
+(the small labels topic, read to its end while a backlog of transactions is at its first days)
+made every older transaction stale.
 
 Event time is bounded (`contracts/event_time.py`): a time past the wall clock plus the allowed
 skew counts as the clock's day and never moves it (the router gives it no mark either), so one
@@ -65,28 +66,21 @@ release's.
 
 from __future__ import annotations
 
-import heapq
+from collections import Counter
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from contracts.event_time import EventClock
 from contracts.record_format import FIRST_FORMAT, FORMAT_FIELD, check_format
 from contracts.terminal_risk import DELAY_DAYS, HORIZON_DAYS, RISK_WINDOWS_DAYS
 from scorer.terminal_risk import TerminalRisk
-from terminals.events import TRANSACTION, WORKERS, InputMarks, TerminalEvent
+from terminals.events import TRANSACTION, WORKERS, TerminalEvent, TransactionRun
+from terminals.table_clock import NO_DAY, TerminalClock
 
 #: The table value's format (contracts/record_format.py).
 FORMAT = 1
-#: `as_of_day` of a terminal that has seen nothing yet.
-NO_DAY = -1
-#: An input's time before it has shown one (as terminals/order.py says it).
-NO_TIME = -1
-#: Counts not published at once are published once the worker's clock is this many days past
-#: their day: a day before the first window reads them (`publication_due`).
-PUBLISH_WITHIN_DAYS = DELAY_DAYS - 1
 _LONGEST_WINDOW_DAYS = max(RISK_WINDOWS_DAYS)
 
 #: What applying an event did (`Applied.result`, the worker's metric label).
@@ -114,148 +108,19 @@ class Applied(NamedTuple):
     day: int = NO_DAY
 
 
-def publication_due(day: int, watermark_day: int) -> bool:
-    """Whether counts of `day` that were not published at once must be now: the worker's clock
-    is PUBLISH_WITHIN_DAYS past it (the first window reads them DELAY_DAYS after it)."""
-    return watermark_day != NO_DAY and watermark_day >= day + PUBLISH_WITHIN_DAYS
+class RunApplied(NamedTuple):
+    """What applying a run of transactions did (`TerminalState.apply_run`): its transactions by
+    result, and what `Applied` says of one, over all of them."""
 
-
-class Unpublished:
-    """The entries whose changes were not published at once, each with the oldest day such a
-    change counted on: published once `publication_due` for that day (the worker's day close,
-    terminals/entity_table.py). Kept by day too, so that a day close, at every internal record,
-    looks only at the days due, not at every entry waiting."""
-
-    def __init__(self) -> None:
-        self._days: dict[str, int] = {}
-        self._by_day: dict[int, set[str]] = {}
-        #: The days to look at, oldest first, each once (a day emptied stays until it is due).
-        self._heap: list[int] = []
-        self._queued: set[int] = set()
-
-    def note(self, key: str, day: int) -> None:
-        """`key` changed on `day`, not published."""
-        known = self._days.get(key)
-        if known is not None and known <= day:
-            return
-        if known is not None:
-            self._leave(key, known)
-        self._days[key] = day
-        self._by_day.setdefault(day, set()).add(key)
-        if day not in self._queued:
-            self._queued.add(day)
-            heapq.heappush(self._heap, day)
-
-    def discard(self, key: str) -> None:
-        """`key` is published, or forgotten."""
-        day = self._days.pop(key, None)
-        if day is not None:
-            self._leave(key, day)
-
-    def take_due(self, watermark_day: int) -> list[str]:
-        """The keys whose publication is due as of `watermark_day`, no longer held; in order of
-        their day."""
-        due: list[str] = []
-        while self._heap and publication_due(self._heap[0], watermark_day):
-            day = heapq.heappop(self._heap)
-            self._queued.discard(day)
-            keys = self._by_day.pop(day, set())
-            for key in sorted(keys):
-                del self._days[key]
-            due.extend(sorted(keys))
-        return due
-
-    def _leave(self, key: str, day: int) -> None:
-        keys = self._by_day[day]
-        keys.discard(key)
-        if not keys:
-            del self._by_day[day]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._days
-
-
-class TerminalClock:
-    """One table partition's event-time clock in days: its day (the watermark) says what is
-    stale and which terminals are idle. It moves only with the routers' marks (`follow`): the
-    minimum over every input partition of the time it has been read up to (see the module
-    docstring), and never back."""
-
-    def __init__(self, day_ms: int, clock: EventClock | None = None) -> None:
-        if day_ms < 1:
-            raise ValueError(f"day_ms must be >= 1, got {day_ms}")
-        self.day_ms = day_ms
-        self._clock = clock or EventClock()
-        self.watermark_day = NO_DAY
-        #: The watermark itself (epoch ms; NO_TIME until every input has been heard of): every
-        #: event at or before it has been applied (the worker's progress, `WorkerProgress`).
-        self.watermark_ms = NO_TIME
-        #: Per input partition ("t3", "l0"): the newest time the marks said, and whether idle.
-        self._reached: dict[str, tuple[int, bool]] = {}
-        #: The input partitions every mark must be known of ("t0"…, "l0"…).
-        self._inputs: list[str] = []
-        self._partitions = (0, 0)
-
-    def day(self, event_time_ms: int, known_day: int = NO_DAY) -> tuple[int, bool]:
-        """The day an event time counts on, and whether it was past the bound: then the
-        watermark's day; else its own day. While the watermark knows no day (a worker just
-        started), a time past the bound counts on `known_day` (its terminal's day), and only
-        when that is unknown too on the bound's day: one future record read first after a
-        restart must not move a terminal to today while the stream replays last year."""
-        bound = self._clock.bound_ms()
-        if event_time_ms > bound:
-            watermark = self.watermark_day
-            if watermark != NO_DAY:
-                return watermark, True
-            return (bound // self.day_ms if known_day == NO_DAY else known_day), True
-        return event_time_ms // self.day_ms, False
-
-    def follow(self, marks: InputMarks) -> None:
-        """Take a router's marks (sent with an internal record, after its events): the
-        watermark moves to the oldest time over the inputs that are not idle (every one idle:
-        the newest), once every input partition has been heard of; never back, and never past
-        the bound."""
-        if marks.partitions != self._partitions:
-            self._partitions = transactions, labels = marks.partitions
-            self._inputs = [f"t{p}" for p in range(transactions)]
-            self._inputs += [f"l{p}" for p in range(labels)]
-        reached, bound = self._reached, self._clock.bound_ms()
-        for key, (time_ms, idle) in marks.reached.items():
-            known = reached.get(key)
-            time_ms = NO_TIME if time_ms > bound else time_ms  # another host's clock ahead
-            reached[key] = (time_ms if known is None else max(time_ms, known[0]), idle)
-        oldest: int | None = None
-        newest = NO_TIME
-        for key in self._inputs:
-            mark = reached.get(key)
-            if mark is None:
-                return  # an input no router has spoken of yet
-            time_ms, idle = mark
-            if not idle and (oldest is None or time_ms < oldest):
-                oldest = time_ms
-            newest = max(newest, time_ms)
-        watermark_ms = newest if oldest is None else oldest
-        if watermark_ms >= 0:
-            self.watermark_ms = max(self.watermark_ms, watermark_ms)
-            self.advance(watermark_ms // self.day_ms)
-
-    def advance(self, day: int) -> None:
-        self.watermark_day = max(self.watermark_day, day)
-
-    def advance_to(self, time_ms: int) -> None:
-        """Move the watermark to the day of `time_ms` (a stream's own time, in order), unless it
-        is past the bound."""
-        if time_ms <= self._clock.bound_ms():
-            self.advance(time_ms // self.day_ms)
-
-    def stale(self, day: int) -> bool:
-        """Whether `day` is older than every window as of the watermark."""
-        return self.watermark_day != NO_DAY and day < self.watermark_day - HORIZON_DAYS
-
-    def idle_since(self, newest_day: int) -> bool:
-        """Whether a terminal whose newest day is `newest_day` is idle: no window reads any of
-        its days again, as of the watermark (its features are neutral from now on)."""
-        return self.stale(newest_day)
+    counted: int = 0
+    duplicate: int = 0
+    stale: int = 0
+    #: Of those counted or stale: their time was past the clock's bound.
+    clamped: int = 0
+    changed: bool = False
+    publish: bool = False
+    #: The oldest day a transaction of it counted on (stale ones too), NO_DAY when none.
+    oldest_day: int = NO_DAY
 
 
 _Ints = npt.NDArray[np.int64]
@@ -333,6 +198,79 @@ class TerminalState:
         in_window = newest_read - _LONGEST_WINDOW_DAYS < day <= newest_read
         publish = counts_changed and (in_window or event.source != TRANSACTION)
         return Applied(result, changed=True, publish=publish, clamped=clamped, day=day)
+
+    def apply_run(self, run: TransactionRun, clock: TerminalClock) -> RunApplied:
+        """Count a run of this terminal's transactions (the combiner, terminals/events.py): the
+        same counts, day, positions, results and `publish` as `apply` on each of them in their
+        order, counted a day at a time. A transaction at or below the terminal's position in
+        its input partition was counted before (a batch routed again) and is skipped."""
+        positions = self.positions
+        reached: dict[int, int] = {}  # per input partition of the run, the offset counted to
+        times: list[int] = []
+        for partition, offset, time_ms in zip(
+            run.partitions, run.offsets, run.event_times, strict=True
+        ):
+            counted_to = reached.get(partition)
+            if counted_to is None:
+                counted_to = positions.get(f"{TRANSACTION}{partition}", -1)
+            if offset > counted_to:
+                reached[partition] = offset
+                times.append(time_ms)
+        duplicate = len(run.offsets) - len(times)
+        if not times:
+            return RunApplied(duplicate=duplicate)
+        if max(times) > clock.bound_ms():  # rare: `apply` counts such a time on another day
+            return self._apply_each(run, clock)
+        for partition, offset in reached.items():
+            positions[f"{TRANSACTION}{partition}"] = offset
+        day_ms, as_of = clock.day_ms, self.as_of_day
+        days = [time_ms // day_ms for time_ms in times]
+        watermark = clock.watermark_day
+        stale_below = watermark - HORIZON_DAYS if watermark != NO_DAY else NO_DAY
+        counted = [day for day in days if day >= stale_below] if min(days) < stale_below else days
+        publish = (
+            bool(counted)
+            and min(counted) <= max(as_of, *counted) - DELAY_DAYS
+            and (
+                self._late(counted)  # some transaction of it is late: as `apply` judges each
+            )
+        )
+        for day, count in Counter(counted).items():
+            self.risk.add_transaction(day, count)
+        if counted and max(counted) > as_of:
+            self.as_of_day = max(counted)
+            self._forget_old_labels()
+        stale = len(days) - len(counted)
+        return RunApplied(len(counted), duplicate, stale, 0, True, publish, min(days))
+
+    def _late(self, days: list[int]) -> bool:
+        """Whether one of `days`, counted in their order from the current day on, lands on a
+        day some window reads (as `apply`'s `publish` says of a transaction)."""
+        as_of = self.as_of_day
+        for day in days:
+            if day > as_of:
+                as_of = day  # on its terminal's newest day: no window reads it yet
+            elif as_of - DELAY_DAYS - _LONGEST_WINDOW_DAYS < day <= as_of - DELAY_DAYS:
+                return True
+        return False
+
+    def _apply_each(self, run: TransactionRun, clock: TerminalClock) -> RunApplied:
+        """`apply_run` one transaction at a time."""
+        results = dict.fromkeys(RESULTS, 0)
+        clamped, changed, publish, oldest = 0, False, False, NO_DAY
+        for partition, offset, time_ms in zip(
+            run.partitions, run.offsets, run.event_times, strict=True
+        ):
+            applied = self.apply(TerminalEvent(TRANSACTION, partition, offset, time_ms), clock)
+            results[applied.result] += 1
+            clamped += applied.clamped
+            changed |= applied.changed
+            publish |= applied.publish
+            if applied.day != NO_DAY and (oldest == NO_DAY or applied.day < oldest):
+                oldest = applied.day
+        return RunApplied(
+            results[COUNTED], results[DUPLICATE], results[STALE], clamped, changed, publish, oldest
+        )
 
     def _label(self, event: TerminalEvent, day: int) -> tuple[str, bool, int]:
         """Apply a label: (result, whether a count changed, the day it counted on)."""

@@ -16,7 +16,7 @@ from terminals.config import FeaturesSettings
 from terminals.events import InputMarks
 from terminals.metrics import WorkerMetrics
 from terminals.router import newest_transaction_time
-from terminals.state import TerminalClock
+from terminals.table_clock import TerminalClock
 
 
 class NewestCounted:

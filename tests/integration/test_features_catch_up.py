@@ -33,11 +33,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from contracts.card_frauds import decode_card_frauds
 from contracts.terminal_risk import HORIZON_DAYS, MS_PER_DAY, decode_terminal_risk
 from simulator.transactions import TransactionSimulator
-from terminals.events import partition_of
+from terminals.events import decode_batch, partition_of
 from terminals.metrics import STAGES
 from terminals.router import router_group
-from terminals.state import PUBLISH_WITHIN_DAYS
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
+from terminals.unpublished import PUBLISH_WITHIN_DAYS
 from tests.integration.conftest import BOOTSTRAP, committed_offsets, end_offsets
 from tests.integration.features_worker import DAY0, PARTITIONS, WorkerProcess, WorkerTopics
 
@@ -270,6 +270,31 @@ def _wait_counted(topics: WorkerTopics, worker: WorkerProcess) -> None:
 _Published = tuple[int, tuple[tuple[float, ...], ...]]
 
 
+def _runs_routed(app_id: str) -> tuple[int, int]:
+    """The transaction runs on the worker's internal topic (the combiner's), and the
+    transactions they hold."""
+    topic = events_topic_name(app_id)
+    partitions = PARTITIONS  # the workers' --table-partitions (features_worker.py)
+    ends = end_offsets(topic, partitions)
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"r-{uuid.uuid4().hex}"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    read = dict.fromkeys(range(partitions), 0)
+    runs = transactions = 0
+    deadline = time.monotonic() + 60
+    try:
+        while any(read[p] < ends[p] for p in read):
+            assert time.monotonic() < deadline, f"{topic}: read {read} of {ends}"
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                read[message.partition() or 0] = (message.offset() or 0) + 1
+                batch = decode_batch(message.value())
+                runs += len(batch.runs)
+                transactions += sum(len(run.offsets) for _, run in batch.runs)
+    finally:
+        consumer.close()
+    return runs, transactions
+
+
 def _published(topic: str, *, cards: bool) -> dict[str, _Published | None]:
     """The latest record of each key of a compacted output topic (None: a tombstone)."""
     consumer = Consumer(
@@ -416,7 +441,10 @@ def test_a_replica_joining_and_one_killed_while_it_routes_count_as_one_worker_al
     # the first routes a step, and the first is killed (-9) just after the next step is
     # produced. Partitions move twice while records wait, and what the first had routed or
     # applied but not committed is read again by the second. The survivor's records must be
-    # those of one worker that read the same records undisturbed, and nothing stale.
+    # those of one worker that read the same records undisturbed, and nothing stale. The
+    # second runs the combiner (FRAUD_FEATURES_COMBINE=on, as a restart that turns it on
+    # would): it routes again as runs what the first routed as events and its table may have
+    # applied, and each transaction must still count once.
     first, last = history.first_day, history.last_day
     steps = list(range(first, last + 1, LIVE_STEP_DAYS))
     join_at, kill_at = steps[len(steps) // 3], steps[2 * len(steps) // 3]
@@ -433,10 +461,10 @@ def test_a_replica_joining_and_one_killed_while_it_routes_count_as_one_worker_al
             moved_topics,
             tmp_path / f"replica-{name}.log",
             tmp_path / f"replica-{name}",
-            extra=("--evict-interval-s", "1", "--write-interval-ms", "1000"),
+            extra=("--evict-interval-s", "1", "--write-interval-ms", "1000", "--combine", combine),
             input_wait_ms=LIVE_INPUT_WAIT_MS,
         )
-        for name in ("a", "b")
+        for name, combine in (("a", "off"), ("b", "on"))
     )
     try:
         a.start().wait_ready()
@@ -460,6 +488,8 @@ def test_a_replica_joining_and_one_killed_while_it_routes_count_as_one_worker_al
 
     assert all(value == 0 for value in stale.values()), f"{stale}\n{b.log()[-3000:]}"
     assert "Worker ready" in a.log() and a.process.returncode == -9
+    runs, transactions = _runs_routed(moved_topics.app_id)
+    assert runs and transactions > runs, "b routed runs, some of several transactions"
     final_day = history.closing_day
     for name, cards in (("risk", False), ("card_frauds", True)):
         moved = _read(_published(getattr(moved_topics, name), cards=cards), final_day)

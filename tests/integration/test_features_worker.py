@@ -34,8 +34,8 @@ from contracts.terminal_risk import DELAY_DAYS
 from contracts.transaction import decode_transaction
 from scorer.features import FEATURE_NAMES
 from terminals.router import ROUTE_BATCH, router_group
-from terminals.state import PUBLISH_WITHIN_DAYS
 from terminals.topics import CARD_TABLE_NAME, changelog_topic_name, events_topic_name
+from terminals.unpublished import PUBLISH_WITHIN_DAYS
 from tests.integration.conftest import (
     BOOTSTRAP,
     LARGE_MESSAGE_BYTES,

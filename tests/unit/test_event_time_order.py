@@ -15,7 +15,8 @@ from contracts.event_time import EventClock
 from contracts.terminal_risk import MS_PER_DAY
 from terminals.events import LABEL, TRANSACTION, InputMarks, TerminalEvent
 from terminals.order import NO_TIME, EventTimeOrder
-from terminals.state import COUNTED, NO_DAY, STALE, TerminalClock, TerminalState
+from terminals.state import COUNTED, STALE, TerminalState
+from terminals.table_clock import NO_DAY, TerminalClock
 
 DAY0 = 20_000
 HOUR_MS = 3_600_000

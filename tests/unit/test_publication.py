@@ -11,7 +11,8 @@ from contracts.card_frauds import decode_card_frauds
 from contracts.terminal_risk import MS_PER_DAY, decode_terminal_risk
 from terminals.events import TerminalEvent
 from terminals.publication import encode_publications
-from terminals.state import Publication, TerminalClock, TerminalState
+from terminals.state import Publication, TerminalState
+from terminals.table_clock import TerminalClock
 
 DAY0 = 20_000
 

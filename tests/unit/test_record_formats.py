@@ -38,7 +38,8 @@ from terminals.config import FeaturesSettings
 from terminals.entity_table import UNREADABLE, EntityTable
 from terminals.events import InputMarks, Routed, TerminalEvent, batch_by_partition, decode_batch
 from terminals.metrics import WorkerMetrics
-from terminals.state import TerminalClock, TerminalState
+from terminals.state import TerminalState
+from terminals.table_clock import TerminalClock
 from terminals.table_progress import TableClocks
 from tests.unit.fakes import message as fake_message
 
@@ -134,7 +135,7 @@ def internal_value() -> bytes:
 
 def test_the_router_writes_its_format_last_and_0_1_0_and_this_release_read_it() -> None:
     written = internal_value()
-    assert msgspec.json.decode(written)[-1] == events.FORMAT
+    assert msgspec.json.decode(written)[-1] == events.PLAIN_FORMAT, "no runs: format 1"
     assert written == INTERNAL_0_1_0[:-1] + b",1]", "0.1.0's record and the format"
     batch = decode_batch(written)
     assert (batch.events, batch.cards, batch.marks) == INTERNAL_HOLDS
@@ -152,14 +153,14 @@ def test_an_internal_record_of_0_1_0_reads_as_format_1() -> None:
 @pytest.mark.parametrize(
     "value",
     [
-        b"[[],[],null,2]",
-        INTERNAL_0_1_0[:-1] + b",2]",
+        b"[[],[],null,3]",
+        INTERNAL_0_1_0[:-1] + b",3]",
         # What a newer format changed may not decode here: its format is still named.
-        b'[[["T1",{"source":"t"}]],[],null,2]',
+        b'[[["T1",{"source":"t"}]],[],null,3]',
     ],
 )
 def test_an_internal_record_of_a_newer_format_is_refused_naming_it(value: bytes) -> None:
-    with pytest.raises(ValueError, match="terminal-events record of format 2, newer"):
+    with pytest.raises(ValueError, match="terminal-events record of format 3, newer"):
         decode_batch(value)
 
 

@@ -48,7 +48,9 @@ from stream.metrics import ServiceMetrics
 from stream.owned_card_history import OwnedCardHistory
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
 from terminals.publication import encode_publications
-from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
+from terminals.state import TerminalState
+from terminals.table_clock import NO_DAY, TerminalClock
+from terminals.unpublished import Unpublished
 from tests.unit.fakes import MemoryChangelog
 
 SEED, DAYS, CARDS = 5, 24, 400

@@ -37,7 +37,9 @@ from stream.redelivery import Redelivery
 from stream.sink import Output
 from terminals.events import LABEL, TRANSACTION, TerminalEvent
 from terminals.publication import encode_publications
-from terminals.state import NO_DAY, TerminalClock, TerminalState, Unpublished
+from terminals.state import TerminalState
+from terminals.table_clock import NO_DAY, TerminalClock
+from terminals.unpublished import Unpublished
 from tests.unit.fakes import MemoryChangelog, changes, message
 
 #: The tests' wall clock: 2026-06-01. Event times are drawn around it and anywhere else.

@@ -31,16 +31,13 @@ from terminals.state import (
     CORRECTED,
     COUNTED,
     DUPLICATE,
-    NO_DAY,
-    PUBLISH_WITHIN_DAYS,
     REPEATED,
     STALE,
     Publication,
-    TerminalClock,
     TerminalState,
-    Unpublished,
-    publication_due,
 )
+from terminals.table_clock import NO_DAY, TerminalClock
+from terminals.unpublished import PUBLISH_WITHIN_DAYS, Unpublished, publication_due
 
 DAY0 = 20_000
 TRANSACTION_RECORD: dict[str, Any] = {
