@@ -33,8 +33,8 @@ is kept (`TransactionRun.events_before`), and a run keeps its transactions in th
 order, so it counts exactly what its transactions one by one would. Each transaction keeps its
 input partition and offset in the run, so a run routed again after a crash (whose batch may end
 elsewhere than the first time) counts only the transactions past its terminal's position in
-their partition: exactly once, as the events are (docs/state.md, "The combiner"). A run of one
-transaction travels as its event.
+their partition: exactly once, as the events are (docs/state.md, "The combiner"). A terminal
+with one transaction in the batch sends it as its event (cheaper to read than a run).
 
 Pure functions: no faust, no Kafka.
 """
@@ -42,8 +42,9 @@ Pure functions: no faust, no Kafka.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
-from typing import Literal, NamedTuple
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Literal, NamedTuple, cast
 
 import msgspec
 
@@ -148,19 +149,27 @@ def partition_of(terminal_id: str, partitions: int) -> int:
 
 
 def batch_by_partition(
-    routed: Iterable[Routed],
+    routed: Sequence[Routed],
     partitions: int,
     marks: InputMarks | None = None,
     also: Iterable[int] = (),
     *,
     combine_to_ms: int | None = None,
 ) -> dict[int, bytes]:
-    """The internal records of routed events: one per partition, events in their order (each
-    terminal's, when combining), each with `marks`; and a record of the marks alone for each
-    partition of `also` that has no events. With `combine_to_ms` (the clock's bound: a later
-    time counts on the clock's day, which depends on the order), a terminal's transactions
-    dated up to it go as runs (`TransactionRun`, format 2), each cut where another event of
-    that terminal comes between."""
+    """The internal records of routed events: one per partition, events in their order, each
+    with `marks`; and a record of the marks alone for each partition of `also` that has no
+    events. With `combine_to_ms` (the clock's bound: a later time counts on the clock's day,
+    which depends on the order), the transactions dated up to it of a terminal that has more
+    than one go as runs (`TransactionRun`, format 2), each cut where another event of that
+    terminal comes between."""
+    combined: set[str] = set()
+    if combine_to_ms is not None:
+        counts = Counter(
+            key
+            for key, event, card in routed
+            if not card and event.source == TRANSACTION and event.event_time <= combine_to_ms
+        )
+        combined = {key for key, count in counts.items() if count > 1}
     by_partition: dict[int, _Building] = {}
     for key, event, card in routed:
         partition = partition_of(key, partitions)
@@ -169,9 +178,9 @@ def batch_by_partition(
             batch = by_partition[partition] = _Building()
         if card:
             batch.cards.append((key, event))
-        elif combine_to_ms is None:
+        elif key not in combined:
             batch.events.append((key, event))
-        elif event.source == TRANSACTION and event.event_time <= combine_to_ms:
+        elif event.source == TRANSACTION and event.event_time <= cast(int, combine_to_ms):
             batch.add_transaction(key, event)
         else:
             batch.add_cut(key, event)
@@ -184,53 +193,36 @@ def batch_by_partition(
 class _Building:
     """One internal record while the router fills it."""
 
-    __slots__ = ("cards", "events", "items", "open_runs")
+    __slots__ = ("cards", "events", "events_of", "open_runs", "runs")
 
     def __init__(self) -> None:
         self.events: list[tuple[str, TerminalEvent]] = []
         self.cards: list[tuple[str, TerminalEvent]] = []
-        #: Combining: per terminal, its events and runs in the router's order.
-        self.items: dict[str, list[TerminalEvent | TransactionRun]] = {}
-        #: Combining: per terminal, its last run while no other event of it has cut it.
+        self.runs: list[tuple[str, TransactionRun]] = []
+        #: Per terminal with runs: its last run, while no other event of it has cut it.
         self.open_runs: dict[str, TransactionRun] = {}
+        #: Per terminal with runs: its events so far.
+        self.events_of: dict[str, int] = {}
 
     def add_transaction(self, key: str, event: TerminalEvent) -> None:
         run = self.open_runs.get(key)
         if run is None:
-            run = self.open_runs[key] = TransactionRun(0, [], [], [])
-            self.items.setdefault(key, []).append(run)
+            run = self.open_runs[key] = TransactionRun(self.events_of.get(key, 0), [], [], [])
+            self.runs.append((key, run))
         run.partitions.append(event.partition)
         run.offsets.append(event.offset)
         run.event_times.append(event.event_time)
 
     def add_cut(self, key: str, event: TerminalEvent) -> None:
-        """An event of a terminal that is not in a run: its later transactions count after."""
-        self.items.setdefault(key, []).append(event)
+        """An event of a terminal with runs: its later transactions count after it."""
+        self.events.append((key, event))
+        self.events_of[key] = self.events_of.get(key, 0) + 1
         self.open_runs.pop(key, None)
 
     def encode(self, marks: InputMarks | None) -> bytes:
-        """A run of one transaction goes as its event (cheaper to read than a run); the runs
-        say how many of their terminal's events come before them."""
-        events, runs = self.events, []
-        for key, items in self.items.items():
-            before = 0
-            for item in items:
-                if isinstance(item, TransactionRun):
-                    if len(item.offsets) > 1:
-                        item.events_before = before
-                        runs.append((key, item))
-                        continue
-                    [partition], [offset], [time_ms] = (
-                        item.partitions,
-                        item.offsets,
-                        item.event_times,
-                    )
-                    item = TerminalEvent(TRANSACTION, partition, offset, time_ms)
-                events.append((key, item))
-                before += 1
-        if runs:
-            return _encode((events, self.cards, marks, FORMAT, runs))
-        return _encode((events, self.cards, marks, PLAIN_FORMAT))
+        if self.runs:
+            return _encode((self.events, self.cards, marks, FORMAT, self.runs))
+        return _encode((self.events, self.cards, marks, PLAIN_FORMAT))
 
 
 def decode_batch(value: bytes | None) -> TerminalBatch:

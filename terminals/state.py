@@ -225,23 +225,26 @@ class TerminalState:
             positions[f"{TRANSACTION}{partition}"] = offset
         day_ms, as_of = clock.day_ms, self.as_of_day
         days = [time_ms // day_ms for time_ms in times]
+        oldest = min(days)
         watermark = clock.watermark_day
         stale_below = watermark - HORIZON_DAYS if watermark != NO_DAY else NO_DAY
-        counted = [day for day in days if day >= stale_below] if min(days) < stale_below else days
-        publish = (
-            bool(counted)
-            and min(counted) <= max(as_of, *counted) - DELAY_DAYS
-            and (
-                self._late(counted)  # some transaction of it is late: as `apply` judges each
-            )
-        )
-        for day, count in Counter(counted).items():
-            self.risk.add_transaction(day, count)
-        if counted and max(counted) > as_of:
-            self.as_of_day = max(counted)
+        counted = [day for day in days if day >= stale_below] if oldest < stale_below else days
+        if not counted:
+            return RunApplied(0, duplicate, len(days), 0, True, False, oldest)
+        first, newest = min(counted), max(counted)
+        # Published at once only if one is late (on a day a window reads), as `apply` judges
+        # each: none can be unless one is DELAY_DAYS behind the newest day.
+        publish = first <= max(as_of, newest) - DELAY_DAYS and self._late(counted)
+        if first == newest:  # the common case: one day
+            self.risk.add_transaction(first, len(counted))
+        else:
+            for day, count in Counter(counted).items():
+                self.risk.add_transaction(day, count)
+        if newest > as_of:
+            self.as_of_day = newest
             self._forget_old_labels()
         stale = len(days) - len(counted)
-        return RunApplied(len(counted), duplicate, stale, 0, True, publish, min(days))
+        return RunApplied(len(counted), duplicate, stale, 0, True, publish, oldest)
 
     def _late(self, days: list[int]) -> bool:
         """Whether one of `days`, counted in their order from the current day on, lands on a

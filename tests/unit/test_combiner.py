@@ -189,14 +189,15 @@ def test_a_run_holds_a_terminals_transactions_in_order_cut_at_its_other_events()
     routed += [Routed("A", tx(0, 3, NOW_MS)), Routed("C", label, card=True)]
     routed += [Routed("A", future), Routed("A", tx(0, 4, NOW_MS)), Routed("A", tx(0, 5, NOW_MS))]
     routed += [Routed("B", tx(0, 6, NOW_MS))]
+    routed += [Routed("D", tx(2, 9, NOW_MS))]  # its only transaction: an event
     batch = decode_batch(batch_by_partition(routed, 1, combine_to_ms=NOW_MS)[0])
     assert batch.format_version == 2 and batch.cards == [("C", label)]
-    # A run of one transaction goes as its event.
-    assert batch.events == [("A", label), ("A", tx(0, 3, NOW_MS)), ("A", future)]
+    assert batch.events == [("A", label), ("A", future), ("D", tx(2, 9, NOW_MS))]
     assert batch.runs == [
         ("A", TransactionRun(0, [0, 1], [1, 7], [NOW_MS - 1, NOW_MS - 7])),
-        ("A", TransactionRun(3, [0, 0], [4, 5], [NOW_MS, NOW_MS])),  # after 3 events
         ("B", TransactionRun(0, [0, 0], [2, 6], [NOW_MS - 2, NOW_MS])),
+        ("A", TransactionRun(1, [0], [3], [NOW_MS])),  # after the label
+        ("A", TransactionRun(2, [0, 0], [4, 5], [NOW_MS, NOW_MS])),  # after the future one
     ]
     plain = decode_batch(batch_by_partition(routed, 1)[0])
     assert plain.format_version == 1 and plain.runs == [], "off: the format every release reads"
