@@ -176,12 +176,12 @@ class FeaturesSettings(ServiceSettings, frozen=True, kw_only=True):
         Literal["on", "off"],
         meta(
             "FRAUD_FEATURES_COMBINE",
-            "on: the router sends each terminal's transactions of a routed batch as one run "
-            "(their offsets and times), which the table counts in one step instead of an "
-            "event each: cheaper where terminals see many transactions a second, each still "
-            "counted once. Writes internal records of format 2, which releases before this one "
-            "skip: leave it off until no rollback to such a release is planned "
-            '(docs/state.md, "The combiner")',
+            "on: the router sends the transactions of a terminal that has more than one in a "
+            "routed batch as one run (their input positions and times), which the table counts "
+            "a day at a time instead of an event each: cheaper where terminals see many "
+            "transactions a second, each still counted once. Writes internal records of "
+            "format 2, which releases before this one skip: leave it off until no rollback to "
+            'such a release is planned (docs/state.md, "The combiner")',
         ),
     ] = "off"
     auto_offset_reset: Annotated[

@@ -144,7 +144,7 @@ class EntityTable:
         for key, event in pairs:
             by_key.setdefault(key, []).append(event)
         if runs:
-            by_key = _place_runs(by_key, runs)
+            _place_runs(by_key, runs)
         clock = self._clocks.of(partition)
         results: dict[tuple[str, str], int] = {}
         for key, events in by_key.items():
@@ -382,21 +382,25 @@ class EntityTable:
 def _place_runs(
     events: dict[str, list[TerminalEvent | TransactionRun]],
     runs: Sequence[tuple[str, TransactionRun]],
-) -> dict[str, list[TerminalEvent | TransactionRun]]:
-    """Each entry's events with its runs among them, in the router's order: a run after the
-    first `events_before` of its entry's events."""
+) -> None:
+    """Put each run among its entry's events, in the router's order: after the first
+    `events_before` of them. The entries without runs are left as they are."""
     placed: dict[str, list[TerminalEvent | TransactionRun]] = {}
     taken: dict[str, int] = {}
     for key, run in runs:
-        items = placed.setdefault(key, [])
+        items = placed.get(key)
+        if items is None:
+            items = placed[key] = []
         done = taken.get(key, 0)
         if run.events_before > done:
-            items.extend(events.get(key, ())[done : run.events_before])
+            items.extend(events.get(key, [])[done : run.events_before])
             taken[key] = run.events_before
         items.append(run)
-    for key, own in events.items():
-        placed.setdefault(key, []).extend(own[taken.get(key, 0) :])
-    return placed
+    for key, items in placed.items():
+        own = events.get(key)
+        if own is not None:
+            items.extend(own[taken.get(key, 0) :])
+        events[key] = items
 
 
 def _add(results: dict[tuple[str, str], int], source: str, result: str, count: int = 1) -> None:
