@@ -269,3 +269,32 @@ def test_large_valid_records_are_bounded_by_bytes_not_only_by_count(
     assert {json.loads(value_of(m))["transaction_id"] for m in decided} == {
         r["transaction_id"] for r in records
     }
+
+
+def test_batches_held_for_a_stopped_worker_pause_at_the_bound_and_memory_stays_flat(
+    topics_factory, service_factory
+):
+    # FRAUD_WAIT_FOR_WORKER=on with no features worker: its progress never comes, so every
+    # batch is held. The replica must read on only up to its in-flight bound, then pause and
+    # keep polling (the group keeps it), deciding nothing ahead of the worker.
+    topics = topics_factory(partitions=3)
+    backlog(topics.input, 10_000, seed=47)
+    service = service_factory(
+        topics,
+        *("--wait-for-worker", "on", "--max-in-flight-records", "1500"),
+        *("--max-batch-size", "250"),
+    )
+    sampler = Sampler(service)
+    sampler.start()
+    service.wait_for_metric("fraud_paused_partitions", 3)
+    time.sleep(5)  # held and paused a while: nothing more may be read meanwhile
+    sampler.stop.set()
+    sampler.join()
+
+    assert max(sampler.in_flight) <= 1500, "the held batches count against the bound"
+    assert service.metric("fraud_records_consumed_total") <= 1500
+    assert service.metric("fraud_paused_partitions") == 3, "still paused: still held"
+    assert service.metric_total("fraud_decisions_produced_total") == 0, "none decided ahead"
+    assert service.metric("fraud_worker_wait_seconds_total") > 0
+    assert max(sampler.rss) < 450, f"peak RSS {max(sampler.rss):.0f} MB"
+    assert "pausing 3 partitions: 1500 records," in service.log()
